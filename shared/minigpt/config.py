@@ -1,0 +1,63 @@
+"""Model shape: one frozen dataclass, saved in every checkpoint card."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A Llama-style decoder: RMSNorm, RoPE, SwiGLU MLP, grouped-query attention.
+
+    n_kv_heads == n_heads is multi-head attention (MHA), n_kv_heads == 1 is multi-query (MQA),
+    anything between that divides n_heads is grouped-query (GQA): query head h reads KV head
+    h // (n_heads // n_kv_heads).
+    """
+
+    vocab_size: int = 4096
+    max_seq_len: int = 512
+    d_model: int = 384
+    n_layers: int = 6
+    n_heads: int = 6
+    n_kv_heads: int = 2
+    d_ff: int = 1024
+    rope_theta: float = 10_000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "max_seq_len", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff"):
+            if int(getattr(self, name)) <= 0:
+                raise ValueError(f"ModelConfig.{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads} (GQA groups must be equal)")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head."""
+        return self.n_heads // self.n_kv_heads
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown ModelConfig fields {sorted(unknown)}")
+        return cls(**d)
+
+
+# The two course models (trained by `make models`, shipped in data/checkpoints/).
+TARGET_CONFIG = ModelConfig(d_model=384, n_layers=6, n_heads=6, n_kv_heads=2, d_ff=1024)
+DRAFT_CONFIG = ModelConfig(d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=384)

@@ -1,0 +1,129 @@
+"""Train the course models (seeded, reproducible): `python -m minigpt.train target` then `... draft`.
+
+AdamW with linear warm-up and cosine decay, bfloat16 autocast, gradient clipping; the weights with
+the best validation loss (checked every `eval_every` steps) are kept. The draft can be distilled from
+the target: its loss is (1 - a) * cross-entropy(data) + a * KL(target || draft), which raises how often
+the two agree, which is what speculative decoding needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import platform
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from minigpt.checkpoint import load_model, save_checkpoint
+from minigpt.config import DRAFT_CONFIG, TARGET_CONFIG, ModelConfig
+from minigpt.data import load_tokens, random_windows
+from minigpt.evaluate import greedy_agreement, validation_loss
+from minigpt.model import GPT
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int
+    batch_size: int = 16
+    seq_len: int = 512
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 100
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    eval_every: int = 100
+    eval_windows: int = 32
+    distill_from: str | None = None   # checkpoint name of a teacher
+    distill_weight: float = 0.5
+    seed: int = 1234
+
+
+RECIPES: dict[str, tuple[ModelConfig, TrainConfig]] = {
+    "target": (TARGET_CONFIG, TrainConfig(steps=900, lr=2e-3)),
+    "draft": (DRAFT_CONFIG, TrainConfig(steps=900, lr=3e-3, distill_from="target")),
+}
+
+
+def lr_at(step: int, tc: TrainConfig) -> float:
+    if step < tc.warmup:
+        return tc.lr * (step + 1) / tc.warmup
+    progress = (step - tc.warmup) / max(1, tc.steps - tc.warmup)
+    return tc.lr * (tc.min_lr_ratio + (1 - tc.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def train(name: str, model_cfg: ModelConfig, tc: TrainConfig) -> GPT:
+    torch.manual_seed(tc.seed)
+    gen = torch.Generator().manual_seed(tc.seed)
+    model = GPT(model_cfg)
+    teacher = load_model(tc.distill_from) if tc.distill_from else None
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": tc.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=tc.lr, betas=(0.9, 0.95))
+    tokens = load_tokens("train")
+    best_loss, best_state, best_step = float("inf"), None, -1
+    t0 = time.perf_counter()
+    for step in range(tc.steps):
+        model.train()
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, tc)
+        x, y = random_windows(tokens, tc.batch_size, tc.seq_len, gen)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(x).float()
+            loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+            if teacher is not None:
+                with torch.no_grad():
+                    teacher_logp = F.log_softmax(teacher(x).float(), -1)
+                kl = F.kl_div(F.log_softmax(logits, -1), teacher_logp, log_target=True, reduction="batchmean") / tc.seq_len
+                loss = (1 - tc.distill_weight) * loss + tc.distill_weight * kl
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+        opt.step()
+        if (step + 1) % tc.eval_every == 0 or step + 1 == tc.steps:
+            model.eval()
+            val = validation_loss(model, tc.seq_len, tc.eval_windows)["loss"]
+            if val < best_loss:
+                best_loss, best_state, best_step = val, copy.deepcopy(model.state_dict()), step + 1
+            print(f"{name} step {step + 1}/{tc.steps} train {loss.item():.3f} val {val:.3f} "
+                  f"lr {lr_at(step, tc):.2e} {time.perf_counter() - t0:.0f}s", flush=True)
+    model.load_state_dict(best_state)
+    model.eval()
+    elapsed = time.perf_counter() - t0
+    # Evaluate exactly what is stored: round the weights to the storage dtype first.
+    save_checkpoint(model, name, {})
+    stored = load_model(name)
+    val = validation_loss(stored)
+    card = {
+        "name": name,
+        "training": {**tc.__dict__, "best_step": best_step, "tokens_seen": tc.steps * tc.batch_size * tc.seq_len,
+                     "train_tokens": len(tokens), "wallclock_s": round(elapsed, 1), "torch": torch.__version__,
+                     "machine": f"{platform.machine()} CPU, {torch.get_num_threads()} threads"},
+        "validation": {"loss": round(val["loss"], 5), "perplexity": round(val["perplexity"], 4), "tokens": val["tokens"],
+                       "seq_len": stored.config.max_seq_len, "dtype": "float32"},
+    }
+    if name == "draft":
+        card["greedy_agreement_with_target"] = round(greedy_agreement(stored, load_model("target")), 5)
+    save_checkpoint(stored, name, card)
+    print(f"{name}: {stored.num_parameters():,} parameters, val loss {val['loss']:.4f}, ppl {val['perplexity']:.2f}, {elapsed:.0f}s")
+    return stored
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("names", nargs="+", choices=sorted(RECIPES))
+    parser.add_argument("--steps", type=int, help="override the recipe's step count (for quick experiments)")
+    args = parser.parse_args()
+    for name in args.names:
+        model_cfg, tc = RECIPES[name]
+        if args.steps:
+            tc = TrainConfig(**{**tc.__dict__, "steps": args.steps})
+        train(name, model_cfg, tc)
+
+
+if __name__ == "__main__":
+    main()
