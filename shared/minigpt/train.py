@@ -43,8 +43,8 @@ class TrainConfig:
 
 
 RECIPES: dict[str, tuple[ModelConfig, TrainConfig]] = {
-    "target": (TARGET_CONFIG, TrainConfig(steps=900, lr=2e-3)),
-    "draft": (DRAFT_CONFIG, TrainConfig(steps=900, lr=3e-3, distill_from="target")),
+    "target": (TARGET_CONFIG, TrainConfig(steps=600, lr=2e-3)),
+    "draft": (DRAFT_CONFIG, TrainConfig(steps=600, lr=3e-3, distill_from="target")),
 }
 
 
@@ -55,7 +55,8 @@ def lr_at(step: int, tc: TrainConfig) -> float:
     return tc.lr * (tc.min_lr_ratio + (1 - tc.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def train(name: str, model_cfg: ModelConfig, tc: TrainConfig) -> GPT:
+def train_model(model_cfg: ModelConfig, tc: TrainConfig, log: bool = True) -> tuple[GPT, dict]:
+    """Train from a seeded initialisation; returns the weights with the best validation loss and a summary."""
     torch.manual_seed(tc.seed)
     gen = torch.Generator().manual_seed(tc.seed)
     model = GPT(model_cfg)
@@ -89,27 +90,30 @@ def train(name: str, model_cfg: ModelConfig, tc: TrainConfig) -> GPT:
             val = validation_loss(model, tc.seq_len, tc.eval_windows)["loss"]
             if val < best_loss:
                 best_loss, best_state, best_step = val, copy.deepcopy(model.state_dict()), step + 1
-            print(f"{name} step {step + 1}/{tc.steps} train {loss.item():.3f} val {val:.3f} "
-                  f"lr {lr_at(step, tc):.2e} {time.perf_counter() - t0:.0f}s", flush=True)
+            if log:
+                print(f"step {step + 1}/{tc.steps} train {loss.item():.3f} val {val:.3f} "
+                      f"lr {lr_at(step, tc):.2e} {time.perf_counter() - t0:.0f}s", flush=True)
     model.load_state_dict(best_state)
-    model.eval()
-    elapsed = time.perf_counter() - t0
-    # Evaluate exactly what is stored: round the weights to the storage dtype first.
+    summary = {**tc.__dict__, "best_step": best_step, "tokens_seen": tc.steps * tc.batch_size * tc.seq_len,
+               "train_tokens": len(tokens), "wallclock_s": round(time.perf_counter() - t0, 1), "torch": torch.__version__,
+               "machine": f"{platform.machine()} CPU, {torch.get_num_threads()} threads"}
+    return model.eval(), summary
+
+
+def train_and_save(name: str, model_cfg: ModelConfig, tc: TrainConfig) -> GPT:
+    """Train, store in data/checkpoints/<name>.*, and write the card with figures measured on the stored weights."""
+    model, summary = train_model(model_cfg, tc)
     save_checkpoint(model, name, {})
-    stored = load_model(name)
+    stored = load_model(name)          # evaluate exactly what is stored (bfloat16-rounded weights)
     val = validation_loss(stored)
-    card = {
-        "name": name,
-        "training": {**tc.__dict__, "best_step": best_step, "tokens_seen": tc.steps * tc.batch_size * tc.seq_len,
-                     "train_tokens": len(tokens), "wallclock_s": round(elapsed, 1), "torch": torch.__version__,
-                     "machine": f"{platform.machine()} CPU, {torch.get_num_threads()} threads"},
-        "validation": {"loss": round(val["loss"], 5), "perplexity": round(val["perplexity"], 4), "tokens": val["tokens"],
-                       "seq_len": stored.config.max_seq_len, "dtype": "float32"},
-    }
+    card = {"name": name, "training": summary,
+            "validation": {"loss": round(val["loss"], 5), "perplexity": round(val["perplexity"], 4), "tokens": val["tokens"],
+                           "seq_len": stored.config.max_seq_len, "dtype": "float32"}}
     if name == "draft":
         card["greedy_agreement_with_target"] = round(greedy_agreement(stored, load_model("target")), 5)
     save_checkpoint(stored, name, card)
-    print(f"{name}: {stored.num_parameters():,} parameters, val loss {val['loss']:.4f}, ppl {val['perplexity']:.2f}, {elapsed:.0f}s")
+    print(f"{name}: {stored.num_parameters():,} parameters, val loss {val['loss']:.4f}, ppl {val['perplexity']:.2f}, "
+          f"{summary['wallclock_s']:.0f}s")
     return stored
 
 
@@ -122,7 +126,7 @@ def main() -> None:
         model_cfg, tc = RECIPES[name]
         if args.steps:
             tc = TrainConfig(**{**tc.__dict__, "steps": args.steps})
-        train(name, model_cfg, tc)
+        train_and_save(name, model_cfg, tc)
 
 
 if __name__ == "__main__":

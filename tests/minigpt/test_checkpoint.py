@@ -77,3 +77,15 @@ def test_no_pickle_in_checkpoints():
     from minigpt.paths import data_dir
     files = sorted((data_dir() / "checkpoints").glob("*"))
     assert not [f for f in files if f.suffix in {".pt", ".pth", ".bin", ".pkl", ".ckpt"}]
+
+
+def test_training_is_seeded_and_repeats(tiny_config):
+    """`make models` retrains the same weights: two short runs from the same seed agree exactly."""
+    import dataclasses
+
+    from minigpt.train import TrainConfig, train_model
+
+    cfg = dataclasses.replace(tiny_config, vocab_size=4096)
+    tc = TrainConfig(steps=3, batch_size=2, seq_len=16, warmup=1, eval_every=3, eval_windows=2)
+    (a, _), (b, _) = train_model(cfg, tc, log=False), train_model(cfg, tc, log=False)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))

@@ -1,0 +1,423 @@
+"""Checks for Lab 00, the token factory: parameters, KV cache, FLOPs, bytes, roofline, interview answers.
+
+Each check calls the learner's function on a few cases (more with `extra=N`, used by the hidden
+tests), compares with the reference in `minigpt.calculators`, and raises AssertionError naming the
+case, the expected and the received value, and, when the received value matches a known mistake,
+what that mistake probably was. Byte and FLOP counts must be exact ints; times are floats compared
+with a relative tolerance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import random
+from typing import Any, Callable
+
+from autograder.harness import quiet
+from minigpt import calculators as ref
+from minigpt.calculators import PRESETS, ModelShape
+from minigpt.hardware import ACCELERATORS
+
+__all__ = [
+    "check_greedy_generate", "check_count_parameters", "check_kv_cache_bytes", "check_flops", "check_bytes",
+    "check_attainable_flops", "check_max_concurrent_requests", "check_decode_time_lower_bound",
+    "check_critical_batch_size", "check_q1_kv_gib", "check_q2_gqa_saving_gib", "check_q3_critical_batch",
+    "check_q4_tpot_ms", "check_q5_max_requests", "check_q6_tokens_per_s",
+]
+
+REL_TOL = 1e-6
+# Decoy figures for the unit mistakes an answer could make.
+GiB, GB = 2**30, 10**9
+
+BASE_SHAPES = [PRESETS["Llama-3-8B"], PRESETS["Llama-2-7B (MHA)"], PRESETS["Llama-3-8B-MQA (hypothetical)"],
+               PRESETS["minigpt-target"], PRESETS["Llama-3-70B"]]
+
+
+def random_shapes(seed: int, n: int) -> list[ModelShape]:
+    """n seeded random Llama-style shapes (tied and untied, MHA / GQA / MQA)."""
+    rng = random.Random(seed)
+    shapes = []
+    for i in range(n):
+        n_kv = rng.choice([1, 2, 4, 8])
+        n_heads = n_kv * rng.choice([1, 2, 4, 8])
+        head_dim = rng.choice([32, 64, 80, 128])
+        shapes.append(ModelShape(f"random-{seed}-{i}", n_layers=rng.randint(1, 48), d_model=rng.choice([256, 512, 2048, 3072]),
+                                 n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, d_ff=rng.choice([688, 1024, 8192]),
+                                 vocab_size=rng.choice([4096, 32000, 50257]), tie_embeddings=rng.random() < 0.5))
+    return shapes
+
+
+def _shapes(extra: int) -> list[ModelShape]:
+    return BASE_SHAPES + (random_shapes(extra, extra) if extra else [])
+
+
+def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    if fn is None or not callable(fn):
+        raise AssertionError(f"expected your function, got {fn!r}")
+    with quiet():
+        return fn(*args)
+
+
+def _describe(shape: ModelShape) -> str:
+    return (f"{shape.name} (layers={shape.n_layers}, d_model={shape.d_model}, heads={shape.n_heads}, "
+            f"kv_heads={shape.n_kv_heads}, head_dim={shape.head_dim}, d_ff={shape.d_ff}, vocab={shape.vocab_size}, "
+            f"tied={shape.tie_embeddings})")
+
+
+def _exact(got: Any, expected: int, what: str, diagnoses: dict[int, str] | list[tuple[int, str]]) -> None:
+    """Assert got is an int equal to expected; otherwise explain, using (wrong value, likely mistake) pairs."""
+    if isinstance(got, bool) or not isinstance(got, numbers.Integral):
+        if isinstance(got, numbers.Real) and math.isfinite(got) and got == expected:
+            raise AssertionError(f"{what}: the value {got!r} is right but is a {type(got).__name__}; return an exact "
+                                 "int (use // rather than /, and int(...) for a float factor)")
+        raise AssertionError(f"{what}: expected the int {expected:,}, got {got!r} ({type(got).__name__})")
+    got = int(got)
+    if got == expected:
+        return
+    pairs = diagnoses.items() if isinstance(diagnoses, dict) else diagnoses
+    hints = list(dict.fromkeys(msg for wrong, msg in pairs if wrong == got))
+    hint = f" Likely mistake: {' Or: '.join(hints)}" if hints else ""
+    raise AssertionError(f"{what}: expected {expected:,}, got {got:,} ({got / expected if expected else float('nan'):.4g}x).{hint}")
+
+
+def _close(got: Any, expected: float, what: str, diagnoses: list[tuple[float, str]], rel: float = REL_TOL) -> None:
+    """Assert got is a real number within a relative tolerance; explain known wrong values."""
+    if isinstance(got, bool) or not isinstance(got, numbers.Real) or not math.isfinite(got):
+        raise AssertionError(f"{what}: expected a finite number close to {expected:.6g}, got {got!r}")
+    if math.isclose(got, expected, rel_tol=rel, abs_tol=0.0 if expected else 1e-12):
+        return
+    hints = list(dict.fromkeys(msg for wrong, msg in diagnoses if math.isclose(got, wrong, rel_tol=1e-3)))
+    hint = f" Likely mistake: {' Or: '.join(hints)}" if hints else ""
+    raise AssertionError(f"{what}: expected {expected:.6g}, got {float(got):.6g} (relative tolerance {rel:g}).{hint}")
+
+
+# ---------------------------------------------------------------- the autoregressive loop
+
+def check_greedy_generate(greedy_generate: Callable[..., list[int]], extra: int = 0) -> None:
+    """greedy_generate(model, prompt_ids, max_new_tokens) -> list of new ids, same as minigpt's greedy loop."""
+    import torch
+
+    from minigpt.config import ModelConfig
+    from minigpt.generate import generate_naive
+    from minigpt.model import GPT
+
+    # A small random model with untied, scaled-up weights, so that greedy output varies from step to step
+    # (a freshly initialised tied model mostly repeats its last input token).
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=4096, max_seq_len=128, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                            d_ff=128, tie_embeddings=False)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(5)
+    rng = random.Random(extra)
+    prompts = [[1, 2, 3], [4095], [rng.randrange(4096) for _ in range(rng.randint(1, 20))]]
+    for k in range(extra):
+        prompts.append([rng.randrange(4096) for _ in range(rng.randint(1, 30))])
+    for i, prompt in enumerate(prompts):
+        n = 8 + i
+        expected = generate_naive(model, prompt, n, stop_token_ids=()).tokens
+        got = _call(greedy_generate, model, list(prompt), n)
+        if isinstance(got, torch.Tensor):
+            got = got.tolist()
+        got = [int(t) for t in got] if isinstance(got, (list, tuple)) else got
+        if got == expected:
+            continue
+        what = f"greedy_generate(model, prompt={prompt}, max_new_tokens={n})"
+        if not isinstance(got, list):
+            raise AssertionError(f"{what}: return a list of token ids, got {type(got).__name__}")
+        if len(got) != n:
+            raise AssertionError(f"{what}: expected exactly {n} new tokens, got {len(got)}. Return only the new "
+                                 "tokens (not the prompt), and do not stop early at end-of-text.")
+        if got[0] == expected[0] and len(set(got)) == 1 and len(set(expected)) > 1:
+            hint = " All your tokens are the same: is each new token appended to the sequence the model sees next?"
+        else:
+            hint = " Take the logits of the LAST position (logits[:, -1]) and argmax over the vocabulary."
+        raise AssertionError(f"{what}: expected {expected}, got {got}.{hint}")
+
+
+# ---------------------------------------------------------------- parameters and KV cache
+
+def check_count_parameters(count_parameters: Callable[[ModelShape], int], extra: int = 0) -> None:
+    """count_parameters(shape) -> int, all distinct parameters (tied embedding counted once)."""
+    for s in _shapes(extra):
+        expected = ref.count_parameters(s)
+        emb = s.vocab_size * s.d_model
+        d_kv_wrong = s.n_layers * 2 * s.d_model * (s.n_heads - s.n_kv_heads) * s.head_dim
+        diagnoses = {
+            expected - s.n_layers * s.d_model * s.d_ff: "the SwiGLU MLP has THREE matrices (gate, up, down), not two.",
+            expected + d_kv_wrong: "wk and wv have n_kv_heads * head_dim outputs, not n_heads * head_dim (GQA).",
+            expected - (2 * s.n_layers + 1) * s.d_model: "forgot the RMSNorm weights (2 per layer + 1 final).",
+            expected - 2 * s.n_layers * s.d_model: "forgot the two RMSNorm weights per layer.",
+            expected - s.d_model: "forgot the final RMSNorm weight.",
+        }
+        if s.tie_embeddings:
+            diagnoses[expected + emb] = "tied embeddings: the output projection IS the embedding matrix, count it once."
+        else:
+            diagnoses[expected - emb] = "this model is untied: the output projection (lm_head) is a separate vocab x d_model matrix."
+        diagnoses.setdefault(expected - emb * (1 if s.tie_embeddings else 2), "forgot the embedding / output matrices.")
+        _exact(_call(count_parameters, s), expected, f"count_parameters({_describe(s)})", diagnoses)
+
+
+KV_CASES = [(8192, 1, 2), (4096, 8, 1), (1, 1, 4), (1000, 3, 2), (0, 4, 2)]
+
+
+def kv_diagnoses(s: ModelShape, ctx: int, batch: int, bpe: int) -> list[tuple[int, str]]:
+    expected = ref.kv_cache_bytes(s, ctx, batch, bpe)
+    d = [(expected // 2, "forgot the factor 2: the cache stores K AND V."),
+         (expected // s.n_kv_heads * s.n_heads, "used the query heads; only n_kv_heads heads are cached (GQA/MQA)."),
+         (expected // s.n_layers, "forgot to multiply by the number of layers (every layer has its own cache)."),
+         (expected // batch, "forgot the batch: every sequence has its own cache."),
+         (expected // bpe, "counted elements, not bytes: multiply by bytes_per_element."),
+         (2 * s.n_layers * s.d_model * ctx * batch * bpe, "used d_model instead of n_kv_heads * head_dim.")]
+    return [(v, m) for v, m in d if v != expected]
+
+
+def check_kv_cache_bytes(kv_cache_bytes: Callable[[ModelShape, int, int, int], int], extra: int = 0) -> None:
+    """kv_cache_bytes(shape, context_len, batch, bytes_per_element) -> int bytes."""
+    cases = [(s, *c) for s in _shapes(extra) for c in KV_CASES]
+    rng = random.Random(extra)
+    cases += [(s, rng.randint(1, 131072), rng.randint(1, 256), rng.choice([1, 2, 4])) for s in _shapes(extra)[:extra]]
+    for s, ctx, batch, bpe in cases:
+        _exact(_call(kv_cache_bytes, s, ctx, batch, bpe), ref.kv_cache_bytes(s, ctx, batch, bpe),
+               f"kv_cache_bytes({_describe(s)}, context_len={ctx}, batch={batch}, bytes_per_element={bpe})",
+               kv_diagnoses(s, ctx, batch, bpe))
+
+
+# ---------------------------------------------------------------- FLOPs and bytes
+
+FLOP_CASES = [(1, 1), (128, 1), (2048, 4), (513, 3)]
+
+
+def check_flops(prefill_flops: Callable[[ModelShape, int, int], int],
+                decode_flops: Callable[[ModelShape, int, int], int], extra: int = 0) -> None:
+    """prefill_flops(shape, seq_len, batch) and decode_flops(shape, context_len, batch) -> int FLOPs."""
+    for s in _shapes(extra):
+        lin = 2 * ref.matmul_parameters(s)
+        for L, B in FLOP_CASES:
+            expected = ref.prefill_flops(s, L, B)
+            attn_causal = ref.attention_flops(s, L * (L + 1) // 2)
+            diagnoses = {
+                expected // 2: "a multiply-add is 2 FLOPs: a (k x n) weight costs 2*k*n FLOPs per token.",
+                B * (lin * L + ref.attention_flops(s, L * L)): "attention is causal: query i sees i keys, "
+                                                               "L(L+1)/2 (query, key) pairs in all, not L*L.",
+                B * lin * L: "forgot attention (QK^T and PV: 4 * n_heads * head_dim FLOPs per (query, key) pair per layer).",
+                B * (2 * ref.count_parameters(s) * L + attn_causal): "used all parameters; only weights in matmuls count "
+                                                                    "(layers' projections + output projection; the embedding is a lookup).",
+                B * ((lin - 2 * s.vocab_size * s.d_model) * L + attn_causal): "forgot the output projection (d_model x vocab).",
+            }
+            if B > 1:
+                diagnoses[expected // B] = "forgot the batch."
+            _exact(_call(prefill_flops, s, L, B), expected, f"prefill_flops({_describe(s)}, seq_len={L}, batch={B})", diagnoses)
+            expected = ref.decode_flops(s, L, B)
+            diagnoses = {
+                expected // 2: "a multiply-add is 2 FLOPs.",
+                B * lin: "forgot attention over the cached context (4 * n_layers * n_heads * head_dim * context_len).",
+                B * (2 * ref.count_parameters(s) + ref.attention_flops(s, L)): "used all parameters; only matmul weights count.",
+                B * (lin + ref.attention_flops(s, L) // s.n_heads * s.n_kv_heads): "attention FLOPs use the query heads: "
+                                                                                     "every query head does its own dot products.",
+            }
+            if B > 1:
+                diagnoses[expected // B] = "forgot the batch: each sequence computes its own token."
+            _exact(_call(decode_flops, s, L, B), expected, f"decode_flops({_describe(s)}, context_len={L}, batch={B})", diagnoses)
+
+
+BYTES_CASES = [(1, 1, 2, 2), (2048, 8, 2, 2), (8192, 32, 2, 1), (512, 1, 1, 1), (100, 3, 4, 4)]
+
+
+def check_bytes(prefill_bytes: Callable[..., int], decode_bytes: Callable[..., int], extra: int = 0) -> None:
+    """prefill_bytes / decode_bytes(shape, tokens, batch, weight_bytes_per_element, kv_bytes_per_element) -> int."""
+    for s in _shapes(extra):
+        for L, B, wb, kb in BYTES_CASES:
+            w = ref.weight_bytes(s, wb)
+            kv = ref.kv_cache_bytes(s, L, B, kb)
+            args = f"({_describe(s)}, {L}, batch={B}, weight_bytes_per_element={wb}, kv_bytes_per_element={kb})"
+            diagnoses = {w: "forgot the KV cache.", kv: "forgot the weights: every weight is read once per forward pass.",
+                         **({w * B + kv: "the weights are read ONCE per step and shared by the whole batch, not once per sequence."}
+                            if B > 1 else {}),
+                         **({w + kv // kb * wb: "used the weights' precision for the KV cache."} if kb != wb else {})}
+            _exact(_call(prefill_bytes, s, L, B, wb, kb), ref.prefill_bytes(s, L, B, weight_bytes_per_element=wb,
+                   kv_bytes_per_element=kb), "prefill_bytes" + args, diagnoses)
+            _exact(_call(decode_bytes, s, L, B, wb, kb), ref.decode_bytes(s, L, B, weight_bytes_per_element=wb,
+                   kv_bytes_per_element=kb), "decode_bytes" + args, diagnoses)
+
+
+# ---------------------------------------------------------------- roofline and serving limits
+
+def check_attainable_flops(attainable_flops: Callable[[float, float, float], float], extra: int = 0) -> None:
+    """attainable_flops(intensity, peak_flops, bandwidth) -> FLOP/s on the roofline."""
+    cases = [(ai, g.peak("bf16"), g.memory_bandwidth) for g in ACCELERATORS.values() for ai in (0.5, 1.0, 60.0, 300.0, 1e4)]
+    rng = random.Random(extra)
+    cases += [(10 ** rng.uniform(-2, 5), 10 ** rng.uniform(11, 16), 10 ** rng.uniform(10, 13)) for _ in range(extra)]
+    for ai, peak, bw in cases:
+        expected = ref.attainable_flops(ai, peak, bw)
+        _close(_call(attainable_flops, ai, peak, bw), expected,
+               f"attainable_flops(intensity={ai:g}, peak_flops={peak:.4g}, bandwidth={bw:.4g})",
+               [(max(peak, ai * bw), "the roofline is the MINIMUM of the peak and intensity * bandwidth."),
+                (ai * bw, "forgot the compute ceiling (min with peak_flops)."),
+                (peak, "forgot the memory slope: below the ridge point you get intensity * bandwidth."),
+                (ai * peak / bw, "intensity (FLOP/byte) times bandwidth (byte/s) gives FLOP/s.")])
+
+
+def check_max_concurrent_requests(max_concurrent_requests: Callable[..., int], extra: int = 0) -> None:
+    """max_concurrent_requests(shape, context_len, memory_bytes, weight_bpe, kv_bpe, memory_utilization) -> int."""
+    cases = [(PRESETS["Llama-3-8B"], 8192, ACCELERATORS["H100-SXM"].memory_bytes, 2, 2, 0.9),
+             (PRESETS["Llama-3-8B"], 8192, ACCELERATORS["H100-SXM"].memory_bytes, 2, 1, 0.9),
+             (PRESETS["Llama-2-7B (MHA)"], 4096, ACCELERATORS["A100-SXM-80GB"].memory_bytes, 2, 2, 0.9),
+             (PRESETS["Llama-3-8B"], 2048, ACCELERATORS["L4"].memory_bytes, 2, 2, 0.95),
+             (PRESETS["Llama-3-70B"], 4096, ACCELERATORS["H200"].memory_bytes, 1, 1, 0.9),
+             (PRESETS["Llama-3-70B"], 4096, ACCELERATORS["H100-SXM"].memory_bytes, 2, 2, 0.9),   # does not fit: 0
+             (PRESETS["minigpt-target"], 512, ACCELERATORS["T4"].memory_bytes, 4, 4, 1.0)]
+    rng = random.Random(extra)
+    cases += [(s, rng.randint(1, 32768), rng.choice([16, 24, 80, 141]) * GB, rng.choice([1, 2]), rng.choice([1, 2]),
+               rng.choice([0.8, 0.9, 1.0])) for s in random_shapes(extra + 100, extra)]
+    for s, ctx, mem, wb, kb, util in cases:
+        expected = ref.max_concurrent_requests(s, ctx, mem, weight_bytes_per_element=wb, kv_bytes_per_element=kb,
+                                               memory_utilization=util)
+        per_req = ref.kv_cache_bytes(s, ctx, 1, kb)
+        w = ref.weight_bytes(s, wb)
+        diagnoses = {}
+        if util < 1:
+            diagnoses[max(0, (mem - w) // per_req)] = "forgot memory_utilization: only that fraction of memory is usable."
+        diagnoses.setdefault(int(mem * util) // per_req, "forgot to subtract the weights from the memory.")
+        if kb == 2:
+            diagnoses.setdefault(max(0, (int(mem * util) - w) // (2 * per_req)), "used 4 bytes per element (fp32)?")
+        diagnoses.setdefault(max(0, (int(mem * util) - w) // (per_req // 2)), "forgot the factor 2 for K and V.")
+        diagnoses.setdefault(max(0, (int(mem * util) - w) // per_req + 1), "round DOWN: a partial request does not fit.")
+        _exact(_call(max_concurrent_requests, s, ctx, mem, wb, kb, util), expected,
+               f"max_concurrent_requests({_describe(s)}, context_len={ctx}, memory_bytes={mem:,}, weight_bpe={wb}, "
+               f"kv_bpe={kb}, memory_utilization={util})", diagnoses)
+
+
+def check_decode_time_lower_bound(decode_time_lower_bound: Callable[..., float], extra: int = 0) -> None:
+    """decode_time_lower_bound(shape, context_len, batch, bandwidth, weight_bpe, kv_bpe) -> seconds per step."""
+    cases = [(PRESETS["Llama-3-8B"], 4096, 1, ACCELERATORS["H100-SXM"].memory_bandwidth, 2, 2),
+             (PRESETS["Llama-3-8B"], 2048, 16, ACCELERATORS["L4"].memory_bandwidth, 2, 2),
+             (PRESETS["Llama-3-70B"], 8192, 8, ACCELERATORS["H200"].memory_bandwidth, 1, 1),
+             (PRESETS["Llama-2-7B (MHA)"], 1024, 4, ACCELERATORS["RTX-4090"].memory_bandwidth, 2, 2),
+             (PRESETS["minigpt-target"], 256, 1, 10e9, 4, 4)]
+    rng = random.Random(extra)
+    cases += [(s, rng.randint(1, 16384), rng.randint(1, 64), 10 ** rng.uniform(10, 12.7), 2, rng.choice([1, 2]))
+              for s in random_shapes(extra + 200, extra)]
+    for s, ctx, B, bw, wb, kb in cases:
+        expected = ref.decode_time_lower_bound(s, ctx, B, bw, weight_bytes_per_element=wb, kv_bytes_per_element=kb)
+        w, kv = ref.weight_bytes(s, wb), ref.kv_cache_bytes(s, ctx, B, kb)
+        _close(_call(decode_time_lower_bound, s, ctx, B, bw, wb, kb), expected,
+               f"decode_time_lower_bound({_describe(s)}, context_len={ctx}, batch={B}, bandwidth={bw:.4g}, "
+               f"weight_bpe={wb}, kv_bpe={kb})",
+               [(expected * 1e3, "return SECONDS, not milliseconds."),
+                ((B * w + kv) / bw, "the weights are read once per step for the whole batch, not once per sequence."),
+                (w / bw, "forgot the KV cache, which every step reads in full."),
+                (expected / B, "that is the time per step divided by the batch; the question is time per step "
+                               "(each sequence gets one token per step).")])
+
+
+def check_critical_batch_size(critical_batch_size: Callable[..., int | None], extra: int = 0) -> None:
+    """critical_batch_size(shape, context_len, peak_flops, bandwidth, weight_bpe, kv_bpe) -> smallest int batch or None."""
+    h100, l4, a100 = ACCELERATORS["H100-SXM"], ACCELERATORS["L4"], ACCELERATORS["A100-SXM-80GB"]
+    cases = [(PRESETS["Llama-3-8B"], 0, h100.peak("bf16"), h100.memory_bandwidth, 2, 2),
+             (PRESETS["Llama-3-8B"], 128, h100.peak("fp8"), h100.memory_bandwidth, 1, 1),
+             (PRESETS["Llama-3-70B"], 256, a100.peak("bf16"), a100.memory_bandwidth, 2, 2),
+             (PRESETS["Llama-2-7B (MHA)"], 16, l4.peak("bf16"), l4.memory_bandwidth, 2, 2),
+             (PRESETS["Llama-3-8B"], 8192, h100.peak("bf16"), h100.memory_bandwidth, 2, 2),     # never: None
+             (PRESETS["minigpt-target"], 0, 1e12, 1e11, 4, 4)]
+    rng = random.Random(extra)
+    cases += [(s, rng.choice([0, 16, 256]), 10 ** rng.uniform(12, 15), 10 ** rng.uniform(11, 12.5), 2, 2)
+              for s in random_shapes(extra + 300, extra)]
+    for s, ctx, peak, bw, wb, kb in cases:
+        expected = ref.critical_batch_size(s, ctx, peak, bw, weight_bytes_per_element=wb, kv_bytes_per_element=kb)
+        what = (f"critical_batch_size({_describe(s)}, context_len={ctx}, peak_flops={peak:.4g}, bandwidth={bw:.4g}, "
+                f"weight_bpe={wb}, kv_bpe={kb})")
+        got = _call(critical_batch_size, s, ctx, peak, bw, wb, kb)
+        if expected is None:
+            if got is not None:
+                raise AssertionError(f"{what}: expected None (no batch makes this decode step compute-bound: each "
+                                     f"sequence's KV reads grow as fast as its FLOPs), got {got!r}. Check whether "
+                                     "f <= ridge * k before dividing.")
+            continue
+        if got is None:
+            raise AssertionError(f"{what}: expected {expected}, got None; a large enough batch does reach the ridge here.")
+        ridge = ref.ridge_point(peak, bw)
+        f, k, w = ref.decode_flops(s, ctx, 1), ref.kv_cache_bytes(s, ctx, 1, kb), ref.weight_bytes(s, wb)
+        _exact(got, expected, what, {
+            expected - 1: "off by one: the smallest integer batch with intensity >= ridge (round up, do not truncate).",
+            max(1, math.ceil(ridge * w / f)): "ignored the KV cache reads, which grow with the batch.",
+            ref.critical_batch_size(s, 0, peak, bw, weight_bytes_per_element=wb, kv_bytes_per_element=kb) or -1:
+                "ignored the context: each sequence's KV reads (and attention FLOPs) grow with context_len.",
+            max(1, math.ceil(ridge * w / (f / 2 - ridge * k))) if f / 2 > ridge * k else -1: "FLOPs are 2 per multiply-add.",
+        })
+
+
+# ---------------------------------------------------------------- interview questions
+
+def _answer(got: Any, expected: float, what: str, decoys: list[tuple[float, str]], rel: float = 1e-3) -> None:
+    with quiet():
+        _close(got, expected, what, decoys, rel=rel)
+
+
+def check_q1_kv_gib(answer: float) -> None:
+    """Q1: KV cache of Llama-3-8B, one sequence of 8192 tokens, bf16, in GiB."""
+    b = ref.kv_cache_bytes(PRESETS["Llama-3-8B"], 8192, 1, 2)
+    _answer(answer, b / GiB, "Q1 (KV cache of Llama-3-8B at 8192 tokens, bf16, GiB)",
+            [(b / GB, "that is in GB (1e9 bytes); the question asks GiB (2**30 bytes)."), (b, "that is bytes; convert to GiB."),
+             (b / 2 / GiB, "forgot the factor 2 for K and V."), (b * 4 / GiB, "used the 32 query heads instead of the 8 KV heads."),
+             (b * 2 / GiB, "bf16 is 2 bytes per element, not 4.")])
+
+
+def check_q2_gqa_saving_gib(answer: float) -> None:
+    """Q2: GiB of KV cache that GQA (8 KV heads) saves over MHA (64) for Llama-3-70B, 8192 tokens, batch 1, bf16."""
+    s = PRESETS["Llama-3-70B"]
+    gqa = ref.kv_cache_bytes(s, 8192, 1, 2)
+    mha = ref.kv_cache_bytes(dataclasses.replace(s, n_kv_heads=s.n_heads), 8192, 1, 2)
+    _answer(answer, (mha - gqa) / GiB, "Q2 (GiB saved by GQA on Llama-3-70B at 8192 tokens)",
+            [((mha - gqa) / GB, "that is in GB; the question asks GiB."), (mha / GiB, "that is the MHA cache; subtract the GQA cache."),
+             (gqa / GiB, "that is the GQA cache; the question asks how much it saves."), (mha / gqa, "that is the ratio; the question asks GiB saved."),
+             ((mha - gqa) / 2 / GiB, "forgot the factor 2 for K and V.")])
+
+
+def check_q3_critical_batch(answer: int) -> None:
+    """Q3: smallest batch at which a Llama-3-8B decode step (bf16, KV cache ignored: context 0) is compute-bound on an H100 SXM."""
+    g = ACCELERATORS["H100-SXM"]
+    expected = ref.critical_batch_size(PRESETS["Llama-3-8B"], 0, g.peak("bf16"), g.memory_bandwidth)
+    with quiet():
+        _exact(answer, expected, "Q3 (critical decode batch, Llama-3-8B, H100 SXM, bf16)",
+               {expected - 1: "off by one: round up to the smallest batch that reaches the ridge.",
+                math.ceil(g.ridge_point("bf16")): "that is the ridge point itself; with 2 FLOPs per weight and "
+                                                  "2 bytes per weight the batch is not exactly the ridge (the embedding "
+                                                  "table is read but does no FLOPs). Use your functions."})
+
+
+def check_q4_tpot_ms(answer: float) -> None:
+    """Q4: bandwidth lower bound on ms per output token, Llama-3-70B, fp8 weights, bf16 KV, one H200, batch 1, 4096 tokens."""
+    s, g = PRESETS["Llama-3-70B"], ACCELERATORS["H200"]
+    t = ref.decode_time_lower_bound(s, 4096, 1, g.memory_bandwidth, weight_bytes_per_element=1, kv_bytes_per_element=2)
+    _answer(answer, t * 1e3, "Q4 (ms per output token, Llama-3-70B fp8 on H200)",
+            [(t, "that is seconds; the question asks milliseconds."),
+             (ref.decode_time_lower_bound(s, 4096, 1, g.memory_bandwidth) * 1e3, "the weights are fp8: 1 byte each."),
+             (ref.weight_bytes(s, 1) / g.memory_bandwidth * 1e3, "forgot the KV cache read.")])
+
+
+def check_q5_max_requests(answer_bf16_kv: int, answer_fp8_kv: int) -> None:
+    """Q5: concurrent 8192-token requests for Llama-3-8B (bf16 weights) on an H100 SXM at 90% memory, bf16 and fp8 KV."""
+    s, g = PRESETS["Llama-3-8B"], ACCELERATORS["H100-SXM"]
+    for got, kb in ((answer_bf16_kv, 2), (answer_fp8_kv, 1)):
+        expected = ref.max_concurrent_requests(s, 8192, g.memory_bytes, kv_bytes_per_element=kb)
+        with quiet():
+            _exact(got, expected, f"Q5 (max requests, {'bf16' if kb == 2 else 'fp8'} KV cache)",
+                   {ref.max_concurrent_requests(s, 8192, g.memory_bytes, kv_bytes_per_element=kb, memory_utilization=1.0):
+                    "forgot the 90% memory utilization.",
+                    int(g.memory_bytes * 0.9) // ref.kv_cache_bytes(s, 8192, 1, kb): "forgot to subtract the weights.",
+                    ref.max_concurrent_requests(s, 8192, 80 * GiB, kv_bytes_per_element=kb): "the 80 GB are decimal "
+                    "gigabytes in this course (80e9 bytes), not 80 GiB."})
+
+
+def check_q6_tokens_per_s(answer: float) -> None:
+    """Q6: upper bound on generated tokens/s, Llama-3-8B bf16 on one L4, batch 16, 2048-token contexts."""
+    s, g = PRESETS["Llama-3-8B"], ACCELERATORS["L4"]
+    expected = ref.decode_tokens_per_second(s, 2048, 16, g.memory_bandwidth)
+    t = ref.decode_time_lower_bound(s, 2048, 16, g.memory_bandwidth)
+    _answer(answer, expected, "Q6 (tokens/s, Llama-3-8B on L4, batch 16)",
+            [(1 / t, "that is steps per second; each step yields one token per sequence: multiply by the batch."),
+             (16 / ((16 * ref.weight_bytes(s) + ref.kv_cache_bytes(s, 2048, 16, 2)) / g.memory_bandwidth),
+              "the weights are read once per step, not once per sequence.")])

@@ -1,0 +1,278 @@
+"""Lab 00 checks: the solution's functions pass, the released stubs and common wrong answers fail.
+
+The "learner" functions below mirror the solution notebook (positional signatures as in the lab).
+Each wrong implementation is one plausible mistake; the check must reject it with a message that
+names the mistake.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from autograder import lab00
+from minigpt.calculators import PRESETS
+from minigpt.hardware import ACCELERATORS
+
+GiB = 2**30
+
+
+# ---------------------------------------------------------------- correct learner-style implementations
+
+def count_parameters(s):
+    d, q, kv = s.d_model, s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
+    per_layer = 2 * d * q + 2 * d * kv + 3 * d * s.d_ff + 2 * d
+    embed = s.vocab_size * d
+    return embed + s.n_layers * per_layer + d + (0 if s.tie_embeddings else embed)
+
+
+def kv_cache_bytes(s, context_len, batch, bytes_per_element):
+    return 2 * s.n_layers * s.n_kv_heads * s.head_dim * context_len * batch * bytes_per_element
+
+
+def _matmul_params(s):
+    d, q, kv = s.d_model, s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
+    return s.n_layers * (2 * d * q + 2 * d * kv + 3 * d * s.d_ff) + s.vocab_size * d
+
+
+def prefill_flops(s, seq_len, batch):
+    pairs = seq_len * (seq_len + 1) // 2
+    return batch * (2 * _matmul_params(s) * seq_len + 4 * s.n_layers * s.n_heads * s.head_dim * pairs)
+
+
+def decode_flops(s, context_len, batch):
+    return batch * (2 * _matmul_params(s) + 4 * s.n_layers * s.n_heads * s.head_dim * context_len)
+
+
+def prefill_bytes(s, seq_len, batch, wb, kb):
+    return math.ceil(count_parameters(s) * wb) + kv_cache_bytes(s, seq_len, batch, kb)
+
+
+def decode_bytes(s, context_len, batch, wb, kb):
+    return math.ceil(count_parameters(s) * wb) + kv_cache_bytes(s, context_len, batch, kb)
+
+
+def attainable_flops(ai, peak, bw):
+    return min(peak, ai * bw)
+
+
+def max_concurrent_requests(s, context_len, memory_bytes, wb, kb, util):
+    free = int(memory_bytes * util) - math.ceil(count_parameters(s) * wb)
+    return max(0, free // kv_cache_bytes(s, context_len, 1, kb))
+
+
+def decode_time_lower_bound(s, context_len, batch, bw, wb, kb):
+    return decode_bytes(s, context_len, batch, wb, kb) / bw
+
+
+def critical_batch_size(s, context_len, peak, bw, wb, kb):
+    ridge = peak / bw
+    f, k, w = decode_flops(s, context_len, 1), kv_cache_bytes(s, context_len, 1, kb), math.ceil(count_parameters(s) * wb)
+    if f <= ridge * k:
+        return None
+    b = 1
+    b = max(1, math.ceil(ridge * w / (f - ridge * k)) - 2)
+    while b * f < ridge * (w + b * k):
+        b += 1
+    return b
+
+
+@torch.inference_mode()
+def greedy_generate(model, prompt_ids, max_new_tokens):
+    ids = list(prompt_ids)
+    for _ in range(max_new_tokens):
+        logits = model(torch.tensor([ids]))[:, -1]
+        ids.append(int(logits.argmax(-1)))
+    return ids[len(prompt_ids):]
+
+
+def stub(*args, **kwargs):
+    raise NotImplementedError()
+
+
+def _answers():
+    s8, s70 = PRESETS["Llama-3-8B"], PRESETS["Llama-3-70B"]
+    h100, h200, l4 = ACCELERATORS["H100-SXM"], ACCELERATORS["H200"], ACCELERATORS["L4"]
+    mha = dataclasses.replace(s70, n_kv_heads=s70.n_heads)
+    return {
+        "q1": kv_cache_bytes(s8, 8192, 1, 2) / GiB,
+        "q2": (kv_cache_bytes(mha, 8192, 1, 2) - kv_cache_bytes(s70, 8192, 1, 2)) / GiB,
+        "q3": critical_batch_size(s8, 0, h100.peak("bf16"), h100.memory_bandwidth, 2, 2),
+        "q4": decode_time_lower_bound(s70, 4096, 1, h200.memory_bandwidth, 1, 2) * 1e3,
+        "q5": (max_concurrent_requests(s8, 8192, h100.memory_bytes, 2, 2, 0.9),
+               max_concurrent_requests(s8, 8192, h100.memory_bytes, 2, 1, 0.9)),
+        "q6": 16 / decode_time_lower_bound(s8, 2048, 16, l4.memory_bandwidth, 2, 2),
+    }
+
+
+# ---------------------------------------------------------------- the solution passes (hidden-test inputs too)
+
+@pytest.mark.parametrize("extra", [0, 7])
+def test_solution_passes_every_check(extra):
+    lab00.check_count_parameters(count_parameters, extra)
+    lab00.check_kv_cache_bytes(kv_cache_bytes, extra)
+    lab00.check_flops(prefill_flops, decode_flops, extra)
+    lab00.check_bytes(prefill_bytes, decode_bytes, extra)
+    lab00.check_attainable_flops(attainable_flops, extra)
+    lab00.check_max_concurrent_requests(max_concurrent_requests, extra)
+    lab00.check_decode_time_lower_bound(decode_time_lower_bound, extra)
+    lab00.check_critical_batch_size(critical_batch_size, extra)
+
+
+def test_solution_greedy_loop_passes():
+    lab00.check_greedy_generate(greedy_generate, extra=2)
+
+
+def test_solution_interview_answers_pass():
+    a = _answers()
+    assert a["q1"] == 1.0                    # 2 * 32 * 8 * 128 * 8192 * 2 bytes = 2**30
+    lab00.check_q1_kv_gib(a["q1"])
+    lab00.check_q2_gqa_saving_gib(a["q2"])
+    lab00.check_q3_critical_batch(a["q3"])
+    lab00.check_q4_tpot_ms(a["q4"])
+    lab00.check_q5_max_requests(*a["q5"])
+    lab00.check_q6_tokens_per_s(a["q6"])
+
+
+def test_llama3_8b_has_about_8_billion_parameters():
+    assert count_parameters(PRESETS["Llama-3-8B"]) == 8_030_261_248
+
+
+# ---------------------------------------------------------------- the released stubs score zero
+
+@pytest.mark.parametrize("check, n_fns", [
+    (lab00.check_count_parameters, 1), (lab00.check_kv_cache_bytes, 1), (lab00.check_flops, 2),
+    (lab00.check_bytes, 2), (lab00.check_attainable_flops, 1), (lab00.check_max_concurrent_requests, 1),
+    (lab00.check_decode_time_lower_bound, 1), (lab00.check_critical_batch_size, 1), (lab00.check_greedy_generate, 1)])
+def test_stub_fails(check, n_fns):
+    with pytest.raises(NotImplementedError):
+        check(*([stub] * n_fns))
+
+
+@pytest.mark.parametrize("check, args", [
+    (lab00.check_q1_kv_gib, (None,)), (lab00.check_q2_gqa_saving_gib, (None,)), (lab00.check_q3_critical_batch, (None,)),
+    (lab00.check_q4_tpot_ms, (None,)), (lab00.check_q5_max_requests, (None, None)), (lab00.check_q6_tokens_per_s, (None,))])
+def test_unanswered_interview_question_fails(check, args):
+    with pytest.raises(AssertionError):
+        check(*args)
+
+
+# ---------------------------------------------------------------- wrong implementations fail with the right hint
+
+def _fails(match, check, *fns):
+    with pytest.raises(AssertionError, match=match):
+        check(*fns)
+
+
+def test_kv_cache_wrong_answers():
+    _fails("factor 2", lab00.check_kv_cache_bytes, lambda s, c, b, e: s.n_layers * s.n_kv_heads * s.head_dim * c * b * e)
+    _fails("query heads", lab00.check_kv_cache_bytes, lambda s, c, b, e: 2 * s.n_layers * s.n_heads * s.head_dim * c * b * e)
+    _fails("layers", lab00.check_kv_cache_bytes, lambda s, c, b, e: 2 * s.n_kv_heads * s.head_dim * c * b * e)
+    _fails("batch", lab00.check_kv_cache_bytes, lambda s, c, b, e: 2 * s.n_layers * s.n_kv_heads * s.head_dim * c * e)
+    _fails("bytes_per_element", lab00.check_kv_cache_bytes, lambda s, c, b, e: 2 * s.n_layers * s.n_kv_heads * s.head_dim * c * b)
+    _fails("exact int", lab00.check_kv_cache_bytes, lambda s, c, b, e: float(kv_cache_bytes(s, c, b, e)))
+
+
+def test_count_parameters_wrong_answers():
+    _fails("untied", lab00.check_count_parameters,
+           lambda s: count_parameters(dataclasses.replace(s, tie_embeddings=True)))
+    _fails("n_kv_heads", lab00.check_count_parameters,
+           lambda s: count_parameters(dataclasses.replace(s, n_kv_heads=s.n_heads)))
+    _fails("THREE matrices", lab00.check_count_parameters,
+           lambda s: count_parameters(s) - s.n_layers * s.d_model * s.d_ff)
+    _fails("RMSNorm", lab00.check_count_parameters, lambda s: count_parameters(s) - (2 * s.n_layers + 1) * s.d_model)
+
+
+def test_flops_wrong_answers():
+    _fails("2 FLOPs", lab00.check_flops, lambda s, L, B: prefill_flops(s, L, B) // 2, decode_flops)
+    _fails("causal", lab00.check_flops, lambda s, L, B: B * (2 * _matmul_params(s) * L + 4 * s.n_layers * s.n_heads * s.head_dim * L * L),
+           decode_flops)
+    _fails("forgot attention", lab00.check_flops, prefill_flops, lambda s, c, B: B * 2 * _matmul_params(s))
+    _fails("all parameters", lab00.check_flops, prefill_flops,
+           lambda s, c, B: B * (2 * count_parameters(s) + 4 * s.n_layers * s.n_heads * s.head_dim * c))
+    _fails("batch", lab00.check_flops, prefill_flops, lambda s, c, B: decode_flops(s, c, 1))
+
+
+def test_bytes_wrong_answers():
+    w = lambda s, wb: math.ceil(count_parameters(s) * wb)  # noqa: E731
+    _fails("ONCE per step", lab00.check_bytes, prefill_bytes,
+           lambda s, c, B, wb, kb: B * w(s, wb) + kv_cache_bytes(s, c, B, kb))
+    _fails("forgot the KV cache", lab00.check_bytes, prefill_bytes, lambda s, c, B, wb, kb: w(s, wb))
+    _fails("forgot the weights", lab00.check_bytes, lambda s, c, B, wb, kb: kv_cache_bytes(s, c, B, kb), decode_bytes)
+    _fails("precision for the KV", lab00.check_bytes, prefill_bytes,
+           lambda s, c, B, wb, kb: w(s, wb) + kv_cache_bytes(s, c, B, wb))
+
+
+def test_roofline_wrong_answers():
+    _fails("MINIMUM", lab00.check_attainable_flops, lambda ai, p, bw: max(p, ai * bw))
+    _fails("compute ceiling", lab00.check_attainable_flops, lambda ai, p, bw: ai * bw)
+    _fails("memory slope", lab00.check_attainable_flops, lambda ai, p, bw: p)
+
+
+def test_max_requests_wrong_answers():
+    _fails("memory_utilization", lab00.check_max_concurrent_requests,
+           lambda s, c, m, wb, kb, u: max_concurrent_requests(s, c, m, wb, kb, 1.0))
+    _fails("subtract the weights", lab00.check_max_concurrent_requests,
+           lambda s, c, m, wb, kb, u: int(m * u) // kv_cache_bytes(s, c, 1, kb))
+    _fails("factor 2", lab00.check_max_concurrent_requests,
+           lambda s, c, m, wb, kb, u: max(0, (int(m * u) - w8(s, wb)) // (kv_cache_bytes(s, c, 1, kb) // 2)))
+    _fails("round DOWN", lab00.check_max_concurrent_requests,
+           lambda s, c, m, wb, kb, u: max(0, math.ceil((int(m * u) - w8(s, wb)) / kv_cache_bytes(s, c, 1, kb))))
+
+
+def w8(s, wb):
+    return math.ceil(count_parameters(s) * wb)
+
+
+def test_decode_time_wrong_answers():
+    _fails("SECONDS", lab00.check_decode_time_lower_bound, lambda *a: decode_time_lower_bound(*a) * 1e3)
+    _fails("once per step", lab00.check_decode_time_lower_bound,
+           lambda s, c, B, bw, wb, kb: (B * w8(s, wb) + kv_cache_bytes(s, c, B, kb)) / bw)
+    _fails("forgot the KV cache", lab00.check_decode_time_lower_bound, lambda s, c, B, bw, wb, kb: w8(s, wb) / bw)
+
+
+def test_critical_batch_wrong_answers():
+    _fails("ignored the KV cache", lab00.check_critical_batch_size,
+           lambda s, c, p, bw, wb, kb: max(1, math.ceil(p / bw * w8(s, wb) / decode_flops(s, c, 1))))
+    _fails("off by one", lab00.check_critical_batch_size,
+           lambda *a: None if critical_batch_size(*a) is None else max(0, critical_batch_size(*a) - 1))
+    _fails("expected None|ignored the context", lab00.check_critical_batch_size,
+           lambda s, c, p, bw, wb, kb: critical_batch_size(s, 0, p, bw, wb, kb))
+
+
+def test_greedy_loop_wrong_answers():
+    @torch.inference_mode()
+    def first_position(model, prompt, n):          # reads logits[:, 0] instead of the last position
+        ids = list(prompt)
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids]))[:, 0].argmax(-1)))
+        return ids[len(prompt):]
+
+    @torch.inference_mode()
+    def never_appends(model, prompt, n):           # forgets to feed the new token back
+        return [int(model(torch.tensor([prompt]))[:, -1].argmax(-1)) for _ in range(n)]
+
+    @torch.inference_mode()
+    def returns_prompt_too(model, prompt, n):
+        return list(prompt) + greedy_generate(model, prompt, n)
+
+    _fails("LAST position", lab00.check_greedy_generate, first_position)
+    _fails("appended", lab00.check_greedy_generate, never_appends)
+    _fails("exactly", lab00.check_greedy_generate, returns_prompt_too)
+
+
+def test_interview_wrong_units_and_mistakes():
+    a = _answers()
+    _fails("GB", lab00.check_q1_kv_gib, a["q1"] * GiB / 1e9)
+    _fails("factor 2", lab00.check_q1_kv_gib, a["q1"] / 2)
+    _fails("query heads", lab00.check_q1_kv_gib, a["q1"] * 4)
+    _fails("ratio", lab00.check_q2_gqa_saving_gib, 8.0)
+    _fails("GB", lab00.check_q2_gqa_saving_gib, a["q2"] * GiB / 1e9)
+    _fails("off by one", lab00.check_q3_critical_batch, a["q3"] - 1)
+    _fails("seconds", lab00.check_q4_tpot_ms, a["q4"] / 1e3)
+    _fails("90%", lab00.check_q5_max_requests,
+           max_concurrent_requests(PRESETS["Llama-3-8B"], 8192, ACCELERATORS["H100-SXM"].memory_bytes, 2, 2, 1.0), a["q5"][1])
+    _fails("steps per second", lab00.check_q6_tokens_per_s, a["q6"] / 16)
