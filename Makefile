@@ -1,0 +1,92 @@
+# Course toolchain. The two commands you need:
+#   make lab    set up what is missing, then open JupyterLab on labs/
+#   make test   set up what is missing, then run the whole CPU test suite
+# Instructor: make release | make grade NB=path.ipynb | make autograde | make feedback | make export
+# Machine:    make doctor | make data | make models
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON3 ?= python3
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+# nbgrader shells out to `alembic`, and the notebooks' kernels must be the venv's python.
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+
+PYTEST_ARGS ?=
+PYTEST_TIMEOUT ?= 900
+LAB_ARGS ?=
+CHROMIUM ?= /usr/bin/chromium
+NB ?=
+CPYTHON_LIB ?=
+
+.PHONY: help setup lab test browser-deps release grade autograde feedback export doctor models data normalize check-normalized
+
+help:
+	@sed -n '1,6p' Makefile | sed 's/^# \{0,1\}//'
+
+# ---------------------------------------------------------------- environment (idempotent; fast when done)
+$(STAMP): requirements.txt pyproject.toml
+	@test -x $(PY) || $(PYTHON3) -m venv $(VENV)
+	$(PY) -m pip install -r requirements.txt
+	$(PY) -m pip install -e . --no-deps
+	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (course)"
+	@$(VENV)/bin/jupyter labextension list 2>&1 | grep -q "@jupyter/nbgrader" \
+	  || { echo "nbgrader's JupyterLab extension is missing from $(VENV)"; exit 1; }
+	@$(VENV)/bin/jupyter labextension list 2>&1 | grep -q "@jupyter-widgets/jupyterlab-manager" \
+	  || { echo "ipywidgets' JupyterLab extension is missing from $(VENV)"; exit 1; }
+	touch $@
+
+setup: $(STAMP)
+
+browser-deps:
+	@if [ ! -x "$(CHROMIUM)" ]; then \
+	  echo "installing Debian's chromium (for the JupyterLab browser test)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y chromium; \
+	fi
+
+# ---------------------------------------------------------------- learner
+lab: setup
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=labs $(LAB_ARGS)
+
+test: setup browser-deps
+	@rc=0; $(PY) -m pytest --timeout=$(PYTEST_TIMEOUT) $(PYTEST_ARGS) || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests; that is a failure"; fi; \
+	exit $$rc
+
+grade: setup
+	@test -n "$(NB)" || { echo "usage: make grade NB=path/to/notebook.ipynb"; exit 2; }
+	$(PY) -m autograder grade "$(NB)"
+
+# ---------------------------------------------------------------- instructor
+release: setup
+	$(PY) -m autograder release
+
+autograde: setup
+	$(PY) -m autograder autograde
+
+feedback: setup
+	$(PY) -m autograder feedback
+
+export: setup
+	$(PY) -m autograder export
+
+normalize: setup
+	$(PY) -m autograder normalize
+
+check-normalized: setup
+	$(PY) -m autograder normalize --check
+
+# ---------------------------------------------------------------- machine and data
+doctor: setup
+	@$(PY) -m autograder doctor
+
+data: setup
+	@if [ -n "$(CPYTHON_LIB)" ]; then $(PY) scripts/build_corpus.py "$(CPYTHON_LIB)"; \
+	else echo "corpus: using the committed data/corpus (CPYTHON_LIB=/path/to/cpython-3.11.7/Lib rebuilds it)"; fi
+	$(PY) -m minigpt.bpe
+
+models: setup
+	$(PY) -m minigpt.train target draft

@@ -1,0 +1,9 @@
+"""The course autograder.
+
+- autograder.harness    helpers for check functions (GPU tier gating, ratio speed checks, quiet())
+- autograder.labNN      check functions called from the graded cells of lab NN
+- autograder.grading    real nbgrader runs: grade one notebook, instructor batch, feedback, export, release
+- autograder.notebooks  notebook normalization (outputs stripped, stable JSON)
+- autograder.doctor     what this machine can run
+- `python -m autograder --help` is the command line (also behind the Makefile targets).
+"""

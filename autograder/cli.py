@@ -1,0 +1,123 @@
+"""`python -m autograder COMMAND`: the course's grading and maintenance commands.
+
+    grade PATH [--assignment A]      grade one notebook as nbgrader autograde would (last line: score: X / Y)
+    autograde [--assignment A ...]   instructor: grade every submission under submitted/<student>/<assignment>/
+    feedback [--assignment A]        instructor: nbgrader generate_feedback (HTML under feedback/)
+    export [--csv grades.csv]        instructor: gradebook to CSV
+    release [--assignment A ...]     regenerate labs/ from solutions/ (nbgrader generate_assignment) and normalize
+    normalize [--check] [PATHS]      strip outputs / execution counts from notebooks (or only check)
+    doctor                           what this machine can run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from autograder import grading, notebooks
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m autograder", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--course", type=Path, default=grading.REPO_ROOT,
+                   help="course root holding nbgrader_config.py and solutions/ (default: this repository)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("grade", help="grade one notebook")
+    g.add_argument("path", type=Path)
+    g.add_argument("--assignment", help="assignment id (default: found from the notebook's name)")
+    g.add_argument("--timeout", type=float, default=grading.SUBMISSION_TIMEOUT_S,
+                   help="wall-clock seconds for the whole notebook")
+    g.add_argument("--json", type=Path, help="also write the result as JSON here")
+    g.add_argument("--keep", type=Path, help="keep the temporary course folder (autograded notebook) here")
+    g.add_argument("--require-full", action="store_true",
+                   help="exit 1 unless the notebook scores full marks (nbgrader validate always exits 0)")
+
+    a = sub.add_parser("autograde", help="grade every submission (instructor)")
+    a.add_argument("--assignment", action="append", help="only this assignment (repeatable)")
+    a.add_argument("--student", action="append", help="only this student (repeatable)")
+    a.add_argument("--timeout", type=float, default=grading.SUBMISSION_TIMEOUT_S,
+                   help="wall-clock seconds per submission")
+    a.add_argument("--json", type=Path, help="also write all results as JSON here")
+
+    f = sub.add_parser("feedback", help="nbgrader generate_feedback (instructor)")
+    f.add_argument("--assignment")
+
+    e = sub.add_parser("export", help="gradebook to CSV (instructor)")
+    e.add_argument("--csv", type=Path)
+
+    r = sub.add_parser("release", help="regenerate labs/ from solutions/")
+    r.add_argument("--assignment", action="append")
+
+    n = sub.add_parser("normalize", help="strip outputs from notebooks")
+    n.add_argument("--check", action="store_true", help="only report; exit 1 if a notebook is not normalized")
+    n.add_argument("paths", nargs="*", type=Path)
+
+    sub.add_parser("doctor", help="what this machine can run")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    course = args.course.resolve()
+    try:
+        if args.command == "grade":
+            res = grading.grade_notebook(args.path, assignment=args.assignment, course_root=course,
+                                         timeout=args.timeout, keep=args.keep)
+            print(f"{args.path}: assignment {res.assignment}, status {res.status}")
+            for note in res.notes:
+                print(f"  note: {note}")
+            for c in res.cells:
+                extra = f"  ({c.note})" if c.note else ""
+                print(f"  {c.grade_id:<28} {c.score:g} / {c.max_score:g}{extra}")
+            if args.json:
+                args.json.write_text(json.dumps(res.to_dict(), indent=1))
+            print(f"score: {res.score:g} / {res.max_score:g}")
+            return 1 if args.require_full and res.score < res.max_score else 0
+        if args.command == "autograde":
+            results = grading.autograde(course, args.assignment, args.student, timeout=args.timeout)
+            if not results:
+                print(f"no submissions under {course / 'submitted'}/<student>/<assignment>/")
+            else:
+                bad = [r for r in results if r.status != "ok"]
+                print(f"graded {len(results)} submission(s); {len(bad)} with problems (see status column)")
+            if args.json:
+                args.json.write_text(json.dumps([r.to_dict() for r in results], indent=1))
+            return 0
+        if args.command == "feedback":
+            out = grading.generate_feedback(course, args.assignment)
+            print(f"feedback written under {out}")
+            return 0
+        if args.command == "export":
+            out = grading.export_grades(course, args.csv)
+            print(f"grades exported to {out}")
+            return 0
+        if args.command == "release":
+            for folder in grading.release(course, args.assignment):
+                print(f"released {folder.relative_to(course)}")
+            return 0
+        if args.command == "normalize":
+            paths = args.paths or notebooks.find_notebooks(course)
+            changed = [p for p in paths if not notebooks.is_normalized(p)]
+            if args.check:
+                for p in changed:
+                    print(f"not normalized: {p} (run `python -m autograder normalize`)")
+                return 1 if changed else 0
+            for p in changed:
+                notebooks.normalize_file(p)
+                print(f"normalized {p}")
+            return 0
+        if args.command == "doctor":
+            from autograder import doctor
+            return doctor.main()
+    except grading.GradingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

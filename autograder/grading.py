@@ -1,0 +1,490 @@
+"""Grading with real nbgrader: release, autograde (one submission at a time), feedback, export.
+
+Everything runs `nbgrader` in a subprocess inside a *course root* (a folder holding
+nbgrader_config.py, `solutions/<assignment>/` and, for instructors, `submitted/<student>/<assignment>/`).
+
+* `grade_notebook(path)` grades one notebook the way `nbgrader autograde` would, in a throwaway
+  course folder with a throwaway sqlite gradebook: the instructor's files are never touched.
+* `autograde(course_root, ...)` grades every submission under submitted/, one nbgrader process per
+  submission (with a wall-clock limit), so a broken notebook (invalid JSON, kernel crash, endless
+  loop) is recorded with zero points and a status line, and the batch goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONFIG_NAME = "nbgrader_config.py"
+DEFAULT_STUDENT = "learner"
+SUBMISSION_TIMEOUT_S = 1800   # wall-clock limit for one whole submission (cells have their own limit)
+
+
+class GradingError(RuntimeError):
+    """The grading machinery itself failed (not the learner's notebook)."""
+
+
+@dataclass
+class CellScore:
+    grade_id: str
+    score: float
+    max_score: float
+    note: str = ""            # "", "timed out", "AssertionError: ...", "missing from the submission", ...
+
+
+@dataclass
+class SubmissionResult:
+    student: str
+    assignment: str
+    score: float
+    max_score: float
+    status: str                       # "ok", "invalid-notebook", "kernel-died", "timeout", "error"
+    notes: list[str] = field(default_factory=list)
+    cells: list[CellScore] = field(default_factory=list)
+
+    def line(self) -> str:
+        """One status line for the instructor's batch report."""
+        extra = f" ({'; '.join(self.notes)})" if self.notes else ""
+        return f"{self.student:<16} {self.assignment:<20} {_fmt(self.score)} / {_fmt(self.max_score)}  {self.status}{extra}"
+
+    def to_dict(self) -> dict:
+        return {"student": self.student, "assignment": self.assignment, "score": self.score,
+                "max_score": self.max_score, "status": self.status, "notes": self.notes,
+                "cells": [c.__dict__ for c in self.cells]}
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}"
+
+
+# ----------------------------------------------------------------------------- nbgrader preprocessor
+
+def _limit_output_size_class():
+    from nbgrader.preprocessors import NbGraderPreprocessor
+    from traitlets import Integer
+
+    class LimitOutputSize(NbGraderPreprocessor):
+        """Cut any single output above max_chars characters (nbgrader's LimitOutput only counts lines)."""
+
+        max_chars = Integer(100_000, help="maximum characters per output (-1: no limit)").tag(config=True)
+
+        def _cut(self, text: str) -> str:
+            return text[: self.max_chars] + "\n... Output truncated ..." if len(text) > self.max_chars else text
+
+        def preprocess_cell(self, cell, resources, cell_index):
+            if cell.cell_type != "code" or self.max_chars < 0:
+                return cell, resources
+            for out in cell.outputs:
+                if out.output_type == "stream":
+                    out.text = self._cut(out.text)
+                elif out.output_type in ("execute_result", "display_data"):
+                    for mime, value in list(out.get("data", {}).items()):
+                        if isinstance(value, str) and (mime.startswith("text/") or mime.endswith("json")):
+                            out.data[mime] = self._cut(value)
+            return cell, resources
+
+    return LimitOutputSize
+
+
+LimitOutputSize = _limit_output_size_class()
+
+
+# ----------------------------------------------------------------------------- nbgrader subprocesses
+
+def nbgrader_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for nbgrader: this interpreter's bin dir first on PATH (nbgrader shells out to alembic)."""
+    env = dict(os.environ)
+    bindir = str(Path(sys.executable).parent)
+    env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    env.pop("NBGRADER_EXECUTION", None)
+    if extra:
+        env.update(extra)
+    return env
+
+
+def run_nbgrader(args: list[str], course_root: Path, *, timeout: float | None = None,
+                 env: dict[str, str] | None = None) -> tuple[int | None, str]:
+    """Run `nbgrader ARGS` in course_root. Returns (exit code or None on timeout, combined output).
+
+    The process gets its own session so that on timeout it and its kernels are killed together.
+    """
+    cmd = [sys.executable, "-m", "nbgrader", *args]
+    proc = subprocess.Popen(cmd, cwd=course_root, env=env or nbgrader_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        out, _ = proc.communicate()
+        return None, out or ""
+    except BaseException:          # interrupted (Ctrl-C, a test timeout): leave no kernel behind
+        _kill_group(proc)
+        proc.wait()
+        raise
+
+
+def _descendants(pid: int) -> list[int]:
+    """Child processes of pid, recursively (Linux /proc; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill nbgrader and its kernels (jupyter_client starts kernels in sessions of their own)."""
+    victims = _descendants(proc.pid)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def db_url_for(path: Path) -> str:
+    return "sqlite:///" + str(Path(path).resolve())
+
+
+# ----------------------------------------------------------------------------- course folders
+
+def find_assignment(notebook: Path, course_root: Path = REPO_ROOT) -> str:
+    """The assignment a notebook belongs to: the solutions/<a>/ folder holding a notebook of that name."""
+    notebook = Path(notebook)
+    src = Path(course_root) / "solutions"
+    parent = notebook.resolve().parent.name
+    if (src / parent / notebook.name).exists():
+        return parent
+    matches = sorted(p.parent.name for p in src.glob(f"*/{notebook.name}"))
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise GradingError(f"no assignment in {src} has a notebook named {notebook.name!r}; "
+                           "pass --assignment explicitly")
+    raise GradingError(f"{notebook.name!r} is in several assignments {matches}; pass --assignment")
+
+
+def assignments(course_root: Path = REPO_ROOT) -> list[str]:
+    """Assignment ids: folders under solutions/ that hold at least one notebook."""
+    src = Path(course_root) / "solutions"
+    return sorted(p.name for p in src.iterdir() if p.is_dir() and any(p.glob("*.ipynb"))) if src.exists() else []
+
+
+def make_temp_course(course_root: Path, assignment: str, dest: Path) -> Path:
+    """A throwaway course folder: the course's nbgrader_config.py and one assignment's source folder."""
+    course_root = Path(course_root)
+    src = course_root / "solutions" / assignment
+    if not src.is_dir():
+        raise GradingError(f"no source folder {src}")
+    dest.mkdir(parents=True, exist_ok=True)
+    config = course_root / CONFIG_NAME
+    if not config.exists():
+        config = REPO_ROOT / CONFIG_NAME
+    shutil.copy(config, dest / CONFIG_NAME)
+    shutil.copytree(src, dest / "solutions" / assignment,
+                    ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", "*.pyc"))
+    return dest
+
+
+def generate_assignment(course_root: Path, assignment: str, *, db: Path | str, release_dir: Path | None = None,
+                        env: dict[str, str] | None = None) -> Path:
+    """`nbgrader generate_assignment` into release_dir (default: the course's labs/). Returns the release folder."""
+    course_root = Path(course_root)
+    args = ["generate_assignment", assignment, "--force", f"--db={db if isinstance(db, str) else db_url_for(db)}"]
+    if release_dir is not None:
+        args.append(f"--CourseDirectory.release_directory={Path(release_dir).resolve()}")
+    rc, out = run_nbgrader(args, course_root, timeout=600, env=env)
+    if rc != 0:
+        raise GradingError(f"nbgrader generate_assignment {assignment} failed (exit {rc}):\n{out[-4000:]}")
+    return (Path(release_dir) if release_dir is not None else course_root / "labs") / assignment
+
+
+# ----------------------------------------------------------------------------- inspecting submissions
+
+def _graded_ids(nb) -> dict[str, dict]:
+    out = {}
+    for cell in nb.cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if "grade_id" in meta:
+            out[meta["grade_id"]] = cell
+    return out
+
+
+def precheck(submission: Path, released: Path, source: Path | None = None) -> tuple[str, list[str]]:
+    """Look at a submission before grading: ("ok"|"invalid-notebook", notes for the instructor).
+
+    A locked cell counts as edited when it matches neither the released nor the source version
+    (the source version carries hidden tests, so a solution notebook is not "edited").
+    """
+    from nbgrader.utils import compute_checksum
+
+    try:
+        text = Path(submission).read_text(encoding="utf-8")
+        json.loads(text)
+        nb = nbformat.reads(text, as_version=4)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return "invalid-notebook", [f"not a valid notebook file ({type(exc).__name__}: {exc})"]
+    except Exception as exc:  # nbformat's own errors (missing keys, wrong version...)
+        return "invalid-notebook", [f"not a valid notebook ({type(exc).__name__}: {exc})"]
+    notes = []
+    ref = nbformat.read(str(released), as_version=4)
+    ref_cells, sub_cells = _graded_ids(ref), _graded_ids(nb)
+    src_sums = {}
+    if source is not None and Path(source).exists():
+        for gid, cell in _graded_ids(nbformat.read(str(source), as_version=4)).items():
+            try:
+                src_sums[gid] = compute_checksum(cell)
+            except Exception:
+                pass
+    missing = [gid for gid in ref_cells if gid not in sub_cells]
+    if missing:
+        notes.append("cells deleted (no points for them): " + ", ".join(missing))
+    edited = []
+    for gid, cell in sub_cells.items():
+        ref_cell = ref_cells.get(gid)
+        if ref_cell is None or not ref_cell.metadata.nbgrader.get("locked"):
+            continue
+        try:
+            if compute_checksum(cell) not in (ref_cell.metadata.nbgrader.get("checksum"), src_sums.get(gid)):
+                edited.append(gid)
+        except Exception:
+            edited.append(gid)
+    if edited:
+        notes.append("locked cells edited (restored from the source before grading): " + ", ".join(edited))
+    return "ok", notes
+
+
+@dataclass
+class _RunNotes:
+    errors: dict[str, str] = field(default_factory=dict)   # grade_id -> "AssertionError: ..." / "timed out"
+    timed_out: list[str] = field(default_factory=list)     # cells (grade_id or "cell N") that hit the timeout
+    truncated: list[str] = field(default_factory=list)     # cells whose output LimitOutput cut
+
+
+def _cell_notes(autograded: Path) -> _RunNotes:
+    """What went wrong, cell by cell, in an autograded notebook."""
+    notes = _RunNotes()
+    try:
+        nb = nbformat.read(str(autograded), as_version=4)
+    except Exception:
+        return notes
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        label = gid or f"cell {i + 1}"
+        for out in cell.get("outputs", []):
+            if out.output_type == "error":
+                if out.ename == "CellTimeoutError":
+                    msg = "timed out"
+                    notes.timed_out.append(label)
+                else:
+                    first = (out.get("evalue") or "").strip().splitlines()
+                    msg = f"{out.ename}: {first[0][:160]}" if first else out.ename
+                if gid:
+                    notes.errors.setdefault(gid, msg)
+            elif out.output_type == "stream":
+                if "... Output truncated ..." in out.get("text", "") and label not in notes.truncated:
+                    notes.truncated.append(label)
+                if out.name == "stderr" and gid:
+                    notes.errors.setdefault(gid, "wrote to stderr (nbgrader fails a test cell that does)")
+    return notes
+
+
+def read_scores(db: Path | str, assignment: str, student: str) -> tuple[float, float, list[CellScore]]:
+    """Total and per-cell scores of one submission from the gradebook."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    url = db if isinstance(db, str) else db_url_for(db)
+    with Gradebook(url) as gb:
+        try:
+            sub = gb.find_submission(assignment, student)
+        except MissingEntry:
+            a = gb.find_assignment(assignment)
+            return 0.0, float(a.max_score), [CellScore(g.name, 0.0, float(g.max_score), "not graded")
+                                            for nb in a.notebooks for g in nb.grade_cells]
+        cells = [CellScore(g.name, float(g.score or 0.0), float(g.max_score))
+                 for nb in sub.notebooks for g in nb.grades]
+        return float(sub.score or 0.0), float(sub.max_score), cells
+
+
+# ----------------------------------------------------------------------------- autograde
+
+def autograde_one(course_root: Path, assignment: str, student: str, *, db: Path | str,
+                  released: Path, timeout: float = SUBMISSION_TIMEOUT_S,
+                  env: dict[str, str] | None = None) -> SubmissionResult:
+    """Autograde submitted/<student>/<assignment>/ with nbgrader; never raises for a bad submission."""
+    course_root = Path(course_root)
+    sub_dir = course_root / "submitted" / student / assignment
+    url = db if isinstance(db, str) else db_url_for(db)
+    status, notes = "ok", []
+    for nb_path in sorted(Path(released).glob("*.ipynb")):
+        sub_nb = sub_dir / nb_path.name
+        if not sub_nb.exists():
+            notes.append(f"{nb_path.name} not submitted")
+            continue
+        s, n = precheck(sub_nb, nb_path, course_root / "solutions" / assignment / nb_path.name)
+        notes += n
+        if s != "ok":
+            status = s
+    rc, out = run_nbgrader(["autograde", assignment, f"--student={student}", "--force", f"--db={url}"],
+                           course_root, timeout=timeout, env=env)
+    if rc is None:
+        status = "timeout"
+        notes.append(f"grading stopped after {timeout:g} s (kernel unresponsive?)")
+    elif rc != 0 and status == "ok":
+        if "DeadKernelError" in out or "Kernel died" in out:
+            status = "kernel-died"
+            notes.append("the kernel died while running the notebook (os._exit, segfault or out of memory)")
+        else:
+            status = "error"
+            last = [l for l in out.splitlines() if l.strip() and "SAWarning" not in l]
+            notes.append("nbgrader failed: " + (last[-1].strip()[:200] if last else f"exit {rc}"))
+    total, max_total, cells = read_scores(url, assignment, student)
+    if rc == 0:
+        for nb_path in sorted(Path(released).glob("*.ipynb")):
+            rn = _cell_notes(course_root / "autograded" / student / assignment / nb_path.name)
+            if rn.timed_out:
+                notes.append("timed out: " + ", ".join(rn.timed_out))
+            if rn.truncated:
+                notes.append("output truncated in: " + ", ".join(rn.truncated))
+            for c in cells:
+                if c.grade_id in rn.errors and not c.note:
+                    c.note = rn.errors[c.grade_id]
+    for c in cells:
+        if c.score < c.max_score and not c.note:
+            c.note = "failed" if rc == 0 else "not graded"
+    return SubmissionResult(student, assignment, total, max_total, status, notes, cells)
+
+
+def submissions(course_root: Path, assignment: str) -> list[str]:
+    """Students with a folder submitted/<student>/<assignment>/."""
+    base = Path(course_root) / "submitted"
+    return sorted(p.parent.name for p in base.glob(f"*/{assignment}") if p.is_dir())
+
+
+def autograde(course_root: Path = REPO_ROOT, assignment_ids: list[str] | None = None,
+              students: list[str] | None = None, *, db: Path | str | None = None,
+              timeout: float = SUBMISSION_TIMEOUT_S, env: dict[str, str] | None = None,
+              log=print) -> list[SubmissionResult]:
+    """Instructor batch: autograde every submission under submitted/ (or the chosen ones).
+
+    The assignment's cells are (re)registered in the gradebook by generating it into a temporary
+    folder, so labs/ is not touched.
+    """
+    course_root = Path(course_root).resolve()
+    db = db or course_root / "gradebook.db"
+    results = []
+    for a in assignment_ids or assignments(course_root):
+        who = students or submissions(course_root, a)
+        if not who:
+            continue
+        with tempfile.TemporaryDirectory(prefix="release-") as tmp:
+            released = generate_assignment(course_root, a, db=db, release_dir=Path(tmp), env=env)
+            for s in who:
+                r = autograde_one(course_root, a, s, db=db, released=released, timeout=timeout, env=env)
+                log(r.line())
+                results.append(r)
+    return results
+
+
+def grade_notebook(path: Path, *, assignment: str | None = None, course_root: Path = REPO_ROOT,
+                   student: str = DEFAULT_STUDENT, timeout: float = SUBMISSION_TIMEOUT_S,
+                   env: dict[str, str] | None = None, keep: Path | None = None) -> SubmissionResult:
+    """Grade one notebook as `nbgrader autograde` would, in a temporary course folder.
+
+    keep: if given, the temporary course folder is copied there (autograded notebook, gradebook).
+    """
+    path = Path(path).resolve()
+    if not path.exists():
+        raise GradingError(f"no such notebook: {path}")
+    course_root = Path(course_root).resolve()
+    assignment = assignment or find_assignment(path, course_root)
+    with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
+        course = make_temp_course(course_root, assignment, Path(tmp) / "course")
+        db = Path(tmp) / "gradebook.db"
+        released = generate_assignment(course, assignment, db=db, env=env)
+        sub_dir = course / "submitted" / student / assignment
+        sub_dir.mkdir(parents=True)
+        shutil.copy(path, sub_dir / _notebook_name(path, released))
+        result = autograde_one(course, assignment, student, db=db, released=released, timeout=timeout, env=env)
+        if keep is not None:
+            shutil.copytree(tmp, keep, dirs_exist_ok=True)
+    return result
+
+
+def _notebook_name(path: Path, released: Path) -> str:
+    names = sorted(p.name for p in released.glob("*.ipynb"))
+    if path.name in names or len(names) != 1:
+        return path.name
+    return names[0]          # e.g. "01_kv_cache (copy).ipynb" is graded as the assignment's only notebook
+
+
+# ----------------------------------------------------------------------------- feedback and export
+
+def generate_feedback(course_root: Path = REPO_ROOT, assignment: str | None = None, *,
+                      db: Path | str | None = None, env: dict[str, str] | None = None) -> Path:
+    """`nbgrader generate_feedback` (HTML per student under feedback/)."""
+    course_root = Path(course_root).resolve()
+    url = db_url_for(db or course_root / "gradebook.db") if not isinstance(db, str) else db
+    for a in [assignment] if assignment else assignments(course_root):
+        if not submissions(course_root, a):
+            continue
+        rc, out = run_nbgrader(["generate_feedback", a, "--force", f"--db={url}"], course_root, timeout=1800, env=env)
+        if rc != 0:
+            raise GradingError(f"nbgrader generate_feedback {a} failed (exit {rc}):\n{out[-4000:]}")
+    return course_root / "feedback"
+
+
+def export_grades(course_root: Path = REPO_ROOT, csv_path: Path | None = None, *,
+                  db: Path | str | None = None, env: dict[str, str] | None = None) -> Path:
+    """`nbgrader export` of the gradebook to CSV (default grades.csv in the course root)."""
+    course_root = Path(course_root).resolve()
+    url = db_url_for(db or course_root / "gradebook.db") if not isinstance(db, str) else db
+    csv_path = Path(csv_path or course_root / "grades.csv").resolve()
+    rc, out = run_nbgrader(["export", f"--db={url}", f"--CsvExportPlugin.to={csv_path}"], course_root,
+                           timeout=600, env=env)
+    if rc != 0 or not csv_path.exists():
+        raise GradingError(f"nbgrader export failed (exit {rc}):\n{out[-4000:]}")
+    return csv_path
+
+
+def release(course_root: Path = REPO_ROOT, assignment_ids: list[str] | None = None, *,
+            release_dir: Path | None = None, env: dict[str, str] | None = None) -> list[Path]:
+    """Regenerate labs/ (or release_dir) from solutions/ with a temporary gradebook, then normalize."""
+    from autograder.notebooks import normalize_file
+
+    course_root = Path(course_root).resolve()
+    out = []
+    with tempfile.TemporaryDirectory(prefix="release-db-") as tmp:
+        db = Path(tmp) / "release.db"
+        for a in assignment_ids or assignments(course_root):
+            folder = generate_assignment(course_root, a, db=db, release_dir=release_dir, env=env)
+            for nb in sorted(folder.glob("*.ipynb")):
+                normalize_file(nb)
+            out.append(folder)
+    return out

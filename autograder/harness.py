@@ -1,0 +1,139 @@
+"""Shared helpers for the lab check functions: GPU tier gating, speed checks, silencing.
+
+Two tiers of checks:
+
+* CPU tier: correctness. Runs everywhere.
+* GPU tier: speed and memory. A GPU check cell starts with
+  ``if require_gpu("CUDA-graph decode speed"): check_...(...)``. Without a GPU the learner sees a
+  plain "SKIPPED" line; under ``nbgrader autograde`` the cell fails instead, because skipped is not
+  passed and must not earn points.
+
+Speed is always graded as a ratio measured in one process (``minigpt.timing.compare``):
+
+    learner_speedup   = t(baseline) / t(candidate)
+    reference_speedup = t(baseline) / t(reference)
+    pass  <=>  learner_speedup >= min_fraction[device_class] * reference_speedup
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import sys
+import warnings
+from typing import Any, Callable, Iterator
+
+__all__ = ["gpu_available", "under_autograde", "require_gpu", "check_speedup", "threshold_for", "quiet"]
+
+
+def gpu_available() -> bool:
+    """True when torch sees a CUDA device."""
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def under_autograde() -> bool:
+    """True inside ``nbgrader autograde`` (it sets NBGRADER_EXECUTION=autograde)."""
+    return os.environ.get("NBGRADER_EXECUTION") == "autograde"
+
+
+def require_gpu(what: str) -> bool:
+    """Gate a GPU-tier check: True when a GPU is present.
+
+    Without a GPU: under autograde raise AssertionError (no points for a skipped check);
+    otherwise print a SKIPPED line on stdout and return False.
+    """
+    if gpu_available():
+        return True
+    if under_autograde():
+        raise AssertionError(f"needs a GPU: {what}; this machine has none, so no points are awarded")
+    print(f"SKIPPED (needs a GPU): {what}. Run this cell on a machine with a CUDA GPU.")
+    return False
+
+
+def threshold_for(min_fraction: dict[str, float], device_class: str) -> float:
+    """The min_fraction entry for this device class ("cuda" is the fallback for any cuda-smXX)."""
+    if device_class in min_fraction:
+        return float(min_fraction[device_class])
+    if device_class.startswith("cuda") and "cuda" in min_fraction:
+        return float(min_fraction["cuda"])
+    raise AssertionError(
+        f"no speed threshold for device class {device_class!r} (known: {sorted(min_fraction)}); "
+        "this check has not been calibrated for this kind of machine")
+
+
+def check_speedup(candidate: Callable[[], Any], baseline: Callable[[], Any], reference: Callable[[], Any], *,
+                  what: str, min_fraction: dict[str, float], repeats: int = 5, warmup: int = 1,
+                  device: str = "cpu") -> dict[str, float]:
+    """Assert the learner's speedup over `baseline` is at least a fraction of the reference's.
+
+    The three zero-argument callables are timed interleaved (minigpt.timing.compare) in this process.
+    Returns {"speedup", "reference_speedup", "threshold"} where threshold = fraction * reference_speedup.
+    """
+    from minigpt.timing import compare, device_class
+
+    dev_class = device_class(device)
+    fraction = threshold_for(min_fraction, dev_class)
+    results = compare({"baseline": baseline, "candidate": candidate, "reference": reference},
+                      warmup=warmup, repeats=repeats, device=device)
+    t_base = results["baseline"].median
+    learner = t_base / results["candidate"].median
+    ref = t_base / results["reference"].median
+    threshold = fraction * ref
+    if not learner >= threshold:
+        raise AssertionError(
+            f"{what}: your speedup over the baseline is {learner:.2f}x, the reference solution reaches "
+            f"{ref:.2f}x on this machine, and at least {threshold:.2f}x ({fraction:.0%} of the reference, "
+            f"device class {dev_class}) is needed. Check that the slow path is really gone "
+            "(no recomputation, no Python loop over tokens, no device<->host copies).")
+    return {"speedup": learner, "reference_speedup": ref, "threshold": threshold}
+
+
+@contextlib.contextmanager
+def _fd2_to_devnull() -> Iterator[None]:
+    """Send file descriptor 2 (C-level stderr: torch/triton native warnings) to /dev/null."""
+    try:
+        sys.stderr.flush()
+    except Exception:
+        pass
+    try:
+        saved = os.dup(2)
+    except OSError:          # no fd 2 at all: nothing to silence
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Silence warnings, logging and progress bars inside a check, so nothing reaches stderr.
+
+    nbgrader scores a test cell with any stderr output as failed. Everything written to stderr
+    inside the block (Python-level and C-level) is swallowed; stdout is left alone. Exceptions
+    propagate unchanged.
+    """
+    saved_env = os.environ.get("TQDM_DISABLE")
+    os.environ["TQDM_DISABLE"] = "1"
+    previous_disable = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with contextlib.redirect_stderr(io.StringIO()), _fd2_to_devnull():
+                yield
+    finally:
+        logging.disable(previous_disable)
+        if saved_env is None:
+            os.environ.pop("TQDM_DISABLE", None)
+        else:
+            os.environ["TQDM_DISABLE"] = saved_env

@@ -1,0 +1,51 @@
+"""nbgrader configuration of the course (nbgrader 0.9.6).
+
+Layout (relative to this file, the course root):
+    solutions/<NN_topic>/<NN_topic>.ipynb      source notebooks (instructor version, single source of truth)
+    labs/<NN_topic>/<NN_topic>.ipynb           student versions, written by `nbgrader generate_assignment`
+    submitted/<student>/<NN_topic>/...         submissions          (instructor only, not committed)
+    autograded/, feedback/, gradebook.db       nbgrader's outputs   (instructor only, not committed)
+
+The autograder copies this file into temporary course folders (`python -m autograder grade`),
+so every path below is relative to the folder this file sits in.
+"""
+
+import os
+
+c = get_config()  # noqa: F821  (provided by traitlets when nbgrader loads this file)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+c.CourseDirectory.root = HERE
+c.CourseDirectory.course_id = "llm-inference-course"
+c.CourseDirectory.source_directory = "solutions"
+c.CourseDirectory.release_directory = "labs"
+c.CourseDirectory.db_url = os.environ.get("COURSE_NBGRADER_DB", "sqlite:///" + os.path.join(HERE, "gradebook.db"))
+c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", ".pytest_cache"]
+
+# Cells of our labs time models and run small training loops: allow up to 300 s per cell
+# (COURSE_CELL_TIMEOUT overrides it, e.g. the test suite uses a few seconds for fixture notebooks).
+c.Execute.timeout = int(os.environ.get("COURSE_CELL_TIMEOUT", "300"))
+c.Execute.interrupt_on_timeout = True
+c.Execute.startup_timeout = 120
+
+# A learner's runaway print loop must not produce a gigabyte notebook.
+c.LimitOutput.max_lines = 1000
+c.LimitOutput.max_traceback = 100
+
+c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
+c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
+
+# ... and a single gigantic line must not either: cut any one output above 100k characters.
+try:
+    from nbconvert.preprocessors import ClearMetadataPreprocessor
+    from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, Execute, IgnorePattern,
+                                        LimitOutput, SaveAutoGrades)
+
+    from autograder.grading import LimitOutputSize
+
+    c.Autograde.autograde_preprocessors = [Execute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput,
+                                           LimitOutputSize, SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]
+    c.LimitOutputSize.max_chars = 100_000
+except ImportError:  # autograder not installed (e.g. a bare nbgrader install): nbgrader's defaults apply
+    pass

@@ -1,0 +1,156 @@
+"""autograder.harness: GPU gating, ratio-based speed checks, silencing (no absolute-time assertions)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+import warnings
+
+import pytest
+
+from autograder import harness
+
+
+def _sleeper(seconds: float):
+    return lambda: time.sleep(seconds)
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(harness, "gpu_available", lambda: False)
+
+
+def test_under_autograde_reads_env(monkeypatch):
+    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
+    assert not harness.under_autograde()
+    monkeypatch.setenv("NBGRADER_EXECUTION", "validate")
+    assert not harness.under_autograde()
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    assert harness.under_autograde()
+
+
+def test_gpu_available_matches_torch():
+    import torch
+    assert harness.gpu_available() == torch.cuda.is_available()
+
+
+def test_require_gpu_raises_under_autograde_without_gpu(no_gpu, monkeypatch, capsys):
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    with pytest.raises(AssertionError, match="needs a GPU: fused decode speed; this machine has none, "
+                                             "so no points are awarded"):
+        harness.require_gpu("fused decode speed")
+    assert "SKIPPED" not in capsys.readouterr().out
+
+
+def test_require_gpu_prints_skipped_otherwise(no_gpu, monkeypatch, capsys):
+    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
+    assert harness.require_gpu("fused decode speed") is False
+    out, err = capsys.readouterr()
+    assert out.strip() == ("SKIPPED (needs a GPU): fused decode speed. "
+                           "Run this cell on a machine with a CUDA GPU.")
+    assert err == ""
+
+
+def test_require_gpu_true_with_gpu(monkeypatch, capsys):
+    monkeypatch.setattr(harness, "gpu_available", lambda: True)
+    for mode in ("autograde", "validate"):
+        monkeypatch.setenv("NBGRADER_EXECUTION", mode)
+        assert harness.require_gpu("anything") is True
+    assert capsys.readouterr().out == ""
+
+
+# Fake candidates of known relative cost: sleeping does not depend on CPU load, so the ratios
+# hold on a busy 2-core machine. baseline 4 units, reference 1 unit (4x), fast learner 1 unit,
+# slow learner 4 units (1x).
+UNIT = 0.01
+
+
+def test_check_speedup_passes_fast_candidate():
+    out = harness.check_speedup(_sleeper(UNIT), _sleeper(4 * UNIT), _sleeper(UNIT), what="fake",
+                                min_fraction={"cpu": 0.5, "cuda": 0.5}, repeats=3)
+    assert set(out) == {"speedup", "reference_speedup", "threshold"}
+    assert 2.5 < out["reference_speedup"] < 5.0
+    assert 2.5 < out["speedup"] < 5.0
+    assert out["threshold"] == pytest.approx(0.5 * out["reference_speedup"])
+    assert out["speedup"] >= out["threshold"]
+
+
+def test_check_speedup_fails_slow_candidate_with_all_numbers():
+    with pytest.raises(AssertionError) as info:
+        harness.check_speedup(_sleeper(4 * UNIT), _sleeper(4 * UNIT), _sleeper(UNIT), what="fake cache",
+                              min_fraction={"cpu": 0.5}, repeats=3)
+    msg = str(info.value)
+    assert "fake cache" in msg
+    # learner ~1x, reference ~4x, threshold ~2x: all three numbers are in the message
+    assert msg.count("x") >= 3 and "reference" in msg and "at least" in msg
+
+
+def test_check_speedup_threshold_is_relative_to_reference():
+    # Same candidate and reference cost: passes with fraction 0.5, fails with fraction 2.0.
+    args = (_sleeper(UNIT), _sleeper(3 * UNIT), _sleeper(UNIT))
+    harness.check_speedup(*args, what="x", min_fraction={"cpu": 0.5}, repeats=3)
+    with pytest.raises(AssertionError):
+        harness.check_speedup(*args, what="x", min_fraction={"cpu": 2.0}, repeats=3)
+
+
+def test_check_speedup_runs_interleaved_with_warmup():
+    calls: list[str] = []
+    harness.check_speedup(lambda: calls.append("c"), lambda: calls.append("b"), lambda: calls.append("r"),
+                          what="x", min_fraction={"cpu": 0.0}, repeats=4, warmup=2)
+    assert calls.count("c") == calls.count("b") == calls.count("r") == 6
+    assert calls[:6] == ["b", "c", "r", "b", "c", "r"]          # warm-up rounds
+    assert len(set(calls[6:9])) == 3                              # each round runs all three
+
+
+def test_check_speedup_unknown_device_class_raises(monkeypatch):
+    import minigpt.timing
+    monkeypatch.setattr(minigpt.timing, "device_class", lambda device=None: "cuda-sm80")
+    with pytest.raises(AssertionError, match="no speed threshold for device class 'cuda-sm80'"):
+        harness.check_speedup(_sleeper(0), _sleeper(0), _sleeper(0), what="x", min_fraction={"cpu": 0.5})
+
+
+def test_threshold_for_cuda_fallback():
+    assert harness.threshold_for({"cpu": 0.5, "cuda": 0.7}, "cuda-sm90") == 0.7
+    assert harness.threshold_for({"cuda-sm90": 0.9, "cuda": 0.7}, "cuda-sm90") == 0.9
+    assert harness.threshold_for({"cpu": 0.5}, "cpu") == 0.5
+    with pytest.raises(AssertionError):
+        harness.threshold_for({"cuda": 0.7}, "cpu")
+
+
+def test_quiet_silences_warnings_logging_and_stderr(capfd):
+    with harness.quiet():
+        warnings.warn("should not be seen", UserWarning)
+        logging.getLogger("some.lib").error("should not be seen either")
+        print("to stderr", file=sys.stderr)
+        os.write(2, b"C-level stderr\n")
+        print("to stdout")
+    out, err = capfd.readouterr()
+    assert "to stdout" in out
+    assert err == ""
+    os.write(2, b"after\n")                     # fd 2 is restored afterwards
+    assert capfd.readouterr().err == "after\n"
+
+
+def test_quiet_disables_tqdm_and_restores_state(monkeypatch):
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    before = logging.root.manager.disable
+    with harness.quiet():
+        assert os.environ["TQDM_DISABLE"] == "1"
+    assert "TQDM_DISABLE" not in os.environ
+    assert logging.root.manager.disable == before
+
+
+def test_quiet_silences_tqdm(capfd):
+    from tqdm import tqdm
+    with harness.quiet():
+        for _ in tqdm(range(3)):
+            pass
+    assert capfd.readouterr().err == ""
+
+
+def test_quiet_lets_assertions_through():
+    with pytest.raises(AssertionError, match="wrong"):
+        with harness.quiet():
+            raise AssertionError("wrong")

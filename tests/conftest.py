@@ -1,0 +1,34 @@
+"""Generic fixtures shared by the whole suite (topic-specific ones live in each folder's conftest)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+FIXTURE_COURSE = REPO_ROOT / "tests" / "fixtures" / "course"
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    """The repository root (holds nbgrader_config.py, solutions/, labs/)."""
+    return REPO_ROOT
+
+
+@pytest.fixture
+def fixture_course(tmp_path: Path) -> Path:
+    """A private copy of the tiny fixture course (tests/fixtures/course) plus the course's nbgrader config."""
+    dest = tmp_path / "course"
+    shutil.copytree(FIXTURE_COURSE, dest)
+    shutil.copy(REPO_ROOT / "nbgrader_config.py", dest / "nbgrader_config.py")
+    return dest
+
+
+@pytest.fixture
+def fast_cells() -> dict[str, str]:
+    """Extra environment for nbgrader runs of the fixture course: a 5 s cell timeout."""
+    from autograder.grading import nbgrader_env
+
+    return nbgrader_env({"COURSE_CELL_TIMEOUT": "5"})

@@ -1,0 +1,121 @@
+"""Every lab, through real nbgrader: the solution scores full marks, the released notebook scores zero
+on every graded cell, labs/ is what nbgrader generates from solutions/ (not stale), and every committed
+notebook is stored normalized (no outputs).
+
+Labs are found under solutions/NN_topic/; a new lab is picked up without touching this file.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import shutil
+from pathlib import Path
+
+import pytest
+
+from autograder import grading, notebooks
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+LABS = grading.assignments(REPO_ROOT)
+NOTEBOOKS = notebooks.find_notebooks(REPO_ROOT)
+LAB_TIMEOUT_S = 600       # wall clock for one whole notebook (labs must run in a few minutes on 2 cores)
+
+
+def test_there_are_labs():
+    assert LABS, "no lab found under solutions/NN_topic/NN_topic.ipynb"
+
+
+def test_labs_folders_match_solutions():
+    released = sorted(p.name for p in (REPO_ROOT / "labs").iterdir() if p.is_dir()) if (REPO_ROOT / "labs").exists() else []
+    assert released == LABS, ("labs/ and solutions/ hold different labs; run `make release` "
+                              f"(labs/: {released}, solutions/: {LABS})")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[str(p.relative_to(REPO_ROOT)) for p in NOTEBOOKS])
+def test_notebook_is_normalized(path):
+    assert notebooks.is_normalized(path), (f"{path.relative_to(REPO_ROOT)} has outputs or is not normalized; "
+                                           "run `make normalize` (or `make release` for labs/)")
+
+
+@pytest.fixture(scope="module", params=LABS)
+def released_lab(request, tmp_path_factory):
+    """(assignment, temp course, fresh release folder, gradebook path): nbgrader run on a copy of the source."""
+    a = request.param
+    tmp = tmp_path_factory.mktemp(f"lab_{a}")
+    course = grading.make_temp_course(REPO_ROOT, a, tmp / "course")
+    db = tmp / "gradebook.db"
+    folder = grading.generate_assignment(course, a, db=db)
+    for nb in folder.glob("*.ipynb"):
+        notebooks.normalize_file(nb)
+    return a, course, folder, db
+
+
+def test_labs_not_stale(released_lab):
+    a, _, fresh, _ = released_lab
+    committed = REPO_ROOT / "labs" / a
+    assert committed.is_dir(), f"labs/{a} is missing; run `make release`"
+    fresh_files = sorted(p.relative_to(fresh) for p in fresh.rglob("*") if p.is_file())
+    committed_files = sorted(p.relative_to(committed) for p in committed.rglob("*")
+                             if p.is_file() and ".ipynb_checkpoints" not in p.parts and "__pycache__" not in p.parts)
+    assert committed_files == fresh_files, f"labs/{a} holds other files than nbgrader generates; run `make release`"
+    for rel in fresh_files:
+        if rel.suffix == ".ipynb":
+            same = notebooks.comparable(committed / rel) == notebooks.comparable(fresh / rel)
+        else:
+            same = filecmp.cmp(committed / rel, fresh / rel, shallow=False)
+        assert same, f"labs/{a}/{rel} is stale (differs from nbgrader's release of solutions/{a}); run `make release`"
+
+
+@pytest.fixture(scope="module")
+def graded_lab(released_lab):
+    """Autograde the solution and the released notebook of one lab, as two students of a temp course."""
+    a, course, folder, db = released_lab
+    for student, src in (("solution", course / "solutions" / a), ("released", folder)):
+        d = course / "submitted" / student / a
+        d.mkdir(parents=True)
+        for nb in src.glob("*.ipynb"):
+            shutil.copy(nb, d / nb.name)
+    return {s: grading.autograde_one(course, a, s, db=db, released=folder, timeout=LAB_TIMEOUT_S)
+            for s in ("solution", "released")}
+
+
+def _gpu_tier_cells(course: Path, assignment: str) -> set[str]:
+    """grade_ids of test cells gated by require_gpu(...) (GPU tier)."""
+    import nbformat
+    ids = set()
+    for nb_path in (course / "solutions" / assignment).glob("*.ipynb"):
+        for cell in nbformat.read(str(nb_path), as_version=4).cells:
+            meta = cell.metadata.get("nbgrader", {})
+            if meta.get("grade") and "require_gpu(" in cell.source:
+                ids.add(meta["grade_id"])
+    return ids
+
+
+def _table(result: grading.SubmissionResult) -> str:
+    rows = [result.line()] + [f"  {c.grade_id}: {c.score:g}/{c.max_score:g} {c.note}" for c in result.cells]
+    return "\n".join(rows)
+
+
+@pytest.mark.slow
+def test_solution_scores_full_marks(graded_lab, released_lab):
+    """Full marks; without a GPU, full marks on the CPU tier and no points (with the message) for GPU cells."""
+    from autograder.harness import gpu_available
+
+    r = graded_lab["solution"]
+    assert r.max_score > 0 and r.cells, "the lab has no graded cells"
+    assert r.status == "ok", _table(r)
+    gpu_cells = set() if gpu_available() else _gpu_tier_cells(released_lab[1], released_lab[0])
+    lost = [c.grade_id for c in r.cells if c.grade_id not in gpu_cells and c.score != c.max_score]
+    assert not lost, "the solution notebook lost points in " + ", ".join(lost) + ":\n" + _table(r)
+    for c in r.cells:
+        if c.grade_id in gpu_cells:
+            assert c.score == 0 and "needs a GPU" in c.note, ("a GPU-tier cell must not award points on a "
+                                                              "machine without a GPU:\n" + _table(r))
+
+
+@pytest.mark.slow
+def test_released_notebook_scores_zero_everywhere(graded_lab):
+    r = graded_lab["released"]
+    assert r.status == "ok", _table(r)
+    earned = [c for c in r.cells if c.score > 0]
+    assert not earned, "the released stub earns points in: " + ", ".join(c.grade_id for c in earned) + "\n" + _table(r)
