@@ -202,7 +202,9 @@ class GPT(nn.Module):
         if tokens.shape[1] > cfg.max_seq_len:
             raise ValueError(f"sequence of {tokens.shape[1]} tokens is longer than the context (max_seq_len={cfg.max_seq_len}); "
                              "truncate the prompt or generate fewer tokens")
-        if tokens.numel():
+        # Value checks read tensors back to the host: a sync per step on a GPU, so they run on CPU only
+        # (generators validate prompt ids on the host before any GPU work, see minigpt.generate.check_request).
+        if tokens.numel() and tokens.device.type == "cpu":
             lo, hi = int(tokens.min()), int(tokens.max())
             if lo < 0 or hi >= cfg.vocab_size:
                 raise ValueError(f"token id {lo if lo < 0 else hi} is outside the vocabulary [0, {cfg.vocab_size}); "
