@@ -44,7 +44,7 @@ class TrainConfig:
 
 RECIPES: dict[str, tuple[ModelConfig, TrainConfig]] = {
     "target": (TARGET_CONFIG, TrainConfig(steps=600, lr=2e-3)),
-    "draft": (DRAFT_CONFIG, TrainConfig(steps=600, lr=3e-3, distill_from="target")),
+    "draft": (DRAFT_CONFIG, TrainConfig(steps=800, lr=3e-3, distill_from="target", distill_weight=0.9)),
 }
 
 

@@ -35,7 +35,7 @@ def test_validation_perplexity_matches_the_card(name, target, draft):
 def test_target_is_clearly_better_than_draft():
     target_ppl = load_card("target")["validation"]["perplexity"]
     draft_ppl = load_card("draft")["validation"]["perplexity"]
-    assert target_ppl < 0.8 * draft_ppl, f"target perplexity {target_ppl:.2f} is not clearly below draft's {draft_ppl:.2f}"
+    assert target_ppl < 0.9 * draft_ppl, f"target perplexity {target_ppl:.2f} is not clearly below draft's {draft_ppl:.2f}"
 
 
 def test_draft_agrees_with_target_often_enough(target, draft):
