@@ -76,6 +76,11 @@ class Accelerator:
 
 
 # Vendor datasheet figures. "x / 2": the datasheet prints the sparsity figure (x); dense is half.
+# Dense Hopper SXM compute (H100 SXM and H200 share the chip): the datasheets print the sparsity
+# figures, so the tensor-core rates below are half of them.
+HOPPER_SXM_FLOPS = {"fp32": 67 * TB, "tf32": 989 / 2 * TB, "bf16": 1979 / 2 * TB, "fp16": 1979 / 2 * TB,
+                    "fp8": 3958 / 2 * TB, "int8": 3958 / 2 * TB}
+
 ACCELERATORS: dict[str, Accelerator] = {
     "A100-SXM-80GB": Accelerator(
         "A100-SXM-80GB",
@@ -91,8 +96,7 @@ ACCELERATORS: dict[str, Accelerator] = {
         "H100-SXM",
         # NVIDIA H100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h100/), "H100 SXM" column:
         # BF16/FP16 1,979 TF*, FP8 3,958 TF*, INT8 3,958 TOPS*, TF32 989 TF*, FP32 67 TF; * = with sparsity.
-        {"fp32": 67 * TB, "tf32": 989 / 2 * TB, "bf16": 1979 / 2 * TB, "fp16": 1979 / 2 * TB,
-         "fp8": 3958 / 2 * TB, "int8": 3958 / 2 * TB},
+        dict(HOPPER_SXM_FLOPS),
         memory_bandwidth=3.35 * TB,             # "3.35TB/s" HBM3
         memory_bytes=int(80 * GB),              # "80GB"
         source="NVIDIA H100 Tensor Core GPU datasheet (H100 SXM column)"),
@@ -108,9 +112,8 @@ ACCELERATORS: dict[str, Accelerator] = {
     "H200": Accelerator(
         "H200",
         # NVIDIA H200 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h200/), "H200 SXM" column:
-        # same compute as H100 SXM: BF16/FP16 1,979 TF*, FP8 3,958 TF*, INT8 3,958 TOPS*; * = with sparsity.
-        {"fp32": 67 * TB, "tf32": 989 / 2 * TB, "bf16": 1979 / 2 * TB, "fp16": 1979 / 2 * TB,
-         "fp8": 3958 / 2 * TB, "int8": 3958 / 2 * TB},
+        # same compute as H100 SXM (BF16/FP16 1,979 TF*, FP8 3,958 TF*, INT8 3,958 TOPS*; * = with sparsity).
+        dict(HOPPER_SXM_FLOPS),
         memory_bandwidth=4.8 * TB,              # "4.8TB/s" HBM3e
         memory_bytes=int(141 * GB),             # "141GB"
         source="NVIDIA H200 Tensor Core GPU datasheet (H200 SXM column)"),
