@@ -86,7 +86,7 @@ doctor: setup
 data: setup
 	@if [ -n "$(CPYTHON_LIB)" ]; then $(PY) scripts/build_corpus.py "$(CPYTHON_LIB)"; \
 	else echo "corpus: using the committed data/corpus (CPYTHON_LIB=/path/to/cpython-3.11.7/Lib rebuilds it)"; fi
-	$(PY) -m minigpt.bpe
+	$(PY) -m minigpt.training.bpe
 
 models: setup
-	$(PY) -m minigpt.train target draft
+	$(PY) -m minigpt.training.train target draft

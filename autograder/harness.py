@@ -20,12 +20,16 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import math
+import numbers
 import os
 import sys
 import warnings
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping, Sequence, Tuple, Union
 
-__all__ = ["gpu_available", "under_autograde", "require_gpu", "check_speedup", "threshold_for", "quiet"]
+__all__ = ["gpu_available", "under_autograde", "require_gpu", "check_speedup", "threshold_for", "quiet", "check_answer"]
+
+Mistakes = Union[Mapping[float, str], Sequence[Tuple[float, str]]]
 
 
 def gpu_available() -> bool:
@@ -52,6 +56,51 @@ def require_gpu(what: str) -> bool:
         raise AssertionError(f"needs a GPU: {what}; this machine has none, so no points are awarded")
     print(f"SKIPPED (needs a GPU): {what}. Run this cell on a machine with a CUDA GPU.")
     return False
+
+
+def check_answer(answer: Any, expected: float, what: str, mistakes: Mistakes = (), *, unit: str, rel: float = 1e-3,
+                 hint: str = "", reveal: bool = False) -> None:
+    """Grade one numeric answer; raise AssertionError with a diagnosis when it is wrong.
+
+    * An int `expected` asks for an exact int (a float that happens to be equal is refused with a
+      note saying so: counts of bytes, requests or blocks are integers).
+    * A float `expected` accepts any finite real within relative tolerance `rel`.
+    * `mistakes`: (wrong value, diagnosis) pairs, or a {wrong value: diagnosis} dict, for the wrong
+      answers a learner is likely to give (GB for GiB, K without V, ...); a match prints its diagnosis.
+    * The message names the unit the answer must be in. `reveal` adds the expected value: right for
+      checks of functions on random inputs, wrong for interview questions (it would give them away).
+    """
+    label = f"{what} [answer in {unit}]"
+    shown = f"; expected {_fmt(expected)} {unit}" if reveal else ""
+    exact = isinstance(expected, numbers.Integral) and not isinstance(expected, bool)
+    if isinstance(answer, bool) or not isinstance(answer, numbers.Real) or not math.isfinite(answer):
+        raise AssertionError(f"{label}: answer with a finite {'int' if exact else 'number'}, got {answer!r} "
+                             f"({type(answer).__name__}){shown}")
+    pairs = list(mistakes.items()) if isinstance(mistakes, Mapping) else list(mistakes)
+    if exact:
+        if not isinstance(answer, numbers.Integral):
+            if answer == expected:
+                raise AssertionError(f"{label}: the value {answer!r} is right but is a {type(answer).__name__}; give an "
+                                     "exact int (use // rather than /, and int(...) around a float factor)")
+            matched = [msg for wrong, msg in pairs if answer == wrong]
+        else:
+            answer = int(answer)
+            if answer == expected:
+                return
+            matched = [msg for wrong, msg in pairs if answer == wrong]
+        tolerance = "exact"
+    else:
+        if math.isclose(answer, expected, rel_tol=rel, abs_tol=0.0 if expected else 1e-12):
+            return
+        matched = [msg for wrong, msg in pairs if math.isclose(answer, wrong, rel_tol=max(rel, 1e-3))]
+        tolerance = f"relative tolerance {rel:g}"
+    diagnosis = f" Likely mistake: {' Or: '.join(dict.fromkeys(matched))}" if matched else ""
+    extra = f" {hint}" if hint and not matched else ""
+    raise AssertionError(f"{label}: {_fmt(answer)} is not right ({tolerance}){shown}.{diagnosis}{extra}")
+
+
+def _fmt(x: float) -> str:
+    return f"{x:,}" if isinstance(x, numbers.Integral) else f"{float(x):.6g}"
 
 
 def threshold_for(min_fraction: dict[str, float], device_class: str) -> float:

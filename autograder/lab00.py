@@ -1,7 +1,7 @@
 """Checks for Lab 00, the token factory: parameters, KV cache, FLOPs, bytes, roofline, interview answers.
 
 Each check calls the learner's function on a few cases (more with `extra=N`, used by the hidden
-tests), compares with the reference in `minigpt.calculators`, and raises AssertionError naming the
+tests), compares with the reference in `minigpt.teaching.calculators`, and raises AssertionError naming the
 case, the expected and the received value, and, when the received value matches a known mistake,
 what that mistake probably was. Byte and FLOP counts must be exact ints; times are floats compared
 with a relative tolerance.
@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 import random
 from typing import Any, Callable
 
-from autograder.harness import quiet
-from minigpt import calculators as ref
-from minigpt.calculators import PRESETS, ModelShape
-from minigpt.hardware import ACCELERATORS
+from autograder.harness import check_answer, quiet
+from minigpt.teaching import calculators as ref
+from minigpt.teaching.calculators import PRESETS, ModelShape
+from minigpt.teaching.hardware import ACCELERATORS
 
 __all__ = [
     "check_greedy_generate", "check_count_parameters", "check_kv_cache_bytes", "check_flops", "check_bytes",
@@ -64,33 +63,6 @@ def _describe(shape: ModelShape) -> str:
     return (f"{shape.name} (layers={shape.n_layers}, d_model={shape.d_model}, heads={shape.n_heads}, "
             f"kv_heads={shape.n_kv_heads}, head_dim={shape.head_dim}, d_ff={shape.d_ff}, vocab={shape.vocab_size}, "
             f"tied={shape.tie_embeddings})")
-
-
-def _exact(got: Any, expected: int, what: str, diagnoses: dict[int, str] | list[tuple[int, str]]) -> None:
-    """Assert got is an int equal to expected; otherwise explain, using (wrong value, likely mistake) pairs."""
-    if isinstance(got, bool) or not isinstance(got, numbers.Integral):
-        if isinstance(got, numbers.Real) and math.isfinite(got) and got == expected:
-            raise AssertionError(f"{what}: the value {got!r} is right but is a {type(got).__name__}; return an exact "
-                                 "int (use // rather than /, and int(...) for a float factor)")
-        raise AssertionError(f"{what}: expected the int {expected:,}, got {got!r} ({type(got).__name__})")
-    got = int(got)
-    if got == expected:
-        return
-    pairs = diagnoses.items() if isinstance(diagnoses, dict) else diagnoses
-    hints = list(dict.fromkeys(msg for wrong, msg in pairs if wrong == got))
-    hint = f" Likely mistake: {' Or: '.join(hints)}" if hints else ""
-    raise AssertionError(f"{what}: expected {expected:,}, got {got:,} ({got / expected if expected else float('nan'):.4g}x).{hint}")
-
-
-def _close(got: Any, expected: float, what: str, diagnoses: list[tuple[float, str]], rel: float = REL_TOL) -> None:
-    """Assert got is a real number within a relative tolerance; explain known wrong values."""
-    if isinstance(got, bool) or not isinstance(got, numbers.Real) or not math.isfinite(got):
-        raise AssertionError(f"{what}: expected a finite number close to {expected:.6g}, got {got!r}")
-    if math.isclose(got, expected, rel_tol=rel, abs_tol=0.0 if expected else 1e-12):
-        return
-    hints = list(dict.fromkeys(msg for wrong, msg in diagnoses if math.isclose(got, wrong, rel_tol=1e-3)))
-    hint = f" Likely mistake: {' Or: '.join(hints)}" if hints else ""
-    raise AssertionError(f"{what}: expected {expected:.6g}, got {float(got):.6g} (relative tolerance {rel:g}).{hint}")
 
 
 # ---------------------------------------------------------------- the autoregressive loop
@@ -157,7 +129,7 @@ def check_count_parameters(count_parameters: Callable[[ModelShape], int], extra:
         else:
             diagnoses[expected - emb] = "this model is untied: the output projection (lm_head) is a separate vocab x d_model matrix."
         diagnoses.setdefault(expected - emb * (1 if s.tie_embeddings else 2), "forgot the embedding / output matrices.")
-        _exact(_call(count_parameters, s), expected, f"count_parameters({_describe(s)})", diagnoses)
+        check_answer(_call(count_parameters, s), expected, f"count_parameters({_describe(s)})", diagnoses, unit="parameters", reveal=True)
 
 
 KV_CASES = [(8192, 1, 2), (4096, 8, 1), (1, 1, 4), (1000, 3, 2), (0, 4, 2)]
@@ -180,9 +152,9 @@ def check_kv_cache_bytes(kv_cache_bytes: Callable[[ModelShape, int, int, int], i
     rng = random.Random(extra)
     cases += [(s, rng.randint(1, 131072), rng.randint(1, 256), rng.choice([1, 2, 4])) for s in _shapes(extra)[:extra]]
     for s, ctx, batch, bpe in cases:
-        _exact(_call(kv_cache_bytes, s, ctx, batch, bpe), ref.kv_cache_bytes(s, ctx, batch, bpe),
+        check_answer(_call(kv_cache_bytes, s, ctx, batch, bpe), ref.kv_cache_bytes(s, ctx, batch, bpe),
                f"kv_cache_bytes({_describe(s)}, context_len={ctx}, batch={batch}, bytes_per_element={bpe})",
-               kv_diagnoses(s, ctx, batch, bpe))
+               kv_diagnoses(s, ctx, batch, bpe), unit="bytes", reveal=True)
 
 
 # ---------------------------------------------------------------- FLOPs and bytes
@@ -209,7 +181,7 @@ def check_flops(prefill_flops: Callable[[ModelShape, int, int], int],
             }
             if B > 1:
                 diagnoses[expected // B] = "forgot the batch."
-            _exact(_call(prefill_flops, s, L, B), expected, f"prefill_flops({_describe(s)}, seq_len={L}, batch={B})", diagnoses)
+            check_answer(_call(prefill_flops, s, L, B), expected, f"prefill_flops({_describe(s)}, seq_len={L}, batch={B})", diagnoses, unit="FLOPs", reveal=True)
             expected = ref.decode_flops(s, L, B)
             diagnoses = {
                 expected // 2: "a multiply-add is 2 FLOPs.",
@@ -220,7 +192,7 @@ def check_flops(prefill_flops: Callable[[ModelShape, int, int], int],
             }
             if B > 1:
                 diagnoses[expected // B] = "forgot the batch: each sequence computes its own token."
-            _exact(_call(decode_flops, s, L, B), expected, f"decode_flops({_describe(s)}, context_len={L}, batch={B})", diagnoses)
+            check_answer(_call(decode_flops, s, L, B), expected, f"decode_flops({_describe(s)}, context_len={L}, batch={B})", diagnoses, unit="FLOPs", reveal=True)
 
 
 BYTES_CASES = [(1, 1, 2, 2), (2048, 8, 2, 2), (8192, 32, 2, 1), (512, 1, 1, 1), (100, 3, 4, 4)]
@@ -237,10 +209,10 @@ def check_bytes(prefill_bytes: Callable[..., int], decode_bytes: Callable[..., i
                          **({w * B + kv: "the weights are read ONCE per step and shared by the whole batch, not once per sequence."}
                             if B > 1 else {}),
                          **({w + kv // kb * wb: "used the weights' precision for the KV cache."} if kb != wb else {})}
-            _exact(_call(prefill_bytes, s, L, B, wb, kb), ref.prefill_bytes(s, L, B, weight_bytes_per_element=wb,
-                   kv_bytes_per_element=kb), "prefill_bytes" + args, diagnoses)
-            _exact(_call(decode_bytes, s, L, B, wb, kb), ref.decode_bytes(s, L, B, weight_bytes_per_element=wb,
-                   kv_bytes_per_element=kb), "decode_bytes" + args, diagnoses)
+            check_answer(_call(prefill_bytes, s, L, B, wb, kb), ref.prefill_bytes(s, L, B, weight_bytes_per_element=wb,
+                   kv_bytes_per_element=kb), "prefill_bytes" + args, diagnoses, unit="bytes", reveal=True)
+            check_answer(_call(decode_bytes, s, L, B, wb, kb), ref.decode_bytes(s, L, B, weight_bytes_per_element=wb,
+                   kv_bytes_per_element=kb), "decode_bytes" + args, diagnoses, unit="bytes", reveal=True)
 
 
 # ---------------------------------------------------------------- roofline and serving limits
@@ -252,12 +224,12 @@ def check_attainable_flops(attainable_flops: Callable[[float, float, float], flo
     cases += [(10 ** rng.uniform(-2, 5), 10 ** rng.uniform(11, 16), 10 ** rng.uniform(10, 13)) for _ in range(extra)]
     for ai, peak, bw in cases:
         expected = ref.attainable_flops(ai, peak, bw)
-        _close(_call(attainable_flops, ai, peak, bw), expected,
+        check_answer(_call(attainable_flops, ai, peak, bw), expected,
                f"attainable_flops(intensity={ai:g}, peak_flops={peak:.4g}, bandwidth={bw:.4g})",
                [(max(peak, ai * bw), "the roofline is the MINIMUM of the peak and intensity * bandwidth."),
                 (ai * bw, "forgot the compute ceiling (min with peak_flops)."),
                 (peak, "forgot the memory slope: below the ridge point you get intensity * bandwidth."),
-                (ai * peak / bw, "intensity (FLOP/byte) times bandwidth (byte/s) gives FLOP/s.")])
+                (ai * peak / bw, "intensity (FLOP/byte) times bandwidth (byte/s) gives FLOP/s.")], unit="FLOP/s", rel=REL_TOL, reveal=True)
 
 
 def check_max_concurrent_requests(max_concurrent_requests: Callable[..., int], extra: int = 0) -> None:
@@ -285,9 +257,9 @@ def check_max_concurrent_requests(max_concurrent_requests: Callable[..., int], e
             diagnoses.setdefault(max(0, (int(mem * util) - w) // (2 * per_req)), "used 4 bytes per element (fp32)?")
         diagnoses.setdefault(max(0, (int(mem * util) - w) // (per_req // 2)), "forgot the factor 2 for K and V.")
         diagnoses.setdefault(max(0, (int(mem * util) - w) // per_req + 1), "round DOWN: a partial request does not fit.")
-        _exact(_call(max_concurrent_requests, s, ctx, mem, wb, kb, util), expected,
+        check_answer(_call(max_concurrent_requests, s, ctx, mem, wb, kb, util), expected,
                f"max_concurrent_requests({_describe(s)}, context_len={ctx}, memory_bytes={mem:,}, weight_bpe={wb}, "
-               f"kv_bpe={kb}, memory_utilization={util})", diagnoses)
+               f"kv_bpe={kb}, memory_utilization={util})", diagnoses, unit="requests", reveal=True)
 
 
 def check_decode_time_lower_bound(decode_time_lower_bound: Callable[..., float], extra: int = 0) -> None:
@@ -303,14 +275,14 @@ def check_decode_time_lower_bound(decode_time_lower_bound: Callable[..., float],
     for s, ctx, B, bw, wb, kb in cases:
         expected = ref.decode_time_lower_bound(s, ctx, B, bw, weight_bytes_per_element=wb, kv_bytes_per_element=kb)
         w, kv = ref.weight_bytes(s, wb), ref.kv_cache_bytes(s, ctx, B, kb)
-        _close(_call(decode_time_lower_bound, s, ctx, B, bw, wb, kb), expected,
+        check_answer(_call(decode_time_lower_bound, s, ctx, B, bw, wb, kb), expected,
                f"decode_time_lower_bound({_describe(s)}, context_len={ctx}, batch={B}, bandwidth={bw:.4g}, "
                f"weight_bpe={wb}, kv_bpe={kb})",
                [(expected * 1e3, "return SECONDS, not milliseconds."),
                 ((B * w + kv) / bw, "the weights are read once per step for the whole batch, not once per sequence."),
                 (w / bw, "forgot the KV cache, which every step reads in full."),
                 (expected / B, "that is the time per step divided by the batch; the question is time per step "
-                               "(each sequence gets one token per step).")])
+                               "(each sequence gets one token per step).")], unit="seconds", rel=REL_TOL, reveal=True)
 
 
 def check_critical_batch_size(critical_batch_size: Callable[..., int | None], extra: int = 0) -> None:
@@ -340,29 +312,24 @@ def check_critical_batch_size(critical_batch_size: Callable[..., int | None], ex
             raise AssertionError(f"{what}: expected {expected}, got None; a large enough batch does reach the ridge here.")
         ridge = ref.ridge_point(peak, bw)
         f, k, w = ref.decode_flops(s, ctx, 1), ref.kv_cache_bytes(s, ctx, 1, kb), ref.weight_bytes(s, wb)
-        _exact(got, expected, what, {
+        check_answer(got, expected, what, {
             expected - 1: "off by one: the smallest integer batch with intensity >= ridge (round up, do not truncate).",
             max(1, math.ceil(ridge * w / f)): "ignored the KV cache reads, which grow with the batch.",
             ref.critical_batch_size(s, 0, peak, bw, weight_bytes_per_element=wb, kv_bytes_per_element=kb) or -1:
                 "ignored the context: each sequence's KV reads (and attention FLOPs) grow with context_len.",
             max(1, math.ceil(ridge * w / (f / 2 - ridge * k))) if f / 2 > ridge * k else -1: "FLOPs are 2 per multiply-add.",
-        })
+        }, unit="sequences", reveal=True)
 
 
 # ---------------------------------------------------------------- interview questions
 
-def _answer(got: Any, expected: float, what: str, decoys: list[tuple[float, str]], rel: float = 1e-3) -> None:
-    with quiet():
-        _close(got, expected, what, decoys, rel=rel)
-
-
 def check_q1_kv_gib(answer: float) -> None:
     """Q1: KV cache of Llama-3-8B, one sequence of 8192 tokens, bf16, in GiB."""
     b = ref.kv_cache_bytes(PRESETS["Llama-3-8B"], 8192, 1, 2)
-    _answer(answer, b / GiB, "Q1 (KV cache of Llama-3-8B at 8192 tokens, bf16, GiB)",
+    check_answer(answer, b / GiB, "Q1 (KV cache of Llama-3-8B at 8192 tokens, bf16, GiB)",
             [(b / GB, "that is in GB (1e9 bytes); the question asks GiB (2**30 bytes)."), (b, "that is bytes; convert to GiB."),
              (b / 2 / GiB, "forgot the factor 2 for K and V."), (b * 4 / GiB, "used the 32 query heads instead of the 8 KV heads."),
-             (b * 2 / GiB, "bf16 is 2 bytes per element, not 4.")])
+             (b * 2 / GiB, "bf16 is 2 bytes per element, not 4.")], unit="GiB")
 
 
 def check_q2_gqa_saving_gib(answer: float) -> None:
@@ -370,10 +337,10 @@ def check_q2_gqa_saving_gib(answer: float) -> None:
     s = PRESETS["Llama-3-70B"]
     gqa = ref.kv_cache_bytes(s, 8192, 1, 2)
     mha = ref.kv_cache_bytes(dataclasses.replace(s, n_kv_heads=s.n_heads), 8192, 1, 2)
-    _answer(answer, (mha - gqa) / GiB, "Q2 (GiB saved by GQA on Llama-3-70B at 8192 tokens)",
+    check_answer(answer, (mha - gqa) / GiB, "Q2 (GiB saved by GQA on Llama-3-70B at 8192 tokens)",
             [((mha - gqa) / GB, "that is in GB; the question asks GiB."), (mha / GiB, "that is the MHA cache; subtract the GQA cache."),
              (gqa / GiB, "that is the GQA cache; the question asks how much it saves."), (mha / gqa, "that is the ratio; the question asks GiB saved."),
-             ((mha - gqa) / 2 / GiB, "forgot the factor 2 for K and V.")])
+             ((mha - gqa) / 2 / GiB, "forgot the factor 2 for K and V.")], unit="GiB")
 
 
 def check_q3_critical_batch(answer: int) -> None:
@@ -381,21 +348,21 @@ def check_q3_critical_batch(answer: int) -> None:
     g = ACCELERATORS["H100-SXM"]
     expected = ref.critical_batch_size(PRESETS["Llama-3-8B"], 0, g.peak("bf16"), g.memory_bandwidth)
     with quiet():
-        _exact(answer, expected, "Q3 (critical decode batch, Llama-3-8B, H100 SXM, bf16)",
+        check_answer(answer, expected, "Q3 (critical decode batch, Llama-3-8B, H100 SXM, bf16)",
                {expected - 1: "off by one: round up to the smallest batch that reaches the ridge.",
                 math.ceil(g.ridge_point("bf16")): "that is the ridge point itself; with 2 FLOPs per weight and "
                                                   "2 bytes per weight the batch is not exactly the ridge (the embedding "
-                                                  "table is read but does no FLOPs). Use your functions."})
+                                                  "table is read but does no FLOPs). Use your functions."}, unit="sequences")
 
 
 def check_q4_tpot_ms(answer: float) -> None:
     """Q4: bandwidth lower bound on ms per output token, Llama-3-70B, fp8 weights, bf16 KV, one H200, batch 1, 4096 tokens."""
     s, g = PRESETS["Llama-3-70B"], ACCELERATORS["H200"]
     t = ref.decode_time_lower_bound(s, 4096, 1, g.memory_bandwidth, weight_bytes_per_element=1, kv_bytes_per_element=2)
-    _answer(answer, t * 1e3, "Q4 (ms per output token, Llama-3-70B fp8 on H200)",
+    check_answer(answer, t * 1e3, "Q4 (ms per output token, Llama-3-70B fp8 on H200)",
             [(t, "that is seconds; the question asks milliseconds."),
              (ref.decode_time_lower_bound(s, 4096, 1, g.memory_bandwidth) * 1e3, "the weights are fp8: 1 byte each."),
-             (ref.weight_bytes(s, 1) / g.memory_bandwidth * 1e3, "forgot the KV cache read.")])
+             (ref.weight_bytes(s, 1) / g.memory_bandwidth * 1e3, "forgot the KV cache read.")], unit="milliseconds")
 
 
 def check_q5_max_requests(answer_bf16_kv: int, answer_fp8_kv: int) -> None:
@@ -404,12 +371,12 @@ def check_q5_max_requests(answer_bf16_kv: int, answer_fp8_kv: int) -> None:
     for got, kb in ((answer_bf16_kv, 2), (answer_fp8_kv, 1)):
         expected = ref.max_concurrent_requests(s, 8192, g.memory_bytes, kv_bytes_per_element=kb)
         with quiet():
-            _exact(got, expected, f"Q5 (max requests, {'bf16' if kb == 2 else 'fp8'} KV cache)",
+            check_answer(got, expected, f"Q5 (max requests, {'bf16' if kb == 2 else 'fp8'} KV cache)",
                    {ref.max_concurrent_requests(s, 8192, g.memory_bytes, kv_bytes_per_element=kb, memory_utilization=1.0):
                     "forgot the 90% memory utilization.",
                     int(g.memory_bytes * 0.9) // ref.kv_cache_bytes(s, 8192, 1, kb): "forgot to subtract the weights.",
                     ref.max_concurrent_requests(s, 8192, 80 * GiB, kv_bytes_per_element=kb): "the 80 GB are decimal "
-                    "gigabytes in this course (80e9 bytes), not 80 GiB."})
+                    "gigabytes in this course (80e9 bytes), not 80 GiB."}, unit="requests")
 
 
 def check_q6_tokens_per_s(answer: float) -> None:
@@ -417,7 +384,7 @@ def check_q6_tokens_per_s(answer: float) -> None:
     s, g = PRESETS["Llama-3-8B"], ACCELERATORS["L4"]
     expected = ref.decode_tokens_per_second(s, 2048, 16, g.memory_bandwidth)
     t = ref.decode_time_lower_bound(s, 2048, 16, g.memory_bandwidth)
-    _answer(answer, expected, "Q6 (tokens/s, Llama-3-8B on L4, batch 16)",
+    check_answer(answer, expected, "Q6 (tokens/s, Llama-3-8B on L4, batch 16)",
             [(1 / t, "that is steps per second; each step yields one token per sequence: multiply by the batch."),
              (16 / ((16 * ref.weight_bytes(s) + ref.kv_cache_bytes(s, 2048, 16, 2)) / g.memory_bandwidth),
-              "the weights are read once per step, not once per sequence.")])
+              "the weights are read once per step, not once per sequence.")], unit="tokens/s")

@@ -20,11 +20,13 @@ from typing import Any, Callable
 
 import torch
 
-from autograder.harness import check_speedup, quiet
+from autograder.harness import check_answer, check_speedup, quiet
 from minigpt.attention import naive_attention, resolve_attention
 from minigpt.config import TARGET_CONFIG, ModelConfig
 from minigpt.generate import Generation, generate_naive
-from minigpt.kv_cache import GraphedDecodeStep, KVCache, generate_kv_cache
+from minigpt.cache.contiguous import KVCache
+from minigpt.engine.cached_generation import generate_kv_cache
+from minigpt.engine.cuda_graph import GraphedDecodeStep
 from minigpt.model import GPT
 from minigpt.sampling import SamplingParams
 from minigpt.timing import fixed_threads
@@ -427,7 +429,7 @@ def check_cached_speedup(generate_fn: Callable, *, prompt_len: int = 128, new_to
 def check_graphed_decode(make_step: Callable, *, prompt_len: int = 32, steps: int = 64) -> dict[str, float]:
     """make_step(model, cache) -> step(tokens (1, 1), position) -> logits (1, V) on a GPU: logits match the eager
     cached decode step, and `steps` graphed steps beat `steps` eager ones by GRAPH_MIN_FRACTION of the reference
-    (minigpt.kv_cache.GraphedDecodeStep)."""
+    (minigpt.engine.cuda_graph.GraphedDecodeStep)."""
     if not torch.cuda.is_available():
         raise AssertionError("check_graphed_decode needs a CUDA GPU; gate it with autograder.harness.require_gpu")
     device = torch.device("cuda")
@@ -487,38 +489,36 @@ def check_graphed_decode(make_step: Callable, *, prompt_len: int = 32, steps: in
 # Interview questions (numeric answers)
 # ---------------------------------------------------------------------------------------------------
 
-def _check_number(answer: Any, want: float, what: str, hint: str, rel: float = 0.01) -> None:
-    if not isinstance(answer, (int, float)) or isinstance(answer, bool):
-        raise AssertionError(f"{what}: answer with a number (int or float), got {type(answer).__name__}")
-    if not math.isclose(float(answer), want, rel_tol=rel):
-        raise AssertionError(f"{what}: {answer} is not right (within {rel:.0%}). {hint}")
-
-
 def check_q1_kv_bytes_per_token(answer: Any) -> None:
     """32 layers, 8 KV heads, head_dim 128, bf16: KV-cache bytes per token."""
-    _check_number(answer, 2 * 32 * 8 * 128 * 2, "Q1 (KV bytes per token)",
-                  "Bytes per token = 2 (K and V) * layers * kv_heads * head_dim * bytes_per_element; "
-                  "forgot the factor 2 for K and V, or used the 32 query heads instead of the 8 KV heads?")
+    per_token = 2 * 32 * 8 * 128 * 2
+    check_answer(answer, per_token, "Q1 (KV bytes per token)",
+                 {per_token // 2: "forgot the factor 2 for K and V.",
+                  per_token * 4: "used the 32 query heads instead of the 8 KV heads."},
+                 unit="bytes", hint="Bytes per token = 2 (K and V) * layers * kv_heads * head_dim * bytes_per_element.")
 
 
 def check_q2_max_batch(answer: Any) -> None:
     """40 GiB for the cache of the Q1 model, sequences of 4096 tokens: how many fit at once?"""
     per_seq = 2 * 32 * 8 * 128 * 2 * 4096
-    _check_number(answer, (40 * 2**30) // per_seq, "Q2 (sequences that fit)",
-                  "Divide the memory (1 GiB = 2**30 bytes) by the bytes of one full sequence "
-                  "(Q1's bytes per token * 4096), and round down.", rel=0.0)
+    check_answer(answer, (40 * 2**30) // per_seq, "Q2 (sequences that fit)",
+                 {(40 * 10**9) // per_seq: "40 GiB is 40 * 2**30 bytes, not 40e9."}, unit="sequences",
+                 hint="Divide the memory (1 GiB = 2**30 bytes) by the bytes of one full sequence "
+                      "(Q1's bytes per token * 4096), and round down.")
 
 
 def check_q3_naive_tokens(answer: Any) -> None:
     """Prompt of 100 tokens, 50 new tokens: token positions the naive loop pushes through the model."""
-    _check_number(answer, sum(100 + i for i in range(50)), "Q3 (positions processed by the naive loop)",
-                  "Step i (i = 0..49) re-runs the prompt plus the i tokens generated so far: sum over i of (100 + i).",
-                  rel=0.0)
+    check_answer(answer, sum(100 + i for i in range(50)), "Q3 (positions processed by the naive loop)",
+                 {100 * 50: "the loop re-runs the tokens generated so far too, not only the prompt.",
+                  sum(100 + i for i in range(1, 51)): "off by one: the first step runs the prompt alone."},
+                 unit="token positions",
+                 hint="Step i (i = 0..49) re-runs the prompt plus the i tokens generated so far: sum over i of (100 + i).")
 
 
 def check_q4_compute_bound_batch(answer: Any) -> None:
     """989 TFLOP/s, 3.35 TB/s, bf16 weights: the batch size at which a decode step's weight matmuls become
     compute-bound (2 FLOPs per weight per sequence, 2 bytes per weight read once per step)."""
-    _check_number(answer, 989e12 / 3.35e12, "Q4 (batch size at the ridge point)",
-                  "Arithmetic intensity of the weight matmuls = 2*B FLOPs / 2 bytes per weight = B FLOP/byte; "
-                  "it reaches the machine balance (peak FLOP/s / bandwidth) at B = balance.", rel=0.02)
+    check_answer(answer, 989e12 / 3.35e12, "Q4 (batch size at the ridge point)", unit="sequences", rel=0.02,
+                 hint="Arithmetic intensity of the weight matmuls = 2*B FLOPs / 2 bytes per weight = B FLOP/byte; "
+                      "it reaches the machine balance (peak FLOP/s / bandwidth) at B = balance.")

@@ -20,7 +20,7 @@ from autograder.lab01 import SPEED_MIN_FRACTION
 from minigpt.checkpoint import load_model
 from minigpt.config import TARGET_CONFIG
 from minigpt.generate import generate_naive
-from minigpt.kv_cache import generate_kv_cache
+from minigpt.engine.cached_generation import generate_kv_cache
 from minigpt.model import GPT
 from minigpt.timing import compare, device_class, speedup
 

@@ -20,10 +20,16 @@ from pathlib import Path
 
 import tiktoken
 
-from minigpt.bpe import SPLIT_PATTERN
 from minigpt.paths import data_dir
 
 TOKENIZER_FILE = "minigpt-4k.tiktoken"
+# Chunking rule: contractions, identifiers (letters and underscores) with an optional leading space,
+# numbers of at most 3 digits, punctuation runs, newline runs (with the indentation before them), and
+# other whitespace runs that leave the last space to the next word.
+SPLIT_PATTERN = (
+    r"""'(?:[sdmt]|ll|ve|re)| ?[\p{L}_]+| ?\p{N}{1,3}| ?[^\s\p{L}\p{N}_]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 N_RANKS = 4095                      # mergeable tokens; the special token takes the next id
 EOT = "<|endoftext|>"
 EOT_ID = N_RANKS
@@ -37,7 +43,7 @@ class TokenizerFileError(ValueError):
 def read_ranks(path: Path) -> dict[bytes, int]:
     """Parse a tiktoken rank file, naming the first bad line if it does not parse."""
     if not path.exists():
-        raise TokenizerFileError(f"tokenizer file {path} not found; run `make data` (or `python -m minigpt.bpe`) to create it")
+        raise TokenizerFileError(f"tokenizer file {path} not found; run `make data` (or `python -m minigpt.training.bpe`) to create it")
     ranks: dict[bytes, int] = {}
     for lineno, line in enumerate(path.read_bytes().splitlines(), start=1):
         if not line.strip():
@@ -48,7 +54,7 @@ def read_ranks(path: Path) -> dict[bytes, int]:
         except (ValueError, binascii.Error) as err:
             raise TokenizerFileError(
                 f"{path}:{lineno} is not a tiktoken rank line ('<base64 token> <rank>'): {line[:60]!r}; "
-                "the file is corrupt, restore it from git or retrain with `python -m minigpt.bpe`") from err
+                "the file is corrupt, restore it from git or retrain with `python -m minigpt.training.bpe`") from err
     if sorted(ranks.values()) != list(range(len(ranks))):
         raise TokenizerFileError(f"{path}: ranks are not 0..{len(ranks) - 1} without gaps; the file is corrupt")
     if any(bytes([b]) not in ranks for b in range(256)):

@@ -154,3 +154,47 @@ def test_quiet_lets_assertions_through():
     with pytest.raises(AssertionError, match="wrong"):
         with harness.quiet():
             raise AssertionError("wrong")
+
+
+# ---------------------------------------------------------------- the shared numeric-answer checker
+
+def test_check_answer_accepts_exact_ints_and_close_floats():
+    from autograder.harness import check_answer
+
+    check_answer(52, 52, "Q", unit="requests")
+    check_answer(0.5005, 0.5, "Q", unit="GiB")                    # within the default 1e-3
+    check_answer(3.0, 3.0, "Q", unit="ms")
+
+
+@pytest.mark.parametrize("answer, expected, rel, fragment", [
+    (53, 52, 1e-3, "is not right (exact)"),
+    (52.0, 52, 1e-3, "right but is a float"),
+    (0.51, 0.5, 1e-3, "relative tolerance 0.001"),
+    (None, 0.5, 1e-3, "answer with a finite number"),
+    (True, 1, 1e-3, "answer with a finite int"),
+    (float("nan"), 0.5, 1e-3, "finite"),
+    ("52", 52, 1e-3, "finite int"),
+])
+def test_check_answer_rejects_wrong_answers_naming_the_unit(answer, expected, rel, fragment):
+    from autograder.harness import check_answer
+
+    with pytest.raises(AssertionError) as e:
+        check_answer(answer, expected, "Q9 (thing)", unit="requests", rel=rel)
+    assert fragment in str(e.value) and "[answer in requests]" in str(e.value) and "Q9 (thing)" in str(e.value)
+
+
+def test_check_answer_diagnoses_known_wrong_values_and_hides_the_answer_unless_asked():
+    from autograder.harness import check_answer
+
+    gib = 2.0
+    with pytest.raises(AssertionError) as e:
+        check_answer(gib * 2**30 / 1e9, gib, "Q1", [(gib * 2**30 / 1e9, "that is GB, not GiB.")], unit="GiB",
+                     hint="never shown when a diagnosis matched")
+    msg = str(e.value)
+    assert "Likely mistake: that is GB, not GiB." in msg and "never shown" not in msg and "expected" not in msg
+    with pytest.raises(AssertionError) as e:
+        check_answer(7, 8, "f(x)", {7: "off by one."}, unit="blocks", reveal=True)
+    assert "expected 8 blocks" in str(e.value) and "off by one." in str(e.value)
+    with pytest.raises(AssertionError) as e:
+        check_answer(1.0, 8.0, "Q", unit="s", hint="Divide the bytes by the bandwidth.")
+    assert "Divide the bytes by the bandwidth." in str(e.value)

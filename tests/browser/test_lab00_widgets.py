@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(300)]
 
 NOTEBOOK = "calculators.ipynb"
 CELLS = [
-    "from minigpt.widgets import KVCacheCalculator, RooflineCalculator\n"
+    "from minigpt.teaching.widgets import KVCacheCalculator, RooflineCalculator\n"
     "kv = KVCacheCalculator(context_len=8192)\nkv",
     "roof = RooflineCalculator(batch=1)\nroof",
 ]

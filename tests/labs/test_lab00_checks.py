@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from autograder import lab00
-from minigpt.calculators import PRESETS
-from minigpt.hardware import ACCELERATORS
+from minigpt.teaching.calculators import PRESETS
+from minigpt.teaching.hardware import ACCELERATORS
 
 GiB = 2**30
 

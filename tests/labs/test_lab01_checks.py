@@ -10,7 +10,8 @@ import torch
 from autograder import lab01
 from minigpt.attention import naive_attention, sdpa_attention
 from minigpt.generate import Generation, StopRule, check_request, generate_naive
-from minigpt.kv_cache import KVCache, LayerKVCache, generate_kv_cache
+from minigpt.cache.contiguous import KVCache, LayerKVCache
+from minigpt.engine.cached_generation import generate_kv_cache
 from minigpt.sampling import SamplingParams, make_generator, sample_next
 from minigpt.tokenizer import EOT_ID
 
@@ -287,7 +288,7 @@ def test_graphed_decode_refuses_without_gpu(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_graphed_decode_reference_passes():
-    from minigpt.kv_cache import GraphedDecodeStep
+    from minigpt.engine.cuda_graph import GraphedDecodeStep
     lab01.check_graphed_decode(GraphedDecodeStep)
 
 
@@ -295,7 +296,7 @@ def test_graphed_decode_reference_passes():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_graphed_decode_eager_fails():
     """The fixed-shape step run eagerly (no graph) is correct but not faster."""
-    from minigpt.kv_cache import GraphedDecodeStep
+    from minigpt.engine.cuda_graph import GraphedDecodeStep
     with pytest.raises(AssertionError, match="speedup"):
         lab01.check_graphed_decode(lambda model, cache: GraphedDecodeStep(model, cache, use_graph=False))
 

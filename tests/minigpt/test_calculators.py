@@ -1,4 +1,4 @@
-"""minigpt.calculators (and the pure functions behind minigpt.widgets): exact arithmetic over whole input ranges."""
+"""minigpt.teaching.calculators (and the pure functions behind minigpt.teaching.widgets): exact arithmetic over whole input ranges."""
 
 import dataclasses
 import math
@@ -8,10 +8,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minigpt import calculators as calc
-from minigpt.calculators import PRESETS, GiB, ModelShape
+from minigpt.teaching import calculators as calc
+from minigpt.teaching.calculators import PRESETS, GiB, ModelShape
 from minigpt.config import DRAFT_CONFIG, TARGET_CONFIG, ModelConfig
-from minigpt.hardware import ACCELERATORS
+from minigpt.teaching.hardware import ACCELERATORS
 from minigpt.model import GPT
 
 LLAMA8B = PRESETS["Llama-3-8B"]
@@ -188,7 +188,7 @@ def test_critical_batch_llama3_8b_h100():
        st.sampled_from(["bf16", "fp8", "int8", "fp32"]), st.sampled_from([0.5 + 0.05 * i for i in range(11)]))
 @settings(max_examples=300, deadline=None)
 def test_kv_calculator_over_the_slider_ranges(preset, ctx, batch, gpu, wp, kp, util):
-    from minigpt.widgets import kv_calculator_plan, kv_readout
+    from minigpt.teaching.widgets import kv_calculator_plan, kv_readout
 
     shape, g = PRESETS[preset], ACCELERATORS[gpu]
     plan = kv_calculator_plan(shape, ctx, batch, g, weight_precision=wp, kv_precision=kp, memory_utilization=util)
@@ -206,7 +206,7 @@ def test_kv_calculator_over_the_slider_ranges(preset, ctx, batch, gpu, wp, kp, u
        st.floats(0.1, 1000), st.sampled_from([2**k for k in range(7, 18)]))
 @settings(max_examples=100, deadline=None)
 def test_kv_calculator_custom_shape(layers, kv_heads, head_dim, params_b, ctx):
-    from minigpt.widgets import CustomShape, kv_calculator_plan
+    from minigpt.teaching.widgets import CustomShape, kv_calculator_plan
 
     custom = CustomShape(layers, kv_heads, head_dim, int(params_b * 1e9))
     plan = kv_calculator_plan(custom, ctx, 1, ACCELERATORS["H200"])
@@ -218,7 +218,7 @@ def test_kv_calculator_custom_shape(layers, kv_heads, head_dim, params_b, ctx):
        st.sampled_from([2**k for k in range(4, 16)]))
 @settings(max_examples=200, deadline=None)
 def test_roofline_report_over_the_slider_ranges(preset, gpu, batch, seq_len):
-    from minigpt.widgets import roofline_readout
+    from minigpt.teaching.widgets import roofline_readout
 
     shape, g = PRESETS[preset], ACCELERATORS[gpu]
     for prec in g.precisions():
@@ -234,7 +234,7 @@ def test_roofline_report_over_the_slider_ranges(preset, gpu, batch, seq_len):
 
 
 def test_widgets_redraw_when_a_control_moves():
-    from minigpt.widgets import KVCacheCalculator, RooflineCalculator
+    from minigpt.teaching.widgets import KVCacheCalculator, RooflineCalculator
 
     kv = KVCacheCalculator()
     before = (kv.readout.value, kv.image.value)

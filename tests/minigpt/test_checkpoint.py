@@ -83,7 +83,7 @@ def test_training_is_seeded_and_repeats(tiny_config):
     """`make models` retrains the same weights: two short runs from the same seed agree exactly."""
     import dataclasses
 
-    from minigpt.train import TrainConfig, train_model
+    from minigpt.training.train import TrainConfig, train_model
 
     cfg = dataclasses.replace(tiny_config, vocab_size=4096)
     tc = TrainConfig(steps=3, batch_size=2, seq_len=16, warmup=1, eval_every=3, eval_windows=2)

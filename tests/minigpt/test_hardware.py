@@ -1,11 +1,11 @@
-"""minigpt.hardware: the accelerator table is consistent, the measurements return sane numbers (small sizes)."""
+"""minigpt.teaching.hardware: the accelerator table is consistent, the measurements return sane numbers (small sizes)."""
 
 import math
 
 import pytest
 import torch
 
-from minigpt.hardware import (ACCELERATORS, THIS_MACHINE, Accelerator, get_accelerator, measure_copy_bandwidth,
+from minigpt.teaching.hardware import (ACCELERATORS, THIS_MACHINE, Accelerator, get_accelerator, measure_copy_bandwidth,
                               measure_matmul_rate, this_machine)
 
 EXPECTED = {"A100-SXM-80GB", "H100-SXM", "H100-PCIe", "H200", "L4", "T4", "RTX-4090"}

@@ -1,11 +1,13 @@
-"""minigpt.kv_cache: the reference cache and cached generator match full recomputation."""
+"""minigpt.cache.contiguous and minigpt.engine (lab 01): the reference cache and cached generator match full recomputation."""
 
 import pytest
 import torch
 
 from minigpt.config import TARGET_CONFIG
 from minigpt.generate import generate_naive
-from minigpt.kv_cache import GraphedDecodeStep, KVCache, LayerKVCache, generate_kv_cache, static_attention
+from minigpt.cache.contiguous import KVCache, LayerKVCache
+from minigpt.engine.cached_generation import generate_kv_cache
+from minigpt.engine.cuda_graph import GraphedDecodeStep, static_attention
 from minigpt.attention import naive_attention
 from minigpt.sampling import SamplingParams
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from minigpt.checkpoint import load_card, load_model
-from minigpt.evaluate import greedy_agreement, validation_loss
+from minigpt.training.evaluate import greedy_agreement, validation_loss
 from minigpt.generate import generate_naive
 from minigpt.sampling import SamplingParams
 from minigpt.tokenizer import load_tokenizer

@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from minigpt.data import eval_windows, load_tokens
+from minigpt.training.data import eval_windows, load_tokens
 from minigpt.model import GPT
 
 

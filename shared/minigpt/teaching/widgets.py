@@ -1,6 +1,6 @@
-"""Interactive calculators (ipywidgets + matplotlib): a thin layer over `minigpt.calculators`.
+"""Interactive calculators (ipywidgets + matplotlib): a thin layer over `minigpt.teaching.calculators`.
 
-    from minigpt.widgets import KVCacheCalculator, RooflineCalculator
+    from minigpt.teaching.widgets import KVCacheCalculator, RooflineCalculator
     KVCacheCalculator()                       # shows itself as the last expression of a cell
     RooflineCalculator(extra={"this machine": this_machine()})
 
@@ -18,10 +18,10 @@ from typing import Mapping
 import ipywidgets as W
 from matplotlib.figure import Figure
 
-from minigpt import calculators as calc
-from minigpt.calculators import GiB, PRESETS, MemoryPlan, ModelShape, RooflinePoint
-from minigpt.hardware import ACCELERATORS, Accelerator
-from minigpt.plots import figure_png, plot_memory_plan, plot_requests_vs_context, plot_roofline
+from minigpt.teaching import calculators as calc
+from minigpt.teaching.calculators import GiB, PRESETS, MemoryPlan, ModelShape, RooflinePoint
+from minigpt.teaching.hardware import ACCELERATORS, Accelerator
+from minigpt.teaching.plots import figure_png, plot_memory_plan, plot_requests_vs_context, plot_roofline
 
 CUSTOM = "custom"
 CONTEXTS = [2**k for k in range(7, 18)]           # 128 .. 131072 tokens

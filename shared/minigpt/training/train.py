@@ -1,4 +1,4 @@
-"""Train the course models (seeded, reproducible): `python -m minigpt.train target` then `... draft`.
+"""Train the course models (seeded, reproducible): `python -m minigpt.training.train target` then `... draft`.
 
 AdamW with linear warm-up and cosine decay, bfloat16 autocast, gradient clipping; the weights with
 the best validation loss (checked every `eval_every` steps) are kept. The draft can be distilled from
@@ -20,8 +20,8 @@ import torch.nn.functional as F
 
 from minigpt.checkpoint import load_model, save_checkpoint
 from minigpt.config import DRAFT_CONFIG, TARGET_CONFIG, ModelConfig
-from minigpt.data import load_tokens, random_windows
-from minigpt.evaluate import greedy_agreement, validation_loss
+from minigpt.training.data import load_tokens, random_windows
+from minigpt.training.evaluate import greedy_agreement, validation_loss
 from minigpt.model import GPT
 
 

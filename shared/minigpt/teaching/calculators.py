@@ -1,7 +1,7 @@
 """Inference arithmetic for Llama-style decoders: parameters, KV cache, FLOPs, bytes, roofline.
 
 Pure functions of a model shape and a few numbers, so every figure in Lab 00 (and the interactive
-calculators in `minigpt.widgets`) comes from one place and can be tested over its whole input range.
+calculators in `minigpt.teaching.widgets`) comes from one place and can be tested over its whole input range.
 
     shape = PRESETS["Llama-3-8B"]
     count_parameters(shape)                                   # 8_030_261_248

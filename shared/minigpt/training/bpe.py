@@ -5,7 +5,7 @@ frequent adjacent pair of tokens into a new token whose rank is the next integer
 split into chunks by a regular expression (words, numbers, punctuation, whitespace runs), and merges
 never cross a chunk boundary. tiktoken encodes with exactly these ranks.
 
-Run `python -m minigpt.bpe` to retrain data/tokenizer/minigpt-4k.tiktoken from the training split.
+Run `python -m minigpt.training.bpe` to retrain data/tokenizer/minigpt-4k.tiktoken from the training split.
 """
 
 from __future__ import annotations
@@ -17,13 +17,8 @@ from pathlib import Path
 
 import regex
 
-# Chunking rule: contractions, identifiers (letters and underscores) with an optional leading space,
-# numbers of at most 3 digits, punctuation runs, newline runs (with the indentation before them), and
-# other whitespace runs that leave the last space to the next word.
-SPLIT_PATTERN = (
-    r"""'(?:[sdmt]|ll|ve|re)| ?[\p{L}_]+| ?\p{N}{1,3}| ?[^\s\p{L}\p{N}_]+[\r\n]*"""
-    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
+from minigpt.paths import data_dir
+from minigpt.tokenizer import N_RANKS, SPLIT_PATTERN, TOKENIZER_FILE
 
 
 def train_bpe(text: str, n_merges: int, separator: str = "<|endoftext|>") -> dict[bytes, int]:
@@ -94,9 +89,6 @@ def write_ranks(ranks: dict[bytes, int], path: Path) -> None:
 
 
 def main() -> None:
-    from minigpt.paths import data_dir
-    from minigpt.tokenizer import N_RANKS, TOKENIZER_FILE
-
     text = (data_dir() / "corpus" / "train.txt").read_text(encoding="utf-8")
     ranks = train_bpe(text, n_merges=N_RANKS - 256)
     out = data_dir() / "tokenizer" / TOKENIZER_FILE

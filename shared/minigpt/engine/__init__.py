@@ -1,0 +1,7 @@
+"""The engine: the loops that turn a model and a cache into generated tokens.
+
+* `cached_generation` (lab 01): prefill once, then one-token decode steps on a KV cache.
+* `cuda_graph` (lab 01, GPU tier): a fixed-shape decode step replayed from a CUDA graph.
+* lab 03 adds requests and sequences, the continuous-batching scheduler and the batched runner;
+  lab 06 adds speculative decoding.
+"""
