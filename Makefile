@@ -2,7 +2,7 @@
 #   make lab    set up what is missing, then open JupyterLab on labs/
 #   make test   set up what is missing, then run the whole CPU test suite
 # Instructor: make release | make grade NB=path.ipynb | make autograde | make feedback | make export
-# Machine:    make doctor | make data | make models
+# Machine:    make doctor | make gpu-check | make data | make models
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -11,6 +11,10 @@ PYTHON3 ?= python3
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
+# Course-wide JupyterLab settings (no "official Jupyter news?" prompt), installed into the venv's app settings.
+LAB_OVERRIDES := config/jupyterlab_overrides.json
+# JupyterLab refuses to start as root unless told; containers, cloud VMs and CI images often run as root.
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 # nbgrader shells out to `alembic`, and the notebooks' kernels must be the venv's python.
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
@@ -21,17 +25,18 @@ CHROMIUM ?= /usr/bin/chromium
 NB ?=
 CPYTHON_LIB ?=
 
-.PHONY: help setup lab test browser-deps release grade autograde feedback export doctor models data normalize check-normalized
+.PHONY: help setup lab test browser-deps release grade autograde feedback export doctor gpu-check models data normalize check-normalized
 
 help:
 	@sed -n '1,6p' Makefile | sed 's/^# \{0,1\}//'
 
 # ---------------------------------------------------------------- environment (idempotent; fast when done)
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt pyproject.toml $(LAB_OVERRIDES)
 	@test -x $(PY) || $(PYTHON3) -m venv $(VENV)
 	$(PY) -m pip install -r requirements.txt
 	$(PY) -m pip install -e . --no-deps
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (course)"
+	mkdir -p $(VENV)/share/jupyter/lab/settings && cp $(LAB_OVERRIDES) $(VENV)/share/jupyter/lab/settings/overrides.json
 	@$(VENV)/bin/jupyter labextension list 2>&1 | grep -q "@jupyter/nbgrader" \
 	  || { echo "nbgrader's JupyterLab extension is missing from $(VENV)"; exit 1; }
 	@$(VENV)/bin/jupyter labextension list 2>&1 | grep -q "@jupyter-widgets/jupyterlab-manager" \
@@ -49,7 +54,7 @@ browser-deps:
 
 # ---------------------------------------------------------------- learner
 lab: setup
-	$(VENV)/bin/jupyter lab --ServerApp.root_dir=labs $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=labs $(ALLOW_ROOT) $(LAB_ARGS)
 
 test: setup browser-deps
 	@rc=0; $(PY) -m pytest --timeout=$(PYTEST_TIMEOUT) $(PYTEST_ARGS) || rc=$$?; \
@@ -82,6 +87,13 @@ check-normalized: setup
 # ---------------------------------------------------------------- machine and data
 doctor: setup
 	@$(PY) -m autograder doctor
+
+# The GPU tier in one command. On a GPU machine that already has torch/triton and no network, run it with
+# that python instead of the CPU venv:  make gpu-check GPU_PYTHON=python3
+GPU_PYTHON ?=
+gpu-check:
+	@if [ -n "$(GPU_PYTHON)" ]; then PYTHONPATH="$(CURDIR)/shared:$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(GPU_PYTHON) -m autograder gpu-check; \
+	else $(MAKE) --no-print-directory setup && $(PY) -m autograder gpu-check; fi
 
 data: setup
 	@if [ -n "$(CPYTHON_LIB)" ]; then $(PY) scripts/build_corpus.py "$(CPYTHON_LIB)"; \
