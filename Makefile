@@ -91,9 +91,8 @@ doctor: setup
 # The GPU tier in one command. On a GPU machine that already has torch/triton and no network, run it with
 # that python instead of the CPU venv:  make gpu-check GPU_PYTHON=python3
 GPU_PYTHON ?=
-gpu-check:
-	@if [ -n "$(GPU_PYTHON)" ]; then PYTHONPATH="$(CURDIR)/shared:$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(GPU_PYTHON) -m autograder gpu-check; \
-	else $(MAKE) --no-print-directory setup && $(PY) -m autograder gpu-check; fi
+gpu-check: $(if $(GPU_PYTHON),,setup)
+	@$(if $(GPU_PYTHON),PYTHONPATH="$(CURDIR)/shared:$(CURDIR)" $(GPU_PYTHON),$(PY)) -m autograder gpu-check
 
 data: setup
 	@if [ -n "$(CPYTHON_LIB)" ]; then $(PY) scripts/build_corpus.py "$(CPYTHON_LIB)"; \

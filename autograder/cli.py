@@ -7,6 +7,7 @@
     release [--assignment A ...]     regenerate labs/ from solutions/ (nbgrader generate_assignment) and normalize
     normalize [--check] [PATHS]      strip outputs / execution counts from notebooks (or only check)
     doctor                           what this machine can run
+    gpu-check                        the GPU tier: pytest -m gpu, the GPU cells of every solution, a calibration JSON
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     n.add_argument("paths", nargs="*", type=Path)
 
     sub.add_parser("doctor", help="what this machine can run")
+    sub.add_parser("gpu-check", help="run the GPU tier and record what it measured (needs a CUDA GPU)")
     return p
 
 
@@ -113,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "doctor":
             from autograder import doctor
             return doctor.main()
+        if args.command == "gpu-check":
+            from autograder import gpu_check
+            return gpu_check.main(course)
     except grading.GradingError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

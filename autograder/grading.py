@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
+from tqdm import tqdm
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG_NAME = "nbgrader_config.py"
@@ -390,25 +391,29 @@ def submissions(course_root: Path, assignment: str) -> list[str]:
 def autograde(course_root: Path = REPO_ROOT, assignment_ids: list[str] | None = None,
               students: list[str] | None = None, *, db: Path | str | None = None,
               timeout: float = SUBMISSION_TIMEOUT_S, env: dict[str, str] | None = None,
-              log=print) -> list[SubmissionResult]:
-    """Instructor batch: autograde every submission under submitted/ (or the chosen ones).
+              log=tqdm.write, progress: bool = True) -> list[SubmissionResult]:
+    """Instructor batch: autograde every submission under submitted/ (or the chosen ones), with a
+    progress bar over all submissions (on stderr) and one status line per submission (on stdout).
 
     The assignment's cells are (re)registered in the gradebook by generating it into a temporary
     folder, so labs/ is not touched.
     """
     course_root = Path(course_root).resolve()
     db = db or course_root / "gradebook.db"
+    plan = [(a, students or submissions(course_root, a)) for a in assignment_ids or assignments(course_root)]
+    plan = [(a, who) for a, who in plan if who]
     results = []
-    for a in assignment_ids or assignments(course_root):
-        who = students or submissions(course_root, a)
-        if not who:
-            continue
-        with tempfile.TemporaryDirectory(prefix="release-") as tmp:
-            released = generate_assignment(course_root, a, db=db, release_dir=Path(tmp), env=env)
-            for s in who:
-                r = autograde_one(course_root, a, s, db=db, released=released, timeout=timeout, env=env)
-                log(r.line())
-                results.append(r)
+    with tqdm(total=sum(len(who) for _, who in plan), desc="autograde", unit="submission",
+              disable=not progress) as bar:
+        for a, who in plan:
+            with tempfile.TemporaryDirectory(prefix="release-") as tmp:
+                released = generate_assignment(course_root, a, db=db, release_dir=Path(tmp), env=env)
+                for s in who:
+                    bar.set_postfix_str(f"{a}/{s}")
+                    r = autograde_one(course_root, a, s, db=db, released=released, timeout=timeout, env=env)
+                    log(r.line())
+                    results.append(r)
+                    bar.update()
     return results
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 import math
 import numbers
@@ -132,6 +133,8 @@ def check_speedup(candidate: Callable[[], Any], baseline: Callable[[], Any], ref
     learner = t_base / results["candidate"].median
     ref = t_base / results["reference"].median
     threshold = fraction * ref
+    _log_measurement({"what": what, "device_class": dev_class, "speedup": learner, "reference_speedup": ref,
+                      "min_fraction": fraction, "threshold": threshold, "passed": learner >= threshold})
     if not learner >= threshold:
         raise AssertionError(
             f"{what}: your speedup over the baseline is {learner:.2f}x, the reference solution reaches "
@@ -139,6 +142,14 @@ def check_speedup(candidate: Callable[[], Any], baseline: Callable[[], Any], ref
             f"device class {dev_class}) is needed. Check that the slow path is really gone "
             "(no recomputation, no Python loop over tokens, no device<->host copies).")
     return {"speedup": learner, "reference_speedup": ref, "threshold": threshold}
+
+
+def _log_measurement(record: dict[str, Any]) -> None:
+    """Append one speed measurement to $COURSE_CALIBRATION_LOG (JSON lines), if set: `make gpu-check` reads it."""
+    path = os.environ.get("COURSE_CALIBRATION_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(record) + "\n")
 
 
 @contextlib.contextmanager

@@ -17,12 +17,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from minigpt.checkpoint import load_model, save_checkpoint
 from minigpt.config import DRAFT_CONFIG, TARGET_CONFIG, ModelConfig
+from minigpt.model import GPT
 from minigpt.training.data import load_tokens, random_windows
 from minigpt.training.evaluate import greedy_agreement, validation_loss
-from minigpt.model import GPT
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,8 @@ def train_model(model_cfg: ModelConfig, tc: TrainConfig, log: bool = True) -> tu
     tokens = load_tokens("train")
     best_loss, best_state, best_step = float("inf"), None, -1
     t0 = time.perf_counter()
-    for step in range(tc.steps):
+    progress = tqdm(range(tc.steps), desc=f"train {model_cfg.n_layers}-layer", unit="step", disable=not log)
+    for step in progress:
         model.train()
         for group in opt.param_groups:
             group["lr"] = lr_at(step, tc)
@@ -90,9 +92,7 @@ def train_model(model_cfg: ModelConfig, tc: TrainConfig, log: bool = True) -> tu
             val = validation_loss(model, tc.seq_len, tc.eval_windows)["loss"]
             if val < best_loss:
                 best_loss, best_state, best_step = val, copy.deepcopy(model.state_dict()), step + 1
-            if log:
-                print(f"step {step + 1}/{tc.steps} train {loss.item():.3f} val {val:.3f} "
-                      f"lr {lr_at(step, tc):.2e} {time.perf_counter() - t0:.0f}s", flush=True)
+            progress.set_postfix(train=f"{loss.item():.3f}", val=f"{val:.3f}", lr=f"{lr_at(step, tc):.2e}")
     model.load_state_dict(best_state)
     summary = {**tc.__dict__, "best_step": best_step, "tokens_seen": tc.steps * tc.batch_size * tc.seq_len,
                "train_tokens": len(tokens), "wallclock_s": round(time.perf_counter() - t0, 1), "torch": torch.__version__,
