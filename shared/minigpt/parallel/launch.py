@@ -164,7 +164,9 @@ def _run_processes(fn: Worker, n: int, args: tuple, timeout_s: float, collective
 def _raise_if_failed(errors: dict[int, str], others: dict[int, str]) -> None:
     if not errors and not others:
         return
-    lines = [f"rank {r} failed: {msg.strip()}" for r, msg in sorted(errors.items())]
+    # In the order the reports arrived: the first is usually the cause, later ones its consequences
+    # (a peer's connection reset or collective timeout).
+    lines = [f"rank {r} failed: {msg.strip()}" for r, msg in errors.items()]
     lines += [f"rank {r} {msg}" for r, msg in sorted(others.items())]
     raise RankError("\n".join(lines))
 
