@@ -73,3 +73,19 @@ def test_pipeline_adds_latency_not_speed() -> None:
 def test_bad_splits_are_refused(tp: int, pp: int) -> None:
     with pytest.raises(ValueError):
         parallel_plan(L70, H100, NVLINK, tp=tp, pp=pp)
+
+
+def test_planner_readout_and_widget() -> None:
+    from minigpt.teaching.parallel_planner import ParallelismPlanner, planner_readout
+
+    plan = parallel_plan(L70, H100, NVLINK, tp=8)
+    text = planner_readout(L70, H100, NVLINK, 8, plan, 4096, 1)
+    assert "4,587,520 bytes" in text and "fits" in text
+    with pytest.raises(ValueError, match="TP x PP"):
+        planner_readout(L70, H100, NVLINK, 4, plan, 4096, 1)
+    w = ParallelismPlanner()
+    assert w.image.value and not w.error.value
+    w.tp.value = 4
+    assert "TP x PP" in w.error.value
+    w.n_gpus.value = 4
+    assert not w.error.value and "TP=4" in w.readout.value
