@@ -55,16 +55,16 @@ def _tokens(cfg: ModelConfig, B: int = 2, T: int = 6, seed: int = 1) -> torch.Te
     return torch.randint(0, cfg.vocab_size, (B, T), generator=torch.Generator().manual_seed(seed))
 
 
-def _call(what: str, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+def _call(fn_name: str, context: str, fn: Callable, *args: Any) -> Any:
     try:
         with quiet():
-            return fn(*args, **kwargs)
+            return fn(*args)
     except NotImplementedError:
-        raise AssertionError(f"{what} is not implemented yet (NotImplementedError)") from None
+        raise AssertionError(f"{fn_name} is not implemented yet (NotImplementedError)") from None
     except AssertionError:
         raise
     except Exception as err:
-        raise AssertionError(f"{what} raised {type(err).__name__}: {err}") from None
+        raise AssertionError(f"{fn_name} raised {type(err).__name__}: {err} ({context})") from None
 
 
 def _run(worker: Callable, tp: int, *args: Any, backend: str = "threads") -> list[Any]:
@@ -94,7 +94,7 @@ def check_shard_weight(shard_weight: Callable) -> None:
                 if pname == "lm_head.weight":
                     continue
                 what = f"model {name}, tp={tp}, rank {rank}, {pname} {tuple(full.shape)}"
-                got = _call(f"shard_weight for {what}", shard_weight, pname, full.clone(), cfg, tp, rank)
+                got = _call("shard_weight", what, shard_weight, pname, full.clone(), cfg, tp, rank)
                 want = sharding.shard_parameter(pname, full, cfg, tp, rank)
                 if not isinstance(got, torch.Tensor) or got.shape != want.shape:
                     shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
@@ -279,13 +279,14 @@ def check_allreduce_bytes(fn: Callable) -> None:
         payload, wire = _run(_count_worker, tp, name, _model(name).state_dict())[0]
         ring = 2 * (tp - 1) / tp
         for flag, measured in ((False, payload), (True, wire)):
-            got = _call("allreduce_bytes_per_token", fn, cfg, tp, 4, flag)
+            what = f"model {name}, tp={tp}, float32, wire={flag}"
+            got = _call("allreduce_bytes_per_token", what, fn, cfg, tp, 4, flag)
             mistakes = [(measured / 2, "one all-reduce per layer? There are two: after attention's wo and after w_down.")]
             if flag:
                 mistakes += [(payload, "forgot the ring factor 2(n-1)/n."),
                              (payload * (tp - 1) / tp, "(n-1)/n is an all-GATHER; an all-reduce is a reduce-scatter "
                                                        "plus an all-gather: 2(n-1)/n.")]
-            check_answer(got, float(measured), f"model {name}, tp={tp}, float32, wire={flag}", mistakes,
+            check_answer(got, float(measured), what, mistakes,
                          unit="bytes", rel=1e-9, reveal=True,
                          hint=f"payload = 2 all-reduces * n_layers * d_model * bytes; wire = payload * {ring:g}.")
     with quiet():

@@ -234,3 +234,29 @@ def test_torchrun_two_ranks_matches_one_process() -> None:
 def test_torchrun_failure_names_the_rank() -> None:
     with pytest.raises(RankError, match="rank 1 crashed on purpose"):
         torchrun("minigpt.parallel.generate_tp", 2, ["--fail-rank", "1", "--timeout-s", "10"], timeout_s=90)
+
+
+# ----------------------------------------------------------------------------------------- property: slices partition
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(n_kv=st.sampled_from([1, 2, 4, 8]), group=st.sampled_from([1, 2, 4]), tp=st.sampled_from([1, 2, 4, 8, 16]),
+       head_dim=st.sampled_from([2, 4]), ff_mult=st.integers(1, 3))
+def test_every_query_head_and_ffn_unit_has_exactly_one_rank(n_kv: int, group: int, tp: int, head_dim: int, ff_mult: int) -> None:
+    n_heads = n_kv * group
+    cfg = ModelConfig(vocab_size=32, max_seq_len=8, d_model=n_heads * head_dim, n_layers=1, n_heads=n_heads,
+                      n_kv_heads=n_kv, d_ff=16 * ff_mult)
+    try:
+        sharding.check_tp(cfg, tp)
+    except ValueError:
+        assert n_heads % tp or (n_kv % tp and tp % n_kv) or cfg.d_ff % tp
+        return
+    owners = [r for r in range(tp) for _ in sharding.query_heads(cfg, tp, r)]
+    assert owners == sorted(owners) and len(owners) == n_heads                      # contiguous, each head once
+    assert sum(len(sharding.ffn_units(cfg, tp, r)) for r in range(tp)) == cfg.d_ff
+    copies = [sum(h in sharding.kv_heads(cfg, tp, r) for r in range(tp)) for h in range(n_kv)]
+    assert copies == [sharding.kv_replication(cfg, tp)] * n_kv                       # each KV head equally replicated
+    for r in range(tp):
+        assert {h // cfg.group_size for h in sharding.query_heads(cfg, tp, r)} == set(sharding.kv_heads(cfg, tp, r))

@@ -24,6 +24,7 @@ import tempfile
 import threading
 import time
 import traceback
+import warnings
 from datetime import timedelta
 from multiprocessing import get_context
 from multiprocessing.connection import Connection, wait
@@ -119,7 +120,9 @@ def _run_processes(fn: Worker, n: int, args: tuple, timeout_s: float, collective
         parent_end, child_end = ctx.Pipe(duplex=False)
         p = ctx.Process(target=_child, args=(fn, rank, n, port, args, child_end, collective_timeout_s),
                         name=f"rank{rank}", daemon=True)
-        p.start()
+        with warnings.catch_warnings():       # Python >= 3.12 warns about fork in a threaded process (a Jupyter kernel)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            p.start()
         child_end.close()
         pipes.append(parent_end)
         procs.append(p)
