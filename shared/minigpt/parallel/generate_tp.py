@@ -32,12 +32,13 @@ DEFAULT_PROMPT = "Once upon a time"
 def tp_report(comm: CountingComm, model_name: str, prompt: str, max_new_tokens: int, *, vocab_parallel: bool = True,
               plan_tp: int | None = None, compare: bool = True) -> dict:
     """Run on every rank; the returned report is meaningful on rank 0 (the others return the same tokens)."""
-    model = load_tp_model(model_name, comm, vocab_parallel=vocab_parallel, expected_world_size=plan_tp)
+    device = _rank_device()
+    model = load_tp_model(model_name, comm, vocab_parallel=vocab_parallel, expected_world_size=plan_tp, device=device)
     cfg, tp, rank = model.config, comm.world_size, comm.rank
     ids = load_tokenizer().encode(prompt)
     with torch.inference_mode():
-        cache = tp_kv_cache(cfg, tp, rank, max_seq_len=len(ids) + 1)
-        tokens = torch.tensor([ids])
+        cache = tp_kv_cache(cfg, tp, rank, max_seq_len=len(ids) + 1, device=device)
+        tokens = torch.tensor([ids], device=device)
         prefill = model(tokens, positions=cache.next_positions(len(ids)), kv_caches=cache)
         nxt = prefill[:, -1:].argmax(-1)
         comm.stats.reset()
@@ -45,23 +46,34 @@ def tp_report(comm: CountingComm, model_name: str, prompt: str, max_new_tokens: 
         per_token = comm.stats.as_dict()
         start = time.perf_counter()
         out = generate_kv_cache(model, ids, max_new_tokens,
-                                cache=tp_kv_cache(cfg, tp, rank, max_seq_len=len(ids) + max_new_tokens))
+                                cache=tp_kv_cache(cfg, tp, rank, max_seq_len=len(ids) + max_new_tokens, device=device))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         seconds = time.perf_counter() - start
     report = {"world_size": tp, "rank": rank, "backend": dist.get_backend() if dist.is_initialized() else "threads",
               "tokens": out.tokens, "seconds": seconds, "collectives_per_decode_token": per_token,
               "kv_cache_heads_per_rank": cache[0].n_kv_heads}
     if compare and rank == 0:
-        full = load_model(model_name)
+        full = load_model(model_name, device=device)
         with torch.inference_mode():
             ref_prefill = full(tokens)
             ref_decode = full(torch.cat([tokens, nxt], 1))[:, -1:]
             start = time.perf_counter()
             ref = generate_kv_cache(full, ids, max_new_tokens)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
             report["one_process_seconds"] = time.perf_counter() - start
         report["one_process_tokens"] = ref.tokens
         report["max_logit_diff_prefill"] = float((prefill - ref_prefill).abs().max())
         report["max_logit_diff_decode"] = float((decode - ref_decode).abs().max())
     return report
+
+
+def _rank_device() -> torch.device:
+    """NCCL ranks compute on their own GPU (cuda:LOCAL_RANK); gloo ranks on the CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 @record
@@ -74,10 +86,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--plan-tp", type=int, default=None)
     ap.add_argument("--fail-rank", type=int, default=None)
     ap.add_argument("--timeout-s", type=float, default=60.0)
+    ap.add_argument("--backend", choices=["gloo", "nccl"], default=None, help="default: nccl with GPUs, else gloo")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
-    comm = init_from_env(timeout_s=a.timeout_s)
+    comm = init_from_env(a.backend, timeout_s=a.timeout_s)
     try:
         if a.fail_rank == comm.rank:
             raise RuntimeError(f"rank {comm.rank} crashed on purpose (--fail-rank {a.fail_rank})")

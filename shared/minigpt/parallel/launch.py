@@ -214,7 +214,7 @@ def torchrun(module: str, nproc: int, args: Sequence[str] = (), *, timeout_s: fl
 
 def _failure_summary(log: str) -> str:
     """The workers' exception lines, then torchrun's 'Root Cause' block (names the rank and exit code)."""
-    errors = [line.strip() for line in log.splitlines() if re.match(r"^\s*\w+(Error|Exception|Timeout)\b.*:", line)]
+    errors = [line.strip() for line in log.splitlines() if re.match(r"^(\[rank\d+\]:)?\s*\w+(Error|Exception|Timeout)\b.*:", line)]
     i = log.find("Root Cause")
     cause = log[i:][:1500] if i >= 0 else log[-1500:]
     return "\n".join(list(dict.fromkeys(errors))[-3:] + [cause])

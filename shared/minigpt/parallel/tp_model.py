@@ -58,17 +58,18 @@ def shard_model(full: GPT, comm: CountingComm, *, vocab_parallel: bool = False, 
 
 
 def load_tp_model(name_or_path: str | Path, comm: CountingComm, *, vocab_parallel: bool = False,
-                  expected_world_size: int | None = None) -> GPT:
+                  expected_world_size: int | None = None, device: torch.device | str = "cpu") -> GPT:
     """Read this rank's slices of a checkpoint and build its model.
 
     `expected_world_size`: the tensor-parallel size a deployment plan asks for; a world of another size
-    is refused with a clear error before any weight is read.
+    is refused with a clear error before any weight is read. `device`: where the model lives (NCCL ranks
+    need their own GPU, e.g. cuda:LOCAL_RANK; gloo ranks the CPU).
     """
     if expected_world_size is not None and expected_world_size != comm.world_size:
         raise ValueError(f"the plan asks for tp={expected_world_size} but the world has {comm.world_size} ranks; "
                          f"start exactly {expected_world_size} ranks (torchrun --nproc-per-node {expected_world_size})")
     shard = load_shard(name_or_path, comm.world_size, comm.rank, vocab_parallel=vocab_parallel)
-    return build_tp_model(shard.config, comm, shard.state, vocab_parallel=vocab_parallel)
+    return build_tp_model(shard.config, comm, shard.state, vocab_parallel=vocab_parallel).to(device)
 
 
 def tp_kv_cache(cfg: ModelConfig, tp: int, rank: int, *, batch_size: int = 1, max_seq_len: int | None = None,
