@@ -1,0 +1,339 @@
+"""Checks for Lab 07, tensor-parallel sharding on torch.distributed.
+
+Each check takes the learner's function or classes, runs them on tiny seeded models (sharding checks need
+no processes; the layer checks run TP = 2 and 4 as thread ranks and TP = 2 as two real gloo processes)
+and raises AssertionError saying what is wrong.
+
+CPU tier (correctness):
+    check_shard_weight(shard_weight)                        every parameter's slice, GQA/MQA/MHA, replication, bad tp
+    check_parallel_linears(ColumnParallelLinear, RowParallelLinear)   TP logits == one process, 2 all-reduces a layer
+    check_vocab_parallel_logits(vocab_parallel_logits)     gathered, not all-reduced
+    check_tp_kv_cache(make_tp_cache)                        each rank caches only its KV heads; generation identical
+    check_allreduce_bytes(allreduce_bytes_per_token)       the formula, exact against counted collectives
+Interview questions (Llama-3-70B, bf16, batch 1, 8 GPUs over PCIe Gen5 x16): check_q1 ... check_q4.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from autograder.harness import check_answer, quiet
+from minigpt.config import ModelConfig
+from minigpt.engine.cached_generation import generate_kv_cache
+from minigpt.model import GPT
+from minigpt.parallel import sharding
+from minigpt.parallel.comm import CountingComm
+from minigpt.parallel.launch import RankError, run_ranks
+from minigpt.parallel.tp_model import build_tp_model, tp_kv_cache
+from minigpt.parallel.vocab_parallel import vocab_parallel_logits as reference_vocab_logits
+from minigpt.teaching.calculators import PRESETS
+from minigpt.teaching.parallel_cost import (INTERCONNECTS, pipeline_bubble_fraction, ring_allreduce_time,
+                                            tp_allreduce_bytes_per_token)
+from minigpt.timing import fixed_threads
+
+__all__ = ["check_shard_weight", "check_parallel_linears", "check_vocab_parallel_logits", "check_tp_kv_cache",
+           "check_allreduce_bytes", "check_q1_tp_bytes", "check_q2_pp_bytes", "check_q3_bubble",
+           "check_q4_tp_latency", "CONFIGS"]
+
+CONFIGS = {
+    "GQA 4q/2kv": ModelConfig(vocab_size=64, max_seq_len=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48),
+    "GQA 8q/4kv": ModelConfig(vocab_size=64, max_seq_len=32, d_model=64, n_layers=1, n_heads=8, n_kv_heads=4, d_ff=48),
+    "MQA 4q/1kv": ModelConfig(vocab_size=64, max_seq_len=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=1, d_ff=48),
+    "MHA 4q/4kv": ModelConfig(vocab_size=64, max_seq_len=32, d_model=32, n_layers=1, n_heads=4, n_kv_heads=4, d_ff=48),
+}
+ATOL, RTOL = 1e-5, 1e-4
+
+
+def _model(name: str, seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(CONFIGS[name]).eval()
+
+
+def _tokens(cfg: ModelConfig, B: int = 2, T: int = 6, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, cfg.vocab_size, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def _call(fn_name: str, context: str, fn: Callable, *args: Any) -> Any:
+    try:
+        with quiet():
+            return fn(*args)
+    except NotImplementedError:
+        raise AssertionError(f"{fn_name} is not implemented yet (NotImplementedError)") from None
+    except AssertionError:
+        raise
+    except Exception as err:
+        raise AssertionError(f"{fn_name} raised {type(err).__name__}: {err} ({context})") from None
+
+
+def _run(worker: Callable, tp: int, *args: Any, backend: str = "threads") -> list[Any]:
+    try:
+        with quiet(), fixed_threads(1):
+            return run_ranks(worker, tp, *args, backend=backend, timeout_s=90, collective_timeout_s=20)
+    except RankError as err:
+        msg = str(err)
+        if "NotImplementedError" in msg:
+            raise AssertionError("not implemented yet (NotImplementedError) on the ranks:\n" + msg) from None
+        raise AssertionError(f"the tensor-parallel run failed ({backend} ranks):\n{msg}") from None
+
+
+# ---------------------------------------------------------------------------------------------------
+# 1. Slices (no processes)
+# ---------------------------------------------------------------------------------------------------
+
+def check_shard_weight(shard_weight: Callable) -> None:
+    """shard_weight(name, full, cfg, tp, rank) -> rank's piece of the full parameter `name` (a GPT state_dict key)."""
+    cases = [("GQA 4q/2kv", 2), ("GQA 8q/4kv", 2), ("GQA 4q/2kv", 4), ("MQA 4q/1kv", 4), ("MHA 4q/4kv", 4),
+             ("GQA 4q/2kv", 1)]
+    for name, tp in cases:
+        cfg = CONFIGS[name]
+        state = _model(name).state_dict()
+        for rank in range(tp):
+            for pname, full in state.items():
+                if pname == "lm_head.weight":
+                    continue
+                what = f"model {name}, tp={tp}, rank {rank}, {pname} {tuple(full.shape)}"
+                got = _call("shard_weight", what, shard_weight, pname, full.clone(), cfg, tp, rank)
+                want = sharding.shard_parameter(pname, full, cfg, tp, rank)
+                if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+                    shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+                    raise AssertionError(f"{what}: expected a piece of shape {tuple(want.shape)}, got {shape}. "
+                                         + _shape_hint(pname, cfg, tp))
+                if not torch.equal(got, want):
+                    raise AssertionError(f"{what}: the piece has the right shape but holds the wrong rows/columns. "
+                                         + _value_hint(pname, cfg, tp, rank))
+    for name, tp in (("GQA 4q/2kv", 3), ("MQA 4q/1kv", 8)):
+        cfg = CONFIGS[name]
+        full = _model(name).state_dict()["layers.0.attn.wq.weight"]
+        try:
+            with quiet():
+                shard_weight("layers.0.attn.wq.weight", full, cfg, tp, 0)
+        except ValueError:
+            continue
+        except NotImplementedError:
+            raise AssertionError("shard_weight is not implemented yet (NotImplementedError)") from None
+        except Exception as err:
+            raise AssertionError(f"tp={tp} with n_heads={cfg.n_heads}: expected a ValueError, got "
+                                 f"{type(err).__name__}: {err}") from None
+        raise AssertionError(f"tp={tp} does not divide n_heads={cfg.n_heads}: shard_weight must raise ValueError "
+                             "(a rank would get part of a head), it returned a piece")
+
+
+def _shape_hint(pname: str, cfg: ModelConfig, tp: int) -> str:
+    if pname.endswith("norm.weight"):
+        return "RMSNorm weights scale all d_model features, which every rank holds: replicate them, do not split."
+    if pname.endswith(("wk.weight", "wv.weight")) and tp > cfg.n_kv_heads:
+        return (f"with tp={tp} > n_kv_heads={cfg.n_kv_heads} each rank needs one WHOLE KV head (replicated on "
+                f"{tp // cfg.n_kv_heads} ranks); splitting the rows evenly cuts a head in pieces.")
+    if pname.endswith(("wo.weight", "w_down.weight")):
+        return "row-parallel layers split the INPUT features: columns of the (out, in) weight."
+    if pname == "tok_emb.weight":
+        return "the embedding is replicated here (vocab parallelism comes later in the lab)."
+    return "column-parallel layers split the OUTPUT features: rows of the (out, in) weight, whole heads per rank."
+
+
+def _value_hint(pname: str, cfg: ModelConfig, tp: int, rank: int) -> str:
+    if pname.endswith(("wk.weight", "wv.weight")):
+        return (f"rank {rank} must hold the KV heads its own query heads {list(sharding.query_heads(cfg, tp, rank))} "
+                f"read (head h reads KV head h // {cfg.group_size}), i.e. {list(sharding.kv_heads(cfg, tp, rank))}.")
+    if pname.endswith("wq.weight") or pname.endswith("wo.weight"):
+        return f"rank {rank} holds a contiguous block of query heads: {list(sharding.query_heads(cfg, tp, rank))}."
+    return f"rank {rank} holds the contiguous block number {rank} of {tp}."
+
+
+# ---------------------------------------------------------------------------------------------------
+# 2. Column- and row-parallel linears, run on ranks
+# ---------------------------------------------------------------------------------------------------
+
+def _linear_worker(comm: CountingComm, name: str, full_state: dict, column_cls: type, row_cls: type):
+    cfg = CONFIGS[name]
+    state = sharding.shard_state_dict(full_state, cfg, comm.world_size, comm.rank)
+    model = build_tp_model(cfg, comm, state, column_cls=column_cls, row_cls=row_cls)
+    with torch.no_grad():
+        logits = model(_tokens(cfg))
+    return logits, dict(comm.stats.calls), dict(comm.stats.bytes)
+
+
+def check_parallel_linears(column_cls: type, row_cls: type) -> None:
+    """column_cls(in_features, out_local, comm), row_cls(in_local, out_features, comm): nn.Modules with a `weight`
+    of shape (out_local, in) / (out, in_local); a TP model built from them matches one process, and each layer
+    calls exactly two all-reduces (after wo and after w_down), nothing else."""
+    for name, tp, backend in (("GQA 4q/2kv", 2, "gloo"), ("MQA 4q/1kv", 4, "threads"), ("GQA 8q/4kv", 2, "threads")):
+        cfg = CONFIGS[name]
+        full = _model(name)
+        with torch.no_grad():
+            want = full(_tokens(cfg))
+        outs = _run(_linear_worker, tp, name, full.state_dict(), column_cls, row_cls, backend=backend)
+        what = f"model {name}, tp={tp} ({backend} ranks), prefill of {tuple(_tokens(cfg).shape)} tokens"
+        for rank, (logits, calls, nbytes) in enumerate(outs):
+            n_ar = calls.get("all_reduce", 0)
+            expected = 2 * cfg.n_layers
+            if not isinstance(logits, torch.Tensor) or logits.shape != want.shape:
+                raise AssertionError(f"{what}: rank {rank}'s logits have shape "
+                                     f"{tuple(logits.shape) if isinstance(logits, torch.Tensor) else logits!r}, "
+                                     f"expected {tuple(want.shape)}")
+            if not torch.allclose(logits, want, atol=ATOL, rtol=RTOL):
+                err = (logits - want).abs().max().item()
+                hint = ""
+                if n_ar > expected:
+                    hint = (f" {n_ar} all-reduces ran instead of {expected}: a column-parallel layer must NOT all-reduce "
+                            "(its output features are different on each rank; summing them mixes heads).")
+                elif n_ar < expected:
+                    hint = (f" only {n_ar} all-reduces ran instead of {expected}: a row-parallel layer's output is a "
+                            "partial sum over this rank's input features; all-reduce it.")
+                raise AssertionError(f"{what}: rank {rank}'s logits differ from one process by up to {err:.3g}.{hint}")
+            if n_ar != expected or set(calls) - {"all_reduce"}:
+                raise AssertionError(f"{what}: rank {rank} called {calls}; a Megatron layer needs exactly 2 all-reduces "
+                                     f"(one after wo, one after w_down): {expected} for {cfg.n_layers} layers")
+            if nbytes.get("all_reduce") != expected * want.shape[0] * want.shape[1] * cfg.d_model * 4:
+                raise AssertionError(f"{what}: rank {rank} all-reduced {nbytes.get('all_reduce')} bytes; each all-reduce "
+                                     "should carry one (B, T, d_model) float32 activation")
+
+
+# ---------------------------------------------------------------------------------------------------
+# 3. Vocabulary-parallel LM head
+# ---------------------------------------------------------------------------------------------------
+
+def _vocab_worker(comm: CountingComm, fn: Callable, x: torch.Tensor, weight: torch.Tensor):
+    rows = sharding.vocab_rows(CONFIGS["GQA 4q/2kv"], comm.world_size, comm.rank)
+    return fn(x, weight[rows.start:rows.stop].clone(), comm), dict(comm.stats.calls)
+
+
+def check_vocab_parallel_logits(fn: Callable) -> None:
+    """fn(x (..., d_model), weight_shard (V/tp, d_model), comm) -> full logits (..., V), identical on every rank."""
+    g = torch.Generator().manual_seed(3)
+    x, weight = torch.randn(2, 3, 32, generator=g), torch.randn(64, 32, generator=g)
+    want = x @ weight.t()
+    for tp in (2, 4):
+        outs = _run(_vocab_worker, tp, fn, x, weight)
+        for rank, (got, calls) in enumerate(outs):
+            what = f"tp={tp}, rank {rank}, x {tuple(x.shape)}, full weight {tuple(weight.shape)}"
+            if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+                shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+                hint = (" An all-reduce adds the logits of DIFFERENT tokens together; gather the pieces along the "
+                        "vocabulary instead (comm.all_gather(local, dim=-1)).") if calls.get("all_reduce") else ""
+                raise AssertionError(f"{what}: expected logits of shape {tuple(want.shape)}, got {shape}.{hint}")
+            if not torch.allclose(got, want, atol=1e-4, rtol=1e-4):
+                raise AssertionError(f"{what}: logits differ from x @ W^T by up to {(got - want).abs().max().item():.3g}; "
+                                     "rank r's logits are columns [r*V/tp, (r+1)*V/tp), gathered in rank order")
+
+
+# ---------------------------------------------------------------------------------------------------
+# 4. Sharded KV cache and cached generation
+# ---------------------------------------------------------------------------------------------------
+
+def _cache_worker(comm: CountingComm, make_cache: Callable, name: str, full_state: dict, prompt: list[int], n: int):
+    cfg = CONFIGS[name]
+    state = sharding.shard_state_dict(full_state, cfg, comm.world_size, comm.rank)
+    model = build_tp_model(cfg, comm, state)
+    cache = make_cache(cfg, comm.world_size, comm.rank, len(prompt) + n)
+    heads = [layer.n_kv_heads for layer in cache]
+    out = generate_kv_cache(model, prompt, n, cache=cache)
+    return out.tokens, heads, cache.nbytes
+
+
+def check_tp_kv_cache(make_cache: Callable) -> None:
+    """make_cache(cfg, tp, rank, max_seq_len) -> a minigpt.cache.contiguous.KVCache holding only this rank's KV
+    heads; lab 01's generate_kv_cache on the TP ranks is token-identical to one process."""
+    prompt, n = [3, 14, 15, 9, 26, 5], 10
+    for name, tp in (("GQA 4q/2kv", 2), ("MQA 4q/1kv", 2)):
+        cfg = CONFIGS[name]
+        full = _model(name)
+        want = generate_kv_cache(full, prompt, n).tokens
+        outs = _run(_cache_worker, tp, make_cache, name, full.state_dict(), prompt, n)
+        local = len(sharding.kv_heads(cfg, tp, 0))
+        for rank, (tokens, heads, nbytes) in enumerate(outs):
+            what = f"model {name}, tp={tp}, rank {rank}"
+            if any(h != local for h in heads):
+                raise AssertionError(f"{what}: the cache layers hold {heads} KV heads, expected {local} each: a rank "
+                                     "caches only the KV heads its query heads read (replicated when tp > n_kv_heads)")
+            if tokens != want:
+                raise AssertionError(f"{what}: generated {tokens}, one process generates {want}")
+            expected = 2 * cfg.n_layers * (len(prompt) + n) * local * cfg.head_dim * 4
+            if nbytes != expected:
+                raise AssertionError(f"{what}: the cache allocates {nbytes} bytes, expected {expected} "
+                                     f"(max_seq_len={len(prompt) + n}, batch 1, float32)")
+
+
+# ---------------------------------------------------------------------------------------------------
+# 5. Communication, exact
+# ---------------------------------------------------------------------------------------------------
+
+def _count_worker(comm: CountingComm, name: str, full_state: dict):
+    cfg = CONFIGS[name]
+    model = build_tp_model(cfg, comm, sharding.shard_state_dict(full_state, cfg, comm.world_size, comm.rank))
+    cache = tp_kv_cache(cfg, comm.world_size, comm.rank, max_seq_len=8)
+    with torch.no_grad():
+        model(torch.tensor([[1, 2, 3]]), positions=cache.next_positions(3), kv_caches=cache)
+        comm.stats.reset()
+        model(torch.tensor([[4]]), positions=cache.next_positions(1), kv_caches=cache)      # one decode token
+    return comm.stats.bytes["all_reduce"], comm.stats.wire_bytes("all_reduce")
+
+
+def check_allreduce_bytes(fn: Callable) -> None:
+    """fn(cfg, tp, bytes_per_element, wire) -> bytes of the all-reduces for one decode token: the payload
+    (wire=False) or what each rank sends in a ring (wire=True); checked exactly against counted collectives."""
+    for name, tp in (("GQA 4q/2kv", 2), ("MQA 4q/1kv", 4)):
+        cfg = CONFIGS[name]
+        payload, wire = _run(_count_worker, tp, name, _model(name).state_dict())[0]
+        ring = 2 * (tp - 1) / tp
+        for flag, measured in ((False, payload), (True, wire)):
+            what = f"model {name}, tp={tp}, float32, wire={flag}"
+            got = _call("allreduce_bytes_per_token", what, fn, cfg, tp, 4, flag)
+            mistakes = [(measured / 2, "one all-reduce per layer? There are two: after attention's wo and after w_down.")]
+            if flag:
+                mistakes += [(payload, "forgot the ring factor 2(n-1)/n."),
+                             (payload * (tp - 1) / tp, "(n-1)/n is an all-GATHER; an all-reduce is a reduce-scatter "
+                                                       "plus an all-gather: 2(n-1)/n.")]
+            check_answer(got, float(measured), what, mistakes,
+                         unit="bytes", rel=1e-9, reveal=True,
+                         hint=f"payload = 2 all-reduces * n_layers * d_model * bytes; wire = payload * {ring:g}.")
+    with quiet():
+        one = fn(CONFIGS["GQA 4q/2kv"], 1, 4, True)
+    check_answer(one, 0.0, "tp=1, wire=True (a single rank sends nothing)", unit="bytes", rel=1e-9, reveal=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Interview questions: Llama-3-70B, bf16, batch 1, 8 GPUs linked by PCIe Gen5 x16
+# ---------------------------------------------------------------------------------------------------
+
+_LLAMA70 = PRESETS["Llama-3-70B"]
+_PCIE = INTERCONNECTS["PCIe Gen5 x16"]
+
+
+def check_q1_tp_bytes(answer: Any) -> None:
+    """TP = 8: bytes each GPU sends for the all-reduces of one generated token (ring)."""
+    want = int(tp_allreduce_bytes_per_token(_LLAMA70, 8, 2))
+    payload = 2 * 80 * 8192 * 2
+    check_answer(answer, want, "Q1 (TP=8 bytes sent per GPU per token)",
+                 {payload: "that is the payload; a ring all-reduce sends 2(n-1)/n of it from each GPU.",
+                  payload // 2 * 7 // 4: "one all-reduce per layer? There are two.",
+                  payload * 7 // 8: "(n-1)/n is an all-gather; an all-reduce sends 2(n-1)/n."},
+                 unit="bytes", hint="2 all-reduces per layer * 80 layers * d_model 8192 * 2 bytes, times 2(n-1)/n.")
+
+
+def check_q2_pp_bytes(answer: Any) -> None:
+    """PP = 8: bytes sent between stages for one generated token (all stage boundaries together)."""
+    check_answer(answer, 7 * 8192 * 2, "Q2 (PP=8 bytes per token between stages)",
+                 {8 * 8192 * 2: "8 stages have 7 boundaries, not 8.",
+                  7 * 8192 * 2 * 80 // 8: "only the last layer of a stage sends, once per boundary."},
+                 unit="bytes", hint="A token's hidden state (d_model values, 2 bytes each) crosses each of the p-1 boundaries once.")
+
+
+def check_q3_bubble(answer: Any) -> None:
+    """PP = 8 with 8 micro-batches: the fraction of time the pipeline is idle."""
+    check_answer(answer, pipeline_bubble_fraction(8, 8), "Q3 (bubble fraction)",
+                 {7 / 8: "(p-1)/m is the bubble relative to useful time; the fraction of all time is (p-1)/(m+p-1).",
+                  1 / 8: "that is one stage's share, not the bubble."},
+                 unit="fraction of time (0..1)", rel=1e-3, hint="(p - 1) / (m + p - 1).")
+
+
+def check_q4_tp_latency(answer: Any) -> None:
+    """TP = 8 over PCIe Gen5 x16 (63.0 GB/s one way, 8 us per ring step): milliseconds the all-reduces add per token."""
+    want = 2 * 80 * ring_allreduce_time(8192 * 2, 8, _PCIE) * 1e3
+    bw_only = 2 * 80 * (2 * 7 / 8 * 8192 * 2 / _PCIE.bandwidth) * 1e3
+    check_answer(answer, want, "Q4 (TP=8 all-reduce latency per token)",
+                 {bw_only: "with 16 KiB messages the bytes take under a microsecond: the 2(n-1) latencies dominate.",
+                  want / 2: "two all-reduces per layer, 80 layers: 160 of them."},
+                 unit="ms", rel=0.01, hint="Each all-reduce: 2(n-1) ring steps of (alpha + payload/n / bandwidth).")

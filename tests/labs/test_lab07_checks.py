@@ -1,0 +1,230 @@
+"""Lab 07 checks: the reference passes, the stub and each plausible wrong implementation fail."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from autograder import lab07
+from minigpt.cache.contiguous import KVCache, LayerKVCache
+from minigpt.parallel import sharding
+from minigpt.parallel.linears import ColumnParallelLinear, RowParallelLinear
+from minigpt.parallel.tp_model import tp_kv_cache
+from minigpt.parallel.vocab_parallel import vocab_parallel_logits
+from minigpt.teaching.calculators import PRESETS
+from minigpt.teaching.parallel_cost import (INTERCONNECTS, pipeline_bubble_fraction, ring_allreduce_time,
+                                            tp_allreduce_bytes_per_token)
+
+
+def _stub(*args, **kwargs):
+    raise NotImplementedError()
+
+
+class StubLinear(nn.Module):
+    def __init__(self, *args, **kwargs):
+        raise NotImplementedError()
+
+
+# --- the reference, as a learner would write it ---------------------------------------------------
+
+def ref_shard_weight(name, full, cfg, tp, rank):
+    return sharding.shard_parameter(name, full, cfg, tp, rank)
+
+
+def ref_make_cache(cfg, tp, rank, max_seq_len):
+    return tp_kv_cache(cfg, tp, rank, max_seq_len=max_seq_len)
+
+
+def ref_allreduce_bytes(cfg, tp, bytes_per_element, wire):
+    payload = 2 * cfg.n_layers * cfg.d_model * bytes_per_element
+    if tp == 1:
+        return 0.0 if wire else float(payload)
+    return payload * 2 * (tp - 1) / tp if wire else float(payload)
+
+
+def test_reference_passes() -> None:
+    lab07.check_shard_weight(ref_shard_weight)
+    lab07.check_parallel_linears(ColumnParallelLinear, RowParallelLinear)
+    lab07.check_vocab_parallel_logits(vocab_parallel_logits)
+    lab07.check_tp_kv_cache(ref_make_cache)
+    lab07.check_allreduce_bytes(ref_allreduce_bytes)
+
+
+def test_stubs_fail() -> None:
+    for check, arg in ((lab07.check_shard_weight, _stub), (lab07.check_vocab_parallel_logits, _stub),
+                       (lab07.check_tp_kv_cache, _stub), (lab07.check_allreduce_bytes, _stub)):
+        with pytest.raises(AssertionError, match="not implemented"):
+            check(arg)
+    with pytest.raises(AssertionError, match="not implemented"):
+        lab07.check_parallel_linears(StubLinear, StubLinear)
+
+
+# --- wrong sharding ------------------------------------------------------------------------------
+
+def norms_sharded(name, full, cfg, tp, rank):
+    """Splits the RMSNorm weights too."""
+    if name.endswith("norm.weight"):
+        n = full.shape[0] // tp
+        return full[rank * n:(rank + 1) * n].clone()
+    return ref_shard_weight(name, full, cfg, tp, rank)
+
+
+def kv_round_robin(name, full, cfg, tp, rank):
+    """KV heads dealt round-robin while queries are contiguous: a rank's queries and KV heads do not belong together."""
+    if name.endswith(("wk.weight", "wv.weight")) and cfg.n_kv_heads > tp:
+        hd = cfg.head_dim
+        heads = list(range(rank, cfg.n_kv_heads, tp))
+        return torch.cat([full[h * hd:(h + 1) * hd] for h in heads]).clone()
+    return ref_shard_weight(name, full, cfg, tp, rank)
+
+
+def even_rows(name, full, cfg, tp, rank):
+    """Splits every column-parallel weight into tp equal row blocks: cuts a KV head in pieces when tp > n_kv_heads."""
+    if sharding.parameter_kind(name) == "column":
+        n = full.shape[0] // tp
+        return full[rank * n:(rank + 1) * n].clone()
+    return ref_shard_weight(name, full, cfg, tp, rank)
+
+
+def row_layers_split_by_rows(name, full, cfg, tp, rank):
+    """Splits wo / w_down by output features too (treats them as column-parallel)."""
+    if sharding.parameter_kind(name) == "row":
+        n = full.shape[0] // tp
+        return full[rank * n:(rank + 1) * n].clone()
+    return ref_shard_weight(name, full, cfg, tp, rank)
+
+
+def no_divisibility_check(name, full, cfg, tp, rank):
+    """Slices by floor division without refusing a tp that does not divide the heads."""
+    if cfg.n_heads % tp:
+        n = full.shape[0] // tp
+        return full[rank * n:(rank + 1) * n].clone()
+    return ref_shard_weight(name, full, cfg, tp, rank)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (norms_sharded, "RMSNorm"),
+    (kv_round_robin, "KV heads its own query heads"),
+    (even_rows, "WHOLE KV head"),
+    (row_layers_split_by_rows, "INPUT features"),
+    (no_divisibility_check, "must raise ValueError"),
+])
+def test_wrong_sharding_is_rejected(wrong, message) -> None:
+    with pytest.raises(AssertionError, match=message):
+        lab07.check_shard_weight(wrong)
+
+
+# --- wrong linears -------------------------------------------------------------------------------
+
+class AllReduceColumn(ColumnParallelLinear):
+    """All-reduces after the column-parallel layer too."""
+
+    def forward(self, x):
+        return self.comm.all_reduce(x @ self.weight.t())
+
+
+class NoAllReduceRow(RowParallelLinear):
+    """Forgets the all-reduce after the row-parallel layer."""
+
+    def forward(self, x):
+        return x @ self.weight.t()
+
+
+class GatherColumn(ColumnParallelLinear):
+    """Gathers the column output back to full width: right numbers downstream is impossible (the row layer
+    expects its slice), and it spends a collective per column layer."""
+
+    def forward(self, x):
+        return self.comm.all_gather(x @ self.weight.t(), dim=-1)
+
+
+@pytest.mark.parametrize("column, row, message", [
+    (AllReduceColumn, RowParallelLinear, "column-parallel layer must NOT all-reduce"),
+    (ColumnParallelLinear, NoAllReduceRow, "partial sum"),
+    (GatherColumn, RowParallelLinear, "differ|shape|failed"),
+])
+def test_wrong_linears_are_rejected(column, row, message) -> None:
+    with pytest.raises(AssertionError, match=message):
+        lab07.check_parallel_linears(column, row)
+
+
+# --- wrong LM head -------------------------------------------------------------------------------
+
+def lm_head_all_reduced(x, weight_shard, comm):
+    return comm.all_reduce(x @ weight_shard.t())
+
+
+def lm_head_local_only(x, weight_shard, comm):
+    return x @ weight_shard.t()
+
+
+def lm_head_gather_wrong_dim(x, weight_shard, comm):
+    return comm.all_gather(x @ weight_shard.t(), dim=0)
+
+
+@pytest.mark.parametrize("wrong, message", [(lm_head_all_reduced, "gather the pieces along the vocabulary"),
+                                            (lm_head_local_only, "expected logits of shape"),
+                                            (lm_head_gather_wrong_dim, "expected logits of shape")])
+def test_wrong_lm_heads_are_rejected(wrong, message) -> None:
+    with pytest.raises(AssertionError, match=message):
+        lab07.check_vocab_parallel_logits(wrong)
+
+
+# --- wrong caches --------------------------------------------------------------------------------
+
+def full_cache(cfg, tp, rank, max_seq_len):
+    """Every rank allocates all KV heads (the model then writes fewer: shape error, and tp x the memory)."""
+    return KVCache.for_model(cfg, max_seq_len=max_seq_len)
+
+
+def cache_kv_over_tp(cfg, tp, rank, max_seq_len):
+    """n_kv_heads // tp heads: zero heads when tp > n_kv_heads (forgets the replication)."""
+    return KVCache([LayerKVCache(1, max_seq_len, cfg.n_kv_heads // tp, cfg.head_dim) for _ in range(cfg.n_layers)])
+
+
+@pytest.mark.parametrize("wrong", [full_cache, cache_kv_over_tp])
+def test_wrong_caches_are_rejected(wrong) -> None:
+    with pytest.raises(AssertionError):
+        lab07.check_tp_kv_cache(wrong)
+
+
+# --- wrong communication formula -----------------------------------------------------------------
+
+def no_ring_factor(cfg, tp, bpe, wire):
+    return float(2 * cfg.n_layers * cfg.d_model * bpe) if tp > 1 else 0.0
+
+
+def one_allreduce_per_layer(cfg, tp, bpe, wire):
+    return ref_allreduce_bytes(cfg, tp, bpe, wire) / 2
+
+
+def gather_factor(cfg, tp, bpe, wire):
+    payload = 2 * cfg.n_layers * cfg.d_model * bpe
+    return payload * (tp - 1) / tp if wire else float(payload)
+
+
+@pytest.mark.parametrize("wrong, message", [(no_ring_factor, "ring factor"), (one_allreduce_per_layer, "two"),
+                                            (gather_factor, "all-GATHER")])
+def test_wrong_byte_formulas_are_rejected(wrong, message) -> None:
+    with pytest.raises(AssertionError, match=message):
+        lab07.check_allreduce_bytes(wrong)
+
+
+# --- interview questions -------------------------------------------------------------------------
+
+def test_interview_answers() -> None:
+    l70, pcie = PRESETS["Llama-3-70B"], INTERCONNECTS["PCIe Gen5 x16"]
+    lab07.check_q1_tp_bytes(4_587_520)
+    lab07.check_q2_pp_bytes(114_688)
+    lab07.check_q3_bubble(7 / 15)
+    lab07.check_q4_tp_latency(160 * ring_allreduce_time(16384, 8, pcie) * 1e3)
+    assert int(tp_allreduce_bytes_per_token(l70, 8)) == 4_587_520 and pipeline_bubble_fraction(8, 8) == 7 / 15
+    for check, wrong, message in ((lab07.check_q1_tp_bytes, 2 * 80 * 8192 * 2, "payload"),
+                                  (lab07.check_q1_tp_bytes, 4_587_520.0, "int"),
+                                  (lab07.check_q2_pp_bytes, 8 * 8192 * 2, "7 boundaries"),
+                                  (lab07.check_q3_bubble, 7 / 8, r"\(p-1\)/m"),
+                                  (lab07.check_q4_tp_latency, 160 * 14 / 8 * 16384 / pcie.bandwidth * 1e3, "latencies dominate"),
+                                  (lab07.check_q4_tp_latency, None, "finite")):
+        with pytest.raises(AssertionError, match=message):
+            check(wrong)
