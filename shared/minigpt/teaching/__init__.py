@@ -1,4 +1,4 @@
 """Teaching aids, apart from engine code: accelerator facts (`hardware`), roofline and KV-cache
-arithmetic (`calculators`), figures (`plots`), interactive ipywidgets views (`widgets`), and the
+arithmetic (`calculators`), attention HBM traffic naive vs flash (`attention_traffic`, lab 04), figures (`plots`), interactive ipywidgets views (`widgets`), and the
 simulators later labs add.
 """
