@@ -201,3 +201,24 @@ def test_traffic_arithmetic():
     assert flash_attention_bytes(1, 32, 4096, 128, 2, with_lse=False) == 2 * 32 * 4 * 4096 * 128
     assert flash_attention_bytes(1, 1, 10, 4, 2, flash_kv_passes=3) == 2 * 10 * 4 * (2 + 6) + 40
     assert attention_flops(1, 1, 8, 4, causal=False) == 4 * 8 * 8 * 4 == 2 * attention_flops(1, 1, 8, 4, causal=True)
+
+
+# --- the stepper widget's numbers ---------------------------------------------------------------------------
+
+def test_stepper_rows_end_at_the_softmax_weighted_value():
+    from minigpt.teaching.flash_stepper import OnlineSoftmaxStepper, example_scores, stepper_rows
+
+    scores, values = example_scores()
+    p = torch.softmax(torch.tensor(scores, dtype=torch.float64), 0)
+    exact = float((p * torch.tensor(values, dtype=torch.float64)).sum())
+    for block in (1, 3, 5, 24):
+        rows = stepper_rows(scores, values, block)
+        assert len(rows) == math.ceil(len(scores) / block) and rows[-1]["out"] == pytest.approx(exact, rel=1e-12)
+        assert rows[-1]["m"] == max(scores) and rows[0]["rescale"] == 0.0
+    s = OnlineSoftmaxStepper(block=4)
+    s.step.value = 3
+    assert s.state() == stepper_rows(scores, values, 4)[2] and "after tile 3 of 6" in s.readout.value
+    s.block.value = 24                       # fewer tiles: the step slider is clamped
+    assert s.step.value == 1 and "after tile 1 of 1" in s.readout.value
+    with pytest.raises(ValueError):
+        stepper_rows([1.0], [1.0, 2.0], 1)
