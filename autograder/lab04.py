@@ -26,7 +26,7 @@ import torch
 import minigpt.kernels  # noqa: F401  (on a CPU: TRITON_INTERPRET=1 before any kernel is built)
 from autograder.harness import check_answer, quiet
 from minigpt.kernels.flash_attention import flash_attention_forward
-from minigpt.kernels.paged_decode import gather_then_sdpa, paged_decode, paged_decode_reference
+from minigpt.kernels.paged_decode import gather_then_sdpa, paged_decode, paged_decode_reference, random_paged_inputs
 from minigpt.kernels.tiled_attention import attention_lse
 
 __all__ = ["check_online_softmax", "check_tiled_attention", "check_tiled_backward", "check_flash_forward",
@@ -282,14 +282,9 @@ def check_merge_partials(fn: Callable) -> None:
                                  "and an empty split (lse = -inf) must get weight 0, not NaN.")
 
 
-def _paged(B, Hq, Hkv, D, block_size, lens, dtype=torch.float32, seed=0, num_blocks=48, device="cpu"):
-    g = torch.Generator().manual_seed(seed)
-    max_blocks = max(math.ceil(n / block_size) for n in lens) + 1
-    k_pool = torch.randn(num_blocks, block_size, Hkv, D, generator=g).to(dtype)
-    v_pool = torch.randn(num_blocks, block_size, Hkv, D, generator=g).to(dtype)
-    tables = torch.randperm(num_blocks, generator=g)[:B * max_blocks].view(B, max_blocks).to(torch.int32)
-    q = torch.randn(B, Hq, D, generator=g).to(dtype)
-    return tuple(t.to(device) for t in (q, k_pool, v_pool, tables, torch.tensor(lens, dtype=torch.int32)))
+def _paged(B, Hq, Hkv, D, block_size, lens, dtype=torch.float32, device="cpu"):
+    return random_paged_inputs(lens, n_heads=Hq, n_kv_heads=Hkv, head_dim=D, block_size=block_size, dtype=dtype,
+                               device=device, extra_blocks=1, num_blocks=48)
 
 
 def check_paged_decode(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16)) -> None:
@@ -413,13 +408,8 @@ def check_paged_decode_speed(fn: Callable, *, batch: int = 32, context: int = 81
     from autograder.harness import threshold_for
     from minigpt.timing import device_class
 
-    blocks = batch * context // block_size
-    k_pool = torch.randn(blocks, block_size, kv_heads, head_dim, device="cuda", dtype=torch.float16)
-    v_pool = torch.randn_like(k_pool)
-    tables = torch.randperm(blocks, device="cuda").view(batch, -1).to(torch.int32)
-    lens = torch.full((batch,), context, device="cuda", dtype=torch.int32)
-    q = torch.randn(batch, heads, head_dim, device="cuda", dtype=torch.float16)
-    args = (q, k_pool, v_pool, tables, lens)
+    args = random_paged_inputs([context] * batch, n_heads=heads, n_kv_heads=kv_heads, head_dim=head_dim,
+                               block_size=block_size, dtype=torch.float16, device="cuda")
     with quiet():
         if not torch.allclose(fn(*args).float(), paged_decode(*args).float(), atol=1e-2, rtol=1e-2):
             raise AssertionError("the decode kernel's output differs from the reference at the benchmark shape")

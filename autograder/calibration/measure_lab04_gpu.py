@@ -19,7 +19,7 @@ from triton.testing import do_bench
 
 from minigpt.attention import naive_attention
 from minigpt.kernels.flash_attention import flash_attention_forward
-from minigpt.kernels.paged_decode import gather_then_sdpa, paged_decode
+from minigpt.kernels.paged_decode import gather_then_sdpa, paged_decode, random_paged_inputs
 from minigpt.teaching.attention_traffic import attention_flops
 from minigpt.timing import device_class
 
@@ -52,20 +52,15 @@ def forward_sweep(seq_lens, head_dims=(64, 128), batch=4, heads=32) -> list[dict
 def decode_sweep(contexts, batch=32, heads=32, kv_heads=8, head_dim=128, block=16) -> list[dict]:
     rows = []
     for ctx in contexts:
-        blocks = batch * ctx // block
-        k_pool = torch.randn(blocks, block, kv_heads, head_dim, device="cuda", dtype=torch.float16)
-        v_pool = torch.randn_like(k_pool)
-        tables = torch.randperm(blocks, device="cuda").view(batch, -1).to(torch.int32)
-        lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int32)
-        q = torch.randn(batch, heads, head_dim, device="cuda", dtype=torch.float16)
-        args = (q, k_pool, v_pool, tables, lens)
+        args = random_paged_inputs([ctx] * batch, n_heads=heads, n_kv_heads=kv_heads, head_dim=head_dim,
+                                   block_size=block, dtype=torch.float16, device="cuda")
         row = {"context": ctx, "gather_sdpa_ms": _ms(lambda: gather_then_sdpa(*args)),
                "paged_decode_ms": _ms(lambda: paged_decode(*args))}
-        kv_bytes = 2 * batch * ctx * kv_heads * head_dim * 2
+        kv_bytes = 2 * batch * ctx * kv_heads * head_dim * 2          # K and V, fp16
         row["paged_decode_GBps"] = kv_bytes / (row["paged_decode_ms"] * 1e-3) / 1e9
         row["speedup"] = row["gather_sdpa_ms"] / row["paged_decode_ms"]
         rows.append(row)
-        del k_pool, v_pool
+        del args
         torch.cuda.empty_cache()
     return rows
 

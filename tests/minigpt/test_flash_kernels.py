@@ -16,7 +16,7 @@ from minigpt.attention import ATTENTION_IMPLEMENTATIONS, naive_attention
 from minigpt.kernels.flash_attention import FlashAttentionFunction, flash_attention, flash_attention_forward
 from minigpt.kernels.online_softmax import OnlineSoftmaxState, online_softmax, online_softmax_trace
 from minigpt.kernels.paged_decode import (gather_then_sdpa, merge_partials, paged_decode, paged_decode_partials,
-                                          paged_decode_reference)
+                                          paged_decode_reference, random_paged_inputs)
 from minigpt.kernels.tiled_attention import attention_lse, tiled_attention_backward, tiled_attention_forward
 from minigpt.teaching.attention_traffic import attention_flops, flash_attention_bytes, naive_attention_bytes
 
@@ -152,14 +152,9 @@ def test_autograd_function_saves_lse_and_matches_autograd():
 
 # --- paged decode ---------------------------------------------------------------------------------------
 
-def _paged(B, Hq, Hkv, D, block_size, lens, dtype=torch.float32, seed=0, num_blocks=48):
-    g = torch.Generator().manual_seed(seed)
-    max_blocks = max(math.ceil(n / block_size) for n in lens) + 1
-    k_pool = torch.randn(num_blocks, block_size, Hkv, D, generator=g).to(dtype)
-    v_pool = torch.randn(num_blocks, block_size, Hkv, D, generator=g).to(dtype)
-    tables = torch.randperm(num_blocks, generator=g)[:B * max_blocks].view(B, max_blocks).to(torch.int32)
-    q = torch.randn(B, Hq, D, generator=g).to(dtype)
-    return q, k_pool, v_pool, tables, torch.tensor(lens, dtype=torch.int32)
+def _paged(B, Hq, Hkv, D, block_size, lens, dtype=torch.float32):
+    return random_paged_inputs(lens, n_heads=Hq, n_kv_heads=Hkv, head_dim=D, block_size=block_size, dtype=dtype,
+                               extra_blocks=1, num_blocks=48)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

@@ -34,7 +34,7 @@ from minigpt.attention import naive_attention
 from minigpt.kernels.flash_attention import LOG2E, check_triton_device, dot_options
 
 __all__ = ["paged_decode", "paged_decode_partials", "merge_partials", "paged_decode_reference",
-           "gather_then_sdpa", "check_paged_inputs"]
+           "gather_then_sdpa", "check_paged_inputs", "random_paged_inputs"]
 
 
 def check_paged_inputs(q: Tensor, k_pool: Tensor, v_pool: Tensor, block_tables: Tensor, seq_lens: Tensor) -> int:
@@ -194,3 +194,24 @@ def gather_then_sdpa(q: Tensor, k_pool: Tensor, v_pool: Tensor, block_tables: Te
     out = torch.nn.functional.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=mask[:, None, None, :],
                                                            enable_gqa=Hq != k.shape[1])
     return out[:, :, 0]
+
+
+def random_paged_inputs(seq_lens: list[int], *, n_heads: int, n_kv_heads: int, head_dim: int, block_size: int,
+                        dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", seed: int = 0,
+                        extra_blocks: int = 0,
+                        num_blocks: int | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Seeded (q, k_pool, v_pool, block_tables, seq_lens) in the paged layout, for tests and benchmarks.
+
+    Each sequence gets ceil(len / block_size) + extra_blocks table entries, all distinct physical blocks drawn
+    in shuffled order from a pool of num_blocks (default: exactly enough).
+    """
+    g = torch.Generator(device=device).manual_seed(seed)
+    max_blocks = max(math.ceil(n / block_size) for n in seq_lens) + extra_blocks
+    num_blocks = num_blocks or len(seq_lens) * max_blocks
+    shape = (num_blocks, block_size, n_kv_heads, head_dim)
+    k_pool = torch.randn(shape, generator=g, device=device).to(dtype)
+    v_pool = torch.randn(shape, generator=g, device=device).to(dtype)
+    tables = torch.randperm(num_blocks, generator=g, device=device)[:len(seq_lens) * max_blocks]
+    q = torch.randn(len(seq_lens), n_heads, head_dim, generator=g, device=device).to(dtype)
+    return (q, k_pool, v_pool, tables.view(len(seq_lens), max_blocks).to(torch.int32),
+            torch.tensor(seq_lens, dtype=torch.int32, device=device))
