@@ -120,6 +120,19 @@ def test_triton_forward_matches_reference(case, dtype):
     torch.testing.assert_close(lse.double(), want_lse, atol=1e-4, rtol=1e-4)
 
 
+def test_every_autotune_tile_shape_is_correct():
+    """The GPU autotuner picks among these tiles; each must give the same numbers (checked in the interpreter,
+    where num_warps / num_stages have no effect)."""
+    from minigpt.kernels.flash_attention import AUTOTUNE_CONFIGS
+
+    q, k, v = _qkv(1, 2, 1, 70, 150, 64, dtype=torch.float16)
+    want, want_lse = _full_attention(q, k, v, True)
+    for bm, bn in sorted({(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in AUTOTUNE_CONFIGS}):
+        out, lse = flash_attention_forward(q, k, v, causal=True, block_m=bm, block_n=bn)
+        torch.testing.assert_close(out.double(), want, atol=3e-3, rtol=3e-3, msg=f"BLOCK_M={bm}, BLOCK_N={bn}")
+        torch.testing.assert_close(lse.double(), want_lse, atol=1e-4, rtol=1e-4)
+
+
 def test_triton_forward_accepts_strided_inputs():
     q, k, v = _qkv(1, 2, 2, 20, 20, 16)
     qt = q.transpose(1, 2).contiguous().transpose(1, 2)     # (B, H, T, D) view of a (B, T, H, D) tensor
