@@ -250,3 +250,28 @@ def test_stepper_rows_end_at_the_softmax_weighted_value():
     assert s.step.value == 1 and "after tile 1 of 1" in s.readout.value
     with pytest.raises(ValueError):
         stepper_rows([1.0], [1.0, 2.0], 1)
+
+
+# --- properties: any split of the keys, merged by LSE, gives the same softmax -----------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 40), block=st.integers(1, 45), scale=st.floats(0.1, 60.0), seed=st.integers(0, 2**16))
+def test_online_softmax_any_block_size(n, block, scale, seed):
+    x = torch.randn(2, n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * scale
+    torch.testing.assert_close(online_softmax(x, block), torch.softmax(x, -1))
+
+
+@settings(max_examples=60, deadline=None)
+@given(cuts=st.lists(st.integers(1, 29), max_size=6), seed=st.integers(0, 2**16))
+def test_merge_of_any_split_equals_full_attention(cuts, seed):
+    g = torch.Generator().manual_seed(seed)
+    s = torch.randn(3, 30, generator=g, dtype=torch.float64) * 4             # 3 query heads, 30 keys
+    v = torch.randn(30, 5, generator=g, dtype=torch.float64)
+    bounds = [0, *sorted(set(cuts)), 30]
+    o_part = torch.stack([torch.softmax(s[:, a:b], -1) @ v[a:b] for a, b in zip(bounds, bounds[1:])], 1)
+    lse_part = torch.stack([torch.logsumexp(s[:, a:b], -1) for a, b in zip(bounds, bounds[1:])], 1)
+    torch.testing.assert_close(merge_partials(o_part, lse_part), torch.softmax(s, -1) @ v)

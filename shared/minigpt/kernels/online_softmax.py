@@ -52,8 +52,8 @@ def online_softmax(x: Tensor, block_size: int) -> Tensor:
     """
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
-    xf = x.float()
-    m = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=torch.float32, device=x.device)
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))           # float32 math (float64 kept)
+    m = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=xf.dtype, device=x.device)
     l = torch.zeros_like(m)
     for start in range(0, x.shape[-1], block_size):
         block = xf[..., start:start + block_size]
