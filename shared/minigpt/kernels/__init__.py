@@ -1,3 +1,19 @@
 """Triton kernels: FlashAttention forward and split-KV paged decode (lab 04), the dequantizing
 GEMV (lab 05). On a machine without a GPU they run in Triton's interpreter (TRITON_INTERPRET=1).
+
+* lab 04: `online_softmax` (the running max / denominator recurrence), `tiled_attention` (FlashAttention's
+  forward and LSE-recomputing backward in PyTorch), `flash_attention` (Triton forward kernel, autotuned on
+  a GPU, the model's attention="triton" once imported, `FlashAttentionFunction` for autograd),
+  `paged_decode` (Triton split-KV decode over lab 02's paged cache, merged by LSE).
+
+Importing this package on a machine where torch sees no CUDA device sets TRITON_INTERPRET=1 (unless the
+variable is already set), so that the @triton.jit kernels of the modules below are built for the CPU
+interpreter; Triton reads the variable when a kernel is decorated, i.e. when its module is imported.
 """
+
+import os as _os
+
+import torch as _torch
+
+if "TRITON_INTERPRET" not in _os.environ and not _torch.cuda.is_available():
+    _os.environ["TRITON_INTERPRET"] = "1"

@@ -1,4 +1,8 @@
-"""Teaching aids, apart from engine code: accelerator facts (`hardware`), roofline and KV-cache
-arithmetic (`calculators`), the tensor/pipeline-parallel cost model (`parallel_cost`, lab 07), figures
-(`plots`), interactive ipywidgets views (`widgets`), and the simulators later labs add.
+"""Teaching aids, apart from engine code: facts, arithmetic, figures, interactive views and simulators.
+
+* `hardware` (accelerator facts), `calculators` (roofline and KV-cache arithmetic), `plots`, `widgets`
+  (lab 00's calculators).
+* `attention_traffic` (HBM bytes of naive vs flash attention) and `flash_stepper` (online-softmax
+  stepper widget), lab 04.
+* `parallel_cost` (tensor/pipeline-parallel cost model) and `parallel_planner` (its widget), lab 07.
 """

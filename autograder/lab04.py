@@ -1,0 +1,448 @@
+"""Checks for Lab 04, FlashAttention in Triton.
+
+Each check takes the learner's function, runs it on small seeded inputs (Triton kernels in the interpreter
+on a CPU) and raises AssertionError saying what is wrong (which shape, how far off, the likely cause).
+
+CPU tier (correctness):
+    check_online_softmax(fn)          fn(x (..., N), block_size) -> softmax(x) read block by block
+    check_tiled_attention(fn)         fn(q, k, v, causal, block_k) -> (out, lse), PyTorch, tiled over keys
+    check_tiled_backward(fn)          fn(q, k, v, out, lse, d_out, causal) -> (dq, dk, dv) from the saved LSE
+    check_flash_forward(fn)           fn(q, k, v, causal) -> (out, lse), must launch a Triton kernel
+    check_merge_partials(fn)          fn(o_part (..., S, D), lse_part (..., S)) -> (..., D)
+    check_paged_decode(fn)            fn(q, k_pool, v_pool, block_tables, seq_lens) -> (B, Hq, D), Triton
+Interview questions: check_q1_online_state, check_q2_naive_hbm_bytes, check_q3_hbm_ratio.
+GPU tier (speed, memory; behind autograder.harness.require_gpu):
+    check_flash_speed(fn), check_paged_decode_speed(fn), check_flash_memory(fn)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Callable, Iterator
+
+import torch
+
+import minigpt.kernels  # noqa: F401  (on a CPU: TRITON_INTERPRET=1 before any kernel is built)
+from autograder.harness import check_answer, quiet
+from minigpt.kernels.flash_attention import flash_attention_forward
+from minigpt.kernels.paged_decode import gather_then_sdpa, paged_decode, paged_decode_reference, random_paged_inputs
+from minigpt.kernels.tiled_attention import attention_lse
+
+__all__ = ["check_online_softmax", "check_tiled_attention", "check_tiled_backward", "check_flash_forward",
+           "check_merge_partials", "check_paged_decode", "check_q1_online_state", "check_q2_naive_hbm_bytes",
+           "check_q3_hbm_ratio", "check_flash_speed", "check_paged_decode_speed", "check_flash_memory",
+           "ATTENTION_CASES", "PAGED_CASES", "FLASH_MIN_FRACTION", "DECODE_MIN_FRACTION", "Q1_BLOCKS", "Q2_SHAPE",
+           "count_triton_launches"]
+
+# GPU thresholds, UNCALIBRATED (no GPU was available when they were written; see
+# autograder/calibration/lab04_gpu.uncalibrated.json). The learner's speedup over the baseline must reach
+# this fraction of the reference kernel's speedup measured in the same run.
+FLASH_MIN_FRACTION = {"cuda": 0.5}
+DECODE_MIN_FRACTION = {"cuda": 0.5}
+
+# (B, Hq, Hkv, Tq, Tk, D, causal, what): awkward shapes, small enough for the interpreter
+ATTENTION_CASES = [
+    (1, 2, 2, 1, 1, 8, True, "T = 1"),
+    (2, 2, 2, 37, 37, 16, True, "causal prefill, T = 37 not a multiple of the tile, MHA (group 1)"),
+    (1, 4, 2, 5, 29, 8, True, "Tq = 5 < Tk = 29 (bottom-right causal mask), GQA group 2"),
+    (1, 8, 1, 3, 40, 16, True, "Tq = 3 < Tk = 40, GQA group 8 (one KV head)"),
+    (1, 4, 2, 20, 33, 24, False, "non-causal, Tq = 20, Tk = 33, head_dim 24, GQA group 2"),
+]
+# (B, Hq, Hkv, D, block_size, seq_lens, what)
+PAGED_CASES = [
+    (3, 4, 2, 16, 16, [1, 37, 70], "seq_lens 1, 37, 70 (partial last pages), GQA group 2"),
+    (2, 8, 1, 16, 8, [5, 100], "seq_lens 5 and 100, pages of 8, GQA group 8"),
+    (2, 2, 2, 8, 16, [16, 33], "seq_lens 16 (one full page) and 33, group 1"),
+]
+TOL = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+
+
+def _qkv(B: int, Hq: int, Hkv: int, Tq: int, Tk: int, D: int, dtype=torch.float32, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(B, Hq, Tq, D, generator=g).to(dtype), torch.randn(B, Hkv, Tk, D, generator=g).to(dtype),
+            torch.randn(B, Hkv, Tk, D, generator=g).to(dtype))
+
+
+def _full_attention(q, k, v, causal: bool):
+    """float64 reference (out, lse) with the bottom-right causal mask."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1)
+    s = q.double() @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if causal:
+        Tq, Tk = q.shape[2], k.shape[2]
+        s = s.masked_fill(~torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(Tk - Tq), -math.inf)
+    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+
+
+def _call(fn: Callable, args: tuple, what: str, name: str) -> Any:
+    try:
+        with quiet():
+            return fn(*args)
+    except NotImplementedError:
+        raise AssertionError(f"{name} is not implemented yet (NotImplementedError)") from None
+    except AssertionError:
+        raise
+    except Exception as err:
+        if "NotImplementedError" in f"{type(err).__name__} {err}":      # raised inside an interpreted kernel
+            raise AssertionError(f"{name} is not implemented yet (NotImplementedError in the kernel)") from None
+        raise AssertionError(f"{what}: {name} raised {type(err).__name__}: {str(err)[:300]}") from None
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, tol: float) -> bool:
+    return got.shape == want.shape and bool(torch.isfinite(got).all()) and torch.allclose(
+        got.double(), want.double(), atol=tol, rtol=tol)
+
+
+def _err(got: torch.Tensor, want: torch.Tensor) -> str:
+    if got.shape != want.shape:
+        return f"shape {tuple(got.shape)} instead of {tuple(want.shape)}"
+    if not torch.isfinite(got).all():
+        return "non-finite values (inf / nan)"
+    return f"max abs error {(got.double() - want.double()).abs().max().item():.3g}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Online softmax on a vector
+# ---------------------------------------------------------------------------------------------------
+
+def check_online_softmax(fn: Callable) -> None:
+    """fn(x (..., N), block_size) -> softmax(x, -1), computed with the running max / denominator."""
+    g = torch.Generator().manual_seed(1)
+    cases = [((4, 10), 3, 1.0, "N = 10 in blocks of 3 (short last block)"),
+             ((2, 64), 16, 1.0, "N = 64 in blocks of 16"),
+             ((3, 1), 4, 1.0, "N = 1"),
+             ((2, 33), 8, 100.0, "large scores (|x| up to ~300): exp overflows without the running max"),
+             ((1, 12), 4, 1.0, "increasing scores: the max changes in every block")]
+    for shape, block, scale, what in cases:
+        x = torch.randn(*shape, generator=g) * scale
+        if what.startswith("increasing"):
+            x = torch.arange(12.0)[None] * 2
+        got = _call(fn, (x.clone(), block), what, "online_softmax")
+        want = torch.softmax(x.double(), -1)
+        if not isinstance(got, torch.Tensor):
+            raise AssertionError(f"{what}: expected a tensor, got {type(got).__name__}")
+        if not _close(got, want, 1e-5):
+            hint = ""
+            if not torch.isfinite(got).all():
+                hint = " Subtract the running max before exp (m_new = max(m_old, max(block)))."
+            elif got.shape == want.shape and not torch.allclose(got.double().sum(-1), torch.ones(shape[0],
+                                                                dtype=torch.float64), atol=1e-4):
+                hint = (" The rows do not sum to 1: when the max grows, multiply the old denominator by "
+                        "exp(m_old - m_new) before adding the new block's sum; and cover the short last block.")
+            raise AssertionError(f"{what}: {_err(got, want)} against torch.softmax.{hint}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Tiled attention forward (PyTorch)
+# ---------------------------------------------------------------------------------------------------
+
+def check_tiled_attention(fn: Callable) -> None:
+    """fn(q (B,Hq,Tq,D), k, v (B,Hkv,Tk,D), causal, block_k) -> (out (B,Hq,Tq,D), lse (B,Hq,Tq))."""
+    for B, Hq, Hkv, Tq, Tk, D, causal, what in ATTENTION_CASES:
+        for block_k in (8, 16):
+            q, k, v = _qkv(B, Hq, Hkv, Tq, Tk, D, seed=block_k)
+            got = _call(fn, (q.clone(), k.clone(), v.clone(), causal, block_k), f"{what}, block_k {block_k}",
+                        "tiled_attention")
+            _compare_out_lse(got, q, k, v, causal, f"{what}, block_k = {block_k}", TOL[torch.float32])
+
+
+def _compare_out_lse(got: Any, q, k, v, causal: bool, what: str, tol: float) -> None:
+    if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
+        raise AssertionError(f"{what}: return a tuple (out, lse) of tensors, got {type(got).__name__}")
+    out, lse = got
+    want, want_lse = _full_attention(q, k, v, causal)
+    if not _close(out, want, tol):
+        raise AssertionError(f"{what}: output {_err(out, want)}.{_diagnose(out, q, k, v, causal, tol)}")
+    if not _close(lse, want_lse, 1e-4):
+        hint = (" The LSE is m + log(l) with m the running max of the scaled scores: log(l) alone misses the "
+                "max that l is relative to.")
+        raise AssertionError(f"{what}: lse {_err(lse, want_lse)} against logsumexp of the masked scores.{hint}")
+
+
+def _diagnose(out: torch.Tensor, q, k, v, causal: bool, tol: float) -> str:
+    """Name the likely mistake by comparing with the known wrong variants."""
+    Tq, Tk = q.shape[2], k.shape[2]
+    group = q.shape[1] // k.shape[1]
+    if out.shape != q.shape or not torch.isfinite(out).all():
+        return " Mask the tail (keys past Tk) before the max, and keep -inf rows out of exp(-inf - -inf)."
+    if causal and Tq < Tk:
+        s = _scores(q, k.repeat_interleave(group, 1))
+        tl_out = torch.softmax(s.masked_fill(~torch.ones(Tq, Tk, dtype=torch.bool).tril(), -math.inf), -1) @ \
+            v.double().repeat_interleave(group, 1)
+        if _close(out, tl_out, tol):
+            return (" Your causal mask is aligned top-left; with Tq < Tk query i sits at position Tk - Tq + i and "
+                    "sees keys j <= i + Tk - Tq (bottom-right).")
+    if group > 1:
+        wrong, _ = _full_attention(q, k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1), causal)
+        if _close(out, wrong, tol):
+            return (f" Query head h must read KV head h // {group} (consecutive query heads share a KV head), not "
+                    f"h % {k.shape[1]}: use repeat_interleave, not repeat.")
+    return (" Likely causes: the accumulator and denominator not rescaled by exp(m_old - m_new) when the max grows; "
+            "dividing by the denominator inside the loop instead of once after the last tile; the last key tile "
+            f"(Tk = {Tk} is not a multiple of the tile) read without masking keys >= Tk to -inf.")
+
+
+def _scores(q, k) -> torch.Tensor:
+    return q.double() @ k.double().transpose(-2, -1) / math.sqrt(q.shape[-1])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Backward from the saved LSE (PyTorch)
+# ---------------------------------------------------------------------------------------------------
+
+def check_tiled_backward(fn: Callable) -> None:
+    """fn(q, k, v, out, lse, d_out, causal) -> (dq, dk, dv), equal to autograd of naive attention (float64)."""
+    for B, Hq, Hkv, Tq, Tk, D, causal, what in ATTENTION_CASES:
+        q, k, v = (t.double().requires_grad_() for t in _qkv(B, Hq, Hkv, Tq, Tk, D, seed=7))
+        out, lse = _full_attention(q, k, v, causal)
+        d_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+        out.backward(d_out)
+        args = (q.detach().clone(), k.detach().clone(), v.detach().clone(), out.detach().clone(),
+                lse.detach().clone(), d_out.clone(), causal)
+        got = _call(fn, args, what, "tiled_backward")
+        if not (isinstance(got, tuple) and len(got) == 3):
+            raise AssertionError(f"{what}: return a tuple (dq, dk, dv), got {type(got).__name__}")
+        for name, g_, t in zip(("dq", "dk", "dv"), got, (q, k, v)):
+            if not isinstance(g_, torch.Tensor) or not _close(g_, t.grad, 1e-6):
+                err = _err(g_, t.grad) if isinstance(g_, torch.Tensor) else type(g_).__name__
+                hint = {"dq": " dS = P * (dP - delta) with delta = rowsum(dO * O); dQ = dS K / sqrt(D).",
+                        "dk": " dK = dS^T Q / sqrt(D), summed over the query heads of each KV head's group.",
+                        "dv": " dV = P^T dO with P = exp(s - lse) (the saved LSE normalises P), summed over the group."}[name]
+                raise AssertionError(f"{what}: {name} {err} against autograd of naive attention.{hint}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Triton: the forward kernel and the paged decode kernel
+# ---------------------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def count_triton_launches() -> Iterator[list[int]]:
+    """Count Triton kernel launches (compiled or interpreted) inside the block: yields a one-item list."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    counter = [0]
+    originals = {cls: cls.run for cls in (InterpretedFunction, JITFunction)}
+
+    def wrap(original):
+        def run(self, *args, **kwargs):
+            counter[0] += 1
+            return original(self, *args, **kwargs)
+        return run
+
+    try:
+        for cls, original in originals.items():
+            cls.run = wrap(original)
+        yield counter
+    finally:
+        for cls, original in originals.items():
+            cls.run = original
+
+
+def check_flash_forward(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16)) -> None:
+    """fn(q, k, v, causal) -> (out, lse) through a Triton kernel; CPU tensors run in the interpreter."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    for dtype in dtypes:
+        for B, Hq, Hkv, Tq, Tk, D, causal, what in ATTENTION_CASES:
+            q, k, v = (t.to(device) for t in _qkv(B, Hq, Hkv, Tq, Tk, D, dtype=dtype, seed=3))
+            with count_triton_launches() as launches:
+                got = _call(fn, (q, k, v, causal), f"{what}, {dtype}", "flash_forward")
+            if not launches[0]:
+                raise AssertionError(f"{what}: flash_forward launched no Triton kernel; write the forward pass as "
+                                     "a @triton.jit kernel and launch it over a grid")
+            if isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], torch.Tensor) and got[0].dtype != dtype:
+                raise AssertionError(f"{what}: the output must be in the input dtype {dtype}, got {got[0].dtype}")
+            _compare_out_lse(tuple(t.cpu() for t in got) if isinstance(got, tuple) else got,
+                             q.cpu(), k.cpu(), v.cpu(), causal, f"{what}, {dtype}", TOL[dtype])
+
+
+def check_merge_partials(fn: Callable) -> None:
+    """fn(o_part (..., S, D), lse_part (..., S)) -> (..., D): the per-split results merged with LSE weights."""
+    g = torch.Generator().manual_seed(5)
+    for shape, what in (((2, 3, 4, 8), "4 splits"), ((1, 2, 1, 8), "a single split"),
+                        ((2, 2, 5, 4), "5 splits, some empty (lse = -inf)")):
+        # build partials from real attention over random chunks, so the answer is known
+        *lead, S, D = shape
+        scores = torch.randn(*lead, S, 6, generator=g, dtype=torch.float64) * 3
+        values = torch.randn(*lead, S, 6, D, generator=g, dtype=torch.float64)
+        if "empty" in what:
+            scores[..., 1, :] = -math.inf
+            scores[..., 3, :] = -math.inf
+        lse_part = torch.logsumexp(scores, -1)
+        p = torch.softmax(scores, -1).nan_to_num(0.0)
+        o_part = (p.unsqueeze(-1) * values).sum(-2)
+        flat = scores.flatten(-2)
+        want = (torch.softmax(flat, -1).unsqueeze(-1) * values.flatten(-3, -2)).sum(-2)
+        got = _call(fn, (o_part.float(), lse_part.float()), what, "merge_partials")
+        if not isinstance(got, torch.Tensor) or not _close(got, want, 1e-5):
+            err = _err(got, want) if isinstance(got, torch.Tensor) else type(got).__name__
+            raise AssertionError(f"{what}: merged output {err}. Weight split s by exp(lse_s - logsumexp(lse)): "
+                                 "a plain mean of the partial outputs ignores how much softmax mass each split holds, "
+                                 "and an empty split (lse = -inf) must get weight 0, not NaN.")
+
+
+def _paged(B, Hq, Hkv, D, block_size, lens, dtype=torch.float32, device="cpu"):
+    return random_paged_inputs(lens, n_heads=Hq, n_kv_heads=Hkv, head_dim=D, block_size=block_size, dtype=dtype,
+                               device=device, extra_blocks=1, num_blocks=48)
+
+
+def check_paged_decode(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16)) -> None:
+    """fn(q (B,Hq,D), k_pool, v_pool (num_blocks, block_size, Hkv, D), block_tables (B, max_blocks) int32,
+    seq_lens (B,) int32) -> (B, Hq, D), through Triton, equal to gather-then-attend."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    for dtype in dtypes:
+        for B, Hq, Hkv, D, bs, lens, what in PAGED_CASES:
+            args = _paged(B, Hq, Hkv, D, bs, lens, dtype, device=device)
+            with count_triton_launches() as launches:
+                got = _call(fn, tuple(a.clone() for a in args), f"{what}, {dtype}", "paged_decode")
+            if not launches[0]:
+                raise AssertionError(f"{what}: paged_decode launched no Triton kernel")
+            cpu = [a.cpu() for a in args]
+            want = paged_decode_reference(*(a.double() if a.is_floating_point() else a for a in cpu))
+            if not isinstance(got, torch.Tensor) or not _close(got.cpu(), want, TOL[dtype]):
+                err = _err(got.cpu(), want) if isinstance(got, torch.Tensor) else type(got).__name__
+                raise AssertionError(f"{what}, {dtype}: {err} against gather-then-attend. Check: physical block = "
+                                     "block_tables[b, page]; mask the slots of the last page past seq_len; query head "
+                                     "h reads KV head h // group; merge the splits with their LSE weights.")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Interview questions
+# ---------------------------------------------------------------------------------------------------
+
+Q1_BLOCKS = ([2.0, 1.0], [4.0, 0.0])          # score blocks, in the order they are read
+Q2_SHAPE = dict(batch=1, heads=32, seq_len=4096, head_dim=128, bytes_per_element=2)
+
+
+def check_q1_online_state(answer: Any) -> None:
+    """Running denominator l after both blocks of Q1_BLOCKS (relative to the running max)."""
+    b1, b2 = Q1_BLOCKS
+    m1 = max(b1)
+    l1 = sum(math.exp(x - m1) for x in b1)
+    m2 = max(m1, max(b2))
+    l2 = l1 * math.exp(m1 - m2) + sum(math.exp(x - m2) for x in b2)
+    no_rescale = l1 + sum(math.exp(x - m2) for x in b2)
+    absolute = sum(math.exp(x) for x in b1 + b2)
+    check_answer(answer, l2, "Q1 (running denominator l after both blocks)",
+                 {no_rescale: "the first block's l was not multiplied by exp(m_old - m_new) when the max grew.",
+                  absolute: "that is sum exp(x) without subtracting the running max.",
+                  math.log(l2) + m2: "that is the log-sum-exp m + log(l), not l."},
+                 unit="a plain number (l, relative to the running max)", rel=1e-4)
+
+
+def _naive_bytes(s: dict) -> int:
+    return s["batch"] * s["heads"] * s["bytes_per_element"] * (4 * s["seq_len"] * s["head_dim"] + 4 * s["seq_len"] ** 2)
+
+
+def _flash_bytes(s: dict) -> int:
+    return s["batch"] * s["heads"] * s["bytes_per_element"] * 4 * s["seq_len"] * s["head_dim"]
+
+
+def check_q2_naive_hbm_bytes(answer: Any) -> None:
+    """HBM bytes of three-kernel naive attention (write S, read S, write P, read P, plus Q, K, V, O) for Q2_SHAPE."""
+    s = Q2_SHAPE
+    want = _naive_bytes(s)
+    bhe = s["batch"] * s["heads"] * s["bytes_per_element"]
+    T, D = s["seq_len"], s["head_dim"]
+    check_answer(answer, want, "Q2 (HBM bytes, naive attention)",
+                 {bhe * (4 * T * D + 2 * T * T): "counted the (T x T) matrix twice; S is written and read, then P "
+                                                 "is written and read: 4 T^2 elements per head.",
+                  bhe * 4 * T * T: "left out reading Q, K, V and writing O (4 T D elements per head).",
+                  want // s["bytes_per_element"]: "that is elements, not bytes (fp16: 2 bytes each).",
+                  want * 2: "fp16 is 2 bytes per element, not 4."},
+                 unit="bytes", hint="Per head: (4 T D + 4 T^2) elements of 2 bytes.")
+
+
+def check_q3_hbm_ratio(answer: Any) -> None:
+    """naive / flash HBM bytes for Q2_SHAPE (flash: Q, K, V read once, O written once; LSE ignored)."""
+    s = Q2_SHAPE
+    want = _naive_bytes(s) / _flash_bytes(s)
+    check_answer(answer, want, "Q3 (naive / flash HBM traffic)",
+                 {_flash_bytes(s) / _naive_bytes(s): "inverted: naive over flash.",
+                  s["seq_len"] / s["head_dim"]: "forgot the Q, K, V, O traffic naive attention also has (ratio = 1 + T / D)."},
+                 unit="a ratio", rel=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------------
+# GPU tier: speed and memory (call behind require_gpu)
+# ---------------------------------------------------------------------------------------------------
+
+def _bench_interleaved(fns: dict[str, Callable], rounds: int = 5) -> dict[str, float]:
+    """Median over `rounds` interleaved rounds of triton.testing.do_bench(..., return_mode="median") (ms)."""
+    from triton.testing import do_bench
+
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name].append(do_bench(fn, warmup=10, rep=50, return_mode="median"))
+    return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
+
+
+def check_flash_speed(fn: Callable, *, seq_len: int = 4096, head_dim: int = 64, batch: int = 4, heads: int = 32) -> dict:
+    """Learner's fn(q, k, v, causal) speedup over naive attention >= FLASH_MIN_FRACTION x the reference's."""
+    from autograder.harness import threshold_for
+    from minigpt.attention import naive_attention
+    from minigpt.timing import device_class
+
+    q, k, v = (torch.randn(batch, heads, seq_len, head_dim, device="cuda", dtype=torch.float16) for _ in range(3))
+    with quiet():
+        out, _ = fn(q, k, v, True)
+        want = flash_attention_forward(q, k, v, causal=True)[0]
+    if not torch.allclose(out.float(), want.float(), atol=1e-2, rtol=1e-2):
+        raise AssertionError("the kernel's output differs from the reference at the benchmark shape")
+    times = _bench_interleaved({"naive": lambda: naive_attention(q, k, v), "learner": lambda: fn(q, k, v, True),
+                                "reference": lambda: flash_attention_forward(q, k, v, causal=True)})
+    learner, ref = times["naive"] / times["learner"], times["naive"] / times["reference"]
+    need = threshold_for(FLASH_MIN_FRACTION, device_class("cuda")) * ref
+    if learner < need:
+        raise AssertionError(f"forward kernel speedup over naive attention {learner:.2f}x; the reference reaches "
+                             f"{ref:.2f}x here and {need:.2f}x is needed. Skip fully masked tiles, keep the tiles in "
+                             "fp16 for tl.dot, and do not re-read Q inside the loop.")
+    return {"speedup": learner, "reference_speedup": ref, "times_ms": times}
+
+
+def check_paged_decode_speed(fn: Callable, *, batch: int = 32, context: int = 8192, heads: int = 32,
+                             kv_heads: int = 8, head_dim: int = 128, block_size: int = 16) -> dict:
+    """Learner's paged decode speedup over gather-then-SDPA >= DECODE_MIN_FRACTION x the reference's."""
+    from autograder.harness import threshold_for
+    from minigpt.timing import device_class
+
+    args = random_paged_inputs([context] * batch, n_heads=heads, n_kv_heads=kv_heads, head_dim=head_dim,
+                               block_size=block_size, dtype=torch.float16, device="cuda")
+    with quiet():
+        if not torch.allclose(fn(*args).float(), paged_decode(*args).float(), atol=1e-2, rtol=1e-2):
+            raise AssertionError("the decode kernel's output differs from the reference at the benchmark shape")
+    times = _bench_interleaved({"gather_sdpa": lambda: gather_then_sdpa(*args), "learner": lambda: fn(*args),
+                                "reference": lambda: paged_decode(*args)})
+    learner, ref = times["gather_sdpa"] / times["learner"], times["gather_sdpa"] / times["reference"]
+    need = threshold_for(DECODE_MIN_FRACTION, device_class("cuda")) * ref
+    if learner < need:
+        raise AssertionError(f"decode speedup over gather-then-SDPA {learner:.2f}x; the reference reaches {ref:.2f}x "
+                             f"and {need:.2f}x is needed. Split the context over enough programs to fill the GPU.")
+    return {"speedup": learner, "reference_speedup": ref, "times_ms": times}
+
+
+def check_flash_memory(fn: Callable, *, seq_lens: tuple[int, ...] = (2048, 4096, 8192), heads: int = 8,
+                       head_dim: int = 64) -> dict:
+    """Peak extra memory of fn(q, k, v, causal) grows O(T) (ratio ~2 per doubling), naive attention's O(T^2)."""
+    peaks = []
+    for T in seq_lens:
+        q, k, v = (torch.randn(1, heads, T, head_dim, device="cuda", dtype=torch.float16) for _ in range(3))
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        with quiet():
+            fn(q, k, v, True)
+        torch.cuda.synchronize()
+        peaks.append(torch.cuda.max_memory_allocated() - base)
+    growth = [b / a for a, b in zip(peaks, peaks[1:])]
+    if max(growth) > 3.0:
+        raise AssertionError(f"peak extra memory grows {', '.join(f'{g:.1f}x' for g in growth)} per doubling of T "
+                             f"({peaks} bytes): something of size T x T is being materialised")
+    return {"seq_lens": list(seq_lens), "peak_bytes": peaks, "growth": growth}
+
+
+def reference_lse(q, k, v, causal: bool = True) -> torch.Tensor:
+    """Convenience for the notebook: the exact LSE (B, Hq, Tq)."""
+    return attention_lse(q, k, v, causal=causal)
