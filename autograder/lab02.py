@@ -227,23 +227,30 @@ def make_state_machine(make_manager: Callable[[int, int, bool], Any],
             for i, slot in enumerate(reservation.slots):
                 self.shadow[int(slot)] = tuple(full[:start + i + 1])
 
-        def _new_seq(self, tokens: list[int], what: str) -> None:
-            seq = self.next_id
+        def _attempt(self, what: str, method: str, *args: Any) -> Any:
+            """Call a manager method; None if it raised OutOfBlocks, after checking that it changed nothing."""
             before = self._snapshot()
             try:
                 with quiet():
-                    r = self.m.add_sequence(seq, list(tokens))
+                    return getattr(self.m, method)(*args)
             except OutOfBlocks:
                 if self._snapshot() != before:
-                    raise AssertionError(f"{what}: add_sequence raised OutOfBlocks but changed the state (ref counts, "
-                                         "free list, tables or prefix cache): check capacity BEFORE allocating anything")
-                return
+                    raise AssertionError(f"{what}: {method} raised OutOfBlocks but changed the state (ref counts, free "
+                                         "list, tables or prefix cache): count the blocks needed (new ones plus a "
+                                         "copy-on-write copy) BEFORE allocating anything") from None
+                return None
             except NotImplementedError:
-                raise AssertionError("add_sequence is not implemented yet (NotImplementedError)") from None
+                raise AssertionError(f"{method} is not implemented yet (NotImplementedError)") from None
             except AssertionError:
                 raise
             except Exception as err:
-                raise AssertionError(f"{what}: add_sequence raised {type(err).__name__}: {err}") from None
+                raise AssertionError(f"{what}: {method} raised {type(err).__name__}: {err}") from None
+
+        def _new_seq(self, tokens: list[int], what: str) -> None:
+            seq = self.next_id
+            r = self._attempt(what, "add_sequence", seq, list(tokens))
+            if r is None:
+                return
             self.next_id += 1
             n_cached = int(r.num_cached)
             if n_cached >= len(tokens):
@@ -270,21 +277,9 @@ def make_state_machine(make_manager: Callable[[int, int, bool], Any],
 
         def _append(self, seq: int, tokens: list[int]) -> None:
             what = f"append {tokens} to sequence {seq} of {len(self.expected[seq])} tokens"
-            before = self._snapshot()
-            try:
-                with quiet():
-                    r = self.m.append_tokens(seq, list(tokens))
-            except OutOfBlocks:
-                if self._snapshot() != before:
-                    raise AssertionError(f"{what}: append_tokens raised OutOfBlocks part-way and left the state changed; "
-                                         "count the blocks needed (new ones plus a copy-on-write copy) first")
+            r = self._attempt(what, "append_tokens", seq, list(tokens))
+            if r is None:
                 return
-            except NotImplementedError:
-                raise AssertionError("append_tokens is not implemented yet (NotImplementedError)") from None
-            except AssertionError:
-                raise
-            except Exception as err:
-                raise AssertionError(f"{what}: append_tokens raised {type(err).__name__}: {err}") from None
             start = len(self.expected[seq])
             self.expected[seq] = self.expected[seq] + list(tokens)
             self._apply(seq, r, tokens, start, what)
@@ -336,7 +331,7 @@ def make_state_machine(make_manager: Callable[[int, int, bool], Any],
 
         # --- invariants -----------------------------------------------------------------------
         @invariant()
-        def blocks_partition_the_pool(self) -> None:
+        def check_1_blocks_partition_the_pool(self) -> None:
             pool = self.m.pool
             free = list(pool.free_blocks())
             refs = [int(r) for r in pool.ref_counts]
@@ -352,7 +347,7 @@ def make_state_machine(make_manager: Callable[[int, int, bool], Any],
                                      "(a free that forgot to return them, or a ref_count that did not reach 0)")
 
         @invariant()
-        def ref_counts_match_tables(self) -> None:
+        def check_2_ref_counts_match_tables(self) -> None:
             holders = [0] * self.m.pool.num_blocks
             for t in self.m.tables.values():
                 for b in t.blocks:
@@ -364,7 +359,7 @@ def make_state_machine(make_manager: Callable[[int, int, bool], Any],
                                      f"(blocks {bad}); free must decrement, fork must increment")
 
         @invariant()
-        def sequences_read_their_own_tokens(self) -> None:
+        def check_3_sequences_read_their_own_tokens(self) -> None:
             if set(self.m.tables) != set(self.expected):
                 raise AssertionError(f"the manager holds sequences {sorted(self.m.tables)}, expected {sorted(self.expected)}")
             for seq, tokens in self.expected.items():
@@ -385,7 +380,7 @@ def make_state_machine(make_manager: Callable[[int, int, bool], Any],
                             "shared block without copy-on-write, a stale or unchained prefix-cache hit, or a wrong slot)")
 
         @invariant()
-        def cached_hashes_are_true(self) -> None:
+        def check_4_cached_hashes_are_true(self) -> None:
             cache = getattr(self.m, "prefix_cache", None)
             if cache is None:
                 return
@@ -402,7 +397,8 @@ def make_state_machine(make_manager: Callable[[int, int, bool], Any],
                     raise AssertionError(
                         f"the prefix cache maps hash {h} to block {b}, but that block holds the K/V of tokens "
                         f"{list(last[-self.bs:])} after prefix {list(last[:-self.bs])} (chained hash {chain}): a stale "
-                        "entry left after the block was reused, or a hash that is not chained")
+                        "entry left after the block was reused, a write into a shared cached block (no copy-on-write), "
+                        "or a hash that is not chained")
 
         def teardown(self) -> None:
             if not hasattr(self, "m"):
@@ -446,7 +442,7 @@ def check_block_manager(make_manager: Callable[[int, int, bool], Any],
             run_state_machine_as_test(Counted, settings=cfg)
     except AssertionError as err:
         steps = [line for note in getattr(err, "__notes__", []) for line in note.splitlines()
-                 if line.startswith("state.") and not line.startswith(("state.blocks_", "state.cached_", "state.ref_", "state.seq"))]
+                 if line.startswith("state.") and not line.startswith("state.check_")]
         shown = "\n".join(steps[-25:])
         raise AssertionError(f"block manager state machine: {err}" + (f"\nSteps that led there:\n{shown}" if shown else "")) from None
     finally:
