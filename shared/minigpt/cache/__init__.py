@@ -1,6 +1,8 @@
 """KV caches: where the keys and values of past tokens live between steps.
 
 * `contiguous` (lab 01): one preallocated (batch, max_seq_len, kv_heads, head_dim) buffer per layer.
-* lab 02 adds the paged cache: a pool of fixed-size blocks, per-sequence block tables, paged
-  attention, copy-on-write forks and a prefix cache.
+* lab 02, the paged cache: `block_pool` (free queue, ref counts, `OutOfBlocks`), `block_table`
+  (slot mapping), `prefix_cache` (chained block hashes, LRU reuse), `block_manager` (sequences,
+  copy-on-write forks, prefix reuse), `paged_attention` (pure-PyTorch reference, decode and prefill)
+  and `paged` (`PagedKVCache`: per-layer block pools serving a batch of sequences).
 """

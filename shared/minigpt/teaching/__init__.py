@@ -2,6 +2,7 @@
 
 * `hardware` (accelerator facts), `calculators` (roofline and KV-cache arithmetic), `plots`, `widgets`
   (lab 00's calculators).
+* `pool_view` (the paged-pool widget), lab 02.
 * `attention_traffic` (HBM bytes of naive vs flash attention) and `flash_stepper` (online-softmax
   stepper widget), lab 04.
 * `parallel_cost` (tensor/pipeline-parallel cost model) and `parallel_planner` (its widget), lab 07.

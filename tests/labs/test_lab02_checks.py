@@ -1,0 +1,360 @@
+"""Lab 02 checks: the reference passes, the stub and each plausible wrong implementation fail."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from autograder import lab02
+from minigpt.cache.block_manager import BlockManager, Reservation
+from minigpt.cache.block_pool import BlockPool, OutOfBlocks
+from minigpt.cache.block_table import blocks_needed, slot_of
+from minigpt.cache.paged_attention import gather_kv, paged_attention, paged_decode_attention
+from minigpt.cache.prefix_cache import PrefixCache, hash_block
+
+EXAMPLES = 40       # enough for every wrong manager below to be caught (each fails within a few examples)
+
+
+def _stub(*args, **kwargs):
+    raise NotImplementedError()
+
+
+class StubPool:
+    def __init__(self, *args, **kwargs):
+        raise NotImplementedError()
+
+
+def reference_manager(num_blocks, block_size, prefix):
+    return BlockManager(num_blocks, block_size, enable_prefix_caching=prefix)
+
+
+def factory(manager_cls):
+    return lambda n, bs, prefix: manager_cls(n, bs, enable_prefix_caching=prefix)
+
+
+def with_pool(pool_cls):
+    """A reference BlockManager over another pool class."""
+    class Manager(BlockManager):
+        def __init__(self, num_blocks, block_size, *, enable_prefix_caching=False):
+            super().__init__(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
+            self.pool = pool_cls(num_blocks, block_size)
+            self.prefix_cache = PrefixCache(self.pool) if enable_prefix_caching else None
+    return Manager
+
+
+# --- wrong pools --------------------------------------------------------------------------------
+
+class NoDecrementPool(BlockPool):
+    """free() returns the block to the pool at once, without decrementing its ref_count."""
+
+    def free(self, block, *, keep=False):
+        if block in self._free:
+            raise ValueError(f"block {block} is already free")
+        self._free[block] = None
+
+
+class FreeSharedPool(BlockPool):
+    """free() decrements but puts the block back in the free list even while others still hold it."""
+
+    def free(self, block, *, keep=False):
+        if self.ref_counts[block] <= 0:
+            raise ValueError(f"block {block} is already free")
+        self.ref_counts[block] -= 1
+        self._free[block] = None
+
+
+class HalfDoneAllocatePool(BlockPool):
+    """Takes blocks one by one and raises OutOfBlocks when it runs out, keeping the ones already taken."""
+
+    def allocate(self, n=1):
+        blocks = []
+        for _ in range(n):
+            if not self._free:
+                raise OutOfBlocks(n, len(blocks))
+            block, _ = self._free.popitem(last=False)
+            if self.on_reuse is not None:
+                self.on_reuse(block)
+            self.ref_counts[block] = 1
+            blocks.append(block)
+        return blocks
+
+
+# --- wrong managers -----------------------------------------------------------------------------
+
+class NoCopyOnWriteManager(BlockManager):
+    """fork shares the blocks, but appending writes straight into a shared, partly filled last block."""
+
+    def blocks_for_append(self, seq_id, n):
+        t = self.table(seq_id)
+        return blocks_needed(t.num_tokens + n, self.block_size) - len(t.blocks) if n > 0 else 0
+
+    def append_tokens(self, seq_id, tokens):
+        t = self.table(seq_id)
+        n = t.num_tokens
+        needed = self.blocks_for_append(seq_id, len(tokens))
+        if needed > self.pool.num_free:
+            raise OutOfBlocks(needed, self.pool.num_free)
+        t.blocks.extend(self.pool.allocate(needed))
+        t.token_ids.extend(int(x) for x in tokens)
+        if self.prefix_cache is not None:
+            hashes = self.hashes[seq_id]
+            for i in range(len(hashes), t.num_tokens // self.block_size):
+                hashes.append(hash_block(hashes[-1] if hashes else None, t.token_ids[i * self.block_size:(i + 1) * self.block_size]))
+                self.prefix_cache.register(t.blocks[i], hashes[-1])
+        return Reservation(t.slots(n, t.num_tokens))
+
+
+def off_by_one_slot(table, position, block_size):
+    """Uses (p - 1) // block_size: the first position of every block after the first lands in the previous block."""
+    index = max(position - 1, 0) // block_size
+    if position >= len(table) * block_size:
+        raise ValueError("past the table")
+    return table[index] * block_size + position % block_size
+
+
+class OffByOneSlotManager(BlockManager):
+    def append_tokens(self, seq_id, tokens):
+        r = super().append_tokens(seq_id, tokens)
+        t = self.table(seq_id)
+        start = t.num_tokens - len(r.slots)
+        r.slots = [off_by_one_slot(t.blocks, p, self.block_size) for p in range(start, t.num_tokens)]
+        return r
+
+
+def unchained_hash(parent, tokens):
+    return hash_block(None, tokens)
+
+
+class UnchainedHashManager(BlockManager):
+    """Hashes each block's tokens alone: equal blocks after different prefixes match."""
+
+    def add_sequence(self, seq_id, prompt):
+        import minigpt.cache.block_manager as bm
+        saved = (bm.hash_block, bm.block_hashes)
+        bm.hash_block = unchained_hash
+        bm.block_hashes = lambda toks, bs: [hash_block(None, toks[i:i + bs]) for i in range(0, len(toks) - bs + 1, bs)]
+        try:
+            return super().add_sequence(seq_id, prompt)
+        finally:
+            bm.hash_block, bm.block_hashes = saved
+
+    def append_tokens(self, seq_id, tokens):
+        import minigpt.cache.block_manager as bm
+        saved = bm.hash_block
+        bm.hash_block = unchained_hash
+        try:
+            return super().append_tokens(seq_id, tokens)
+        finally:
+            bm.hash_block = saved
+
+
+class ZeroComputeManager(BlockManager):
+    """Reuses a prompt cached to its very end: nothing left to compute, no logits for the first token."""
+
+    def add_sequence(self, seq_id, prompt):
+        prompt = [int(t) for t in prompt]
+        hits = self.prefix_cache.lookup(lab02_block_hashes(prompt, self.block_size)) if self.prefix_cache else []
+        if hits and len(hits) * self.block_size == len(prompt):
+            for b in hits:
+                self.pool.incref(b)
+            from minigpt.cache.block_table import BlockTable
+            self.tables[seq_id] = BlockTable(self.block_size, list(hits), prompt)
+            self.hashes[seq_id] = lab02_block_hashes(prompt, self.block_size)
+            return Reservation([], num_cached=len(prompt))
+        return super().add_sequence(seq_id, prompt)
+
+
+def lab02_block_hashes(tokens, bs):
+    from minigpt.cache.prefix_cache import block_hashes
+    return block_hashes(tokens, bs)
+
+
+class HalfDoneManager(BlockManager):
+    """Appends block by block without counting first: out of blocks part-way, the table keeps what it got."""
+
+    def append_tokens(self, seq_id, tokens):
+        t = self.table(seq_id)
+        if t.num_tokens % self.block_size and self.pool.ref_counts[t.blocks[-1]] > 1:
+            return super().append_tokens(seq_id, tokens)
+        for _ in range(blocks_needed(t.num_tokens + len(tokens), self.block_size) - len(t.blocks)):
+            t.blocks.extend(self.pool.allocate(1))
+        return super().append_tokens(seq_id, tokens)
+
+
+class StaleHashManager(BlockManager):
+    """Never forgets a hash: a block reused for new content is still found under its old hash."""
+
+    def __init__(self, num_blocks, block_size, *, enable_prefix_caching=False):
+        super().__init__(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
+        self.pool.on_reuse = None
+
+
+WRONG_MANAGERS = {
+    "free that does not decrement": factory(with_pool(NoDecrementPool)),
+    "free that returns a still-shared block": factory(with_pool(FreeSharedPool)),
+    "fork without copy-on-write": factory(NoCopyOnWriteManager),
+    "slot mapping off by one at a block boundary": factory(OffByOneSlotManager),
+    "unchained block hash": factory(UnchainedHashManager),
+    "fully cached prompt computes zero tokens": factory(ZeroComputeManager),
+    "stale hash after reuse": factory(StaleHashManager),
+    "out of blocks half-way through an allocation": factory(HalfDoneManager),
+}
+
+
+# --- the reference passes -----------------------------------------------------------------------
+
+def test_reference_passes_every_check():
+    lab02.check_block_pool(BlockPool)
+    lab02.check_slot_mapping(slot_of)
+    lab02.check_block_hash(hash_block)
+    assert lab02.check_block_manager(reference_manager, max_examples=EXAMPLES) >= EXAMPLES
+    lab02.check_prefix_cache(reference_manager)
+    lab02.check_paged_decode_attention(paged_decode_attention)
+    lab02.check_paged_attention(paged_attention)
+    lab02.check_paged_generation(paged_attention)
+
+
+# --- stubs fail ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("check, arg", [
+    (lab02.check_block_pool, StubPool), (lab02.check_slot_mapping, _stub), (lab02.check_block_hash, _stub),
+    (lab02.check_prefix_cache, _stub), (lab02.check_paged_decode_attention, _stub),
+    (lab02.check_paged_attention, _stub), (lab02.check_paged_generation, _stub),
+])
+def test_stub_fails(check, arg):
+    with pytest.raises(AssertionError, match="not implemented"):
+        check(arg)
+
+
+def test_stub_manager_fails_state_machine():
+    with pytest.raises(AssertionError, match="not implemented"):
+        lab02.check_block_manager(_stub, max_examples=5)
+
+
+# --- wrong implementations fail -----------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list(WRONG_MANAGERS))
+def test_wrong_manager_fails_state_machine(name):
+    with pytest.raises(AssertionError, match="state machine"):
+        lab02.check_block_manager(WRONG_MANAGERS[name], max_examples=EXAMPLES)
+
+
+@pytest.mark.parametrize("name, pattern", [
+    ("fork without copy-on-write", None), ("unchained block hash", "chained"),
+    ("fully cached prompt computes zero tokens", "last prompt token"), ("stale hash after reuse", "old hash"),
+])
+def test_wrong_manager_fails_prefix_or_cow_scenarios(name, pattern):
+    if pattern is None:     # copy-on-write is the state machine's job; check the scenario directly
+        m = WRONG_MANAGERS[name](8, 4, False)
+        m.add_sequence("a", [1, 2, 3, 4, 5, 6])
+        m.fork("a", "b")
+        r = m.append_tokens("b", [9])
+        assert not r.copies and m.table("b").blocks[-1] == m.table("a").blocks[-1]   # the bug: a shared write
+        return
+    with pytest.raises(AssertionError, match=pattern):
+        lab02.check_prefix_cache(WRONG_MANAGERS[name])
+
+
+@pytest.mark.parametrize("pool_cls, pattern", [
+    (NoDecrementPool, "decrement"), (FreeSharedPool, "still held"), (HalfDoneAllocatePool, "changed the pool"),
+])
+def test_wrong_pool_fails(pool_cls, pattern):
+    with pytest.raises(AssertionError, match=pattern):
+        lab02.check_block_pool(pool_cls)
+
+
+def test_off_by_one_slot_fails():
+    with pytest.raises(AssertionError, match="first position of a block"):
+        lab02.check_slot_mapping(off_by_one_slot)
+
+
+def test_unchained_hash_fails():
+    with pytest.raises(AssertionError, match="chained"):
+        lab02.check_block_hash(unchained_hash)
+
+
+def test_nondeterministic_hash_fails():
+    import itertools
+    counter = itertools.count()
+    with pytest.raises(AssertionError, match="deterministic"):
+        lab02.check_block_hash(lambda parent, tokens: next(counter))
+
+
+# --- wrong attention ----------------------------------------------------------------------------
+
+def decode_ignoring_lengths(q, k_pool, v_pool, block_tables, seq_lens):
+    """Attends to every slot of every block in the table, the unused tail of the last block included."""
+    B, Hq, D = q.shape
+    k, v = gather_kv(k_pool, block_tables), gather_kv(v_pool, block_tables)
+    group = Hq // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    w = torch.softmax(torch.einsum("bhd,bhld->bhl", q, k) / math.sqrt(D), -1)
+    return torch.einsum("bhl,bhld->bhd", w, v)
+
+
+def decode_wrong_gqa(q, k_pool, v_pool, block_tables, seq_lens):
+    """Maps query head h to KV head h % Hkv instead of h // group."""
+    Hkv = k_pool.shape[2]
+    Hq = q.shape[1]
+    perm = [h % Hkv for h in range(Hq)]
+    idx = sorted(range(Hq), key=lambda h: perm[h])
+    out = paged_decode_attention(q[:, idx], k_pool, v_pool, block_tables, seq_lens)
+    return out[:, torch.argsort(torch.tensor(idx))]
+
+
+def prefill_top_left(q, k_pool, v_pool, block_tables, seq_lens, q_lens=None):
+    """Mask aligned top-left: query i sees keys j <= i, wrong for a chunk after a cached prefix and for decode."""
+    return _top_left(q, k_pool, v_pool, block_tables, seq_lens, q_lens)
+
+
+def _top_left(q, k_pool, v_pool, block_tables, seq_lens, q_lens):
+    B, Hq, Tq, D = q.shape
+    k, v = gather_kv(k_pool, block_tables), gather_kv(v_pool, block_tables)
+    group = Hq // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    s = q @ k.transpose(-2, -1) / math.sqrt(D)
+    L = k.shape[2]
+    mask = (torch.arange(L)[None, None, :] <= torch.arange(Tq)[None, :, None]) & (torch.arange(L)[None, None, :] < seq_lens.long()[:, None, None])
+    return torch.softmax(s.masked_fill(~mask[:, None], float("-inf")), -1) @ v
+
+
+def shifted_table(q, k_pool, v_pool, block_tables, seq_lens, q_lens=None):
+    """Reads logical block i from block_tables[b, i + 1] when it exists (an off-by-one in the table lookup)."""
+    shifted = torch.cat([block_tables[:, 1:], block_tables[:, -1:]], 1)
+    return paged_attention(q, k_pool, v_pool, shifted, seq_lens, q_lens)
+
+
+@pytest.mark.parametrize("fn", [decode_ignoring_lengths, decode_wrong_gqa])
+def test_wrong_decode_attention_fails(fn):
+    with pytest.raises(AssertionError, match="differs"):
+        lab02.check_paged_decode_attention(fn)
+
+
+@pytest.mark.parametrize("fn", [prefill_top_left, shifted_table])
+def test_wrong_paged_attention_fails(fn):
+    with pytest.raises(AssertionError, match="differs"):
+        lab02.check_paged_attention(fn)
+
+
+@pytest.mark.parametrize("fn", [prefill_top_left, shifted_table])
+def test_wrong_paged_attention_fails_generation(fn):
+    with pytest.raises(AssertionError):
+        lab02.check_paged_generation(fn)
+
+
+# --- interview questions ------------------------------------------------------------------------
+
+def test_interview_answers():
+    lab02.check_q1_block_waste(14)
+    lab02.check_q2_paged_capacity(465)
+    lab02.check_q3_prefix_compute_saved(113_488)
+    lab02.check_q4_ttft_with_cache(1600 / 112)
+    for check, wrong, note in [(lab02.check_q1_block_waste, 2, "fill of the last block"),
+                               (lab02.check_q2_paged_capacity, 468, "whole blocks"),
+                               (lab02.check_q2_paged_capacity, 80, "preallocation"),
+                               (lab02.check_q3_prefix_compute_saved, 101_500, "FULL blocks"),
+                               (lab02.check_q4_ttft_with_cache, 16.0, "whole blocks")]:
+        with pytest.raises(AssertionError, match=note):
+            check(wrong)

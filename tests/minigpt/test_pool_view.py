@@ -1,0 +1,31 @@
+"""The lab 02 pool view's pure part: `pool_layout` counts what the grid shows, over the sliders' ranges."""
+
+from __future__ import annotations
+
+import pytest
+
+from minigpt.teaching.pool_view import POOL_TOKENS, PoolView, pool_layout, render_pool
+
+
+@pytest.mark.parametrize("block_size", [1, 16, 128])
+@pytest.mark.parametrize("num_seqs", [1, 8])
+@pytest.mark.parametrize("shared_len", [0, 256])
+def test_layout_is_consistent(block_size, num_seqs, shared_len):
+    lay = pool_layout(block_size, num_seqs, shared_len)
+    assert lay.num_blocks == POOL_TOKENS // block_size
+    assert len(lay.seq_tokens) == num_seqs
+    held = sum(len(o) for o in lay.owners)
+    assert held == sum(-(-n // block_size) for n in lay.seq_tokens)          # every table's blocks, shared ones counted per holder
+    assert all(not (o and c) for o, c in zip(lay.owners, lay.cached_free))  # a held block is not "cached free"
+    assert 0 <= lay.waste < num_seqs * block_size
+    if shared_len >= block_size and num_seqs > 1:
+        assert lay.seq_cached[1:] == [shared_len // block_size * block_size] * (num_seqs - 1)
+        assert any(len(o) == num_seqs for o in lay.owners)
+    assert "blocks used" in render_pool(lay)
+
+
+def test_view_updates_on_slider_change():
+    view = PoolView(block_size=16, num_seqs=2, shared_len=64)
+    before = view.view.value
+    view.num_seqs.value = 5
+    assert view.view.value != before and "5 sequences" not in before
