@@ -25,8 +25,9 @@ import torch
 
 import minigpt.kernels  # noqa: F401  (on a CPU: TRITON_INTERPRET=1 before any kernel is built)
 from autograder.harness import check_answer, quiet
+from minigpt.cache.paged_attention import paged_decode_attention
 from minigpt.kernels.flash_attention import flash_attention_forward
-from minigpt.kernels.paged_decode import gather_then_sdpa, paged_decode, paged_decode_reference, random_paged_inputs
+from minigpt.kernels.paged_decode import gather_then_sdpa, paged_decode, random_paged_inputs
 from minigpt.kernels.tiled_attention import attention_lse
 
 __all__ = ["check_online_softmax", "check_tiled_attention", "check_tiled_backward", "check_flash_forward",
@@ -299,7 +300,7 @@ def check_paged_decode(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.fl
             if not launches[0]:
                 raise AssertionError(f"{what}: paged_decode launched no Triton kernel")
             cpu = [a.cpu() for a in args]
-            want = paged_decode_reference(*(a.double() if a.is_floating_point() else a for a in cpu))
+            want = paged_decode_attention(*(a.double() if a.is_floating_point() else a for a in cpu))
             if not isinstance(got, torch.Tensor) or not _close(got.cpu(), want, TOL[dtype]):
                 err = _err(got.cpu(), want) if isinstance(got, torch.Tensor) else type(got).__name__
                 raise AssertionError(f"{what}, {dtype}: {err} against gather-then-attend. Check: physical block = "

@@ -13,10 +13,11 @@ import torch
 
 import minigpt.kernels  # noqa: F401  (turns on TRITON_INTERPRET=1 on a CPU before any kernel is built)
 from minigpt.attention import ATTENTION_IMPLEMENTATIONS, naive_attention
+from minigpt.cache.paged_attention import paged_decode_attention
 from minigpt.kernels.flash_attention import FlashAttentionFunction, flash_attention, flash_attention_forward
 from minigpt.kernels.online_softmax import OnlineSoftmaxState, online_softmax, online_softmax_trace
-from minigpt.kernels.paged_decode import (gather_then_sdpa, merge_partials, paged_decode, paged_decode_partials,
-                                          paged_decode_reference, random_paged_inputs)
+from minigpt.kernels.paged_decode import (check_paged_inputs, gather_then_sdpa, merge_partials, paged_decode,
+                                          paged_decode_partials, random_paged_inputs)
 from minigpt.kernels.tiled_attention import attention_lse, tiled_attention_backward, tiled_attention_forward
 from minigpt.teaching.attention_traffic import attention_flops, flash_attention_bytes, naive_attention_bytes
 
@@ -199,7 +200,7 @@ def _paged(B, Hq, Hkv, D, block_size, lens, dtype=torch.float32):
 def test_paged_decode_matches_gather_reference(B, Hq, Hkv, D, block_size, lens, pages_per_split, dtype):
     args = _paged(B, Hq, Hkv, D, block_size, lens, dtype)
     got = paged_decode(*args, pages_per_split=pages_per_split)
-    want = paged_decode_reference(*(a.double() if a.is_floating_point() else a for a in args))
+    want = paged_decode_attention(*(a.double() if a.is_floating_point() else a for a in args))
     assert got.shape == (B, Hq, D) and got.dtype == dtype
     torch.testing.assert_close(got.double(), want, atol=TOL[dtype], rtol=TOL[dtype])
     torch.testing.assert_close(gather_then_sdpa(*(a.float() if a.is_floating_point() else a for a in args)).double(),
@@ -209,16 +210,16 @@ def test_paged_decode_matches_gather_reference(B, Hq, Hkv, D, block_size, lens, 
 def test_merge_needs_the_lse_weights():
     args = _paged(1, 2, 1, 16, 16, [70])
     o_part, lse_part = paged_decode_partials(*args, pages_per_split=1)
-    want = paged_decode_reference(*args)
+    want = paged_decode_attention(*args)
     torch.testing.assert_close(merge_partials(o_part, lse_part), want, atol=1e-5, rtol=1e-5)
     unweighted = o_part.mean(-2)
     assert not torch.allclose(unweighted, want, atol=1e-3)
 
 
-def test_paged_reference_rejects_bad_inputs():
+def test_paged_decode_rejects_bad_inputs():
     q, k_pool, v_pool, tables, lens = _paged(2, 3, 2, 8, 16, [4, 5])
     with pytest.raises(ValueError, match="multiple"):
-        paged_decode_reference(q, k_pool, v_pool, tables, lens)
+        check_paged_inputs(q, k_pool, v_pool, tables, lens)
 
 
 # --- traffic arithmetic ---------------------------------------------------------------------------------

@@ -16,9 +16,8 @@ at small batch and long context. Flash-decoding splits each context into chunks 
             by exp(lse_s - lse) is exactly the online-softmax rescaling, done once at the end; a plain mean
             of the o_s would be wrong whenever the chunks hold different amounts of softmax mass.
 
-paged_decode_reference gathers each sequence's blocks into a contiguous K, V and runs naive attention: the
-same contract as lab 02's minigpt.cache.paged_attention.paged_decode_attention. gather_then_sdpa is the
-batched gather + SDPA baseline used for GPU timings.
+The reference it must equal is lab 02's minigpt.cache.paged_attention.paged_decode_attention (gather each
+sequence's blocks, then attend). gather_then_sdpa is the batched gather + SDPA baseline used for GPU timings.
 """
 
 from __future__ import annotations
@@ -30,10 +29,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from minigpt.attention import naive_attention
 from minigpt.kernels.flash_attention import LOG2E, check_triton_device, dot_options
 
-__all__ = ["paged_decode", "paged_decode_partials", "merge_partials", "paged_decode_reference",
+__all__ = ["paged_decode", "paged_decode_partials", "merge_partials",
            "gather_then_sdpa", "check_paged_inputs", "random_paged_inputs"]
 
 
@@ -164,24 +162,6 @@ def paged_decode(q: Tensor, k_pool: Tensor, v_pool: Tensor, block_tables: Tensor
     o_part, lse_part = paged_decode_partials(q, k_pool, v_pool, block_tables, seq_lens,
                                              pages_per_split=pages_per_split)
     return merge_partials(o_part, lse_part).to(q.dtype)
-
-
-def paged_decode_reference(q: Tensor, k_pool: Tensor, v_pool: Tensor, block_tables: Tensor,
-                           seq_lens: Tensor) -> Tensor:
-    """Gather-then-attend, one sequence at a time, with minigpt.attention.naive_attention: (B, Hq, D)."""
-    check_paged_inputs(q, k_pool, v_pool, block_tables, seq_lens)
-    block_size = k_pool.shape[1]
-    outs = []
-    for b in range(q.shape[0]):
-        n = int(seq_lens[b])
-        if n < 1:
-            raise ValueError(f"sequence {b} has seq_len {n}; decode needs at least one cached token")
-        pages = block_tables[b, :math.ceil(n / block_size)].long()
-        k = k_pool[pages].flatten(0, 1)[:n]              # (n, Hkv, D) in logical order
-        v = v_pool[pages].flatten(0, 1)[:n]
-        out = naive_attention(q[b][None, :, None, :], k.transpose(0, 1)[None], v.transpose(0, 1)[None])
-        outs.append(out[0, :, 0])
-    return torch.stack(outs)
 
 
 def gather_then_sdpa(q: Tensor, k_pool: Tensor, v_pool: Tensor, block_tables: Tensor, seq_lens: Tensor) -> Tensor:
