@@ -493,12 +493,12 @@ def check_q3_range_ratio(answer: Any) -> None:
 
 
 def check_q4_gptq_recovery(answer: Any, ppl: dict[str, float]) -> None:
-    """ppl: this notebook's measured {"fp32", "INT4 RTN g128", "INT4 GPTQ g128"} perplexities."""
-    base, rtn, gptq = ppl["fp32"], ppl["INT4 RTN g128"], ppl["INT4 GPTQ g128"]
+    """ppl: the lab's measured {"fp32", "INT4 RTN g64", "INT4 GPTQ g64"} perplexities."""
+    base, rtn, gptq = ppl["fp32"], ppl["INT4 RTN g64"], ppl["INT4 GPTQ g64"]
     if rtn <= base:
         raise AssertionError("INT4 RTN lost no perplexity in your measurement; recompute the table first")
     want = (rtn - gptq) / (rtn - base)
-    check_answer(answer, want, "Q4: the fraction of INT4 RTN's (g128) perplexity loss that GPTQ recovers", unit="a fraction",
+    check_answer(answer, want, "Q4: the fraction of INT4 RTN's (g64) perplexity loss that GPTQ recovers", unit="a fraction",
                  rel=1e-3, mistakes={1 - want: "that is the fraction GPTQ still loses, not what it recovers.",
                                      (rtn - gptq) / base: "divide by RTN's loss (rtn - fp32), not by the fp32 perplexity."})
 

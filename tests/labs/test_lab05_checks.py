@@ -347,7 +347,7 @@ def test_interview_answers():
     lab05.check_q1_e4m3_max(448.0)
     lab05.check_q2_e5m2_smallest_normal(2.0 ** -14)
     lab05.check_q3_range_ratio(32768.0)
-    ppl = {"fp32": 38.0, "INT4 RTN g128": 39.0, "INT4 GPTQ g128": 38.4}
+    ppl = {"fp32": 38.0, "INT4 RTN g64": 39.0, "INT4 GPTQ g64": 38.4}
     lab05.check_q4_gptq_recovery(0.6, ppl)
     lab05.check_q5_gptq_hessian_bytes(6 * (3 * 384 ** 2 + 1024 ** 2) * 4)
     for check, wrong in ((lab05.check_q1_e4m3_max, 240.0), (lab05.check_q2_e5m2_smallest_normal, 2.0 ** -6),
