@@ -229,3 +229,27 @@ def test_triton_dequant_gemv_matches_reference(bits):
     assert torch.allclose(dequant_gemv_reference(x, qw, qt.scale, bits, 32), y, atol=1e-4)
     with pytest.raises(ValueError, match="does not divide"):
         dequant_gemv(x, qw, qt.scale, bits, 48)
+
+
+def test_explorer_readout_counts_bits_and_memory():
+    from minigpt.teaching.calculators import PRESETS, count_parameters, kv_cache_bytes
+    from minigpt.teaching.hardware import ACCELERATORS
+    from minigpt.teaching.quant_explorer import QuantizationExplorer, explorer_readout
+    shape, gpu = PRESETS["Llama-3-8B"], ACCELERATORS["H100-SXM"]
+    w = _w(16, 256)
+    r = explorer_readout(w, "RTN symmetric", 4, 128, shape, gpu, 8192)
+    assert r.bits_per_weight == 4 + 32 / 128 and r.levels_used <= 15 and r.fits
+    assert r.model_weight_bytes == int(count_parameters(shape) * 4.25 / 8)
+    assert r.kv_bytes == kv_cache_bytes(shape, 8192, 1, 2)
+    r8 = explorer_readout(w, "RTN asymmetric", 8, None, shape, gpu, 8192, kv_format="int8 / fp8 + scales")
+    assert r8.bits_per_weight == 8 + 64 / 256 and r8.rel_error < r.rel_error
+    assert r8.kv_bytes == kv_cache_bytes(shape, 8192, 1, 1) + 2 * shape.n_layers * shape.n_kv_heads * 4 * 8192
+    assert explorer_readout(w, "FP8 E4M3", 8, None, shape, gpu, 8192).rel_error < 0.07
+    with pytest.raises(ValueError, match="does not divide"):
+        explorer_readout(w, "RTN symmetric", 4, 96, shape, gpu, 8192)
+    torch.manual_seed(0)
+    from minigpt_fixtures import TINY
+    view = QuantizationExplorer(GPT(TINY), group_size=32)
+    assert "bits/weight" in view.readout.value and view.image.value
+    view.group.value = 128                      # does not divide d_model=32: an error line, controls kept
+    assert "does not divide" in view.error.value
