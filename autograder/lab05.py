@@ -5,6 +5,7 @@ raises AssertionError saying what is wrong (which input, expected vs got, likely
 
 CPU tier (correctness):
     check_quantize_symmetric(fn)        INT8/INT4 symmetric, per channel and per group; bad input errors
+    check_int4_model_perplexity(fn)     the trained target with the learner's INT4 g128 weights: perplexity bound
     check_int4_packing(pack, unpack)    two codes per byte, element 2j in the low nibble
     check_quantize_fp8(fn)              scale so max|x| lands on the format's max, then cast
     check_gptq(fn)                      error propagation through the Cholesky of H^-1, lazy blocks
@@ -34,7 +35,7 @@ from minigpt.quant.formats import dequantize, fp8_format, quantize, unpack_int4
 from minigpt.quant.gptq import gptq_quantize, hessian
 from minigpt.quant.smoothquant import smoothing_factors
 
-__all__ = ["check_quantize_symmetric", "check_int4_packing", "check_quantize_fp8", "check_gptq", "check_awq_fold",
+__all__ = ["check_quantize_symmetric", "check_int4_model_perplexity", "check_int4_packing", "check_quantize_fp8", "check_gptq", "check_awq_fold",
            "check_smoothing_factors", "check_quantized_kv_cache", "check_dequant_gemv", "check_int4_cpu_linear",
            "check_gemv_speed", "check_q1_e4m3_max", "check_q2_e5m2_smallest_normal", "check_q3_range_ratio",
            "check_q4_gptq_recovery", "check_q5_gptq_hessian_bytes", "INT4_CPU_MIN_FRACTION", "GEMV_MIN_FRACTION",
@@ -136,6 +137,35 @@ def check_quantize_symmetric(fn: Callable) -> None:
     bad = w.clone()
     bad[1, 2] = float("nan")
     _expect_value_error(fn, "a weight with a NaN", bad, 8, None)
+
+
+def check_int4_model_perplexity(fn: Callable, *, n_windows: int = 2, seq_len: int = 128, max_excess: float = 0.005) -> dict[str, float]:
+    """End to end: every projection of the trained target replaced by fn's INT4 codes * scales (groups of 128);
+    the validation perplexity on seeded windows must be within `max_excess` (relative) of the reference RTN model's."""
+    from minigpt.checkpoint import load_model
+    from minigpt.quant.linear import quantize_linears, quantize_weight_only
+    from minigpt.quant.quality import perplexity, validation_subset
+
+    def make(name: str, w: torch.Tensor) -> torch.nn.Module:
+        q, scale = _call(fn, f"quantize_symmetric({name}, bits=4, group_size=128)", w.clone(), 4, 128)
+        lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
+        with torch.no_grad():
+            lin.weight.copy_((q.float().view(w.shape[0], -1, 128) * scale.float()[..., None]).view(w.shape))
+        return lin
+
+    with quiet():
+        model = load_model("target").eval()
+    learner_model = quantize_linears(model, make)            # the learner's function runs first: a stub fails fast
+    with quiet():
+        x, y = validation_subset(n_windows, seq_len, seed=1)
+        got = perplexity(learner_model, x, y)
+        ref = perplexity(quantize_weight_only(model, 4, 128), x, y)
+        base = perplexity(model, x, y)
+    if not got <= ref * (1 + max_excess):
+        raise AssertionError(f"the target with your INT4 g128 weights has perplexity {got:.3f} on {x.numel()} validation "
+                             f"tokens; the reference round-to-nearest reaches {ref:.3f} (fp32 {base:.3f}), and at most "
+                             f"{ref * (1 + max_excess):.3f} is accepted. Check the scale (absolute maximum / 7) and the clamp.")
+    return {"perplexity": got, "reference": ref, "fp32": base}
 
 
 def check_int4_packing(pack: Callable, unpack: Callable) -> None:

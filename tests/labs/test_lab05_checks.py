@@ -87,6 +87,17 @@ def test_quantize_symmetric_rejects(fn, match):
         lab05.check_quantize_symmetric(fn)
 
 
+def test_int4_model_perplexity_reference_passes():
+    result = lab05.check_int4_model_perplexity(ref_quantize)
+    assert result["perplexity"] == pytest.approx(result["reference"])
+
+
+@pytest.mark.parametrize("fn, match", [(_stub, "not implemented"), (mean_scale_quantize, "perplexity")])
+def test_int4_model_perplexity_rejects(fn, match):
+    with pytest.raises(AssertionError, match=match):
+        lab05.check_int4_model_perplexity(fn)
+
+
 # --- INT4 packing ----------------------------------------------------------------------------------
 
 def swapped_pack(q):

@@ -17,7 +17,7 @@ from minigpt.quant.formats import (dequantize, fake_quantize, fp8_format, int_ra
                                    quantize_fp8, unpack_int4)
 from minigpt.quant.gptq import gptq_model, gptq_quantize, hessian
 from minigpt.quant.kv_cache import QuantizedKVCache, QuantizedLayerKVCache
-from minigpt.quant.linear import (WeightOnlyLinear, projection_names, quantize_fp8_weights, quantize_weight_only,
+from minigpt.quant.linear import (WeightOnlyLinear, projection_names, quantize_fp8_weights, quantize_linears, quantize_weight_only,
                                   weight_bytes)
 from minigpt.quant.smoothquant import W8A8Linear, quantize_per_token, smooth_model, smoothquant_model
 
@@ -253,3 +253,16 @@ def test_explorer_readout_counts_bits_and_memory():
     assert "bits/weight" in view.readout.value and view.image.value
     view.group.value = 128                      # does not divide d_model=32: an error line, controls kept
     assert "does not divide" in view.error.value
+
+
+def test_quantize_linears_keeps_weights_of_plain_linears(tiny_model):
+    """GPT.__init__ re-initializes nn.Linear weights; quantize_linears must restore what `make` built."""
+    def make(name, w):
+        lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
+        with torch.no_grad():
+            lin.weight.copy_(w)
+        return lin
+    copy_model = quantize_linears(tiny_model, make)
+    tokens = torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(copy_model(tokens), tiny_model(tokens))

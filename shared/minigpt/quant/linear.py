@@ -100,16 +100,19 @@ def quantize_linears(model: GPT, make: Callable[[str, Tensor], nn.Module]) -> GP
     """
     state = {k: v.detach() for k, v in model.state_dict().items()}
     names = set(projection_names(model))
-    built: set[str] = set()
+    built: dict[str, dict[str, Tensor]] = {}        # name -> the module's state as `make` built it
 
     def factory(in_features: int, out_features: int, name: str) -> nn.Module:
         weight = state[f"{name}.weight"]
         if tuple(weight.shape) != (out_features, in_features):
             raise ValueError(f"{name}: weight {tuple(weight.shape)} does not match ({out_features}, {in_features})")
-        built.add(name)
-        return make(name, weight)
+        module = make(name, weight)
+        built[name] = {k: v.clone() for k, v in module.state_dict().items()}
+        return module
 
     new = GPT(model.config, make_linear=factory, attention=model.layers[0].attn.attention)
+    for name, state_of_module in built.items():     # GPT.__init__ re-initializes nn.Linear weights: restore them
+        new.get_submodule(name).load_state_dict(state_of_module)
     rest = {k: v for k, v in state.items() if k.rsplit(".", 1)[0] not in names}
     missing, unexpected = new.load_state_dict(rest, strict=False)
     leftover = [k for k in missing if k.rsplit(".", 1)[0] not in built]
