@@ -5,6 +5,7 @@ GEMV (lab 05). On a machine without a GPU they run in Triton's interpreter (TRIT
   forward and LSE-recomputing backward in PyTorch), `flash_attention` (Triton forward kernel, autotuned on
   a GPU, the model's attention="triton" once imported, `FlashAttentionFunction` for autograd),
   `paged_decode` (Triton split-KV decode over lab 02's paged cache, merged by LSE).
+* lab 05: `dequant_gemv` (fused dequantizing INT8 / INT4 GEMV with group scales).
 
 Importing this package on a machine where torch sees no CUDA device sets TRITON_INTERPRET=1 (unless the
 variable is already set), so that the @triton.jit kernels of the modules below are built for the CPU

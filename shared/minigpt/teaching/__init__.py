@@ -5,5 +5,6 @@
 * `pool_view` (the paged-pool widget), lab 02.
 * `attention_traffic` (HBM bytes of naive vs flash attention) and `flash_stepper` (online-softmax
   stepper widget), lab 04.
+* `quant_explorer` (weights, quantization grid, error and memory per format), lab 05.
 * `parallel_cost` (tensor/pipeline-parallel cost model) and `parallel_planner` (its widget), lab 07.
 """

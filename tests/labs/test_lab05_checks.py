@@ -1,0 +1,369 @@
+"""Lab 05 checks: the reference passes, the stub and each plausible wrong implementation fail."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from autograder import lab05
+from minigpt.kernels.dequant_gemv import dequant_gemv, dequant_gemv_reference
+from minigpt.quant.awq import AWQ_GROUPS, apply_awq_scales
+from minigpt.quant.cpu_kernels import Int4WeightOnlyLinear
+from minigpt.quant.formats import pack_int4, quantize, quantize_fp8, unpack_int4
+from minigpt.quant.gptq import gptq_quantize
+from minigpt.quant.kv_cache import QuantizedLayerKVCache
+from minigpt.quant.smoothquant import smoothing_factors
+
+
+def _stub(*args, **kwargs):
+    raise NotImplementedError()
+
+
+class StubCache:
+    def __init__(self, *args, **kwargs):
+        raise NotImplementedError()
+
+
+# --- integer quantization ------------------------------------------------------------------------
+
+def ref_quantize(w, bits, group_size=None):
+    qt = quantize(w, bits, group_size=group_size)
+    return qt.q, qt.scale
+
+
+def _groups(w, group_size):
+    return w.reshape(w.shape[0], -1, group_size or w.shape[1])
+
+
+def mean_scale_quantize(w, bits, group_size=None):
+    """Scale from the mean |w| instead of the absolute maximum: large weights are clipped."""
+    ref_quantize(w, bits, group_size)                                     # same input validation
+    qmax = 2 ** (bits - 1) - 1
+    g = _groups(w, group_size)
+    scale = g.abs().mean(-1) / qmax * 2
+    return torch.round(g / scale[..., None]).clamp(-qmax, qmax).to(torch.int8).reshape(w.shape), scale
+
+
+def clamp128_quantize(w, bits, group_size=None):
+    """Divides by 128 and clamps to [-128, 127]: +max|w| lands on 128 and is clipped, -128 is used."""
+    ref_quantize(w, bits, group_size)
+    g = _groups(w, group_size)
+    scale = g.abs().amax(-1) / 2 ** (bits - 1)
+    q = torch.round(g / scale[..., None]).clamp(-2 ** (bits - 1), 2 ** (bits - 1) - 1)
+    return q.to(torch.int8).reshape(w.shape), scale
+
+
+def wrong_axis_quantize(w, bits, group_size=None):
+    """Groups run down the output axis (columns of W^T) instead of along each row's inputs."""
+    if group_size is None:
+        return ref_quantize(w, bits, None)
+    q, s = ref_quantize(w.T.contiguous().reshape(w.shape[0], -1), bits, group_size)
+    return q.reshape(w.shape[1], w.shape[0]).T.contiguous(), s
+
+
+def no_validation_quantize(w, bits, group_size=None):
+    """Right values, but accepts NaN (scales become NaN silently)."""
+    if torch.isnan(w).any():
+        return torch.zeros_like(w, dtype=torch.int8), torch.full((w.shape[0], 1), float("nan"))
+    return ref_quantize(w, bits, group_size)
+
+
+def test_quantize_symmetric_reference_passes():
+    lab05.check_quantize_symmetric(ref_quantize)
+
+
+@pytest.mark.parametrize("fn, match", [
+    (_stub, "not implemented"),
+    (mean_scale_quantize, "absolute maximum"),
+    (clamp128_quantize, "does not use -128|Divide by"),
+    (wrong_axis_quantize, "codes differ|scale"),
+    (no_validation_quantize, "NaN"),
+])
+def test_quantize_symmetric_rejects(fn, match):
+    with pytest.raises(AssertionError, match=match):
+        lab05.check_quantize_symmetric(fn)
+
+
+def test_int4_model_perplexity_reference_passes():
+    result = lab05.check_int4_model_perplexity(ref_quantize)
+    assert result["perplexity"] == pytest.approx(result["reference"])
+
+
+@pytest.mark.parametrize("fn, match", [(_stub, "not implemented"), (mean_scale_quantize, "perplexity")])
+def test_int4_model_perplexity_rejects(fn, match):
+    with pytest.raises(AssertionError, match=match):
+        lab05.check_int4_model_perplexity(fn)
+
+
+# --- INT4 packing ----------------------------------------------------------------------------------
+
+def swapped_pack(q):
+    nib = (q.to(torch.int16) & 0xF).to(torch.uint8)
+    return (nib[..., 0::2] << 4) | nib[..., 1::2]
+
+
+def swapped_unpack(p):
+    hi, lo = (p & 0xF).to(torch.int8), (p >> 4).to(torch.int8)
+    return torch.stack([(lo ^ 8) - 8, (hi ^ 8) - 8], -1).flatten(-2)
+
+
+def unsigned_unpack(p):
+    return torch.stack([(p & 0xF).to(torch.int8), (p >> 4).to(torch.int8)], -1).flatten(-2)
+
+
+def test_int4_packing_reference_passes():
+    lab05.check_int4_packing(pack_int4, unpack_int4)
+
+
+@pytest.mark.parametrize("pack, unpack, match", [
+    (_stub, unpack_int4, "not implemented"),
+    (pack_int4, _stub, "not implemented"),
+    (swapped_pack, swapped_unpack, "wrong order"),
+    (pack_int4, unsigned_unpack, "sign-extend"),
+])
+def test_int4_packing_rejects(pack, unpack, match):
+    with pytest.raises(AssertionError, match=match):
+        lab05.check_int4_packing(pack, unpack)
+
+
+# --- FP8 -----------------------------------------------------------------------------------------
+
+def ref_fp8(x, fmt):
+    return quantize_fp8(x, fmt, per_channel=False)
+
+
+def unscaled_fp8(x, fmt):
+    """A plain cast: E4M3 saturates at 448 (or overflows to NaN) and tiny values vanish."""
+    dtype = torch.float8_e4m3fn if fmt == "e4m3" else torch.float8_e5m2
+    return x.to(dtype), torch.tensor(1.0)
+
+
+def test_fp8_reference_passes():
+    lab05.check_quantize_fp8(ref_fp8)
+
+
+@pytest.mark.parametrize("fn, match", [(_stub, "not implemented"), (unscaled_fp8, "scale is 1")])
+def test_fp8_rejects(fn, match):
+    with pytest.raises(AssertionError, match=match):
+        lab05.check_quantize_fp8(fn)
+
+
+# --- GPTQ ----------------------------------------------------------------------------------------
+
+def ref_gptq(w, H, bits, group_size, block_size):
+    qt = gptq_quantize(w, H, bits, group_size, block_size=block_size)
+    return qt.q, qt.scale
+
+
+def rtn_gptq(w, H, bits, group_size, block_size):
+    """No error propagation: GPTQ degenerates to round-to-nearest."""
+    return ref_quantize(w, bits, group_size)
+
+
+def no_lazy_update_gptq(w, H, bits, group_size, block_size):
+    """Propagates errors inside each block but forgets the update of later blocks."""
+    W = w.double().clone()
+    Hd = H.double() + 0.01 * torch.diag(H).double().mean() * torch.eye(H.shape[0], dtype=torch.float64)
+    U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(Hd)), upper=True)
+    Q = torch.zeros_like(W)
+    scales = torch.zeros(W.shape[0], W.shape[1] // group_size, dtype=torch.float64)
+    for b0 in range(0, W.shape[1], block_size):
+        b1 = min(b0 + block_size, W.shape[1])
+        for i in range(b0, b1):
+            if i % group_size == 0:
+                scales[:, i // group_size] = W[:, i:i + group_size].abs().amax(1) / 7
+            s = scales[:, i // group_size]
+            q = torch.round(W[:, i] / s).clamp(-7, 7)
+            Q[:, i] = q
+            err = (W[:, i] - q * s) / U[i, i]
+            W[:, i:b1] -= err[:, None] * U[i, i:b1][None]
+    return Q.to(torch.int8), scales.float()
+
+
+def test_gptq_reference_passes():
+    lab05.check_gptq(ref_gptq)
+
+
+@pytest.mark.parametrize("fn, match", [
+    (_stub, "not implemented"),
+    (rtn_gptq, "plain round-to-nearest"),
+    (no_lazy_update_gptq, "output error|block_size"),
+])
+def test_gptq_rejects(fn, match):
+    with pytest.raises(AssertionError, match=match):
+        lab05.check_gptq(fn)
+
+
+# --- AWQ folding and SmoothQuant factors --------------------------------------------------------------
+
+@torch.no_grad()
+def unfolded_awq(model, scales):
+    """Scales the consumers' columns but never divides the producers: the model computes something else."""
+    new = copy.deepcopy(model)
+    for key, s in scales.items():
+        i, fold = int(key.split(".")[1]), key.split(".", 2)[2]
+        for p in next(p for p, f in AWQ_GROUPS if f == fold):
+            new.get_submodule(f"layers.{i}.{p}").weight.mul_(s[None, :])
+    return new
+
+
+@torch.no_grad()
+def in_place_awq(model, scales):
+    """Right folding, but on the caller's model."""
+    new = apply_awq_scales(model, scales)
+    model.load_state_dict(new.state_dict())
+    return model
+
+
+def test_awq_fold_reference_passes():
+    lab05.check_awq_fold(apply_awq_scales)
+
+
+@pytest.mark.parametrize("fn, match", [
+    (_stub, "not implemented"),
+    (unfolded_awq, "differ from the original"),
+    (in_place_awq, "modified the model"),
+])
+def test_awq_fold_rejects(fn, match):
+    with pytest.raises(AssertionError, match=match):
+        lab05.check_awq_fold(fn)
+
+
+def swapped_alpha(act, weights, alpha):
+    return smoothing_factors(act, weights, 1 - alpha)
+
+
+def first_weight_only(act, weights, alpha):
+    return smoothing_factors(act, weights[:1], alpha)
+
+
+def test_smoothing_reference_passes():
+    lab05.check_smoothing_factors(smoothing_factors)
+
+
+@pytest.mark.parametrize("fn, match", [
+    (_stub, "not implemented"),
+    (swapped_alpha, "exponent"),
+    (first_weight_only, "ALL the weights"),
+])
+def test_smoothing_rejects(fn, match):
+    with pytest.raises(AssertionError, match=match):
+        lab05.check_smoothing_factors(fn)
+
+
+# --- KV cache ------------------------------------------------------------------------------------
+
+class SharedScaleCache(QuantizedLayerKVCache):
+    """One scale per token shared by all KV heads: the small heads lose their precision."""
+
+    def update(self, k, v):
+        start, end = self.length, self.length + k.shape[1]
+        for x, codes, scales in ((k, self.k, self.k_scale), (v, self.v, self.v_scale)):
+            s = (x.abs().amax(dim=(-2, -1)) / 127).clamp(min=1e-12)[..., None].expand(x.shape[:3])
+            codes[:, start:end] = torch.round(x / s[..., None]).clamp(-127, 127).to(torch.int8)
+            scales[:, start:end] = s
+        self.length = end
+        return (self.k[:, :end].float() * self.k_scale[:, :end, :, None],
+                self.v[:, :end].float() * self.v_scale[:, :end, :, None])
+
+
+class Float32Cache(QuantizedLayerKVCache):
+    """Keeps float32 buffers: no memory saved."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.k, self.v = self.k.float(), self.v.float()
+
+
+def test_kv_cache_reference_passes():
+    lab05.check_quantized_kv_cache(QuantizedLayerKVCache)
+
+
+@pytest.mark.parametrize("cls, match", [
+    (StubCache, "not implemented"),
+    (SharedScaleCache, "shared across heads"),
+    (Float32Cache, "int8"),
+])
+def test_kv_cache_rejects(cls, match):
+    with pytest.raises(AssertionError, match=match):
+        lab05.check_quantized_kv_cache(cls)
+
+
+# --- Triton GEMV and the CPU INT4 kernel ------------------------------------------------------------
+
+def swapped_nibble_gemv(x, qw, scale, bits, group_size):
+    if bits == 4:
+        qw = ((qw >> 4) | (qw << 4)).to(torch.uint8)
+    return dequant_gemv_reference(x, qw, scale, bits, group_size)
+
+
+def first_group_scale_gemv(x, qw, scale, bits, group_size):
+    """Applies each row's first group scale to all its columns (per-channel instead of per-group)."""
+    q = unpack_int4(qw) if bits == 4 else qw
+    return (q.float() * scale[:, :1]) @ x
+
+
+def test_dequant_gemv_reference_passes():
+    lab05.check_dequant_gemv(dequant_gemv)
+    lab05.check_dequant_gemv(dequant_gemv_reference)
+
+
+@pytest.mark.parametrize("fn, match", [
+    (_stub, "not implemented"),
+    (swapped_nibble_gemv, "swapped"),
+    (first_group_scale_gemv, "differs"),
+])
+def test_dequant_gemv_rejects(fn, match):
+    with pytest.raises(AssertionError, match=match):
+        lab05.check_dequant_gemv(fn)
+
+
+def full_precision_linear(w, group_size):
+    return lambda x: F.linear(x, w)
+
+
+def dequantize_every_call(w, group_size):
+    """Right values, but rebuilds a float weight from the INT4 codes on every call: slower than fp32 itself."""
+    wg = w.reshape(w.shape[0], -1, group_size)
+    lo = wg.amin(-1, keepdim=True)
+    scale = (wg.amax(-1, keepdim=True) - lo) / 15
+    q = torch.round((wg - lo) / scale).clamp(0, 15).to(torch.uint8)
+
+    def f(x):
+        return F.linear(x, (q.float() * scale + lo).reshape(w.shape))
+    return f
+
+
+def test_int4_cpu_linear_reference_passes():
+    result = lab05.check_int4_cpu_linear(Int4WeightOnlyLinear, K=2048, N=2048, repeats=3)
+    assert result["speedup"] >= result["threshold"]
+
+
+@pytest.mark.parametrize("fn, match", [
+    (_stub, "not implemented"),
+    (full_precision_linear, "full-precision weight"),
+    (dequantize_every_call, "speedup"),
+])
+def test_int4_cpu_linear_rejects(fn, match):
+    with pytest.raises(AssertionError, match=match):
+        lab05.check_int4_cpu_linear(fn, K=2048, N=2048, repeats=3)
+
+
+# --- interview questions -------------------------------------------------------------------------
+
+def test_interview_answers():
+    lab05.check_q1_e4m3_max(448.0)
+    lab05.check_q2_e5m2_smallest_normal(2.0 ** -14)
+    lab05.check_q3_range_ratio(32768.0)
+    ppl = {"fp32": 38.0, "INT4 RTN g64": 39.0, "INT4 GPTQ g64": 38.4}
+    lab05.check_q4_gptq_recovery(0.6, ppl)
+    lab05.check_q5_gptq_hessian_bytes(6 * (3 * 384 ** 2 + 1024 ** 2) * 4)
+    for check, wrong in ((lab05.check_q1_e4m3_max, 240.0), (lab05.check_q2_e5m2_smallest_normal, 2.0 ** -6),
+                         (lab05.check_q3_range_ratio, 57344 / 448), (lab05.check_q5_gptq_hessian_bytes, 7 * 6 * 384 ** 2 * 4)):
+        with pytest.raises(AssertionError, match="Likely mistake"):
+            check(wrong)
+    with pytest.raises(AssertionError, match="still loses"):
+        lab05.check_q4_gptq_recovery(0.4, ppl)
