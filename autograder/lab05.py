@@ -116,7 +116,6 @@ def check_quantize_symmetric(fn: Callable) -> None:
                                  f"Symmetric quantization does not use -{qmax + 1}: the grid is symmetric around 0.")
         if not torch.allclose(scale.float(), ref.scale, rtol=1e-5, atol=1e-12):
             r = (scale.float() / ref.scale).median().item()
-            mean_scale = ref.scale.new_tensor(0)
             hint = ""
             if abs(r - qmax / (qmax + 1)) < 1e-3:
                 hint = (f" Your scale is max|w| / {qmax + 1}: then max|w| maps to {qmax + 1}, which the clamp cuts to "
@@ -125,7 +124,6 @@ def check_quantize_symmetric(fn: Callable) -> None:
                 hint = " Your scale is too small: it must come from the absolute maximum of the group, not its mean."
             elif group is not None:
                 hint = " Compute one scale per row and per group of group_size consecutive inputs (w.view(out, -1, group_size))."
-            del mean_scale
             raise AssertionError(f"{what}: scales differ from max|w| / {qmax} (median ratio {r:.4f}).{hint}")
         deq = (q.float().view(shape[0], -1, group or shape[1]) * scale.float()[..., None]).view(shape)
         if (q.to(torch.int16) != ref.q.to(torch.int16)).float().mean() > 1e-3 or (deq - dequantize(ref)).abs().max() > ref.scale.max():
