@@ -13,19 +13,17 @@ chunk and 7 decodes runs 71 rows, where lab 02's padded layout (B, Tq) runs 8 * 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from minigpt.attention import AttentionFn
 from minigpt.cache.block_manager import BlockManager
 from minigpt.cache.block_table import block_tables_tensor
 from minigpt.cache.paged import PagedKVCache
-from minigpt.cache.paged_attention import write_kv
+from minigpt.cache.paged_attention import paged_attention, write_kv
 
 __all__ = ["PackedBatch", "pack_chunks", "varlen_paged_attention", "PackedLayerView", "packed_layers",
            "packed_attention"]
@@ -77,25 +75,24 @@ def varlen_paged_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, cu_seqlens
     """q (1, Hq, N, D) packed queries -> (1, Hq, N, D).
 
     Sequence b: queries q[:, :, cu[b]:cu[b+1]] are its last n_b positions L_b - n_b .. L_b - 1
-    (L_b = seq_lens[b]); its keys are its first L_b cached tokens, read through its block table
-    from the pools (num_blocks, block_size, Hkv, D). Query at position p sees keys j <= p (bottom-right
-    causal mask). One small attention per sequence: exact, no padding, no cross-sequence mask.
+    (L_b = seq_lens[b]); its keys are its first L_b cached tokens, read through its block table from
+    the pools (num_blocks, block_size, Hkv, D); the query at position p sees keys j <= p.
+
+    Lab 02's `paged_attention` already does exactly this for a padded (B, Hq, Tq, D) query, so the
+    packed queries are scattered into that shape for the attention alone and gathered back: every
+    weight matmul (most of the FLOPs) stays packed, only the small attention product sees padding.
+    A FlashAttention varlen kernel skips even that (lab 04).
     """
     _, Hq, N, D = q.shape
-    Hkv, bs = k_pool.shape[2], k_pool.shape[1]
-    out = torch.empty_like(q)
-    cu, lens = cu_seqlens_q.tolist(), seq_lens.tolist()
-    for b in range(len(lens)):
-        s, e, L = cu[b], cu[b + 1], lens[b]
-        blocks = block_tables[b, :math.ceil(L / bs)].long()
-        k = k_pool[blocks].reshape(-1, Hkv, D)[:L].transpose(0, 1)            # (Hkv, L, D)
-        v = v_pool[blocks].reshape(-1, Hkv, D)[:L].transpose(0, 1)
-        n, group = e - s, Hq // Hkv
-        qb = q[0, :, s:e].reshape(Hkv, group * n, D)                           # rows ordered (g, t)
-        visible = torch.arange(L, device=q.device)[None, :] <= torch.arange(L - n, L, device=q.device)[:, None]
-        o = F.scaled_dot_product_attention(qb, k.to(q.dtype), v.to(q.dtype), attn_mask=visible.repeat(group, 1))
-        out[0, :, s:e] = o.reshape(Hq, n, D)
-    return out
+    cu = cu_seqlens_q.to(q.device).long()
+    q_lens = cu[1:] - cu[:-1]
+    B, Tq = len(q_lens), int(q_lens.max())
+    seq_of = torch.repeat_interleave(torch.arange(B, device=q.device), q_lens)        # (N,) sequence of each row
+    row_of = torch.arange(N, device=q.device) - cu[seq_of]                           # (N,) its index in the chunk
+    padded = q.new_zeros(B, Tq, Hq, D)
+    padded[seq_of, row_of] = q[0].transpose(0, 1)
+    out = paged_attention(padded.transpose(1, 2), k_pool, v_pool, block_tables, seq_lens, q_lens)   # (B, Hq, Tq, D)
+    return out.transpose(1, 2)[seq_of, row_of].transpose(0, 1)[None]
 
 
 class PackedLayerView:

@@ -32,7 +32,7 @@ from minigpt.teaching.calculators import (PRESETS, ModelShape, attention_flops, 
                                           weight_bytes)
 from minigpt.teaching.hardware import ACCELERATORS, Accelerator
 
-__all__ = ["RooflineClock", "step_cost", "pool_blocks", "poisson_workload", "simulate", "GoodputPoint",
+__all__ = ["RooflineClock", "step_cost", "pool_blocks", "poisson_workload", "corpus_workload", "simulate", "GoodputPoint",
            "goodput_curve", "knee"]
 
 Policy = Literal["static", "dynamic", "continuous"]
@@ -144,3 +144,20 @@ def knee(points: list[GoodputPoint], target: float = 0.9) -> float | None:
     """Highest offered load whose goodput is still >= target (None if none is)."""
     ok = [p.rate for p in points if p.goodput >= target]
     return max(ok) if ok else None
+
+
+def corpus_workload(n: int, rate: float, *, prompt_lens: tuple[int, int] = (16, 64), mean_output: int = 24,
+                    spread: float = 1.0, max_output: int = 128, seed: int = 0) -> list[Request]:
+    """n requests with real prompts (windows of the validation corpus), Poisson arrivals at `rate` req/s and
+    long-tailed output lengths (lognormal, mean about `mean_output`, sigma `spread`, clipped to [1, max_output]).
+    Stop tokens are off, so each request produces exactly its max_new_tokens (a length an EOS would have set)."""
+    from minigpt.training.data import load_tokens
+
+    tokens = load_tokens("val")
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1.0 / rate, n))
+    lens = rng.integers(prompt_lens[0], prompt_lens[1] + 1, n)
+    starts = rng.integers(0, len(tokens) - prompt_lens[1], n)
+    outputs = np.clip(np.round(mean_output * rng.lognormal(-spread ** 2 / 2, spread, n)), 1, max_output).astype(int)
+    return [Request(i, tokens[s:s + p].tolist(), int(o), arrival_time=float(a), stop_token_ids=())
+            for i, (a, s, p, o) in enumerate(zip(arrivals, starts, lens, outputs))]
