@@ -182,3 +182,15 @@ def _one_decode():
     sch = Scheduler(BlockManager(8, 4), SchedulerConfig(2, 8), max_model_len=64)
     sch.add_request(Request("a", [1], 3, stop_token_ids=()))
     return sch.schedule()
+
+
+def test_serving_widget_readout():
+    from minigpt.teaching.serving_widget import ServingSimulator, serving_readout
+    text, fig, pts = serving_readout("continuous", 5.0, 0.5, 1024, n=20)
+    assert "continuous" in text and "token budget 1024" in text and [p.rate for p in pts] == [1.0, 2.0, 5.0]
+    with pytest.raises(ValueError, match="policy"):
+        serving_readout("fifo", 5.0, 0.5, 1024)
+    w = ServingSimulator(max_rate=2.0)
+    before = w.readout.value
+    w.policy.value = "static"
+    assert w.readout.value != before and "static" in w.readout.value
