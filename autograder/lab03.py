@@ -14,6 +14,8 @@ CPU tier (correctness):
 Speed (deterministic proxy): check_continuous_speedup(scheduler_cls): model steps of static batching over the
 learner's continuous scheduler on a skewed workload, relative to the reference's, same run.
 Interview questions: check_q1_continuous_vs_static, check_q2_compute_bound_batch, check_q3_kv_memory.
+GPU tier (speed): check_continuous_speedup_gpu(scheduler_cls, pack_fn): wall time of static batching over the learner's
+continuous batching on a GPU, relative to the reference, behind autograder.harness.require_gpu.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from minigpt.timing import fixed_threads
 
 __all__ = ["check_pack_chunks", "check_scheduler", "check_greedy_outputs", "check_static_batching", "check_metrics",
            "check_continuous_speedup", "check_q1_continuous_vs_static", "check_q2_compute_bound_batch",
-           "check_q3_kv_memory", "SMALL_CONFIG", "NEAR_TIE", "SPEED_MIN_FRACTION", "drive"]
+           "check_q3_kv_memory", "check_continuous_speedup_gpu", "GPU_MIN_FRACTION", "SMALL_CONFIG", "NEAR_TIE", "SPEED_MIN_FRACTION", "drive"]
 
 SMALL_CONFIG = ModelConfig(vocab_size=256, max_seq_len=96, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128)
 NEAR_TIE = 1e-3          # top-2 logit gap below which batched float sums may flip the greedy choice
@@ -49,6 +51,10 @@ NEAR_TIE = 1e-3          # top-2 logit gap below which batched float sums may fl
 # static batching (a deterministic count: no timing noise). The reference needs about 2.6x fewer steps (145 vs 56) on
 # the skewed workload below; a scheduler that only refills when the batch empties gets 1x.
 SPEED_MIN_FRACTION = 0.8
+# GPU tier (uncalibrated: no GPU was available when this lab was written; see autograder/calibration/README.md).
+# The learner's scheduler and packing run the same kernels as the reference, so 0.7 leaves room for noise and a
+# slower Python packing step, while a scheduler that refills only when the batch empties (about 1x) fails.
+GPU_MIN_FRACTION = {"cuda": 0.7}
 
 
 def _model(seed: int = 0) -> GPT:
@@ -490,6 +496,46 @@ def check_continuous_speedup(scheduler_cls: type) -> dict[str, float]:
                              f"reference {ref} ({ref_ratio:.2f}x fewer); at least {SPEED_MIN_FRACTION:.0%} of the "
                              "reference's gain is needed: refill the batch every step, as soon as a sequence finishes")
     return {"static_steps": static, "steps": learner, "reference_steps": ref, "ratio": ratio, "reference_ratio": ref_ratio}
+
+
+def check_continuous_speedup_gpu(scheduler_cls: type, pack_fn: Callable | None = None, *,
+                                 device: str = "cuda", repeats: int = 3, config: ModelConfig | None = None
+                                 ) -> dict[str, float]:
+    """Wall time to serve the skewed workload of `check_continuous_speedup` with the target model's shape (random
+    weights) on a GPU: static batching (padded) over the learner's continuous batching (packed), relative to the
+    reference scheduler and packing, timed interleaved (harness.check_speedup). `device="cpu"` and a small `config`
+    run the same code on the CPU (for tests); grading uses the GPU and the target shape."""
+    import minigpt.engine.runner as runner_mod
+    from autograder.harness import check_speedup
+    from minigpt.config import TARGET_CONFIG
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise AssertionError("check_continuous_speedup_gpu needs a CUDA GPU; gate it with autograder.harness.require_gpu")
+    torch.manual_seed(0)
+    model = GPT(config or TARGET_CONFIG).to(device).eval()
+    reqs = [r for _, r in _skewed_requests()]
+    cfg = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64)
+
+    def serving(make: Callable[[BlockManager], Any], layout: str, pack: Callable | None) -> Callable[[], Any]:
+        def go() -> Any:
+            cache = PagedKVCache.for_model(model, 400, 4)
+            saved = runner_mod.pack_chunks
+            runner_mod.pack_chunks = pack or saved
+            try:
+                return serve(reqs, make(cache.manager), ModelRunner(model, cache, layout).execute)
+            finally:
+                runner_mod.pack_chunks = saved
+        return go
+
+    static = serving(lambda m: StaticBatchScheduler(m, 8, max_model_len=96), "padded", None)
+    learner = serving(lambda m: _construct(scheduler_cls, m, cfg, 96), "packed", pack_fn)
+    reference = serving(lambda m: Scheduler(m, cfg, max_model_len=96), "packed", None)
+    got, want = learner().outputs(), reference().outputs()
+    if got != want:
+        raise AssertionError("on this device your scheduler's outputs differ from the reference's; pass the CPU checks first")
+    with quiet():
+        return check_speedup(learner, static, reference, what="continuous vs static batching, skewed workload",
+                             min_fraction={**GPU_MIN_FRACTION, "cpu": 0.5}, repeats=repeats, warmup=1, device=device)
 
 
 # ---------------------------------------------------------------------------------------------------

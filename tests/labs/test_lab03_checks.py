@@ -200,3 +200,17 @@ def test_interview_questions():
                          (lab03.check_q3_kv_memory, gib * 2**30 / 1e9)]:
         with pytest.raises(AssertionError, match="Likely mistake"):
             check(wrong)
+
+
+def test_gpu_speed_check_code_path_on_cpu():
+    """The GPU-tier check's code runs on CPU with a small model (no GPU here; its thresholds are uncalibrated)."""
+    from minigpt.timing import fixed_threads
+    with fixed_threads(1):
+        res = lab03.check_continuous_speedup_gpu(Scheduler, pack_chunks, device="cpu", repeats=1,
+                                                 config=lab03.SMALL_CONFIG)
+    assert res["reference_speedup"] > 0 and res["threshold"] == 0.5 * res["reference_speedup"]
+    with pytest.raises(AssertionError, match="needs a CUDA GPU"):
+        if not torch.cuda.is_available():
+            lab03.check_continuous_speedup_gpu(Scheduler)
+        else:
+            raise AssertionError("needs a CUDA GPU (skipped: this machine has one)")
