@@ -3,6 +3,10 @@
 * `cached_generation` (lab 01): prefill once, then one-token decode steps on a KV cache.
 * `cuda_graph` (lab 01, GPU tier): a fixed-shape decode step replayed from a CUDA graph.
 * `paged_generation` (lab 02): a batch of prompts generated together on the paged KV cache.
-* lab 03 adds requests and sequences, the continuous-batching scheduler and the batched runner;
-  lab 06 adds speculative decoding.
+* lab 03, continuous batching: `request` (Request, Sequence and its states), `scheduler` (iteration-level
+  scheduling: token budget, chunked prefill, preemption by recomputation), `packed_batch` (the packed
+  varlen layout and its paged attention), `runner` (one model call for mixed prefill chunks and decodes,
+  packed or padded), `serving_loop` (arrivals, clock, step records), `baselines` (sequential, static and
+  dynamic batching), `metrics` (TTFT, TPOT, ITL, percentiles, goodput).
+* lab 06 adds speculative decoding.
 """

@@ -3,6 +3,8 @@
 * `hardware` (accelerator facts), `calculators` (roofline and KV-cache arithmetic), `plots`, `widgets`
   (lab 00's calculators).
 * `pool_view` (the paged-pool widget), lab 02.
+* `serving_simulator` (lab 03's scheduler on a roofline clock, e.g. Llama-3-8B on an H100) and
+  `serving_widget` (its goodput-versus-load widget), lab 03.
 * `attention_traffic` (HBM bytes of naive vs flash attention) and `flash_stepper` (online-softmax
   stepper widget), lab 04.
 * `quant_explorer` (weights, quantization grid, error and memory per format), lab 05.

@@ -1,0 +1,128 @@
+"""Requests and sequences (lab 03): what a client asks for, and the engine's running state for it.
+
+    req = Request("r1", prompt=[...], max_new_tokens=64, arrival_time=0.25)
+    seq = Sequence(req)                  # status "waiting"; seq.tokens == prompt
+    seq.num_computed                     # tokens whose K/V are in the paged cache
+    seq.append_token(tok, now=1.0)       # a sampled token: output grows, StopRule decides the end
+
+A sequence's tokens are prompt + output. `num_computed` trails `num_tokens` by the prompt while it is
+prefilled (possibly in chunks), then by exactly one token (the last sampled one) while it decodes.
+Preemption by recomputation frees the cache and sets `num_computed` back to 0: the output tokens stay,
+and the next prefill recomputes prompt + output, so generation continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+from typing import Hashable, Sequence as Seq
+
+import torch
+
+from minigpt.generate import StopRule
+from minigpt.sampling import SamplingParams, make_generator
+from minigpt.tokenizer import EOT_ID
+
+__all__ = ["Request", "Sequence", "SequenceStatus"]
+
+
+class SequenceStatus(str, Enum):
+    WAITING = "waiting"        # arrived, never scheduled
+    RUNNING = "running"        # holds blocks, scheduled every step
+    PREEMPTED = "preempted"    # evicted (blocks freed), back at the front of the queue with its output
+    FINISHED = "finished"      # stopped (stop token, stop string, length) or aborted
+
+
+@dataclass(frozen=True)
+class Request:
+    """One generation request. `max_new_tokens` is the token budget (>= 1); stop rules as `generate_naive`."""
+
+    request_id: Hashable
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+    sampling: SamplingParams = SamplingParams()
+    arrival_time: float = 0.0
+    stop_token_ids: tuple[int, ...] = (EOT_ID,)
+    stop_strings: tuple[str, ...] = ()
+    tokenizer: object | None = None
+
+    def __post_init__(self) -> None:
+        prompt = self.prompt.tolist() if isinstance(self.prompt, torch.Tensor) else self.prompt
+        object.__setattr__(self, "prompt", tuple(int(t) for t in prompt))
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
+        if not self.prompt:
+            raise ValueError(f"request {self.request_id!r}: the prompt is empty; pass at least one token")
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"request {self.request_id!r}: max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
+        if not (isinstance(self.arrival_time, (int, float)) and math.isfinite(self.arrival_time) and self.arrival_time >= 0):
+            raise ValueError(f"request {self.request_id!r}: arrival_time must be a finite number >= 0 seconds, "
+                             f"got {self.arrival_time!r}")
+
+
+class Sequence:
+    """The engine's state for one request: tokens, cache progress, status and timestamps (for metrics)."""
+
+    def __init__(self, request: Request, device: torch.device | str = "cpu") -> None:
+        self.request = request
+        self.status = SequenceStatus.WAITING
+        self.stop = StopRule(request.max_new_tokens, request.stop_token_ids, request.stop_strings, request.tokenizer)
+        self.generator = make_generator(request.sampling, device)
+        self.num_computed = 0
+        self.finish_reason: str | None = None
+        self.first_token_time: float | None = None
+        self.token_times: list[float] = []        # time each output token was produced
+        self.finish_time: float | None = None
+        self.num_preemptions = 0
+
+    @property
+    def seq_id(self) -> Hashable:
+        return self.request.request_id
+
+    @property
+    def arrival_time(self) -> float:
+        return self.request.arrival_time
+
+    @property
+    def prompt(self) -> tuple[int, ...]:
+        return self.request.prompt
+
+    @property
+    def output_tokens(self) -> list[int]:
+        return self.stop.tokens
+
+    @property
+    def tokens(self) -> list[int]:
+        return list(self.request.prompt) + self.stop.tokens
+
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """tokens[start:end] without building the whole list (a decode step reads one token)."""
+        p = len(self.request.prompt)
+        return list(self.request.prompt[start:end]) + self.stop.tokens[max(start - p, 0):max(end - p, 0)]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.request.prompt) + len(self.stop.tokens)
+
+    @property
+    def num_remaining(self) -> int:
+        """Tokens still to push through the model before the next token can be sampled."""
+        return self.num_tokens - self.num_computed
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def append_token(self, token: int, now: float) -> str | None:
+        """Record a sampled token at time `now`; returns why the sequence stops, or None."""
+        reason = self.stop.add(int(token))
+        if self.first_token_time is None:
+            self.first_token_time = now
+        if reason != "stop_token":          # the stop token itself is not part of the output
+            self.token_times.append(now)
+        return reason
+
+    def __repr__(self) -> str:
+        return (f"Sequence({self.seq_id!r}, {self.status.value}, prompt={len(self.prompt)}, "
+                f"output={len(self.output_tokens)}, computed={self.num_computed})")

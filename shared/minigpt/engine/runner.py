@@ -1,0 +1,94 @@
+"""One batched model step for mixed work (lab 03): prefill chunks and decodes of many sequences in ONE call.
+
+`ModelRunner.execute(output)` runs the scheduler's chunks on the paged cache and returns the next token
+of every sequence whose chunk reached its end (sampled with that sequence's own generator, so each
+output is the one it would get alone). Two layouts of the same step:
+
+* "packed" (default): all tokens in one row (1, N), per-token positions, attention per sequence through
+  `packed_batch.varlen_paged_attention`. Rows computed = N = tokens scheduled.
+* "padded": lab 02's layout, (B, Tq) with Tq the longest chunk; padding rows are never written or read,
+  but they still go through every matmul: rows computed = B * Tq.
+"""
+
+from __future__ import annotations
+
+from typing import Hashable, Literal
+
+import torch
+from torch import Tensor
+
+from minigpt.cache.block_table import block_tables_tensor
+from minigpt.cache.paged import PagedBatch, PagedKVCache
+from minigpt.engine.cuda_graph import using_attention
+from minigpt.engine.packed_batch import pack_chunks, packed_attention, packed_layers
+from minigpt.engine.scheduler import ScheduledChunk, SchedulerOutput
+from minigpt.model import GPT
+from minigpt.sampling import sample_next
+
+__all__ = ["ModelRunner", "padded_batch", "rows_computed"]
+
+Layout = Literal["packed", "padded"]
+
+
+def rows_computed(chunks: list[ScheduledChunk], layout: Layout) -> int:
+    """Token rows a step pushes through the weight matmuls: N packed, B * max chunk padded."""
+    lens = [len(c.tokens) for c in chunks]
+    return sum(lens) if layout == "packed" else len(lens) * max(lens)
+
+
+def padded_batch(chunks: list[ScheduledChunk], cache: PagedKVCache) -> PagedBatch:
+    """The same chunks in lab 02's padded layout (slots already reserved by the scheduler)."""
+    B, Tq = len(chunks), max(len(c.tokens) for c in chunks)
+    tokens = torch.zeros(B, Tq, dtype=torch.long)
+    positions = torch.zeros(B, Tq, dtype=torch.long)
+    slots = torch.full((B, Tq), -1, dtype=torch.long)
+    for b, c in enumerate(chunks):
+        n = len(c.tokens)
+        tokens[b, :n] = torch.tensor(c.tokens)
+        positions[b] = torch.arange(c.start, c.start + Tq).clamp(max=c.start + n - 1)
+        slots[b, :n] = torch.tensor(c.slots)
+    ids = [c.seq_id for c in chunks]
+    dev = cache.device
+    return PagedBatch(ids, tokens.to(dev), positions.to(dev), slots.to(dev),
+                      block_tables_tensor([cache.manager.table(s).blocks for s in ids], dev),
+                      torch.tensor([c.start + len(c.tokens) for c in chunks], dtype=torch.int32, device=dev),
+                      torch.tensor([len(c.tokens) for c in chunks], dtype=torch.int32, device=dev), [0] * B)
+
+
+class ModelRunner:
+    def __init__(self, model: GPT, cache: PagedKVCache, layout: Layout = "packed") -> None:
+        if layout not in ("packed", "padded"):
+            raise ValueError(f"layout must be 'packed' or 'padded', got {layout!r}")
+        self.model, self.cache, self.layout = model, cache, layout
+        self.num_forward_calls = 0
+        self.num_rows = 0
+
+    @torch.inference_mode()
+    def forward(self, chunks: list[ScheduledChunk]) -> Tensor:
+        """Logits (B, V) at each chunk's last token, one model call."""
+        for c in chunks:
+            self.cache.copy_blocks(c.copies)
+        self.num_forward_calls += 1
+        self.num_rows += rows_computed(chunks, self.layout)
+        if self.layout == "packed":
+            batch = pack_chunks([(c.seq_id, c.tokens, c.start, c.slots) for c in chunks], self.cache.manager,
+                                self.cache.device)
+            with using_attention(self.model, packed_attention(batch)):
+                logits = self.model(batch.tokens, positions=batch.positions, kv_caches=packed_layers(self.cache, batch))
+            return logits[0, batch.last_index]
+        batch = padded_batch(chunks, self.cache)
+        with using_attention(self.model, self.cache.attention(batch)):
+            logits = self.model(batch.tokens, positions=batch.positions, kv_caches=self.cache.layers(batch))
+        return batch.last_logits(logits)
+
+    def execute(self, output: SchedulerOutput) -> dict[Hashable, int]:
+        """Run the step; sample the next token of every chunk that reached its sequence's end."""
+        if not output.chunks:
+            return {}
+        logits = self.forward(output.chunks)
+        sampled = {}
+        for row, c in enumerate(output.chunks):
+            if c.samples:
+                seq = c.seq
+                sampled[c.seq_id] = int(sample_next(logits[row:row + 1], seq.request.sampling, seq.generator))
+        return sampled

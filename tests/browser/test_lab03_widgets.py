@@ -1,0 +1,49 @@
+"""Lab 03's serving simulator in a real browser: JupyterLab + headless Chromium; moving a slider reruns the
+simulation and redraws the goodput curve.
+
+Run with `pytest -m browser tests/browser`. Needs Chromium (see conftest.py); about a minute.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from test_lab00_widgets import _move_slider, _run_all, _wait_for_change
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(300)]
+
+NOTEBOOK = "serving_simulator.ipynb"
+CELLS = ["from minigpt.teaching.serving_widget import ServingSimulator\nsim = ServingSimulator(max_rate=20.0)\nsim"]
+
+
+@pytest.fixture(scope="module")
+def opened(lab_server, chromium_page, write_notebook):
+    write_notebook(lab_server.root / NOTEBOOK, CELLS)
+    page = chromium_page
+    page.goto(lab_server.lab_url(NOTEBOOK))
+    page.locator(".jp-Notebook").first.wait_for()
+    _run_all(page)
+    try:
+        page.locator(".widget-html-content", has_text="goodput").first.wait_for(timeout=120_000)
+        page.locator(".widget-image").first.wait_for(timeout=120_000)
+    except Exception:
+        shot = lab_server.root.parent / "failure.png"
+        page.screenshot(path=str(shot))
+        raise AssertionError(f"the simulator did not render; screenshot: {shot}, server log: "
+                             f"{lab_server.root.parent / 'server.log'}") from None
+    return page
+
+
+def test_simulator_reruns_when_the_rate_slider_moves(opened):
+    page = opened
+    widget = page.locator(".jp-OutputArea-output").filter(has=page.locator(".widget-image")).first
+    readout = widget.locator(".widget-html-content").filter(has_text="goodput").first
+    image = widget.locator("img").first
+    text0, png0 = readout.inner_text(), image.screenshot()
+    assert "at 20 req/s" in text0 and "continuous" in text0, text0
+    _move_slider(page, widget, "max rate")
+    text1 = _wait_for_change(readout.inner_text, text0)
+    assert "at 40 req/s" in text1, text1
+    time.sleep(0.5)
+    assert image.screenshot() != png0, "the figure's pixels did not change"
