@@ -595,7 +595,7 @@ def code_edit_prompts() -> list[list[int]]:
             enc.encode("class Config:\n    def __init__(self):\n" + attrs + "        self.")]
 
 
-def check_speculative_speedup(generate_fn: Callable, *, new_tokens: int = 48, k: int = 3, repeats: int = 3) -> dict[str, float]:
+def check_speculative_speedup(generate_fn: Callable, *, new_tokens: int = 24, k: int = 3, repeats: int = 3) -> dict[str, float]:
     """Greedy speculative generation with the trained draft must beat lab 01's generate_kv_cache by at least
     SPEED_MIN_FRACTION of the reference's speedup, timed in this process."""
     with quiet():
