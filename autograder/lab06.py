@@ -385,7 +385,7 @@ def _gen(fn: Callable, what: str, *args: Any, **kwargs: Any) -> Generation:
 
 def engine_distribution_test(generate_fn: Callable, n: int = ENGINE_SAMPLES, k: int = 2, seed: int = 0,
                              sampling: SamplingParams = TOY_SAMPLING) -> tuple[ChiSquareResult, ChiSquareResult]:
-    """n seeded runs of generate_fn(target, draft, prompt, 2, sampling, k=k) on the bigram toy pair: chi-square tests
+    """n seeded runs of generate_fn(target, draft, prompt, 3, sampling, k=k) on the bigram toy pair: chi-square tests
     of the first token and the first two tokens against the target's exact distribution."""
     target, draft = toy_pair(seed)
     prompt = [1, 4, 2]
@@ -394,9 +394,9 @@ def engine_distribution_test(generate_fn: Callable, n: int = ENGINE_SAMPLES, k: 
     pairs = torch.zeros(V * V, dtype=torch.long)
     for i in range(n):
         s = SamplingParams(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, seed=seed * 100_000 + i)
-        out = generate_fn(target, draft, list(prompt), 2, s, k=k, stop_token_ids=())
-        if len(out.tokens) != 2:
-            raise AssertionError(f"asked for 2 new tokens (no stop token), got {len(out.tokens)}: {out.tokens}")
+        out = generate_fn(target, draft, list(prompt), 3, s, k=k, stop_token_ids=())   # 3: the first round drafts k = 2
+        if len(out.tokens) != 3:
+            raise AssertionError(f"asked for 3 new tokens (no stop token), got {len(out.tokens)}: {out.tokens}")
         first[out.tokens[0]] += 1
         pairs[out.tokens[0] * V + out.tokens[1]] += 1
     p1, p12 = _exact_two(target.table, prompt[-1], sampling)
