@@ -260,3 +260,14 @@ def test_q3_answer_solves_the_cost_model():
     a = lab06.break_even_alpha(3, target_step_s=10.0, draft_step_s=2.0, verify_s=12.0)
     assert abs(expected_tokens_per_round(a, 3) - 1.8) < 1e-9
     lab06.check_q3_break_even_alpha(a)
+
+
+def test_speed_check_reference_passes_and_recomputation_fails():
+    lab06.check_speculative_speedup(generate_speculative)
+
+    def recompute_everything(target, draft, prompt, max_new_tokens, sampling=SamplingParams(), *, k=4, **kw):
+        """Correct greedy output, but every step re-runs the whole sequence (no cache at all)."""
+        from minigpt.generate import generate_naive
+        return generate_naive(target, prompt, max_new_tokens, sampling, **kw)
+    with pytest.raises(AssertionError, match="speedup"):
+        lab06.check_speculative_speedup(recompute_everything)
