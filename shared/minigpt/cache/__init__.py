@@ -5,4 +5,5 @@
   (slot mapping), `prefix_cache` (chained block hashes, LRU reuse), `block_manager` (sequences,
   copy-on-write forks, prefix reuse), `paged_attention` (pure-PyTorch reference, decode and prefill)
   and `paged` (`PagedKVCache`: per-layer block pools serving a batch of sequences).
+* `rollback` (lab 06): `truncate_cache`, forgetting the positions of rejected draft tokens.
 """

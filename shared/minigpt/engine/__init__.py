@@ -8,5 +8,7 @@
   varlen layout and its paged attention), `runner` (one model call for mixed prefill chunks and decodes,
   packed or padded), `serving_loop` (arrivals, clock, step records), `baselines` (sequential, static and
   dynamic batching), `metrics` (TTFT, TPOT, ITL, percentiles, goodput).
-* lab 06 adds speculative decoding.
+* `speculative` (lab 06): draft k tokens, verify them in one target forward, accept with min(1, p/q),
+  resample from the normalised residual max(0, p - q), bonus token; greedy variant; `ngram_draft`:
+  prompt-lookup drafting (no draft model).
 """

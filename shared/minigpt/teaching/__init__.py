@@ -8,5 +8,7 @@
 * `attention_traffic` (HBM bytes of naive vs flash attention) and `flash_stepper` (online-softmax
   stepper widget), lab 04.
 * `quant_explorer` (weights, quantization grid, error and memory per format), lab 05.
+* `speculative_calculator` (expected tokens per round, cost-model speedup), `goodness_of_fit`
+  (chi-square test) and `speculative_player` (round-by-round widget), lab 06.
 * `parallel_cost` (tensor/pipeline-parallel cost model) and `parallel_planner` (its widget), lab 07.
 """

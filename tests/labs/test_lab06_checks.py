@@ -1,0 +1,273 @@
+"""Lab 06 checks: the reference passes, the stub and each plausible wrong implementation fail.
+
+The wrong speculative samplers below are the mistakes listed in the lab's issue. The distribution tests
+are seeded, so pass/fail is deterministic; `test_distribution_test_margins` also asserts that each wrong
+sampler's chi-square statistic is far beyond the rejection threshold (not a near miss), so that the sample
+sizes in autograder/lab06.py reject them with near certainty for any seed.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autograder import lab06
+from minigpt.cache.contiguous import KVCache
+from minigpt.cache.rollback import truncate_cache
+from minigpt.engine.ngram_draft import ngram_propose
+from minigpt.engine.speculative import generate_speculative, sampling_probs, verify_draft
+from minigpt.generate import Generation, StopRule, check_request
+from minigpt.model import GPT
+from minigpt.sampling import SamplingParams, make_generator
+from minigpt.teaching.goodness_of_fit import chi2_sf
+from minigpt.teaching.speculative_calculator import acceptance_rate, expected_tokens_per_round
+from minigpt.tokenizer import EOT_ID
+
+
+def _stub(*args, **kwargs):
+    raise NotImplementedError()
+
+
+# --- wrong verify rules --------------------------------------------------------------------------
+
+def _verify(accept_fn, residual_fn, p_row=lambda p, i: p[i], bonus=True, clip=True):
+    """A verify_draft built from pieces, to make each mistake a one-line change."""
+    def verify(drafted, q, p, generator=None):
+        k = len(drafted)
+        if k == 0:
+            return [int(torch.multinomial(p[0], 1, generator=generator))], p.new_zeros(0)
+        probs = []
+        emitted = []
+        for i, t in enumerate(drafted):
+            pi = p_row(p, i)
+            ratio = accept_fn(pi[t], q[i, t])
+            probs.append(min(1.0, float(ratio)) if clip else float(ratio))
+        u = torch.rand(k, generator=generator).tolist()
+        for i, t in enumerate(drafted):
+            if u[i] < probs[i]:
+                emitted.append(int(t))
+                continue
+            emitted.append(residual_fn(p_row(p, i), q[i], generator))
+            return emitted, torch.tensor(probs)
+        if bonus:
+            emitted.append(int(torch.multinomial(p[k], 1, generator=generator)))
+        return emitted, torch.tensor(probs)
+    return verify
+
+
+def _residual(p, q, g):
+    r = (p - q).clamp_min(0)
+    return int(torch.multinomial(r / r.sum(), 1, generator=g)) if r.sum() > 0 else int(torch.multinomial(p, 1, generator=g))
+
+
+def _resample_from_p(p, q, g):
+    return int(torch.multinomial(p, 1, generator=g))
+
+
+def _unnormalised_residual(p, q, g):
+    """Inverse-CDF sampling from max(0, p - q) without dividing by its sum: mass beyond the sum piles on the last token."""
+    cdf = (p - q).clamp_min(0).cumsum(0)
+    u = torch.rand(1, generator=g)
+    return min(int(torch.searchsorted(cdf, u)), p.shape[0] - 1)
+
+
+p_over_q = lambda p, q: p / q           # noqa: E731
+q_over_p = lambda p, q: q / p if p > 0 else torch.tensor(1.0)      # noqa: E731
+
+WRONG_VERIFY = {
+    "unclipped p/q": _verify(p_over_q, _residual, clip=False),
+    "q/p": _verify(q_over_p, _residual),
+    "resample from p": _verify(p_over_q, _resample_from_p),
+    "unnormalised residual": _verify(p_over_q, _unnormalised_residual),
+    "no bonus token": _verify(p_over_q, _residual, bonus=False),
+    "off by one (p[i + 1] verifies draft i)": _verify(p_over_q, _residual, p_row=lambda p, i: p[i + 1]),
+}
+
+
+# --- wrong generators: the reference loop with one mistake each -----------------------------------
+
+def make_generator_fn(*, temperature_on_q=True, rollback_draft=True, off_by_one=False, bonus=True):
+    """The reference loop written out flat, with one mistake switched on."""
+    @torch.inference_mode()
+    def generate(target, draft, prompt, max_new_tokens, sampling=SamplingParams(), *, k=4,
+                 stop_token_ids=(EOT_ID,), stop_strings=(), tokenizer=None):
+        ids = check_request(target, prompt, max_new_tokens)
+        stop = StopRule(max_new_tokens, stop_token_ids, stop_strings, tokenizer)
+        gen = make_generator(sampling, target.device)
+        size = target.config.max_seq_len          # room for a draft cache that is never rolled back
+        tc, dc = KVCache.for_model(target, 1, size), KVCache.for_model(draft, 1, size)
+        context, reason, d_fed = list(ids), None, 0
+        while reason is None:
+            kr = min(k, max_new_tokens - len(stop.tokens) - 1)
+            drafted, qs, x = [], [], context[d_fed:]
+            for _ in range(kr):
+                logits = draft(torch.tensor([x]), positions=dc.next_positions(len(x)), kv_caches=dc)[0, -1]
+                q_draw = sampling_probs(logits, sampling)
+                t = int(q_draw.argmax()) if sampling.greedy else int(torch.multinomial(q_draw, 1, generator=gen))
+                drafted.append(t)
+                qs.append(q_draw if temperature_on_q or sampling.greedy else torch.softmax(logits.float(), -1))
+                x = [t]
+            feed = context[tc.length:] + drafted
+            logits = target(torch.tensor([feed]), positions=tc.next_positions(len(feed)), kv_caches=tc)[0]
+            rows = torch.cat([logits[-kr:], logits[-1:]]) if off_by_one and kr else logits[-(kr + 1):]
+            p = sampling_probs(rows, sampling)
+            q = torch.stack(qs) if qs else torch.zeros(0, p.shape[1])
+            emitted, _ = verify_draft(drafted, q, p, gen)
+            if not bonus and kr and len(emitted) == kr + 1:
+                emitted = emitted[:-1]
+            L = len(context)
+            truncate_cache(tc, L + len(emitted) - 1)
+            if kr:
+                d_fed = L + min(len(emitted) - 1, kr - 1)
+            if rollback_draft:
+                truncate_cache(dc, d_fed)
+            for t in emitted:
+                reason = stop.add(t)
+                context.append(t)
+                if reason is not None:
+                    break
+        return Generation(stop.tokens, reason, prompt_tokens=len(ids))
+    return generate
+
+
+# The reference loop rebuilt from pieces must pass; it validates the harness that builds the wrong ones.
+rebuilt_reference = make_generator_fn()
+
+WRONG_GENERATORS = {
+    "temperature applied to p but not q": make_generator_fn(temperature_on_q=False),
+    "draft cache not rolled back": make_generator_fn(rollback_draft=False),
+    "off by one (target logits of position i verify draft i + 1)": make_generator_fn(off_by_one=True),
+    "no bonus token": make_generator_fn(bonus=False),
+}
+
+
+# --- tests ----------------------------------------------------------------------------------------
+
+def test_reference_passes_every_check():
+    lab06.check_truncate_cache(truncate_cache)
+    lab06.check_sampling_probs(sampling_probs)
+    lab06.check_verify_draft(verify_draft)
+    lab06.check_ngram_propose(ngram_propose)
+    lab06.check_acceptance_stats(acceptance_rate, expected_tokens_per_round)
+
+
+def test_reference_generator_passes():
+    lab06.check_generate_speculative(generate_speculative)
+
+
+@pytest.mark.parametrize("check", [lab06.check_truncate_cache, lab06.check_verify_draft, lab06.check_ngram_propose,
+                                   lab06.check_generate_speculative])
+def test_stub_fails(check):
+    with pytest.raises(AssertionError, match="not implemented"):
+        check(_stub)
+
+
+def test_stub_fails_probs_and_stats():
+    with pytest.raises(AssertionError, match="not implemented"):
+        lab06.check_sampling_probs(_stub)
+    with pytest.raises(AssertionError, match="not implemented"):
+        lab06.check_acceptance_stats(_stub, expected_tokens_per_round)
+    with pytest.raises(AssertionError, match="not implemented"):
+        lab06.check_acceptance_stats(acceptance_rate, _stub)
+
+
+@pytest.mark.parametrize("name", list(WRONG_VERIFY))
+def test_wrong_verify_rejected(name):
+    with pytest.raises(AssertionError):
+        lab06.check_verify_draft(WRONG_VERIFY[name])
+
+
+@pytest.mark.parametrize("name", list(WRONG_GENERATORS))
+def test_wrong_generator_rejected(name):
+    with pytest.raises(AssertionError):
+        lab06.check_generate_speculative(WRONG_GENERATORS[name])
+
+
+def _threshold(dof: int) -> float:
+    """The chi-square statistic at which the p-value falls to SIGNIFICANCE."""
+    lo, hi = 0.0, 10_000.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if chi2_sf(mid, dof) > lab06.SIGNIFICANCE else (lo, mid)
+    return hi
+
+
+@pytest.mark.parametrize("name", ["q/p", "resample from p", "unnormalised residual", "off by one (p[i + 1] verifies draft i)"])
+def test_distribution_test_margins_verify(name):
+    """Each distribution-level mistake lands far past the threshold: the test has power to spare."""
+    r1, r2 = lab06.verify_distribution_test(WRONG_VERIFY[name])
+    worst = max(r1.statistic / _threshold(r1.dof), r2.statistic / _threshold(r2.dof))
+    assert worst > 2.0, f"{name}: statistics {r1.statistic:.1f}, {r2.statistic:.1f} too close to the thresholds"
+
+
+def test_distribution_test_margin_temperature():
+    r1, r2 = lab06.engine_distribution_test(WRONG_GENERATORS["temperature applied to p but not q"])
+    worst = max(r1.statistic / _threshold(r1.dof), r2.statistic / _threshold(r2.dof))
+    assert worst > 2.0, f"statistics {r1.statistic:.1f}, {r2.statistic:.1f} too close to the thresholds"
+
+
+def test_rebuilt_reference_passes_the_distribution_test():
+    r1, r2 = lab06.engine_distribution_test(rebuilt_reference)
+    assert min(r1.p_value, r2.p_value) >= lab06.SIGNIFICANCE
+
+
+def test_wrong_ngram_rejected():
+    def first_occurrence(context, k, max_n=3):
+        L = len(context)
+        for n in range(min(max_n, L - 1), 0, -1):
+            for s in range(0, L - n):
+                if context[s:s + n] == context[L - n:]:
+                    return context[s + n:s + n + k]
+        return []
+    with pytest.raises(AssertionError, match="MOST RECENT"):
+        lab06.check_ngram_propose(first_occurrence)
+
+
+def test_wrong_stats_rejected():
+    with pytest.raises(AssertionError, match="without the clip"):
+        lab06.check_acceptance_stats(lambda p, q: (q * (p / q)).sum(-1), expected_tokens_per_round)
+    with pytest.raises(AssertionError, match="accepted drafts only"):
+        lab06.check_acceptance_stats(acceptance_rate, lambda a, k: expected_tokens_per_round(a, k) - 1)
+
+
+def test_wrong_truncate_rejected():
+    def first_layer_only(cache, length):
+        cache.layers[0].length = length
+
+    def no_bounds(cache, length):
+        for layer in cache:
+            layer.length = length
+    for fn in (first_layer_only, no_bounds):
+        with pytest.raises(AssertionError):
+            lab06.check_truncate_cache(fn)
+
+
+def test_interview_answers():
+    lab06.check_q1_acceptance(0.6)
+    lab06.check_q2_tokens_per_round((1 - 0.8 ** 5) / 0.2)
+    lab06.check_q4_break_even_batch(135)
+    with pytest.raises(AssertionError, match="clip"):
+        lab06.check_q1_acceptance(1.0)
+    with pytest.raises(AssertionError, match="accepted drafts only"):
+        lab06.check_q2_tokens_per_round((1 - 0.8 ** 5) / 0.2 - 1)
+    with pytest.raises(AssertionError, match="draft steps"):
+        lab06.check_q3_break_even_alpha(lab06.break_even_alpha(3, target_step_s=10, draft_step_s=0, verify_s=12))
+    with pytest.raises(AssertionError):
+        lab06.check_q4_break_even_batch(200)
+
+
+def test_q3_answer_solves_the_cost_model():
+    a = lab06.break_even_alpha(3, target_step_s=10.0, draft_step_s=2.0, verify_s=12.0)
+    assert abs(expected_tokens_per_round(a, 3) - 1.8) < 1e-9
+    lab06.check_q3_break_even_alpha(a)
+
+
+def test_speed_check_reference_passes_and_recomputation_fails():
+    lab06.check_speculative_speedup(generate_speculative)
+
+    def recompute_everything(target, draft, prompt, max_new_tokens, sampling=SamplingParams(), *, k=4, **kw):
+        """Correct greedy output, but every step re-runs the whole sequence (no cache at all)."""
+        from minigpt.generate import generate_naive
+        return generate_naive(target, prompt, max_new_tokens, sampling, **kw)
+    with pytest.raises(AssertionError, match="speedup"):
+        lab06.check_speculative_speedup(recompute_everything)
