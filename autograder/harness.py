@@ -28,7 +28,7 @@ import sys
 import warnings
 from typing import Any, Callable, Iterator, Mapping, Sequence, Tuple, Union
 
-__all__ = ["gpu_available", "under_autograde", "require_gpu", "check_speedup", "threshold_for", "quiet", "check_answer"]
+__all__ = ["gpu_available", "under_autograde", "require_gpu", "check_speedup", "threshold_for", "quiet", "check_answer", "call_learner"]
 
 Mistakes = Union[Mapping[float, str], Sequence[Tuple[float, str]]]
 
@@ -102,6 +102,31 @@ def check_answer(answer: Any, expected: float, what: str, mistakes: Mistakes = (
 
 def _fmt(x: float) -> str:
     return f"{x:,}" if isinstance(x, numbers.Integral) else f"{float(x):.6g}"
+
+
+def call_learner(what: str, fn: Callable[..., Any], *args: Any, context: str = "",
+                 passthrough: tuple[type[BaseException], ...] = (), **kwargs: Any) -> Any:
+    """Run the learner's `fn(*args, **kwargs)` silently (`quiet()`), turning its failures into graded messages.
+
+    NotImplementedError (also when a Triton interpreter wraps it) becomes "`what` is not implemented
+    yet"; any other exception becomes an AssertionError naming `what`, the error and `context`.
+    AssertionError and the `passthrough` exceptions (e.g. an out-of-blocks error a check expects)
+    propagate unchanged.
+    """
+    if fn is None or not callable(fn):
+        raise AssertionError(f"{what}: expected your function, got {fn!r}")
+    try:
+        with quiet():
+            return fn(*args, **kwargs)
+    except NotImplementedError:
+        raise AssertionError(f"{what} is not implemented yet (NotImplementedError)") from None
+    except (AssertionError, *passthrough):
+        raise
+    except Exception as err:
+        if "NotImplementedError" in f"{type(err).__name__} {err}":
+            raise AssertionError(f"{what} is not implemented yet (NotImplementedError inside it)") from None
+        where = f" ({context})" if context else ""
+        raise AssertionError(f"{what} raised {type(err).__name__}: {str(err)[:300]}{where}") from None
 
 
 def threshold_for(min_fraction: dict[str, float], device_class: str) -> float:

@@ -25,7 +25,7 @@ from typing import Any, Callable, Hashable
 
 import torch
 
-from autograder.harness import check_answer, quiet
+from autograder.harness import call_learner, check_answer, quiet
 from minigpt.cache.block_manager import BlockManager
 from minigpt.cache.paged import PagedKVCache
 from minigpt.config import ModelConfig
@@ -80,17 +80,6 @@ def _construct(scheduler_cls: type, manager: BlockManager, config: SchedulerConf
         raise AssertionError("the scheduler is not implemented yet (NotImplementedError)") from None
 
 
-def _call(what: str, fn: Callable, *args: Any, **kwargs: Any) -> Any:
-    try:
-        return fn(*args, **kwargs)
-    except NotImplementedError:
-        raise AssertionError(f"{what}: not implemented yet (NotImplementedError)") from None
-    except AssertionError:
-        raise
-    except Exception as err:
-        raise AssertionError(f"{what} raised {type(err).__name__}: {err}") from None
-
-
 # ---------------------------------------------------------------------------------------------------
 # Packed layout
 # ---------------------------------------------------------------------------------------------------
@@ -113,7 +102,7 @@ def check_pack_chunks(pack_fn: Callable) -> None:
     }
     for what, chunks in cases.items():
         want = pack_chunks(chunks, m)
-        got = _call(f"pack_chunks ({what})", pack_fn, chunks, m)
+        got = call_learner(f"pack_chunks ({what})", pack_fn, chunks, m)
         for name in ("tokens", "positions", "slots", "cu_seqlens_q", "seq_lens"):
             w, x = getattr(want, name), getattr(got, name, None)
             if not isinstance(x, torch.Tensor) or x.shape != w.shape or not torch.equal(x.long().cpu(), w.long()):
@@ -157,13 +146,13 @@ def drive(scheduler: Any, arrivals: list[tuple[int, Request]], *, max_steps: int
                                  f"{len(sch.running)} running; does the scheduler make progress every step?")
         while pending and pending[0][0] <= step:
             _, req = pending.pop(0)
-            seqs[req.request_id] = _call(f"add_request({req.request_id!r})", sch.add_request, req)
+            seqs[req.request_id] = call_learner(f"add_request({req.request_id!r})", sch.add_request, req)
             arrived[req.request_id] = step
         if not sch.has_unfinished():
             step += 1
             continue
         before = {sid: (s.num_computed, list(s.output_tokens)) for sid, s in seqs.items()}
-        out = _call(f"schedule() at step {step}", sch.schedule)
+        out = call_learner(f"schedule() at step {step}", sch.schedule)
         where = f"step {step}"
         n_tok = sum(len(c.tokens) for c in out.chunks)
         if n_tok > cfg.max_num_batched_tokens:
@@ -201,7 +190,7 @@ def drive(scheduler: Any, arrivals: list[tuple[int, Request]], *, max_steps: int
         _check_blocks(sch, where + " after schedule()")
         sampled = {c.seq_id: _fake_token(c.seq_id, len(c.seq.output_tokens)) for c in out.chunks
                    if c.start + len(c.tokens) == c.seq.num_tokens}
-        for s in _call(f"update() at step {step}", sch.update, out, sampled, float(step)):
+        for s in call_learner(f"update() at step {step}", sch.update, out, sampled, float(step)):
             finished_at[s.seq_id] = step
         _check_blocks(sch, where + " after update()")
         if on_step:
@@ -379,7 +368,7 @@ def check_greedy_outputs(scheduler_cls: type = Scheduler, pack_fn: Callable | No
                 cache = PagedKVCache.for_model(model, num_blocks, 4)
                 sch = _construct(scheduler_cls, cache.manager, SchedulerConfig(4, budget), SMALL_CONFIG.max_seq_len)
                 with quiet():
-                    res = _call(what, serve, reqs, sch, ModelRunner(model, cache, layout).execute)
+                    res = call_learner(what, serve, reqs, sch, ModelRunner(model, cache, layout).execute)
                 for seq in res.sequences:
                     bad = _first_real_divergence(model, seq.request, list(seq.output_tokens), want[seq.seq_id])
                     if bad:
@@ -402,7 +391,7 @@ def check_static_batching(static_fn: Callable) -> None:
     prompts = [_rand_tokens(n, g) for n in (3, 17, 9, 30, 5)]
     new = [6, 2, 9, 4, 7]
     with fixed_threads(1):
-        got = _call("static batching", static_fn, model, prompts, new, 3)
+        got = call_learner("static batching", static_fn, model, prompts, new, 3)
     if not isinstance(got, (list, tuple)) or len(got) != len(prompts):
         raise AssertionError(f"static batching should return {len(prompts)} token lists, got {got!r:.200}")
     for i, (p, n) in enumerate(zip(prompts, new)):
@@ -427,7 +416,7 @@ def check_metrics(request_metrics_fn: Callable, goodput_fn: Callable) -> None:
     a = _Timeline("a", 1.0, [1.5, 1.6, 1.8, 2.1])
     b = _Timeline("b", 0.0, [0.2])
     c = _Timeline("c", 0.5, [3.5, 3.55, 3.6], finish=3.7)
-    got = _call("request_metrics", request_metrics_fn, a)
+    got = call_learner("request_metrics", request_metrics_fn, a)
     for name, want in {"ttft": 0.5, "tpot": 0.2, "e2e": 1.1, "num_output_tokens": 4}.items():
         val = getattr(got, name, None)
         if not isinstance(val, (int, float)) or not math.isclose(val, want, rel_tol=1e-9, abs_tol=1e-12):
@@ -438,12 +427,12 @@ def check_metrics(request_metrics_fn: Callable, goodput_fn: Callable) -> None:
     itls = [round(x, 9) for x in getattr(got, "itls", ())]
     if itls != [0.1, 0.2, 0.3]:
         raise AssertionError(f"inter-token latencies should be [0.1, 0.2, 0.3], got {list(getattr(got, 'itls', ()))}")
-    one = _call("request_metrics", request_metrics_fn, b)
+    one = call_learner("request_metrics", request_metrics_fn, b)
     if getattr(one, "tpot", None) != 0.0:
         raise AssertionError(f"a one-token output has TPOT 0 (no gap between tokens), got {getattr(one, 'tpot', None)!r}")
-    ms = [got, one, _call("request_metrics", request_metrics_fn, c)]        # TTFT 0.5 / 0.2 / 3.0, TPOT 0.2 / 0 / 0.05
+    ms = [got, one, call_learner("request_metrics", request_metrics_fn, c)]        # TTFT 0.5 / 0.2 / 3.0, TPOT 0.2 / 0 / 0.05
     for (ttft, tpot), want in {(1.0, 0.1): 1 / 3, (0.5, 0.25): 2 / 3, (5.0, 0.3): 1.0, (0.1, 1.0): 0.0}.items():
-        val = _call("goodput", goodput_fn, ms, ttft, tpot)
+        val = call_learner("goodput", goodput_fn, ms, ttft, tpot)
         if not isinstance(val, (int, float)) or not math.isclose(val, want, rel_tol=1e-9):
             raise AssertionError(f"goodput with TTFT <= {ttft} s and TPOT <= {tpot} s over requests with (TTFT, TPOT) = "
                                  f"(0.5, 0.2), (0.2, 0), (3.0, 0.05) should be {want:.4g}, got {val!r}: a request counts "
@@ -489,7 +478,7 @@ def check_continuous_speedup(scheduler_cls: type) -> dict[str, float]:
     static = _steps(lambda m: StaticBatchScheduler(m, 8, max_model_len=96), arrivals)
     with quiet():
         ref = _steps(lambda m: Scheduler(m, cfg, max_model_len=96), arrivals)
-        learner = _call("the skewed workload", _steps, lambda m: _construct(scheduler_cls, m, cfg, 96), arrivals)
+        learner = call_learner("the skewed workload", _steps, lambda m: _construct(scheduler_cls, m, cfg, 96), arrivals)
     ref_ratio, ratio = static / ref, static / learner
     if ratio < SPEED_MIN_FRACTION * ref_ratio:
         raise AssertionError(f"static batching needs {static} steps, your scheduler {learner} ({ratio:.2f}x fewer), the "

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 import minigpt.kernels  # noqa: F401  (on a CPU: TRITON_INTERPRET=1 before any kernel is built)
-from autograder.harness import check_answer, quiet
+from autograder.harness import call_learner, check_answer, quiet
 from minigpt.cache.paged_attention import paged_decode_attention
 from minigpt.kernels.flash_attention import flash_attention_forward
 from minigpt.kernels.paged_decode import gather_then_sdpa, paged_decode, random_paged_inputs
@@ -76,20 +76,6 @@ def _full_attention(q, k, v, causal: bool):
     return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
 
 
-def _call(fn: Callable, args: tuple, what: str, name: str) -> Any:
-    try:
-        with quiet():
-            return fn(*args)
-    except NotImplementedError:
-        raise AssertionError(f"{name} is not implemented yet (NotImplementedError)") from None
-    except AssertionError:
-        raise
-    except Exception as err:
-        if "NotImplementedError" in f"{type(err).__name__} {err}":      # raised inside an interpreted kernel
-            raise AssertionError(f"{name} is not implemented yet (NotImplementedError in the kernel)") from None
-        raise AssertionError(f"{what}: {name} raised {type(err).__name__}: {str(err)[:300]}") from None
-
-
 def _close(got: torch.Tensor, want: torch.Tensor, tol: float) -> bool:
     return got.shape == want.shape and bool(torch.isfinite(got).all()) and torch.allclose(
         got.double(), want.double(), atol=tol, rtol=tol)
@@ -119,7 +105,7 @@ def check_online_softmax(fn: Callable) -> None:
         x = torch.randn(*shape, generator=g) * scale
         if what.startswith("increasing"):
             x = torch.arange(12.0)[None] * 2
-        got = _call(fn, (x.clone(), block), what, "online_softmax")
+        got = call_learner("online_softmax", fn, x.clone(), block, context=what)
         want = torch.softmax(x.double(), -1)
         if not isinstance(got, torch.Tensor):
             raise AssertionError(f"{what}: expected a tensor, got {type(got).__name__}")
@@ -143,8 +129,7 @@ def check_tiled_attention(fn: Callable) -> None:
     for B, Hq, Hkv, Tq, Tk, D, causal, what in ATTENTION_CASES:
         for block_k in (8, 16):
             q, k, v = _qkv(B, Hq, Hkv, Tq, Tk, D, seed=block_k)
-            got = _call(fn, (q.clone(), k.clone(), v.clone(), causal, block_k), f"{what}, block_k {block_k}",
-                        "tiled_attention")
+            got = call_learner("tiled_attention", fn, q.clone(), k.clone(), v.clone(), causal, block_k, context=f"{what}, block_k {block_k}")
             _compare_out_lse(got, q, k, v, causal, f"{what}, block_k = {block_k}", TOL[torch.float32])
 
 
@@ -201,7 +186,7 @@ def check_tiled_backward(fn: Callable) -> None:
         out.backward(d_out)
         args = (q.detach().clone(), k.detach().clone(), v.detach().clone(), out.detach().clone(),
                 lse.detach().clone(), d_out.clone(), causal)
-        got = _call(fn, args, what, "tiled_backward")
+        got = call_learner("tiled_backward", fn, *args, context=what)
         if not (isinstance(got, tuple) and len(got) == 3):
             raise AssertionError(f"{what}: return a tuple (dq, dk, dv), got {type(got).__name__}")
         for name, g_, t in zip(("dq", "dk", "dv"), got, (q, k, v)):
@@ -248,7 +233,7 @@ def check_flash_forward(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.f
         for B, Hq, Hkv, Tq, Tk, D, causal, what in ATTENTION_CASES:
             q, k, v = (t.to(device) for t in _qkv(B, Hq, Hkv, Tq, Tk, D, dtype=dtype, seed=3))
             with count_triton_launches() as launches:
-                got = _call(fn, (q, k, v, causal), f"{what}, {dtype}", "flash_forward")
+                got = call_learner("flash_forward", fn, q, k, v, causal, context=f"{what}, {dtype}")
             if not launches[0]:
                 raise AssertionError(f"{what}: flash_forward launched no Triton kernel; write the forward pass as "
                                      "a @triton.jit kernel and launch it over a grid")
@@ -275,7 +260,7 @@ def check_merge_partials(fn: Callable) -> None:
         o_part = (p.unsqueeze(-1) * values).sum(-2)
         flat = scores.flatten(-2)
         want = (torch.softmax(flat, -1).unsqueeze(-1) * values.flatten(-3, -2)).sum(-2)
-        got = _call(fn, (o_part.float(), lse_part.float()), what, "merge_partials")
+        got = call_learner("merge_partials", fn, o_part.float(), lse_part.float(), context=what)
         if not isinstance(got, torch.Tensor) or not _close(got, want, 1e-5):
             err = _err(got, want) if isinstance(got, torch.Tensor) else type(got).__name__
             raise AssertionError(f"{what}: merged output {err}. Weight split s by exp(lse_s - logsumexp(lse)): "
@@ -296,7 +281,7 @@ def check_paged_decode(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.fl
         for B, Hq, Hkv, D, bs, lens, what in PAGED_CASES:
             args = _paged(B, Hq, Hkv, D, bs, lens, dtype, device=device)
             with count_triton_launches() as launches:
-                got = _call(fn, tuple(a.clone() for a in args), f"{what}, {dtype}", "paged_decode")
+                got = call_learner("paged_decode", fn, *(a.clone() for a in args), context=f"{what}, {dtype}")
             if not launches[0]:
                 raise AssertionError(f"{what}: paged_decode launched no Triton kernel")
             cpu = [a.cpu() for a in args]

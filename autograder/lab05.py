@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from autograder.harness import check_answer, check_speedup, quiet
+from autograder.harness import call_learner, check_answer, check_speedup, quiet
 from minigpt.config import TARGET_CONFIG, ModelConfig
 from minigpt.model import GPT
 from minigpt.quant.awq import AWQ_GROUPS
@@ -51,18 +51,6 @@ INT4_CPU_MIN_FRACTION = {"cpu": 0.5}
 GEMV_MIN_FRACTION = {"cuda": 0.6}
 
 TINY_CONFIG = ModelConfig(vocab_size=128, max_seq_len=32, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128)
-
-
-def _call(fn: Callable, what: str, *args: Any, **kwargs: Any) -> Any:
-    try:
-        with quiet():
-            return fn(*args, **kwargs)
-    except NotImplementedError:
-        raise AssertionError(f"{what} is not implemented yet (NotImplementedError)") from None
-    except AssertionError:
-        raise
-    except Exception as err:
-        raise AssertionError(f"{what} raised {type(err).__name__}: {err}") from None
 
 
 def _randn(*shape: int, seed: int = 0) -> torch.Tensor:
@@ -95,7 +83,7 @@ def check_quantize_symmetric(fn: Callable) -> None:
     for i, (bits, group, shape) in enumerate(cases):
         w = _randn(*shape, seed=i) * (1 + torch.arange(shape[0])[:, None])      # rows of different ranges
         what = f"quantize_symmetric(w {shape}, bits={bits}, group_size={group})"
-        out = _call(fn, what, w.clone(), bits, group)
+        out = call_learner(what, fn, w.clone(), bits, group)
         if not (isinstance(out, tuple) and len(out) == 2):
             raise AssertionError(f"{what} must return a tuple (q, scale), got {type(out).__name__}")
         q, scale = out
@@ -145,7 +133,7 @@ def check_int4_model_perplexity(fn: Callable, *, n_windows: int = 2, seq_len: in
     from minigpt.quant.quality import perplexity, validation_subset
 
     def make(name: str, w: torch.Tensor) -> torch.nn.Module:
-        q, scale = _call(fn, f"quantize_symmetric({name}, bits=4, group_size=128)", w.clone(), 4, 128)
+        q, scale = call_learner(f"quantize_symmetric({name}, bits=4, group_size=128)", fn, w.clone(), 4, 128)
         lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
         with torch.no_grad():
             lin.weight.copy_((q.float().view(w.shape[0], -1, 128) * scale.float()[..., None]).view(w.shape))
@@ -171,7 +159,7 @@ def check_int4_packing(pack: Callable, unpack: Callable) -> None:
     unpack(packed) -> int8 (..., n), sign-extended."""
     q = torch.randint(-8, 8, (5, 16), generator=torch.Generator().manual_seed(0), dtype=torch.int64).to(torch.int8)
     q[0, :4] = torch.tensor([1, 2, -1, -8], dtype=torch.int8)
-    packed = _call(pack, "pack_int4", q.clone())
+    packed = call_learner("pack_int4", pack, q.clone())
     if not isinstance(packed, torch.Tensor) or packed.dtype != torch.uint8 or tuple(packed.shape) != (5, 8):
         got = f"{packed.dtype} {tuple(packed.shape)}" if isinstance(packed, torch.Tensor) else type(packed).__name__
         raise AssertionError(f"pack_int4 of int8 (5, 16) must return uint8 (5, 8), two codes per byte; got {got}")
@@ -186,7 +174,7 @@ def check_int4_packing(pack: Callable, unpack: Callable) -> None:
     from minigpt.quant.formats import pack_int4 as ref_pack
     if not torch.equal(unpack_int4(packed), q):
         raise AssertionError("your packed bytes do not unpack to the original codes with the reference layout")
-    out = _call(unpack, "unpack_int4", ref_pack(q))
+    out = call_learner("unpack_int4", unpack, ref_pack(q))
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (5, 16):
         raise AssertionError(f"unpack_int4 of uint8 (5, 8) must return (5, 16) codes, got "
                              f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
@@ -209,7 +197,7 @@ def check_quantize_fp8(fn: Callable) -> None:
         for magnitude in (3000.0, 1e-3):
             x = _randn(8, 32, seed=int(magnitude)) * magnitude
             what = f"quantize_fp8(x with max|x| = {x.abs().max().item():.3g}, '{fmt}')"
-            out = _call(fn, what, x.clone(), fmt)
+            out = call_learner(what, fn, x.clone(), fmt)
             if not (isinstance(out, tuple) and len(out) == 2):
                 raise AssertionError(f"{what} must return (codes, scale)")
             codes, scale = out
@@ -257,7 +245,7 @@ def check_gptq(fn: Callable) -> None:
     results = {}
     for block in (16, 64):
         what = f"gptq(w {tuple(w.shape)}, H, bits=4, group_size={group}, block_size={block})"
-        out = _call(fn, what, w.clone(), H.clone(), 4, group, block)
+        out = call_learner(what, fn, w.clone(), H.clone(), 4, group, block)
         if not (isinstance(out, tuple) and len(out) == 2):
             raise AssertionError(f"{what} must return (q, scale)")
         q, scale = out
@@ -312,7 +300,7 @@ def check_awq_fold(fn: Callable) -> None:
     model = _tiny_model()
     before = copy.deepcopy(model.state_dict())
     scales = _tiny_scales(model)
-    new = _call(fn, "fold_awq_scales", model, {k: v.clone() for k, v in scales.items()})
+    new = call_learner("fold_awq_scales", fn, model, {k: v.clone() for k, v in scales.items()})
     if not isinstance(new, GPT):
         raise AssertionError(f"fold_awq_scales must return a GPT, got {type(new).__name__}")
     if any(not torch.equal(v, model.state_dict()[k]) for k, v in before.items()):
@@ -340,7 +328,7 @@ def check_smoothing_factors(fn: Callable) -> None:
     weights = [torch.randn(16, 32, generator=g), torch.randn(8, 32, generator=g) * 1.5]
     for alpha in (0.5, 0.8, 0.2):
         what = f"smoothing_factors(alpha={alpha})"
-        s = _call(fn, what, act.clone(), [w.clone() for w in weights], alpha)
+        s = call_learner(what, fn, act.clone(), [w.clone() for w in weights], alpha)
         want = smoothing_factors(act, weights, alpha)
         if not isinstance(s, torch.Tensor) or s.shape != want.shape:
             raise AssertionError(f"{what}: expected a tensor of shape {tuple(want.shape)} (one factor per input channel)")
@@ -380,7 +368,7 @@ def check_quantized_kv_cache(cache_cls: type) -> None:
         ks.append(k)
         vs.append(v)
         what = f"write #{step + 1} of {T} position(s)"
-        out = _call(cache.update, f"{what}: update(k, v)", k.clone(), v.clone())
+        out = call_learner(f"{what}: update(k, v)", cache.update, k.clone(), v.clone())
         if not (isinstance(out, tuple) and len(out) == 2):
             raise AssertionError(f"{what}: update must return (k_all, v_all)")
         want_k, want_v = torch.cat(ks, 1), torch.cat(vs, 1)
@@ -418,7 +406,7 @@ def check_dequant_gemv(fn: Callable) -> None:
     for bits, N, K, group, seed in ((8, 20, 64, 32, 0), (4, 20, 64, 32, 1), (4, 33, 128, 64, 2)):
         x, qw, scale = _gemv_case(bits, N, K, group, seed)
         what = f"dequant_gemv(INT{bits}, N={N}, K={K}, group_size={group})"
-        y = _call(fn, what, x.clone(), qw.clone(), scale.clone(), bits, group)
+        y = call_learner(what, fn, x.clone(), qw.clone(), scale.clone(), bits, group)
         want = dequant_gemv_reference(x, qw, scale, bits, group)
         if not isinstance(y, torch.Tensor) or tuple(y.shape) != (N,):
             raise AssertionError(f"{what}: expected y of shape ({N},), got "
@@ -442,8 +430,8 @@ def check_int4_cpu_linear(make: Callable, *, K: int = 4096, N: int = 4096, group
     over an fp32 matmul must reach INT4_CPU_MIN_FRACTION of the reference's, timed in the same run."""
     w = _randn(192, 256, seed=0) * 0.05
     x = _randn(3, 256, seed=1)
-    f = _call(make, "make_int4_linear(w (192, 256), 64)", w.clone(), 64)
-    y = _call(f, "the INT4 linear on x (3, 256)", x.clone())
+    f = call_learner("make_int4_linear(w (192, 256), 64)", make, w.clone(), 64)
+    y = call_learner("the INT4 linear on x (3, 256)", f, x.clone())
     wg = w.view(192, -1, 64)
     lo, hi = wg.amin(-1, keepdim=True), wg.amax(-1, keepdim=True)
     s = (hi - lo) / 15

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
 
-from autograder.harness import check_answer, check_speedup, quiet
+from autograder.harness import call_learner, check_answer, check_speedup, quiet
 from minigpt.cache.contiguous import KVCache
 from minigpt.checkpoint import load_model
 from minigpt.config import ModelConfig
@@ -60,18 +60,6 @@ TOY_SAMPLING = SamplingParams(temperature=0.4, top_k=4)     # far from T = 1: a 
 SPEED_MIN_FRACTION = {"cpu": 0.7, "cuda": 0.7}
 
 
-def _call(fn: Callable, what: str, *args: Any, **kwargs: Any) -> Any:
-    try:
-        with quiet():
-            return fn(*args, **kwargs)
-    except NotImplementedError:
-        raise AssertionError(f"{what} is not implemented yet (NotImplementedError)") from None
-    except AssertionError:
-        raise
-    except Exception as err:
-        raise AssertionError(f"{what} raised {type(err).__name__}: {err}") from None
-
-
 # ---------------------------------------------------------------------------------------------------
 # Exercise 1: cache rollback
 # ---------------------------------------------------------------------------------------------------
@@ -90,7 +78,7 @@ def check_truncate_cache(truncate_fn: Callable) -> None:
         return ks
 
     first = write(7)
-    _call(truncate_fn, "truncate_cache(cache, 4)", cache, 4)
+    call_learner("truncate_cache(cache, 4)", truncate_fn, cache, 4)
     lengths = [layer.length for layer in cache]
     if lengths != [4] * cfg.n_layers:
         raise AssertionError(f"after truncate_cache(cache, 4) on a cache of 7 positions every layer's length should be 4, "
@@ -120,7 +108,7 @@ def check_truncate_cache(truncate_fn: Callable) -> None:
                                  "cannot grow by truncation, and lengths are >= 0); nothing was raised")
         if [layer.length for layer in cache] != before:
             raise AssertionError(f"the rejected truncate_cache(cache, {bad}) changed the lengths; check before changing state")
-    _call(truncate_fn, "truncate_cache(cache, 0)", cache, 0)
+    call_learner("truncate_cache(cache, 0)", truncate_fn, cache, 0)
     if [layer.length for layer in cache] != [0] * cfg.n_layers:
         raise AssertionError("truncate_cache(cache, 0) should empty every layer")
 
@@ -137,7 +125,7 @@ def check_sampling_probs(probs_fn: Callable) -> None:
              SamplingParams(temperature=1.5, top_k=5), SamplingParams(temperature=0.8, top_p=0.7),
              SamplingParams(temperature=0.9, top_k=10, top_p=0.9)]
     for s in cases:
-        got = _call(probs_fn, f"sampling_probs(logits, {s})", logits.clone(), s)
+        got = call_learner(f"sampling_probs(logits, {s})", probs_fn, logits.clone(), s)
         want = sampling_probs(logits, s)
         if not isinstance(got, Tensor) or got.shape != want.shape:
             raise AssertionError(f"{s}: expected a tensor of shape {tuple(want.shape)}, got "
@@ -252,7 +240,7 @@ def check_verify_draft(verify_fn: Callable) -> None:
     V, k = 7, 3
     probs = torch.softmax(torch.randn(k + 1, V, generator=g), -1)
     drafted = [int(torch.multinomial(probs[i], 1, generator=g)) for i in range(k)]
-    out = _call(verify_fn, "verify_draft", drafted, probs[:k].clone(), probs.clone(), g)
+    out = call_learner("verify_draft", verify_fn, drafted, probs[:k].clone(), probs.clone(), g)
     if not (isinstance(out, tuple) and len(out) == 2):
         raise AssertionError(f"verify_draft must return a tuple (emitted_tokens, accept_probs), got {type(out).__name__}")
     emitted, accept = out
@@ -269,7 +257,7 @@ def check_verify_draft(verify_fn: Callable) -> None:
     # 2. accept_probs = min(1, p/q): clipped.
     q = torch.tensor([[0.1, 0.6, 0.3], [0.5, 0.25, 0.25]])
     p = torch.tensor([[0.4, 0.3, 0.3], [0.2, 0.6, 0.2], [0.3, 0.3, 0.4]])
-    _, accept = _call(verify_fn, "verify_draft", [0, 1], q.clone(), p.clone(), torch.Generator().manual_seed(0))
+    _, accept = call_learner("verify_draft", verify_fn, [0, 1], q.clone(), p.clone(), torch.Generator().manual_seed(0))
     accept = torch.as_tensor(accept, dtype=torch.float32).flatten().tolist()
     want = [1.0, 1.0]
     if len(accept) != 2 or any(abs(a - b) > 1e-6 for a, b in zip(accept, want)):
@@ -280,20 +268,20 @@ def check_verify_draft(verify_fn: Callable) -> None:
             hint = " You used q/p: the ratio is target over draft, p/q."
         raise AssertionError(f"draft tokens [0, 1] with p(t)/q(t) = 0.4/0.1 and 0.6/0.25: accept_probs should be "
                              f"min(1, p/q) = {want}, got {accept}.{hint}")
-    _, accept = _call(verify_fn, "verify_draft", [1, 0], q.clone(), p.clone(), torch.Generator().manual_seed(0))
+    _, accept = call_learner("verify_draft", verify_fn, [1, 0], q.clone(), p.clone(), torch.Generator().manual_seed(0))
     accept = torch.as_tensor(accept, dtype=torch.float32).flatten().tolist()
     want = [0.5, 0.4]
     if len(accept) != 2 or any(abs(a - b) > 1e-6 for a, b in zip(accept, want)):
         raise AssertionError(f"draft tokens [1, 0] with p/q = 0.3/0.6 and 0.2/0.5: accept_probs should be {want}, got {accept}")
     # 3. Greedy: one-hot p and q.
     eye = torch.eye(5)
-    out = _call(verify_fn, "verify_draft", [1, 2, 3], eye[[1, 2, 3]], eye[[1, 4, 0, 0]], torch.Generator().manual_seed(0))
+    out = call_learner("verify_draft", verify_fn, [1, 2, 3], eye[[1, 2, 3]], eye[[1, 4, 0, 0]], torch.Generator().manual_seed(0))
     if [int(t) for t in out[0]] != [1, 4]:
         raise AssertionError(f"greedy (one-hot p and q): drafts [1, 2, 3], target argmaxes [1, 4, 0, 0]: the first draft "
                              f"matches, the second does not and is replaced by the target's argmax 4, so [1, 4] is emitted; "
                              f"got {[int(t) for t in out[0]]}")
     # 4. k = 0: one token from p[0].
-    out = _call(verify_fn, "verify_draft with no drafts", [], torch.zeros(0, 5), eye[[3]], torch.Generator().manual_seed(0))
+    out = call_learner("verify_draft with no drafts", verify_fn, [], torch.zeros(0, 5), eye[[3]], torch.Generator().manual_seed(0))
     if [int(t) for t in out[0]] != [3]:
         raise AssertionError(f"with no draft tokens verify_draft should return one token drawn from p[0] (here one-hot on "
                              f"3), got {out[0]}")
@@ -376,7 +364,7 @@ class _CacheTracer:
 
 
 def _gen(fn: Callable, what: str, *args: Any, **kwargs: Any) -> Generation:
-    out = _call(fn, what, *args, **kwargs)
+    out = call_learner(what, fn, *args, **kwargs)
     if not isinstance(out, Generation):
         raise AssertionError(f"{what}: return a minigpt.generate.Generation (tokens, finish_reason, prompt_tokens), got "
                              f"{type(out).__name__}")
@@ -543,7 +531,7 @@ def check_ngram_propose(propose_fn: Callable) -> None:
     """propose_fn(context, k, max_n=3) -> up to k tokens that followed the most recent earlier occurrence of the
     longest suffix (n = max_n down to 1) of the context."""
     for context, k, max_n, why in _NGRAM_CASES:
-        got = _call(propose_fn, f"ngram_propose({context}, k={k}, max_n={max_n})", list(context), k, max_n)
+        got = call_learner(f"ngram_propose({context}, k={k}, max_n={max_n})", propose_fn, list(context), k, max_n)
         want = ngram_propose(context, k, max_n)
         got = [int(t) for t in got] if got is not None else got
         if got != want:
@@ -559,7 +547,7 @@ def check_acceptance_stats(rate_fn: Callable, tokens_fn: Callable) -> None:
     g = torch.Generator().manual_seed(9)
     p = torch.softmax(torch.randn(5, 11, generator=g) * 2, -1)
     q = torch.softmax(torch.randn(5, 11, generator=g) * 2, -1)
-    got = _call(rate_fn, "acceptance_rate(p, q)", p.clone(), q.clone())
+    got = call_learner("acceptance_rate(p, q)", rate_fn, p.clone(), q.clone())
     want = acceptance_rate(p, q)
     got_t = torch.as_tensor(got, dtype=torch.float32)
     if got_t.shape != want.shape or not torch.allclose(got_t, want, atol=1e-5):
@@ -569,7 +557,7 @@ def check_acceptance_stats(rate_fn: Callable, tokens_fn: Callable) -> None:
         raise AssertionError(f"acceptance_rate on 5 random (p, q) pairs over 11 tokens: expected {want.tolist()}, got "
                              f"{got_t.tolist() if got_t.numel() < 20 else got_t.shape}.{hint}")
     for alpha, k in [(0.0, 3), (0.5, 1), (0.62, 3), (0.8, 4), (0.95, 8), (1.0, 5)]:
-        got = _call(tokens_fn, f"expected_tokens_per_round({alpha}, {k})", alpha, k)
+        got = call_learner(f"expected_tokens_per_round({alpha}, {k})", tokens_fn, alpha, k)
         check_answer(got, expected_tokens_per_round(alpha, k), f"expected_tokens_per_round({alpha}, {k})",
                      {expected_tokens_per_round(alpha, k) - 1: "that is the accepted drafts only; a round also emits one "
                                                               "token of its own (resampled or bonus).",

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from autograder.harness import check_answer, quiet
+from autograder.harness import call_learner, check_answer, quiet
 from minigpt.config import ModelConfig
 from minigpt.engine.cached_generation import generate_kv_cache
 from minigpt.model import GPT
@@ -27,7 +27,6 @@ from minigpt.parallel import sharding
 from minigpt.parallel.comm import CountingComm
 from minigpt.parallel.launch import RankError, run_ranks
 from minigpt.parallel.tp_model import build_tp_model, tp_kv_cache
-from minigpt.parallel.vocab_parallel import vocab_parallel_logits as reference_vocab_logits
 from minigpt.teaching.calculators import PRESETS
 from minigpt.teaching.parallel_cost import (INTERCONNECTS, pipeline_bubble_fraction, ring_allreduce_time,
                                             tp_allreduce_bytes_per_token)
@@ -53,18 +52,6 @@ def _model(name: str, seed: int = 0) -> GPT:
 
 def _tokens(cfg: ModelConfig, B: int = 2, T: int = 6, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, cfg.vocab_size, (B, T), generator=torch.Generator().manual_seed(seed))
-
-
-def _call(fn_name: str, context: str, fn: Callable, *args: Any) -> Any:
-    try:
-        with quiet():
-            return fn(*args)
-    except NotImplementedError:
-        raise AssertionError(f"{fn_name} is not implemented yet (NotImplementedError)") from None
-    except AssertionError:
-        raise
-    except Exception as err:
-        raise AssertionError(f"{fn_name} raised {type(err).__name__}: {err} ({context})") from None
 
 
 def _run(worker: Callable, tp: int, *args: Any, backend: str = "threads") -> list[Any]:
@@ -94,7 +81,7 @@ def check_shard_weight(shard_weight: Callable) -> None:
                 if pname == "lm_head.weight":
                     continue
                 what = f"model {name}, tp={tp}, rank {rank}, {pname} {tuple(full.shape)}"
-                got = _call("shard_weight", what, shard_weight, pname, full.clone(), cfg, tp, rank)
+                got = call_learner("shard_weight", shard_weight, pname, full.clone(), cfg, tp, rank, context=what)
                 want = sharding.shard_parameter(pname, full, cfg, tp, rank)
                 if not isinstance(got, torch.Tensor) or got.shape != want.shape:
                     shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
@@ -280,7 +267,7 @@ def check_allreduce_bytes(fn: Callable) -> None:
         ring = 2 * (tp - 1) / tp
         for flag, measured in ((False, payload), (True, wire)):
             what = f"model {name}, tp={tp}, float32, wire={flag}"
-            got = _call("allreduce_bytes_per_token", what, fn, cfg, tp, 4, flag)
+            got = call_learner("allreduce_bytes_per_token", fn, cfg, tp, 4, flag, context=what)
             mistakes = [(measured / 2, "one all-reduce per layer? There are two: after attention's wo and after w_down.")]
             if flag:
                 mistakes += [(payload, "forgot the ring factor 2(n-1)/n."),

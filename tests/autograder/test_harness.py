@@ -198,3 +198,35 @@ def test_check_answer_diagnoses_known_wrong_values_and_hides_the_answer_unless_a
     with pytest.raises(AssertionError) as e:
         check_answer(1.0, 8.0, "Q", unit="s", hint="Divide the bytes by the bandwidth.")
     assert "Divide the bytes by the bandwidth." in str(e.value)
+
+
+# ---------------------------------------------------------------- running learner code
+
+def test_call_learner_turns_failures_into_graded_messages():
+    from autograder.harness import call_learner
+
+    def stub(*_):
+        raise NotImplementedError()
+
+    def crash(x):
+        return [][x]
+
+    class Expected(Exception):
+        pass
+
+    def out_of_room():
+        raise Expected("no room")
+
+    assert call_learner("double", lambda x: 2 * x, 21) == 42
+    with pytest.raises(AssertionError, match="double is not implemented yet"):
+        call_learner("double", stub, 1)
+    with pytest.raises(AssertionError, match=r"lookup raised IndexError: .* \(on 3 items\)"):
+        call_learner("lookup", crash, 5, context="on 3 items")
+    with pytest.raises(AssertionError, match="kernel is not implemented yet"):
+        call_learner("kernel", lambda: (_ for _ in ()).throw(RuntimeError("NotImplementedError in the interpreter")))
+    with pytest.raises(AssertionError, match="expected your function"):
+        call_learner("double", None, 1)
+    with pytest.raises(Expected):
+        call_learner("alloc", out_of_room, passthrough=(Expected,))
+    with pytest.raises(AssertionError, match="the learner's own assertion"):
+        call_learner("f", lambda: (_ for _ in ()).throw(AssertionError("the learner's own assertion")))
