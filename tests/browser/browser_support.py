@@ -1,8 +1,10 @@
 """Helpers shared by the browser tests (imported by conftest.py and the test modules): Chromium's
-location and flags, a free loopback port, waiting for a JupyterLab server and stopping it."""
+location and flags, a free loopback port, starting and stopping a JupyterLab server, writing a notebook,
+opening it and running it until its widget shows, and driving widgets (sliders, Run All, dialogs)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -64,3 +66,80 @@ def stop_server(proc: subprocess.Popen, url: str, token: str) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+
+
+def wait_for_change(get, before, timeout_s: float = 60) -> object:
+    """Poll get() until it differs from `before` (or the time is up); return the last value."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        now = get()
+        if now != before:
+            return now
+        time.sleep(0.25)
+    return get()
+
+
+def move_slider(page, widget, label: str, presses: int = 1, key: str = "ArrowRight") -> None:
+    """Focus the noUiSlider handle of the slider labelled `label` inside `widget` and press an arrow key."""
+    slider = widget.locator(".widget-slider").filter(has=page.locator(".widget-label", has_text=label)).first
+    slider.locator(".noUi-handle").first.focus()
+    for _ in range(presses):
+        page.keyboard.press(key)
+
+
+def accept_dialogs(page) -> None:
+    """Accept any modal JupyterLab dialog (e.g. the kernel selector shown while a session starts)."""
+    dialog = page.locator(".jp-Dialog")
+    for _ in range(3):
+        if not dialog.count() or not dialog.first.is_visible():
+            return
+        print("JupyterLab dialog:", dialog.first.inner_text()[:200].replace("\n", " | "))
+        dialog.first.locator(".jp-Dialog-button.jp-mod-accept").first.click()
+        time.sleep(0.5)
+
+
+def run_all(page, attempts: int = 4) -> None:
+    """Run > Run All Cells ("runmenu:run-all" in JupyterLab 4); retried, since a click made while the
+    kernel session is still connecting can be dropped. Done once the first cell has started ([*] or [1])."""
+    first_prompt = page.locator(".jp-InputArea-prompt").first
+    for _ in range(attempts):
+        page.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').first.wait_for(timeout=60_000)
+        accept_dialogs(page)
+        page.locator(".lm-MenuBar-item", has_text="Run").first.click()
+        page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').first.click()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if first_prompt.inner_text().strip() not in ("[ ]:", ""):
+                return
+            time.sleep(0.25)
+    raise AssertionError("JupyterLab did not start running the cells")
+
+
+def write_notebook(path: Path, cells: list[str]) -> None:
+    nb = {"nbformat": 4, "nbformat_minor": 5,
+          "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+          "cells": [{"cell_type": "code", "id": f"c{i}", "metadata": {}, "execution_count": None, "outputs": [],
+                     "source": src} for i, src in enumerate(cells)]}
+    path.write_text(json.dumps(nb, indent=1))
+
+
+def open_widget_notebook(page, server: LabServer, name: str, cells: list[str], *, readout: str, images: int = 0,
+                         what: str, attempts: int = 3):
+    """Write a notebook of `cells` into the server's folder, open it, Run All, and wait until a widget
+    readout containing `readout` (and `images` widget images) is shown. Retried, since a Run All made
+    while the kernel session is still connecting can be dropped. On failure a screenshot is saved and named."""
+    write_notebook(server.root / name, cells)
+    page.goto(server.lab_url(name))
+    page.locator(".jp-Notebook").first.wait_for()
+    for _ in range(attempts):
+        run_all(page)
+        try:
+            page.locator(".widget-html-content", has_text=readout).first.wait_for(timeout=90_000)
+            if images:
+                page.locator(".widget-image").nth(images - 1).wait_for(timeout=90_000)
+            return page
+        except Exception:
+            pass
+    shot = server.root.parent / f"failure_{Path(name).stem}.png"
+    page.screenshot(path=str(shot))
+    raise AssertionError(f"{what} did not render; screenshot: {shot}, server log: {server.root.parent / 'server.log'}")

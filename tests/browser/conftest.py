@@ -1,4 +1,5 @@
-"""Fixtures for browser tests: a throwaway JupyterLab server on loopback and headless Chromium.
+"""Fixtures for browser tests: a throwaway JupyterLab server on loopback (one for the whole session,
+each test module opening its own notebook) and headless Chromium.
 
 The server runs from this venv on 127.0.0.1 with a random free port and a random token, with its
 config, data, runtime and workspace folders in a temp directory, serving only a temp folder. It is
@@ -8,7 +9,6 @@ Chromium is Debian's (/usr/bin/chromium, or $CHROMIUM) driven by playwright; wit
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import subprocess
@@ -20,7 +20,7 @@ import pytest
 from browser_support import CHROMIUM, CHROMIUM_ARGS, LabServer, free_port, stop_server, wait_until_up
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def lab_server(tmp_path_factory) -> Iterator[LabServer]:
     tmp = tmp_path_factory.mktemp("jupyterlab")
     root = tmp / "notebooks"
@@ -62,17 +62,3 @@ def chromium_page(lab_server):
             yield page
         finally:
             browser.close()
-
-
-@pytest.fixture(scope="session")
-def write_notebook():
-    """write_notebook(path, [source, ...]): a minimal nbformat-4 notebook with those code cells."""
-    return _write_notebook
-
-
-def _write_notebook(path: Path, cells: list[str]) -> None:
-    nb = {"nbformat": 4, "nbformat_minor": 5,
-          "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
-          "cells": [{"cell_type": "code", "id": f"c{i}", "metadata": {}, "execution_count": None, "outputs": [],
-                     "source": src} for i, src in enumerate(cells)]}
-    path.write_text(json.dumps(nb, indent=1))

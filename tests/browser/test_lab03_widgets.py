@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from test_lab00_widgets import _move_slider, _run_all, _wait_for_change
+from browser_support import move_slider, open_widget_notebook, wait_for_change
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -18,21 +18,9 @@ CELLS = ["from minigpt.teaching.serving_widget import ServingSimulator\nsim = Se
 
 
 @pytest.fixture(scope="module")
-def opened(lab_server, chromium_page, write_notebook):
-    write_notebook(lab_server.root / NOTEBOOK, CELLS)
-    page = chromium_page
-    page.goto(lab_server.lab_url(NOTEBOOK))
-    page.locator(".jp-Notebook").first.wait_for()
-    _run_all(page)
-    try:
-        page.locator(".widget-html-content", has_text="goodput").first.wait_for(timeout=120_000)
-        page.locator(".widget-image").first.wait_for(timeout=120_000)
-    except Exception:
-        shot = lab_server.root.parent / "failure.png"
-        page.screenshot(path=str(shot))
-        raise AssertionError(f"the simulator did not render; screenshot: {shot}, server log: "
-                             f"{lab_server.root.parent / 'server.log'}") from None
-    return page
+def opened(lab_server, chromium_page):
+    return open_widget_notebook(chromium_page, lab_server, NOTEBOOK, CELLS, readout="goodput", images=1,
+                                what="the simulator")
 
 
 def test_simulator_reruns_when_the_rate_slider_moves(opened):
@@ -42,8 +30,8 @@ def test_simulator_reruns_when_the_rate_slider_moves(opened):
     image = widget.locator("img").first
     text0, png0 = readout.inner_text(), image.screenshot()
     assert "at 20 req/s" in text0 and "continuous" in text0, text0
-    _move_slider(page, widget, "max rate")
-    text1 = _wait_for_change(readout.inner_text, text0)
+    move_slider(page, widget, "max rate")
+    text1 = wait_for_change(readout.inner_text, text0)
     assert "at 40 req/s" in text1, text1
     time.sleep(0.5)
     assert image.screenshot() != png0, "the figure's pixels did not change"

@@ -9,8 +9,7 @@ from __future__ import annotations
 import time
 
 import pytest
-
-from test_lab00_widgets import _accept_dialogs, _move_slider, _run_all, _wait_for_change  # noqa: F401
+from browser_support import move_slider, open_widget_notebook, wait_for_change
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -23,21 +22,9 @@ CELLS = [
 
 
 @pytest.fixture(scope="module")
-def opened(lab_server, chromium_page, write_notebook):
-    write_notebook(lab_server.root / NOTEBOOK, CELLS)
-    page = chromium_page
-    page.goto(lab_server.lab_url(NOTEBOOK))
-    page.locator(".jp-Notebook").first.wait_for()
-    _run_all(page)
-    try:
-        page.locator(".widget-html-content", has_text="bits/weight").first.wait_for(timeout=120_000)
-        page.locator(".widget-image").first.wait_for(timeout=120_000)
-    except Exception:
-        shot = lab_server.root.parent / "failure.png"
-        page.screenshot(path=str(shot))
-        raise AssertionError(f"the explorer did not render; screenshot: {shot}, server log: "
-                             f"{lab_server.root.parent / 'server.log'}") from None
-    return page
+def opened(lab_server, chromium_page):
+    return open_widget_notebook(chromium_page, lab_server, NOTEBOOK, CELLS, readout="bits/weight", images=1,
+                                what="the explorer")
 
 
 def _explorer(page):
@@ -51,10 +38,10 @@ def test_bits_slider_updates_readout_and_histogram(opened):
     image = explorer.locator("img").first
     text0, src0, png0 = readout.inner_text(), image.get_attribute("src"), image.screenshot()
     assert "4.25 bits/weight" in text0, text0
-    _move_slider(page, explorer, "bits")                     # 4 -> 8
-    text1 = _wait_for_change(readout.inner_text, text0)
+    move_slider(page, explorer, "bits")                     # 4 -> 8
+    text1 = wait_for_change(readout.inner_text, text0)
     assert "8.25 bits/weight" in text1, text1
-    assert _wait_for_change(lambda: image.get_attribute("src"), src0) != src0, "the histogram was not redrawn"
+    assert wait_for_change(lambda: image.get_attribute("src"), src0) != src0, "the histogram was not redrawn"
     time.sleep(1.0)
     assert image.screenshot() != png0, "the histogram's pixels did not change"
 
@@ -66,5 +53,5 @@ def test_layer_dropdown_switches_the_layer(opened):
     text0 = readout.inner_text()
     assert "layers.0.attn.wq" in text0
     explorer.locator("select").first.select_option("layers.0.mlp.w_down")
-    text1 = _wait_for_change(readout.inner_text, text0)
+    text1 = wait_for_change(readout.inner_text, text0)
     assert "layers.0.mlp.w_down" in text1, text1

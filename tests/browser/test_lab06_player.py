@@ -9,8 +9,7 @@ from __future__ import annotations
 import time
 
 import pytest
-
-from test_lab00_widgets import _accept_dialogs, _run_all, _wait_for_change  # noqa: F401  (shared helpers)
+from browser_support import open_widget_notebook, wait_for_change
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -27,20 +26,9 @@ CELLS = [
 
 
 @pytest.fixture(scope="module")
-def opened(lab_server, chromium_page, write_notebook):
-    write_notebook(lab_server.root / NOTEBOOK, CELLS)
-    page = chromium_page
-    page.goto(lab_server.lab_url(NOTEBOOK))
-    page.locator(".jp-Notebook").first.wait_for()
-    _run_all(page)
-    try:
-        page.locator(".widget-html-content", has_text="round 1 of").first.wait_for(timeout=120_000)
-    except Exception:
-        shot = lab_server.root.parent / "failure.png"
-        page.screenshot(path=str(shot))
-        raise AssertionError(f"the player did not render; screenshot: {shot}, server log: "
-                             f"{lab_server.root.parent / 'server.log'}") from None
-    return page
+def opened(lab_server, chromium_page):
+    return open_widget_notebook(chromium_page, lab_server, NOTEBOOK, CELLS, readout="round 1 of", images=0,
+                                what="the player")
 
 
 def test_player_steps_through_rounds(opened):
@@ -50,10 +38,10 @@ def test_player_steps_through_rounds(opened):
     assert "round 1 of" in text0 and "min(1, p/q)" in text0 and "acceptance rate" in text0, text0
     assert any(word in text0 for word in ("accepted", "rejected", "bonus", "resampled"))
     page.locator("button", has_text="next").first.click()
-    text1 = _wait_for_change(readout.inner_text, text0)
+    text1 = wait_for_change(readout.inner_text, text0)
     assert "round 2 of" in text1, text1
     assert "after 2 rounds" in text1, text1
     page.locator("button", has_text="previous").first.click()
-    text2 = _wait_for_change(readout.inner_text, text1)
+    text2 = wait_for_change(readout.inner_text, text1)
     assert "round 1 of" in text2, text2
     time.sleep(0.2)

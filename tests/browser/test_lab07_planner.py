@@ -10,7 +10,7 @@ import re
 import time
 
 import pytest
-from test_lab00_widgets import _move_slider, _run_all, _wait_for_change
+from browser_support import move_slider, open_widget_notebook, wait_for_change
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -20,20 +20,9 @@ CELLS = ["from minigpt.teaching.parallel_planner import ParallelismPlanner\n"
 
 
 @pytest.fixture(scope="module")
-def planner(lab_server, chromium_page, write_notebook):
-    write_notebook(lab_server.root / NOTEBOOK, CELLS)
-    page = chromium_page
-    page.goto(lab_server.lab_url(NOTEBOOK))
-    page.locator(".jp-Notebook").first.wait_for()
-    _run_all(page)
-    try:
-        page.locator(".widget-html-content", has_text="estimated time per token").first.wait_for(timeout=120_000)
-        page.locator(".widget-image").first.wait_for(timeout=120_000)
-    except Exception:
-        shot = lab_server.root.parent / "failure.png"
-        page.screenshot(path=str(shot))
-        raise AssertionError(f"the planner did not render; screenshot: {shot}, server log: "
-                             f"{lab_server.root.parent / 'server.log'}") from None
+def planner(lab_server, chromium_page):
+    page = open_widget_notebook(chromium_page, lab_server, NOTEBOOK, CELLS, readout="estimated time per token", images=1,
+                                what="the planner")
     return page, page.locator(".jp-OutputArea-output").filter(has=page.locator(".widget-image")).first
 
 
@@ -52,7 +41,7 @@ def test_planner_updates_when_the_plan_changes(planner):
     assert "TP=8, PP=1" in text0 and "NVLink 4" in text0 and "4,587,520 bytes" in text0, text0
 
     _select(page, widget, "link", "PCIe Gen5 x16")
-    text1 = _wait_for_change(readout.inner_text, text0)
+    text1 = wait_for_change(readout.inner_text, text0)
     assert "PCIe Gen5 x16" in text1 and text1 != text0, text1
     time.sleep(0.5)
     assert image.screenshot() != png0, "the figure's pixels did not change"
@@ -63,9 +52,9 @@ def test_planner_updates_when_the_plan_changes(planner):
     assert "8 are selected" in error.inner_text()
 
     _select(page, widget, "GPUs", "4")
-    text2 = _wait_for_change(readout.inner_text, text1)
+    text2 = wait_for_change(readout.inner_text, text1)
     assert "TP=4, PP=1" in text2 and "4 x H100-SXM" in text2, text2
 
-    _move_slider(page, widget, "batch")
-    text3 = _wait_for_change(readout.inner_text, text2)
+    move_slider(page, widget, "batch")
+    text3 = wait_for_change(readout.inner_text, text2)
     assert "batch 2 x" in text3, text3
