@@ -22,7 +22,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from minigpt.cache.contiguous import KVCache
+from minigpt.cache.contiguous import KVCache, LayerKVCache
 from minigpt.config import ModelConfig
 from minigpt.model import GPT
 from minigpt.quant.formats import FP8_DTYPES, fp8_format
@@ -50,41 +50,18 @@ def dequantize_kv(codes: Tensor, scale: Tensor, dtype: torch.dtype = torch.float
     return (codes.float() * scale[..., None]).to(dtype)
 
 
-class QuantizedLayerKVCache:
-    """One layer's K and V as codes (B, max_seq_len, Hkv, D) plus scales (B, max_seq_len, Hkv)."""
+class QuantizedLayerKVCache(LayerKVCache):
+    """One layer's K and V as codes (B, max_seq_len, Hkv, D) plus scales (B, max_seq_len, Hkv); lab 01's
+    `LayerKVCache` with code tensors, so shapes, length and overflow behave the same."""
 
     def __init__(self, batch_size: int, max_seq_len: int, n_kv_heads: int, head_dim: int, *, fmt: str = "int8",
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
         if fmt not in KV_FORMATS:
             raise ValueError(f"unknown KV-cache format {fmt!r}; choose one of {list(KV_FORMATS)}")
-        for name, value in (("batch_size", batch_size), ("max_seq_len", max_seq_len),
-                            ("n_kv_heads", n_kv_heads), ("head_dim", head_dim)):
-            if int(value) <= 0:
-                raise ValueError(f"QuantizedLayerKVCache {name} must be a positive integer, got {value!r}")
-        self.fmt, self.dtype = fmt, dtype
-        code_dtype = KV_FORMATS[fmt]
-        shape = (batch_size, max_seq_len, n_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=code_dtype, device=device)
-        self.v = torch.zeros(shape, dtype=code_dtype, device=device)
-        self.k_scale = torch.zeros(shape[:3], dtype=torch.float32, device=device)
-        self.v_scale = torch.zeros(shape[:3], dtype=torch.float32, device=device)
-        self.length = 0
-
-    @property
-    def batch_size(self) -> int:
-        return self.k.shape[0]
-
-    @property
-    def max_seq_len(self) -> int:
-        return self.k.shape[1]
-
-    @property
-    def n_kv_heads(self) -> int:
-        return self.k.shape[2]
-
-    @property
-    def head_dim(self) -> int:
-        return self.k.shape[3]
+        super().__init__(batch_size, max_seq_len, n_kv_heads, head_dim, dtype=KV_FORMATS[fmt], device=device)
+        self.fmt, self.dtype = fmt, dtype          # dtype: what update() returns (dequantized)
+        self.k_scale = torch.zeros(self.k.shape[:3], dtype=torch.float32, device=device)
+        self.v_scale = torch.zeros(self.v.shape[:3], dtype=torch.float32, device=device)
 
     @property
     def nbytes(self) -> int:
@@ -109,9 +86,6 @@ class QuantizedLayerKVCache:
         self.length = end
         return (dequantize_kv(self.k[:, :end], self.k_scale[:, :end], self.dtype),
                 dequantize_kv(self.v[:, :end], self.v_scale[:, :end], self.dtype))
-
-    def reset(self) -> None:
-        self.length = 0
 
     def __repr__(self) -> str:
         return (f"QuantizedLayerKVCache({self.fmt}, length={self.length}/{self.max_seq_len}, "
