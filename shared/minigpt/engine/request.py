@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import Enum
-from typing import Hashable, Sequence as Seq
+from typing import Hashable
 
 import torch
 

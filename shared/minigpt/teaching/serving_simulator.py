@@ -16,7 +16,6 @@ The KV pool gets the memory left after the weights (90% of the GPU, vLLM's defau
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 

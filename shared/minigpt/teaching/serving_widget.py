@@ -9,13 +9,11 @@ the view reads its controls, calls it, and shows the text and the PNG of the fig
 
 from __future__ import annotations
 
-import html
-
 import ipywidgets as W
 from matplotlib.figure import Figure
 
 from minigpt.teaching import serving_simulator as sim
-from minigpt.teaching.plots import figure_png
+from minigpt.teaching.widgets import _Calculator
 
 __all__ = ["POLICIES", "BUDGETS", "serving_readout", "ServingSimulator"]
 
@@ -50,7 +48,7 @@ def serving_readout(policy: str, max_rate: float, spread: float, budget: int, *,
     return text, fig, pts
 
 
-class ServingSimulator:
+class ServingSimulator(_Calculator):
     """Controls in, HTML readout + PNG figure out, recomputed on every change."""
 
     def __init__(self, *, policy: str = "continuous", max_rate: float = 40.0, spread: float = 1.0,
@@ -59,22 +57,12 @@ class ServingSimulator:
         self.max_rate = W.SelectionSlider(options=RATES, value=max_rate, description="max rate")
         self.spread = W.FloatSlider(value=spread, min=0.0, max=2.0, step=0.25, description="length spread")
         self.budget = W.SelectionSlider(options=BUDGETS, value=budget, description="token budget")
-        self.readout, self.error, self.image = W.HTML(), W.HTML(), W.Image(format="png")
+        super().__init__()
         self.widget = W.VBox([W.HBox([self.policy, self.max_rate]), W.HBox([self.spread, self.budget]),
                               self.error, self.readout, self.image])
-        for c in (self.policy, self.max_rate, self.spread, self.budget):
-            c.observe(lambda _change: self.update(), names="value")
+        self._watch(self.policy, self.max_rate, self.spread, self.budget)
         self.update()
 
-    def update(self) -> None:
-        try:
-            text, fig, _ = serving_readout(self.policy.value, self.max_rate.value, self.spread.value, self.budget.value)
-        except ValueError as err:
-            self.error.value = f"<span style='color:#b00'>{html.escape(str(err))}</span>"
-            return
-        self.error.value = ""
-        self.readout.value = text
-        self.image.value = figure_png(fig)
-
-    def _repr_mimebundle_(self, **kwargs):  # display the widget when the object is a cell's last expression
-        return self.widget._repr_mimebundle_(**kwargs)
+    def _compute(self) -> tuple[str, Figure]:
+        text, fig, _ = serving_readout(self.policy.value, self.max_rate.value, self.spread.value, self.budget.value)
+        return text, fig
