@@ -19,6 +19,8 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 PYTEST_ARGS ?=
+# Two pytest-xdist workers; a module's (or a class's) tests stay on one, with their fixtures. 0 = no workers.
+PYTEST_WORKERS ?= 2
 PYTEST_TIMEOUT ?= 900
 LAB_ARGS ?=
 CHROMIUM ?= /usr/bin/chromium
@@ -57,7 +59,7 @@ lab: setup
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir=labs $(ALLOW_ROOT) $(LAB_ARGS)
 
 test: setup browser-deps
-	@rc=0; $(PY) -m pytest --timeout=$(PYTEST_TIMEOUT) $(PYTEST_ARGS) || rc=$$?; \
+	@rc=0; $(PY) -m pytest --timeout=$(PYTEST_TIMEOUT) -n $(PYTEST_WORKERS) --dist loadscope --durations=25 $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests; that is a failure"; fi; \
 	exit $$rc
 

@@ -37,10 +37,10 @@ def test_notebook_is_normalized(path):
                                            "run `make normalize` (or `make release` for labs/)")
 
 
-@pytest.fixture(scope="module", params=LABS)
+@pytest.fixture(scope="class")
 def released_lab(request, tmp_path_factory):
     """(assignment, temp course, fresh release folder, gradebook path): nbgrader run on a copy of the source."""
-    a = request.param
+    a = request.cls.lab
     tmp = tmp_path_factory.mktemp(f"lab_{a}")
     course = grading.make_temp_course(REPO_ROOT, a, tmp / "course")
     db = tmp / "gradebook.db"
@@ -50,23 +50,7 @@ def released_lab(request, tmp_path_factory):
     return a, course, folder, db
 
 
-def test_labs_not_stale(released_lab):
-    a, _, fresh, _ = released_lab
-    committed = REPO_ROOT / "labs" / a
-    assert committed.is_dir(), f"labs/{a} is missing; run `make release`"
-    fresh_files = sorted(p.relative_to(fresh) for p in fresh.rglob("*") if p.is_file())
-    committed_files = sorted(p.relative_to(committed) for p in committed.rglob("*")
-                             if p.is_file() and ".ipynb_checkpoints" not in p.parts and "__pycache__" not in p.parts)
-    assert committed_files == fresh_files, f"labs/{a} holds other files than nbgrader generates; run `make release`"
-    for rel in fresh_files:
-        if rel.suffix == ".ipynb":
-            same = notebooks.comparable(committed / rel) == notebooks.comparable(fresh / rel)
-        else:
-            same = filecmp.cmp(committed / rel, fresh / rel, shallow=False)
-        assert same, f"labs/{a}/{rel} is stale (differs from nbgrader's release of solutions/{a}); run `make release`"
-
-
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="class")
 def graded_lab(released_lab):
     """Autograde the solution and the released notebook of one lab, as two students of a temp course."""
     a, course, folder, db = released_lab
@@ -96,26 +80,50 @@ def _table(result: grading.SubmissionResult) -> str:
     return "\n".join(rows)
 
 
-@pytest.mark.slow
-def test_solution_scores_full_marks(graded_lab, released_lab):
-    """Full marks; without a GPU, full marks on the CPU tier and no points (with the message) for GPU cells."""
-    from autograder.harness import gpu_available
+class LabNotebook:
+    """The tests of one lab's notebook. One subclass per lab (below): pytest-xdist's `--dist loadscope` keeps
+    a class on one worker, so each lab is released and graded once, and different labs grade in parallel."""
 
-    r = graded_lab["solution"]
-    assert r.max_score > 0 and r.cells, "the lab has no graded cells"
-    assert r.status == "ok", _table(r)
-    gpu_cells = set() if gpu_available() else _gpu_tier_cells(released_lab[1], released_lab[0])
-    lost = [c.grade_id for c in r.cells if c.grade_id not in gpu_cells and c.score != c.max_score]
-    assert not lost, "the solution notebook lost points in " + ", ".join(lost) + ":\n" + _table(r)
-    for c in r.cells:
-        if c.grade_id in gpu_cells:
-            assert c.score == 0 and "needs a GPU" in c.note, ("a GPU-tier cell must not award points on a "
-                                                              "machine without a GPU:\n" + _table(r))
+    lab: str
+
+    def test_labs_not_stale(self, released_lab):
+        a, _, fresh, _ = released_lab
+        committed = REPO_ROOT / "labs" / a
+        assert committed.is_dir(), f"labs/{a} is missing; run `make release`"
+        fresh_files = sorted(p.relative_to(fresh) for p in fresh.rglob("*") if p.is_file())
+        committed_files = sorted(p.relative_to(committed) for p in committed.rglob("*")
+                                 if p.is_file() and ".ipynb_checkpoints" not in p.parts and "__pycache__" not in p.parts)
+        assert committed_files == fresh_files, f"labs/{a} holds other files than nbgrader generates; run `make release`"
+        for rel in fresh_files:
+            if rel.suffix == ".ipynb":
+                same = notebooks.comparable(committed / rel) == notebooks.comparable(fresh / rel)
+            else:
+                same = filecmp.cmp(committed / rel, fresh / rel, shallow=False)
+            assert same, f"labs/{a}/{rel} is stale (differs from nbgrader's release of solutions/{a}); run `make release`"
+
+    @pytest.mark.slow
+    def test_solution_scores_full_marks(self, graded_lab, released_lab):
+        """Full marks; without a GPU, full marks on the CPU tier and no points (with the message) for GPU cells."""
+        from autograder.harness import gpu_available
+
+        r = graded_lab["solution"]
+        assert r.max_score > 0 and r.cells, "the lab has no graded cells"
+        assert r.status == "ok", _table(r)
+        gpu_cells = set() if gpu_available() else _gpu_tier_cells(released_lab[1], released_lab[0])
+        lost = [c.grade_id for c in r.cells if c.grade_id not in gpu_cells and c.score != c.max_score]
+        assert not lost, "the solution notebook lost points in " + ", ".join(lost) + ":\n" + _table(r)
+        for c in r.cells:
+            if c.grade_id in gpu_cells:
+                assert c.score == 0 and "needs a GPU" in c.note, ("a GPU-tier cell must not award points on a "
+                                                                  "machine without a GPU:\n" + _table(r))
+
+    @pytest.mark.slow
+    def test_released_notebook_scores_zero_everywhere(self, graded_lab):
+        r = graded_lab["released"]
+        assert r.status == "ok", _table(r)
+        earned = [c for c in r.cells if c.score > 0]
+        assert not earned, "the released stub earns points in: " + ", ".join(c.grade_id for c in earned) + "\n" + _table(r)
 
 
-@pytest.mark.slow
-def test_released_notebook_scores_zero_everywhere(graded_lab):
-    r = graded_lab["released"]
-    assert r.status == "ok", _table(r)
-    earned = [c for c in r.cells if c.score > 0]
-    assert not earned, "the released stub earns points in: " + ", ".join(c.grade_id for c in earned) + "\n" + _table(r)
+for _lab in LABS:                                   # TestLab_00_token_factory, TestLab_01_kv_cache, ...
+    globals()[f"TestLab_{_lab}"] = type(f"TestLab_{_lab}", (LabNotebook,), {"lab": _lab})
