@@ -174,7 +174,8 @@ class LLMEngine(EngineBase):
 
     def stats(self) -> EngineStats:
         pool = self.cache.manager.pool
-        hit_rate = getattr(self.scheduler, "hit_rate", 0.0)
-        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), pool.num_blocks, pool.num_used,
-                           hit_rate, self.num_preemptions, self.num_steps, self.num_finished,
-                           self.num_generated_tokens, *self._last_batch)
+        sched = self.scheduler
+        return EngineStats(len(sched.running), len(sched.waiting), pool.num_blocks, pool.num_used,
+                           getattr(sched, "hit_rate", 0.0), self.num_preemptions, self.num_steps, self.num_finished,
+                           self.num_generated_tokens, *self._last_batch, getattr(sched, "lookup_tokens", 0),
+                           getattr(sched, "hit_tokens", 0))

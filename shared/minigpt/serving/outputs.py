@@ -77,6 +77,8 @@ class EngineStats:
     num_generated_tokens: int = 0
     last_batch_size: int = 0
     last_batched_tokens: int = 0
+    prefix_cache_queried_tokens: int = 0      # tokens looked up in the prefix cache on admission
+    prefix_cache_hit_tokens: int = 0          # of which found (hit rate = hit / queried)
 
     @property
     def kv_usage(self) -> float:

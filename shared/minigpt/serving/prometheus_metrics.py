@@ -8,6 +8,7 @@ Names (all prefixed `minigpt_`), read by the lab's live dashboard and the load g
       minigpt_server_requests_in_flight   requests the server holds (each has an admission slot)
       minigpt_kv_blocks_used / minigpt_kv_blocks_total / minigpt_kv_cache_usage_ratio
       minigpt_prefix_cache_hit_rate       prompt tokens found in the prefix cache / prompt tokens looked up
+      minigpt_prefix_cache_queried_tokens_total, minigpt_prefix_cache_hit_tokens_total   (counters) its two terms
       minigpt_batch_size                  sequences in the last step;  minigpt_batch_tokens: tokens in it
       minigpt_preemptions_total           (counter) sequences preempted so far
       minigpt_engine_steps_total          (counter) model steps so far
@@ -60,6 +61,10 @@ class _EngineCollector(Collector):
             yield GaugeMetricFamily(name, doc, value=value)
         yield CounterMetricFamily("minigpt_preemptions", "Sequences preempted (recomputation)", value=s.num_preemptions)
         yield CounterMetricFamily("minigpt_engine_steps", "Model steps", value=s.num_steps)
+        yield CounterMetricFamily("minigpt_prefix_cache_queried_tokens", "Tokens looked up in the prefix cache on admission",
+                                  value=s.prefix_cache_queried_tokens)
+        yield CounterMetricFamily("minigpt_prefix_cache_hit_tokens", "Tokens found in the prefix cache on admission",
+                                  value=s.prefix_cache_hit_tokens)
 
 
 class ServingMetrics:
