@@ -69,6 +69,7 @@ class AsyncLLMEngine:
         self._streams_lock = threading.Lock()
         self._observers: list[Observer] = []
         self._paused = False
+        self._steps_before_pause: int | None = None
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._stats = engine.stats()
@@ -99,13 +100,20 @@ class AsyncLLMEngine:
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def pause(self) -> None:
-        """Stop stepping (test hook): requests are still queued and aborts still applied."""
-        self._paused = True
+    def pause(self, after_steps: int = 0) -> None:
+        """Stop stepping (test hook), now or after `after_steps` more model steps; requests are still queued
+        and aborts still applied while paused."""
+        self._steps_before_pause = after_steps
+        self._paused = after_steps == 0
 
     def resume(self) -> None:
+        self._steps_before_pause = None
         self._paused = False
         self._wake.set()
+
+    @property
+    def is_paused(self) -> bool:
+        return self._paused
 
     def add_observer(self, fn: Observer) -> None:
         """`fn(outputs)` is called in the engine thread after every step (metrics); it must be quick and not raise."""
@@ -179,6 +187,10 @@ class AsyncLLMEngine:
                 stepped = True
                 try:
                     outputs += self.engine.step()
+                    if self._steps_before_pause is not None:
+                        self._steps_before_pause -= 1
+                        if self._steps_before_pause <= 0:
+                            self._paused, self._steps_before_pause = True, None
                 except Exception:                      # never let one bad step kill the server's only engine thread
                     log.exception("engine step failed; aborting every unfinished request")
                     self.num_step_errors += 1
