@@ -99,8 +99,10 @@ def serve_subprocess(args: Sequence[str] = (), *, host: str = LOOPBACK, port: in
             if not wait_healthy(base_url, timeout, lambda: child.poll() is None):
                 err.seek(0)
                 tail = err.read().decode(errors="replace")[-3000:]
-                raise ServerStartError(f"`{' '.join(cmd)}` did not answer {base_url}/health within {timeout} s "
-                                       f"(exit code {child.poll()}); its stderr:\n{tail}")
+                code = child.poll()
+                what = f"exited with code {code} before answering" if code is not None else \
+                    f"did not answer {base_url}/health within {timeout} s"
+                raise ServerStartError(f"`{' '.join(cmd)}` {what}; its stderr:\n{tail}")
             url = ServerURL(base_url)
             url.process = child
             yield url
