@@ -107,7 +107,7 @@ def test_errors_and_429_are_recorded_and_never_good() -> None:
                             status_code=429, headers={"Retry-After": "1"})
 
     with serve_in_thread(app) as url:
-        records = benchmark(url, ["x", "y"], max_tokens=3)
+        records = benchmark(url, ["x", "y"], max_tokens=3, model="m")
     assert all(r.status == 429 and not r.ok for r in records)
     summary = summarize_records(records)
     assert summary.num_rejected == 2 and summary.num_ok == 0 and summary.goodput == 0.0

@@ -1,7 +1,7 @@
 """A fake OpenAI-compatible replica (lab 08): no model, deterministic, for fast router and load-generator tests.
 
 It answers POST /v1/completions and /v1/chat/completions (streaming or not, OpenAI's shapes, usage,
-`data: [DONE]`) with `max_tokens` tokens " t0 t1 ...", GET /health, and GET /stats with its counts.
+`data: [DONE]`) with `max_tokens` tokens " t0 t1 ...", GET /v1/models ("fake"), GET /health, and GET /stats with its counts.
 Every response names the replica in `system_fingerprint`, so a test behind a router sees who served it.
 
 It also simulates a prefix cache, so routing policies can be compared in milliseconds: the chained
@@ -106,6 +106,10 @@ def create_fake_app(name: str, *, token_delay: float = 0.0, prefill_delay: float
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
         return await handle(request, chat=True)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": "fake", "object": "model", "owned_by": name}]}
 
     @app.get("/health")
     async def health() -> dict[str, str]:

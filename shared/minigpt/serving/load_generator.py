@@ -158,12 +158,20 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict, record: RequestR
         record.end_time = time.perf_counter()
 
 
+async def _first_model(client: httpx.AsyncClient, base: str) -> str:
+    response = await client.get(base + "/v1/models")
+    if response.status_code != 200 or not response.json().get("data"):
+        raise ValueError(f"{base}/v1/models did not list a model ({response.status_code}); pass model=...")
+    return response.json()["data"][0]["id"]
+
+
 async def run_benchmark(base_url: str, prompts: Sequence[str] | Workload, *, rate: float = math.inf,
-                        max_tokens: int = 32, chat: bool = False, model: str = "minigpt", temperature: float = 0.0,
+                        max_tokens: int = 32, chat: bool = False, model: str | None = None, temperature: float = 0.0,
                         seed: int = 0, max_requests: int | None = None, max_duration: float = 60.0,
                         max_concurrency: int | None = None) -> list[RequestRecord]:
     """Send the prompts to `base_url` (/v1/completions, or /v1/chat/completions if chat) at Poisson `rate`;
-    return one RequestRecord per request sent, in prompt order. Bounded by max_requests and max_duration (s)."""
+    return one RequestRecord per request sent, in prompt order. Bounded by max_requests and max_duration (s).
+    `model` defaults to the first model the server lists at GET /v1/models."""
     base = check_loopback(base_url)
     prompts = list(prompts.prompts if isinstance(prompts, Workload) else prompts)[:max_requests]
     if not max_duration > 0:
@@ -176,6 +184,8 @@ async def run_benchmark(base_url: str, prompts: Sequence[str] | Workload, *, rat
     timeout = httpx.Timeout(max_duration, connect=10.0)
 
     async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
+        if model is None:
+            model = await _first_model(client, base)
         start = time.perf_counter()
         deadline = start + max_duration
 

@@ -7,7 +7,7 @@ body unchanged with httpx. Streams pass through chunk by chunk; a client that di
 upstream stream, so the replica aborts the request and frees its blocks. The replica's reply comes
 back as is (status, body), with an `x-routed-to` header naming the replica.
 
-GET /health, GET /stats (JSON: policy, requests and errors per replica) and GET /metrics
+GET /v1/models (the first replica's), GET /health, GET /stats (JSON: policy, requests and errors per replica) and GET /metrics
 (Prometheus: `router_requests_total{replica}`, `router_errors_total{replica}`).
 
     python -m minigpt.serving.router --replica http://127.0.0.1:8001 --replica http://127.0.0.1:8002 \\
@@ -159,6 +159,15 @@ def create_router_app(replicas: Sequence[str], *, policy: str | Policy = "prefix
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await forward(request, "/v1/chat/completions", chat=True)
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        """The replicas serve the same models: the first replica's list."""
+        try:
+            r = await state["client"].get(replicas[0] + "/v1/models")
+        except httpx.HTTPError as err:
+            return _error(502, f"replica {replicas[0]} did not answer: {type(err).__name__}: {err}", "server_error")
+        return Response(r.content, status_code=r.status_code, media_type="application/json")
 
     @app.get("/health")
     async def health() -> dict[str, str]:

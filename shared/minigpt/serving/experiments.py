@@ -1,0 +1,157 @@
+"""Lab 08's two load tests, as functions the notebook and scripts/measure_lab08_serving.py call.
+
+* `compare_engines`: the same server with `--engine naive` (one request at a time, lab 01's cached
+  generation) and `--engine continuous` (the engine), each as a child process, driven by the load
+  generator at a set of Poisson request rates with the same seeded workload: output tokens/s,
+  p99 TTFT, goodput per rate.
+* `compare_routing`: two engine replicas (child processes) behind the router, once per policy (fresh
+  replicas each time, so every policy starts with cold prefix caches), on a shared-system-prompt
+  workload: prefix-cache hit rate (from the replicas' /metrics) and mean TTFT.
+
+A rate is *sustained* when every request of the run was served (no 429, no error, none cut by the
+time bound); `highest_common_rate` is the highest rate both engines sustain.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from minigpt.serving.client_metrics import BenchmarkSummary, summarize_records
+from minigpt.serving.load_generator import Workload, benchmark, corpus_prompts, shared_prefix_prompts
+
+__all__ = ["RatePoint", "EngineComparison", "compare_engines", "RoutingPoint", "compare_routing", "sweep_rates"]
+
+
+@dataclass(frozen=True)
+class RatePoint:
+    """One run at one offered rate (requests/s; inf = all at once)."""
+    engine: str
+    rate: float
+    summary: BenchmarkSummary
+
+    @property
+    def output_throughput(self) -> float:
+        return self.summary.output_throughput
+
+    @property
+    def p99_ttft(self) -> float:
+        return self.summary.ttft[99]
+
+    @property
+    def sustained(self) -> bool:
+        return self.summary.num_ok == self.summary.num_requests
+
+    def row(self) -> str:
+        rate = "inf" if math.isinf(self.rate) else f"{self.rate:g}"
+        return f"{self.engine:>10} @ {rate:>4} req/s: {self.summary.row()}"
+
+
+@dataclass(frozen=True)
+class EngineComparison:
+    points: list[RatePoint] = field(default_factory=list)
+
+    def series(self) -> dict[str, list[RatePoint]]:
+        out: dict[str, list[RatePoint]] = {}
+        for p in self.points:
+            out.setdefault(p.engine, []).append(p)
+        return out
+
+    def highest_common_rate(self, a: str = "naive", b: str = "continuous") -> float | None:
+        """The highest offered rate that both engines sustained (every request served), or None."""
+        s = self.series()
+        ok = lambda name: {p.rate for p in s.get(name, []) if p.sustained}      # noqa: E731
+        common = ok(a) & ok(b)
+        return max(common) if common else None
+
+    def at(self, engine: str, rate: float) -> RatePoint:
+        return next(p for p in self.points if p.engine == engine and p.rate == rate)
+
+    def speedup(self, rate: float | None = None) -> float:
+        """continuous / naive output tokens/s at `rate` (default: the highest rate both sustain)."""
+        rate = self.highest_common_rate() if rate is None else rate
+        if rate is None:
+            raise ValueError("no rate was sustained by both engines")
+        return self.at("continuous", rate).output_throughput / self.at("naive", rate).output_throughput
+
+    def table(self) -> str:
+        return "\n".join(p.row() for p in self.points)
+
+
+def sweep_rates(base_url: str, engine: str, workload: Workload, rates: Sequence[float], *, max_tokens: int,
+                seed: int = 0, max_duration: float = 60.0, ttft_limit: float = 1.0,
+                tpot_limit: float = 0.1) -> list[RatePoint]:
+    """One benchmark per rate against one server (after a 1-request warm-up)."""
+    benchmark(base_url, workload.prompts[:1], max_tokens=2, max_duration=max_duration)
+    points = []
+    for rate in rates:
+        records = benchmark(base_url, workload, rate=rate, max_tokens=max_tokens, seed=seed, max_duration=max_duration)
+        points.append(RatePoint(engine, rate, summarize_records(records, ttft_limit=ttft_limit, tpot_limit=tpot_limit)))
+    return points
+
+
+def compare_engines(rates: Sequence[float] = (1.0, 4.0, math.inf), *, checkpoint: str = "draft",
+                    num_requests: int = 16, prompt_tokens: int = 32, max_tokens: int = 16, seed: int = 0,
+                    threads: int = 1, max_duration: float = 60.0, engine_args: Sequence[str] = (),
+                    ttft_limit: float = 1.0, tpot_limit: float = 0.1) -> EngineComparison:
+    """Naive serving against the engine, each in a child process (`threads` torch threads), at each rate."""
+    from minigpt.serving.launch import serve_subprocess
+
+    workload = corpus_prompts(num_requests, prompt_tokens=prompt_tokens, seed=seed)
+    points: list[RatePoint] = []
+    for engine in ("naive", "continuous"):
+        args = ["--checkpoint", checkpoint, "--engine", engine, "--threads", str(threads),
+                "--max-queue", str(num_requests + 8), *(engine_args if engine == "continuous" else ())]
+        with serve_subprocess(args) as url:
+            points += sweep_rates(url, engine, workload, rates, max_tokens=max_tokens, seed=seed,
+                                  max_duration=max_duration, ttft_limit=ttft_limit, tpot_limit=tpot_limit)
+    return EngineComparison(points)
+
+
+@dataclass(frozen=True)
+class RoutingPoint:
+    policy: str
+    prefix_hit_rate: float           # cached / looked-up prompt tokens, over both replicas
+    requests_per_replica: list[int]
+    summary: BenchmarkSummary
+
+    @property
+    def mean_ttft(self) -> float:
+        return self.summary.mean_ttft
+
+    def row(self) -> str:
+        return (f"{self.policy:>11}: prefix-cache hit rate {self.prefix_hit_rate:.1%}, mean TTFT "
+                f"{1e3 * self.mean_ttft:.0f} ms, p99 TTFT {1e3 * self.summary.ttft[99]:.0f} ms, requests per replica "
+                f"{self.requests_per_replica}, {self.summary.num_ok}/{self.summary.num_requests} ok")
+
+
+def compare_routing(policies: Sequence[str] = ("round_robin", "prefix"), *, num_replicas: int = 2,
+                    checkpoint: str = "draft", num_prefixes: int = 4, questions_per_prefix: int = 8,
+                    prefix_tokens: int = 200, question_tokens: int = 16, max_tokens: int = 4, rate: float = 8.0,
+                    block_size: int = 16, prefix_blocks: int = 4, seed: int = 0, threads: int = 1,
+                    max_duration: float = 60.0) -> list[RoutingPoint]:
+    """Each policy in front of `num_replicas` fresh engine replicas (child processes), same shared-prefix workload."""
+    import httpx
+
+    from minigpt.serving.launch import serve_in_thread
+    from minigpt.serving.replicas import engine_replicas, prefix_hit_rate
+    from minigpt.serving.router import create_router_app
+
+    workload = shared_prefix_prompts(num_prefixes, questions_per_prefix, prefix_tokens=prefix_tokens,
+                                     question_tokens=question_tokens, seed=seed)
+    out = []
+    for policy in policies:
+        args = ["--checkpoint", checkpoint, "--block-size", str(block_size),
+                "--max-queue", str(len(workload.prompts) + 8)]
+        with engine_replicas(num_replicas, args, threads=threads) as urls:
+            for url in urls:                  # first forward passes are slow; a short prompt shares no prefix
+                benchmark(url, ["warm-up"], max_tokens=2, max_duration=max_duration)
+            app = create_router_app(urls, policy=policy, block_size=block_size, prefix_blocks=prefix_blocks)
+            with serve_in_thread(app) as router:
+                records = benchmark(router, workload, rate=rate, max_tokens=max_tokens, seed=seed,
+                                    max_duration=max_duration)
+                stats = httpx.get(router + "/stats", trust_env=False).json()["replicas"]
+            hit = prefix_hit_rate(urls)
+        out.append(RoutingPoint(policy, hit, [stats[u]["requests"] for u in urls], summarize_records(records)))
+    return out

@@ -1,0 +1,70 @@
+"""Engine replicas (lab 08): several `python -m minigpt.serving` servers as separate processes, and their metrics.
+
+Each replica is its own process (its own engine, KV pool and prefix cache, its own Python and
+torch threads), started with `minigpt.serving.launch.serve_subprocess` and stopped when the block
+ends, as a data-parallel deployment does on one machine per replica.
+
+    with engine_replicas(2, ["--checkpoint", "draft"]) as urls:
+        with serve_in_thread(create_router_app(urls, policy="prefix")) as router: ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+from concurrent.futures import ThreadPoolExecutor
+from typing import Iterator, Sequence
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from minigpt.serving.load_generator import check_loopback
+
+__all__ = ["engine_replicas", "read_metrics", "prefix_hit_rate"]
+
+
+@contextlib.contextmanager
+def engine_replicas(n: int = 2, args: Sequence[str] = ("--checkpoint", "draft"), *, threads: int = 1,
+                    timeout: float = 180.0) -> Iterator[list[str]]:
+    """Start n replicas (`python -m minigpt.serving *args --threads threads`) at once; yield their base URLs;
+    stop every one on exit (also when a start fails)."""
+    from minigpt.serving.launch import serve_subprocess
+
+    if n < 1:
+        raise ValueError(f"need at least one replica, got {n}")
+    with contextlib.ExitStack() as stack:
+        managers = [serve_subprocess([*args, "--threads", str(threads)], timeout=timeout) for _ in range(n)]
+        with ThreadPoolExecutor(max_workers=n) as pool:       # the children load their models concurrently
+            futures = [pool.submit(m.__enter__) for m in managers]
+            urls, errors = [], []
+            for m, f in zip(managers, futures):
+                try:
+                    urls.append(f.result())
+                    stack.push(m)                             # started: its __exit__ stops it
+                except BaseException as err:                  # noqa: BLE001 - re-raised below, after cleanup
+                    errors.append(err)
+        if errors:
+            raise errors[0]
+        yield urls
+
+
+def read_metrics(base_url: str) -> dict[str, float]:
+    """GET /metrics of a server on loopback, as {sample name (with labels, if any): value}."""
+    text = httpx.get(check_loopback(base_url) + "/metrics", timeout=10.0, trust_env=False).text
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = float(s.value)
+    return out
+
+
+def prefix_hit_rate(replica_urls: Sequence[str]) -> float:
+    """Prefix-cache hit rate over replicas: each replica's `minigpt_prefix_cache_hit_rate` (cached / looked-up
+    prompt tokens since it started) weighted by its `minigpt_prompt_tokens_total`."""
+    hits = tokens = 0.0
+    for url in replica_urls:
+        m = read_metrics(url)
+        n = m.get("minigpt_prompt_tokens_total", 0.0)
+        hits += m.get("minigpt_prefix_cache_hit_rate", 0.0) * n
+        tokens += n
+    return hits / tokens if tokens else 0.0
