@@ -1,6 +1,15 @@
 """Serving (lab 08): the engine behind an OpenAI-compatible HTTP server, with metrics, backpressure,
 multi-LoRA batching, a prefix-aware router and a load generator.
 
+* `engine` (LLMEngine, EngineConfig, EngineRequest): paged KV with prefix caching, continuous batching, optional
+  INT8/INT4 weights; `naive` (NaiveEngine): one request at a time on lab 01's cache, the baseline; `base`: what both
+  share (validation, outputs, offline `generate`); `outputs` (RequestOutput, Completion, EngineStats);
+  `detokenizer` (incremental detokenization, UTF-8 safe).
+* `async_engine` (AsyncLLMEngine): the step loop in one background thread, a stream per request, abort, pause.
+* `api_server` (create_app): FastAPI routes /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics;
+  `protocol` (pydantic bodies), `chat_template`, `streaming` (the SSE handler, learner piece), `admission`
+  (bounded queue, 429 + Retry-After, learner piece), `prometheus_metrics` (per-app registry).
+* `launch` (free_port, serve_in_thread, serve_subprocess) and `python -m minigpt.serving` (`__main__`).
 * `client_metrics` (one request as the client saw it: TTFT, TPOT, ITL; goodput in requests/s meeting both
   latency objectives), `load_generator` (the course's benchmark_serving: Poisson arrivals, streaming,
   bounded, loopback only; corpus and shared-system-prompt workloads).
