@@ -223,6 +223,7 @@ def check_router(route_fn: Callable[..., Any], *, num_prefixes: int = 12, questi
     from minigpt.serving.load_generator import shared_prefix_prompts
 
     work = shared_prefix_prompts(num_prefixes, questions, seed=0)
+    _call_route(route_fn, list(range(70)), REPLICAS4[:2])          # a clear message if it is not implemented yet
     served: dict[int, set[str]] = {}
     with quiet(), _fake_cluster(route_fn) as (router, _), httpx.Client(trust_env=False, timeout=30) as http:
         for pid, prompt in zip(work.prefix_ids, work.prompts):

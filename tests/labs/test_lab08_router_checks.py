@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 
 import pytest
@@ -75,11 +76,15 @@ def test_goodput_names_the_mistake() -> None:
 # --- wrong routing -----------------------------------------------------------------------------------
 
 def _ring_route(key_fn, vnodes=64, point=lambda replica, v, i: f"{replica}#{v}"):
-    def route_fn(prompt_token_ids, replicas, *, block_size=16, prefix_blocks=4):
+    @functools.lru_cache(maxsize=None)
+    def ring_of(replicas):
         ring = sorted((ring_hash(point(r, v, i)), r) for i, r in enumerate(replicas) for v in range(vnodes))
+        return [p for p, _ in ring], [r for _, r in ring]
+
+    def route_fn(prompt_token_ids, replicas, *, block_size=16, prefix_blocks=4):
+        positions, owners = ring_of(tuple(replicas))
         key = key_fn(prompt_token_ids, block_size, prefix_blocks)
-        k = bisect.bisect_left([p for p, _ in ring], key) % len(ring)
-        return ring[k][1]
+        return owners[bisect.bisect_left(positions, key) % len(positions)]
     return route_fn
 
 

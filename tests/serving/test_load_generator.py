@@ -101,6 +101,10 @@ def test_bounded_in_time_and_count() -> None:
 def test_errors_and_429_are_recorded_and_never_good() -> None:
     app = FastAPI()
 
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
     @app.post("/v1/completions")
     async def busy() -> JSONResponse:
         return JSONResponse({"error": {"message": "queue full", "type": "rate_limit", "param": None, "code": None}},

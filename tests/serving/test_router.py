@@ -173,3 +173,14 @@ def test_router_refuses_remote_replicas_and_bad_policies() -> None:
         create_router_app(["http://example.com:8000"])
     with pytest.raises(ValueError, match="policy"):
         create_router_app(["http://127.0.0.1:1"], policy="random")
+
+
+def test_a_failing_policy_answers_500_and_the_router_lives_on() -> None:
+    def broken(prompt_token_ids, replicas, **kwargs):
+        raise NotImplementedError()
+
+    with fake_replicas("r0") as urls, serve_in_thread(create_router_app(urls, policy=broken)) as router:
+        with httpx.Client(trust_env=False) as http:
+            r = http.post(router + "/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 1})
+            assert r.status_code == 500 and "NotImplementedError" in r.json()["error"]["message"]
+            assert http.get(router + "/health").status_code == 200

@@ -59,12 +59,11 @@ def read_metrics(base_url: str) -> dict[str, float]:
 
 
 def prefix_hit_rate(replica_urls: Sequence[str]) -> float:
-    """Prefix-cache hit rate over replicas: each replica's `minigpt_prefix_cache_hit_rate` (cached / looked-up
-    prompt tokens since it started) weighted by its `minigpt_prompt_tokens_total`."""
-    hits = tokens = 0.0
+    """Prefix-cache hit rate over replicas: sum of `minigpt_prefix_cache_hit_tokens_total` / sum of
+    `minigpt_prefix_cache_queried_tokens_total` (prompt tokens found in / looked up in the cache, since start)."""
+    hits = queried = 0.0
     for url in replica_urls:
         m = read_metrics(url)
-        n = m.get("minigpt_prompt_tokens_total", 0.0)
-        hits += m.get("minigpt_prefix_cache_hit_rate", 0.0) * n
-        tokens += n
-    return hits / tokens if tokens else 0.0
+        hits += m.get("minigpt_prefix_cache_hit_tokens_total", 0.0)
+        queried += m.get("minigpt_prefix_cache_queried_tokens_total", 0.0)
+    return hits / queried if queried else 0.0

@@ -116,7 +116,10 @@ def create_router_app(replicas: Sequence[str], *, policy: str | Policy = "prefix
             ids = prompt_token_ids(body, chat)
         except ValueError as err:            # JSONDecodeError is a ValueError
             return _error(400, f"could not route the request: {err}")
-        replica = choose(ids, list(replicas), block_size=block_size, prefix_blocks=prefix_blocks)
+        try:
+            replica = choose(ids, list(replicas), block_size=block_size, prefix_blocks=prefix_blocks)
+        except Exception as err:              # a broken policy must not take the router down
+            return _error(500, f"the routing policy raised {type(err).__name__}: {err}", "server_error")
         if replica not in counts:
             return _error(500, f"the routing policy returned {replica!r}, which is not one of {replicas}",
                           "server_error")
