@@ -33,7 +33,7 @@ def _rate(r: float) -> float | str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", default="target")
-    ap.add_argument("--rates", default="0.5,1,2,4,8,inf", help="request rates (req/s), inf = all at once")
+    ap.add_argument("--rates", default="1,2,4,8,inf", help="request rates (req/s), inf = all at once")
     ap.add_argument("--requests", type=int, default=24)
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=32)

@@ -14,9 +14,10 @@ time bound); `highest_common_rate` is the highest rate both engines sustain.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import ContextManager, Iterator, Sequence
 
 from minigpt.serving.client_metrics import BenchmarkSummary, summarize_records
 from minigpt.serving.load_generator import Workload, benchmark, corpus_prompts, shared_prefix_prompts
@@ -94,19 +95,30 @@ def sweep_rates(base_url: str, engine: str, workload: Workload, rates: Sequence[
 def compare_engines(rates: Sequence[float] = (1.0, 4.0, math.inf), *, checkpoint: str = "draft",
                     num_requests: int = 16, prompt_tokens: int = 32, max_tokens: int = 16, seed: int = 0,
                     threads: int = 1, max_duration: float = 60.0, engine_args: Sequence[str] = (),
-                    ttft_limit: float = 1.0, tpot_limit: float = 0.1) -> EngineComparison:
-    """Naive serving against the engine, each in a child process (`threads` torch threads), at each rate."""
+                    ttft_limit: float = 1.0, tpot_limit: float = 0.1, processes: bool = True) -> EngineComparison:
+    """Naive serving against the engine at each rate: each server a child process (`threads` torch threads,
+    `engine_args` for the continuous one), or with processes=False in this process (`thread_replicas`: fast to
+    start, shared GIL, default engine settings)."""
     from minigpt.serving.launch import serve_subprocess
+    from minigpt.serving.replicas import thread_replicas
 
     workload = corpus_prompts(num_requests, prompt_tokens=prompt_tokens, seed=seed)
     points: list[RatePoint] = []
     for engine in ("naive", "continuous"):
         args = ["--checkpoint", checkpoint, "--engine", engine, "--threads", str(threads),
                 "--max-queue", str(num_requests + 8), *(engine_args if engine == "continuous" else ())]
-        with serve_subprocess(args) as url:
+        server = (serve_subprocess(args) if processes else
+                  _only(thread_replicas(1, checkpoint, engine=engine, max_queue=num_requests + 8)))
+        with server as url:
             points += sweep_rates(url, engine, workload, rates, max_tokens=max_tokens, seed=seed,
                                   max_duration=max_duration, ttft_limit=ttft_limit, tpot_limit=tpot_limit)
     return EngineComparison(points)
+
+
+@contextlib.contextmanager
+def _only(replicas: ContextManager[list[str]]) -> Iterator[str]:
+    with replicas as urls:
+        yield urls[0]
 
 
 @dataclass(frozen=True)
@@ -130,12 +142,14 @@ def compare_routing(policies: Sequence[str] = ("round_robin", "prefix"), *, num_
                     checkpoint: str = "draft", num_prefixes: int = 4, questions_per_prefix: int = 8,
                     prefix_tokens: int = 200, question_tokens: int = 16, max_tokens: int = 4, rate: float = 8.0,
                     block_size: int = 16, prefix_blocks: int = 4, seed: int = 0, threads: int = 1,
-                    max_duration: float = 60.0) -> list[RoutingPoint]:
-    """Each policy in front of `num_replicas` fresh engine replicas (child processes), same shared-prefix workload."""
+                    max_duration: float = 60.0, processes: bool = True) -> list[RoutingPoint]:
+    """Each policy in front of `num_replicas` fresh engine replicas (child processes, or with processes=False
+    `thread_replicas` in this process), on the same shared-prefix workload."""
     import httpx
 
     from minigpt.serving.launch import serve_in_thread
-    from minigpt.serving.replicas import engine_replicas, prefix_hit_rate
+    from minigpt.serving.engine import EngineConfig
+    from minigpt.serving.replicas import engine_replicas, prefix_hit_rate, thread_replicas
     from minigpt.serving.router import create_router_app
 
     workload = shared_prefix_prompts(num_prefixes, questions_per_prefix, prefix_tokens=prefix_tokens,
@@ -144,7 +158,10 @@ def compare_routing(policies: Sequence[str] = ("round_robin", "prefix"), *, num_
     for policy in policies:
         args = ["--checkpoint", checkpoint, "--block-size", str(block_size),
                 "--max-queue", str(len(workload.prompts) + 8)]
-        with engine_replicas(num_replicas, args, threads=threads) as urls:
+        replicas = (engine_replicas(num_replicas, args, threads=threads) if processes else
+                    thread_replicas(num_replicas, checkpoint, config=EngineConfig(block_size=block_size),
+                                    max_queue=len(workload.prompts) + 8))
+        with replicas as urls:
             for url in urls:                  # first forward passes are slow; a short prompt shares no prefix
                 benchmark(url, ["warm-up"], max_tokens=2, max_duration=max_duration)
             app = create_router_app(urls, policy=policy, block_size=block_size, prefix_blocks=prefix_blocks)

@@ -6,6 +6,8 @@ ends, as a data-parallel deployment does on one machine per replica.
 
     with engine_replicas(2, ["--checkpoint", "draft"]) as urls:
         with serve_in_thread(create_router_app(urls, policy="prefix")) as router: ...
+
+`thread_replicas` starts them in this process instead (fast, for notebooks and tests; shared GIL).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from minigpt.serving.load_generator import check_loopback
 
-__all__ = ["engine_replicas", "read_metrics", "prefix_hit_rate"]
+__all__ = ["engine_replicas", "thread_replicas", "read_metrics", "prefix_hit_rate"]
 
 
 @contextlib.contextmanager
@@ -44,6 +46,29 @@ def engine_replicas(n: int = 2, args: Sequence[str] = ("--checkpoint", "draft"),
                     errors.append(err)
         if errors:
             raise errors[0]
+        yield urls
+
+
+@contextlib.contextmanager
+def thread_replicas(n: int = 2, checkpoint: str = "draft", *, engine: str = "continuous",
+                    config: object | None = None, max_queue: int = 64) -> Iterator[list[str]]:
+    """n replicas in THIS process, each with its own model, engine thread and uvicorn thread: a second to start
+    instead of several, for notebooks; they share one Python (GIL) and torch's threads, so timings are rougher
+    than with `engine_replicas`. engine: "continuous" (LLMEngine with `config`) or "naive" (NaiveEngine)."""
+    from minigpt.serving.api_server import create_app
+    from minigpt.serving.async_engine import AsyncLLMEngine
+    from minigpt.serving.engine import EngineConfig, LLMEngine
+    from minigpt.serving.launch import serve_in_thread
+    from minigpt.serving.naive import NaiveEngine
+
+    if engine not in ("continuous", "naive"):
+        raise ValueError(f"engine must be 'continuous' or 'naive', got {engine!r}")
+    with contextlib.ExitStack() as stack:
+        urls = []
+        for _ in range(n):
+            core = (NaiveEngine.from_checkpoint(checkpoint) if engine == "naive"
+                    else LLMEngine.from_checkpoint(checkpoint, config or EngineConfig()))
+            urls.append(stack.enter_context(serve_in_thread(create_app(AsyncLLMEngine(core), max_queue=max_queue))))
         yield urls
 
 
