@@ -184,3 +184,43 @@ def test_a_failing_policy_answers_500_and_the_router_lives_on() -> None:
             r = http.post(router + "/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 1})
             assert r.status_code == 500 and "NotImplementedError" in r.json()["error"]["message"]
             assert http.get(router + "/health").status_code == 200
+
+
+def test_router_command_line_serves_and_stops() -> None:
+    """`python -m minigpt.serving.router` as a child process in front of a fake replica; stopped afterwards."""
+    import subprocess
+    import sys
+
+    from minigpt.serving.launch import free_port, wait_healthy
+
+    with fake_replicas("r0") as (replica,):
+        port = free_port()
+        child = subprocess.Popen([sys.executable, "-m", "minigpt.serving.router", "--replica", replica,
+                                  "--policy", "round_robin", "--port", str(port)],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            assert wait_healthy(f"http://127.0.0.1:{port}", 60, lambda: child.poll() is None), child.stderr.read()
+            r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", trust_env=False,
+                           json={"model": "m", "prompt": "x", "max_tokens": 2})
+            assert r.json()["system_fingerprint"] == "r0" and r.headers["x-routed-to"] == replica
+        finally:
+            child.terminate()
+            try:
+                child.wait(10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait(10)
+            child.stderr.close()
+    assert child.poll() is not None
+
+
+def test_routing_real_engines_raises_the_prefix_cache_hit_rate() -> None:
+    """Two engine replicas (draft checkpoint, in this process) behind the router: affinity finds more prefixes."""
+    from minigpt.serving.experiments import compare_routing
+
+    rr, prefix = compare_routing(("round_robin", "prefix"), checkpoint="draft", num_prefixes=3, questions_per_prefix=4,
+                                 prefix_tokens=64, question_tokens=8, max_tokens=2, rate=float("inf"), processes=False)
+    assert rr.summary.num_ok == prefix.summary.num_ok == 12
+    assert sorted(rr.requests_per_replica) == [6, 6]
+    # prefix: each system prompt is prefilled once (3 misses); round-robin: on both replicas (about 6)
+    assert prefix.prefix_hit_rate > rr.prefix_hit_rate > 0, (rr.row(), prefix.row())
