@@ -204,3 +204,29 @@ def test_router_check_passes_with_the_reference() -> None:
 def test_router_check_rejects(wrong) -> None:
     with pytest.raises(AssertionError):
         lab08_router.check_router(wrong)
+
+
+# --- interview questions -------------------------------------------------------------------------------
+
+GATEWAY = dict(request_rate=50.0, per_replica_goodput=3.2, per_replica_throughput=4.5, utilization=0.8)
+
+
+def test_gateway_replicas() -> None:
+    lab08_router.check_q_gateway_replicas(20, **GATEWAY)              # ceil(50 / 2.56) = ceil(19.53)
+    for wrong, why in ((19, "round UP"), (16, "headroom"), (14, "goodput"), (13, "instead")):
+        with pytest.raises(AssertionError, match=why):
+            lab08_router.check_q_gateway_replicas(wrong, **GATEWAY)
+    with pytest.raises(AssertionError, match="int"):
+        lab08_router.check_q_gateway_replicas(20.0, **GATEWAY)
+
+
+def test_affinity_pays() -> None:
+    lab08_router.check_q_affinity_pays({"A", "C"})
+    lab08_router.check_q_affinity_pays("c, a")
+    for wrong in ({"A"}, {"A", "C", "D"}, {"B"}, set(), {"A", "C", "E"}):
+        with pytest.raises(AssertionError):
+            lab08_router.check_q_affinity_pays(wrong)
+    with pytest.raises(AssertionError, match="hot prefix|ONE replica"):
+        lab08_router.check_q_affinity_pays({"A", "C", "D"})
+    with pytest.raises(AssertionError, match="unknown"):
+        lab08_router.check_q_affinity_pays({"Z"})
