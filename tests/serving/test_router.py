@@ -108,6 +108,11 @@ def test_raw_stream_passes_through_and_ends_with_done(prefix_router) -> None:
         assert events[-1] == "data: [DONE]" and len(events) == 4
         bad = http.post(router + "/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
         assert bad.status_code == 400 and "error" in bad.json()
+        for body in ({"model": "m", "messages": [{"role": "user", "content": ["parts"]}]},
+                     {"model": "m", "messages": [{"role": "wizard", "content": "x"}]}, {"model": "m", "messages": "hi"}):
+            bad = http.post(router + "/v1/chat/completions", json=body)
+            assert bad.status_code == 400 and "could not route" in bad.json()["error"]["message"], bad.text
+        assert http.post(router + "/v1/completions", json=[1, 2]).status_code == 400
         stats = http.get(router + "/stats").json()
         metrics = http.get(router + "/metrics").text
     assert stats["policy"] == "prefix" and set(stats["replicas"]) == set(urls)

@@ -114,8 +114,8 @@ def create_router_app(replicas: Sequence[str], *, policy: str | Policy = "prefix
             if not isinstance(body, dict):
                 raise ValueError("the request body must be a JSON object")
             ids = prompt_token_ids(body, chat)
-        except ValueError as err:            # JSONDecodeError is a ValueError
-            return _error(400, f"could not route the request: {err}")
+        except (ValueError, TypeError, KeyError, AttributeError) as err:     # JSONDecodeError is a ValueError
+            return _error(400, f"could not route the request: {type(err).__name__}: {err}")
         try:
             replica = choose(ids, list(replicas), block_size=block_size, prefix_blocks=prefix_blocks)
         except Exception as err:              # a broken policy must not take the router down
