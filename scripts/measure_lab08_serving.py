@@ -1,6 +1,7 @@
 """Lab 08 measurements: naive serving against the engine (throughput and p99 TTFT against request rate), and
 prefix-aware routing against round-robin over two engine replicas. Writes
-autograder/calibration/lab08_serving.cpu.json (the lead quotes it in the notebook and the closing note).
+autograder/calibration/lab08_serving.cpu.json (the lead quotes it in the notebook and the closing note):
+"engines", and "routing_PxQ" for P system prompts x Q questions each.
 
     .venv/bin/python scripts/measure_lab08_serving.py [--checkpoint target] [--requests 24] [--threads 1]
 
@@ -96,7 +97,8 @@ def main() -> None:
                                  rate=args.routing_rate, threads=args.threads, max_duration=args.max_duration)
         for p in points:
             print(p.row())
-        result["routing"] = {
+        key = f"routing_{args.routing_prefixes}x{args.routing_questions}"     # one entry per workload shape
+        result[key] = {
             "checkpoint": args.checkpoint, "replicas": 2, "system_prompts": args.routing_prefixes,
             "questions_per_system_prompt": args.routing_questions, "system_prompt_tokens": args.routing_prefix_tokens,
             "rate": args.routing_rate, "threads_per_replica": args.threads,
