@@ -64,7 +64,7 @@ def main() -> None:
         t0 = time.perf_counter()
         cmp = compare_engines(rates, checkpoint=args.checkpoint, num_requests=args.requests,
                               prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, threads=args.threads,
-                              max_duration=args.max_duration, engine_args=args.engine_args.split())
+                              max_duration=args.max_duration, engine_args=args.engine_args.split(), processes=True)
         print(cmp.table())
         common = cmp.highest_common_rate()
         speedup = cmp.speedup() if common is not None else None
@@ -94,13 +94,15 @@ def main() -> None:
         t0 = time.perf_counter()
         points = compare_routing(checkpoint=args.checkpoint, num_prefixes=args.routing_prefixes,
                                  questions_per_prefix=args.routing_questions, prefix_tokens=args.routing_prefix_tokens,
-                                 rate=args.routing_rate, threads=args.threads, max_duration=args.max_duration)
+                                 rate=args.routing_rate, threads=args.threads, max_duration=args.max_duration,
+                                 processes=True, question_tokens=16, max_tokens=4)
         for p in points:
             print(p.row())
         key = f"routing_{args.routing_prefixes}x{args.routing_questions}"     # one entry per workload shape
         result[key] = {
             "checkpoint": args.checkpoint, "replicas": 2, "system_prompts": args.routing_prefixes,
             "questions_per_system_prompt": args.routing_questions, "system_prompt_tokens": args.routing_prefix_tokens,
+            "question_tokens": 16, "max_tokens": 4, "block_size": 16, "prefix_blocks": 4,
             "rate": args.routing_rate, "threads_per_replica": args.threads,
             "policies": [{"policy": p.policy, "prefix_cache_hit_rate": round(p.prefix_hit_rate, 4),
                           "mean_ttft_ms": round(1e3 * p.mean_ttft, 1), "p99_ttft_ms": round(1e3 * p.summary.ttft[99], 1),

@@ -140,3 +140,21 @@ def test_goodput_by_hand() -> None:
     assert math.isclose(request_goodput(records, ttft_limit=0.5, tpot_limit=0.2), 2 / 4.0)
     assert math.isclose(token_goodput(records, ttft_limit=0.5, tpot_limit=0.2), 6 / 4.0)
     assert request_goodput([], 1.0, 1.0) == 0.0
+
+
+def test_engine_comparison_picks_the_highest_rate_both_sustain() -> None:
+    from minigpt.serving.experiments import EngineComparison, RatePoint
+
+    def point(engine: str, rate: float, tokens_per_s: float, failed: int = 0) -> RatePoint:
+        records = [_rec(i, 0.0, 0.1, 0.5, 5, 1.0) for i in range(4)]
+        for r in records[:failed]:
+            r.status, r.error = 429, "queue full"
+        s = summarize_records(records)
+        return RatePoint(engine, rate, type(s)(**{**s.__dict__, "output_throughput": tokens_per_s}))
+
+    cmp = EngineComparison([point("naive", 1.0, 10.0), point("naive", 4.0, 12.0), point("naive", math.inf, 12.0, 2),
+                            point("continuous", 1.0, 10.0), point("continuous", 4.0, 60.0),
+                            point("continuous", math.inf, 90.0)])
+    assert cmp.highest_common_rate() == 4.0                 # naive dropped requests when all came at once
+    assert cmp.speedup() == 5.0 and cmp.speedup(1.0) == 1.0
+    assert set(cmp.series()) == {"naive", "continuous"} and "inf" in cmp.table()

@@ -8,6 +8,9 @@
   replicas each time, so every policy starts with cold prefix caches), on a shared-system-prompt
   workload: prefix-cache hit rate (from the replicas' /metrics) and mean TTFT.
 
+The defaults are the notebook's small runs (in-process servers, about 15-20 s each on 2 cores);
+scripts/measure_lab08_serving.py runs bigger ones with child processes (processes=True).
+
 A rate is *sustained* when every request of the run was served (no 429, no error, none cut by the
 time bound); `highest_common_rate` is the highest rate both engines sustain.
 """
@@ -92,10 +95,10 @@ def sweep_rates(base_url: str, engine: str, workload: Workload, rates: Sequence[
     return points
 
 
-def compare_engines(rates: Sequence[float] = (1.0, 4.0, math.inf), *, checkpoint: str = "draft",
-                    num_requests: int = 16, prompt_tokens: int = 32, max_tokens: int = 16, seed: int = 0,
+def compare_engines(rates: Sequence[float] = (4.0, math.inf), *, checkpoint: str = "target",
+                    num_requests: int = 8, prompt_tokens: int = 32, max_tokens: int = 16, seed: int = 0,
                     threads: int = 1, max_duration: float = 60.0, engine_args: Sequence[str] = (),
-                    ttft_limit: float = 1.0, tpot_limit: float = 0.1, processes: bool = True) -> EngineComparison:
+                    ttft_limit: float = 1.0, tpot_limit: float = 0.1, processes: bool = False) -> EngineComparison:
     """Naive serving against the engine at each rate: each server a child process (`threads` torch threads,
     `engine_args` for the continuous one), or with processes=False in this process (`thread_replicas`: fast to
     start, shared GIL, default engine settings)."""
@@ -139,10 +142,10 @@ class RoutingPoint:
 
 
 def compare_routing(policies: Sequence[str] = ("round_robin", "prefix"), *, num_replicas: int = 2,
-                    checkpoint: str = "draft", num_prefixes: int = 4, questions_per_prefix: int = 8,
-                    prefix_tokens: int = 200, question_tokens: int = 16, max_tokens: int = 4, rate: float = 8.0,
+                    checkpoint: str = "target", num_prefixes: int = 6, questions_per_prefix: int = 4,
+                    prefix_tokens: int = 128, question_tokens: int = 8, max_tokens: int = 2, rate: float = math.inf,
                     block_size: int = 16, prefix_blocks: int = 4, seed: int = 0, threads: int = 1,
-                    max_duration: float = 60.0, processes: bool = True) -> list[RoutingPoint]:
+                    max_duration: float = 60.0, processes: bool = False) -> list[RoutingPoint]:
     """Each policy in front of `num_replicas` fresh engine replicas (child processes, or with processes=False
     `thread_replicas` in this process), on the same shared-prefix workload."""
     import httpx
