@@ -158,3 +158,13 @@ def test_engine_comparison_picks_the_highest_rate_both_sustain() -> None:
     assert cmp.highest_common_rate() == 4.0                 # naive dropped requests when all came at once
     assert cmp.speedup() == 5.0 and cmp.speedup(1.0) == 1.0
     assert set(cmp.series()) == {"naive", "continuous"} and "inf" in cmp.table()
+
+    from matplotlib.figure import Figure
+
+    from minigpt.teaching.serving_plots import plot_throughput_vs_rate, plot_ttft_vs_rate
+
+    ax1, ax2 = Figure().subplots(1, 2)
+    plot_throughput_vs_rate(ax1, cmp.series())
+    plot_ttft_vs_rate(ax2, cmp.series())
+    assert [list(line.get_xdata()) for line in ax1.get_lines()] == [[1.0, 4.0, 8.0]] * 2   # inf drawn at 2 x 4
+    assert list(ax1.get_lines()[1].get_ydata()) == [10.0, 60.0, 90.0]
