@@ -16,7 +16,6 @@ engine's `adapter_names` -> that LoRA adapter's index.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import math
 import time
@@ -30,7 +29,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minigpt.sampling import SamplingParams
-from minigpt.serving.admission import QueueFull, admitted
+from minigpt.serving.admission import AdmissionSlots, QueueFull, admitted
 from minigpt.serving.async_engine import AsyncLLMEngine, RequestStream
 from minigpt.serving.chat_template import CHAT_STOP, render_chat
 from minigpt.serving.outputs import RequestOutput
@@ -43,7 +42,7 @@ __all__ = ["create_app", "DEFAULT_CHAT_MAX_TOKENS", "StreamHandler", "Admission"
 DEFAULT_CHAT_MAX_TOKENS = 128          # a chat request without max_tokens: at most this, within the context
 StreamHandler = Callable[[AsyncIterator[RequestOutput], Callable[[RequestOutput], list[dict]], Callable[[], None]],
                          AsyncIterator[str]]
-Admission = Callable[[asyncio.Semaphore, float], Any]
+Admission = Callable[[AdmissionSlots, float], Any]
 
 
 class BadRequest(Exception):
@@ -78,9 +77,8 @@ def create_app(engine: AsyncLLMEngine, *, max_queue: int = 64, retry_after_s: fl
     if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
         raise ValueError(f"max_queue must be a positive int, got {max_queue!r}")
     core = engine.engine
-    slots = asyncio.Semaphore(max_queue)
-    in_flight = [0]
-    metrics = ServingMetrics(engine, in_flight=lambda: in_flight[0])
+    slots = AdmissionSlots(max_queue)
+    metrics = ServingMetrics(engine, in_flight=lambda: slots.in_use)
     counter = itertools.count()
 
     @asynccontextmanager
@@ -126,6 +124,8 @@ def create_app(engine: AsyncLLMEngine, *, max_queue: int = 64, retry_after_s: fl
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400:                     # e.g. a body that cannot be parsed at all
+            metrics.refused("invalid")
         return _error(exc.status_code, str(exc.detail), "invalid_request_error" if exc.status_code < 500 else "server_error")
 
     # --- helpers -----------------------------------------------------------------------------------
@@ -148,21 +148,23 @@ def create_app(engine: AsyncLLMEngine, *, max_queue: int = 64, retry_after_s: fl
 
     async def start(body: Any, prompt: str | list[int], max_tokens: int, stop: list[str], prefix: str
                     ) -> tuple[str, RequestStream, AsyncExitStack]:
-        """Admission (429), then queue the request in the engine (400 if it is invalid)."""
+        """Validate (400: a bad request is never worth retrying), then admission (429), then queue it in the engine."""
         adapter = adapter_of(body.model)
         sampling = sampling_of(body)
-        stack = AsyncExitStack()
-        await stack.enter_async_context(admission(slots, retry_after_s))        # QueueFull -> 429
-        in_flight[0] += 1
-        stack.callback(lambda: in_flight.__setitem__(0, in_flight[0] - 1))
         request_id = f"{prefix}-{uuid.uuid4().hex[:16]}-{next(counter)}"
         try:
-            stream = engine.stream(request_id, prompt, max_tokens, sampling, stop=stop, adapter=adapter)
+            ids = core.validate(request_id, prompt, max_tokens, sampling, stop=stop, adapter=adapter)
         except ValueError as err:
-            await stack.aclose()
             msg = str(err)
             param = "max_tokens" if "max_tokens" in msg and "prompt" not in msg else "prompt"
             raise BadRequest(msg, param, "context_length_exceeded" if "context" in msg else "invalid_value") from None
+        stack = AsyncExitStack()
+        await stack.enter_async_context(admission(slots, retry_after_s))        # QueueFull -> 429
+        try:
+            stream = engine.stream(request_id, ids, max_tokens, sampling, stop=stop, adapter=adapter)
+        except BaseException:
+            await stack.aclose()
+            raise
         return request_id, stream, stack
 
     async def respond(request_id: str, stream: RequestStream, stack: AsyncExitStack, body: Any,

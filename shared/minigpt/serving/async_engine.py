@@ -59,9 +59,12 @@ class RequestStream:
 class AsyncLLMEngine:
     """Runs `engine.step()` in a background thread while requests are unfinished (see the module docstring)."""
 
-    def __init__(self, engine: EngineBase, *, idle_wait_s: float = 0.05) -> None:
+    def __init__(self, engine: EngineBase, *, idle_wait_s: float = 0.05, num_threads: int | None = None) -> None:
+        """num_threads: torch's CPU threads inside the engine thread (None: torch's default). One thread is fastest
+        for tiny models on a busy machine."""
         self.engine = engine
         self.idle_wait_s = idle_wait_s
+        self.num_threads = num_threads
         self._lock = threading.Lock()                 # held by the engine thread around every engine mutation
         self._wake = threading.Event()
         self._pending: deque[tuple] = deque()         # ("add", stream, args) / ("abort", request_id, future, loop)
@@ -69,6 +72,7 @@ class AsyncLLMEngine:
         self._streams_lock = threading.Lock()
         self._observers: list[Observer] = []
         self._paused = False
+        self._steps_before_pause: int | None = None
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._stats = engine.stats()
@@ -99,13 +103,20 @@ class AsyncLLMEngine:
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def pause(self) -> None:
-        """Stop stepping (test hook): requests are still queued and aborts still applied."""
-        self._paused = True
+    def pause(self, after_steps: int = 0) -> None:
+        """Stop stepping (test hook), now or after `after_steps` more model steps; requests are still queued
+        and aborts still applied while paused."""
+        self._steps_before_pause = after_steps
+        self._paused = after_steps == 0
 
     def resume(self) -> None:
+        self._steps_before_pause = None
         self._paused = False
         self._wake.set()
+
+    @property
+    def is_paused(self) -> bool:
+        return self._paused
 
     def add_observer(self, fn: Observer) -> None:
         """`fn(outputs)` is called in the engine thread after every step (metrics); it must be quick and not raise."""
@@ -157,6 +168,9 @@ class AsyncLLMEngine:
     # --- the engine thread ---------------------------------------------------------------------------
 
     def _run(self) -> None:
+        if self.num_threads is not None:
+            import torch
+            torch.set_num_threads(self.num_threads)
         while True:
             self._wake.clear()
             stopping = self._stopping
@@ -179,6 +193,10 @@ class AsyncLLMEngine:
                 stepped = True
                 try:
                     outputs += self.engine.step()
+                    if self._steps_before_pause is not None:
+                        self._steps_before_pause -= 1
+                        if self._steps_before_pause <= 0:
+                            self._paused, self._steps_before_pause = True, None
                 except Exception:                      # never let one bad step kill the server's only engine thread
                     log.exception("engine step failed; aborting every unfinished request")
                     self.num_step_errors += 1

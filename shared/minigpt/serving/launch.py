@@ -24,9 +24,15 @@ from typing import Iterator, Sequence
 import httpx
 import uvicorn
 
-__all__ = ["free_port", "wait_healthy", "serve_in_thread", "serve_subprocess", "ServerStartError"]
+__all__ = ["free_port", "wait_healthy", "serve_in_thread", "serve_subprocess", "ServerURL", "ServerStartError"]
 
 LOOPBACK = "127.0.0.1"
+
+
+class ServerURL(str):
+    """The base URL ("http://127.0.0.1:PORT") of a server started by `serve_subprocess`; `.process` is the child."""
+
+    process: subprocess.Popen
 
 
 class ServerStartError(RuntimeError):
@@ -79,8 +85,9 @@ def serve_in_thread(app: object, *, host: str = LOOPBACK, port: int | None = Non
 
 @contextmanager
 def serve_subprocess(args: Sequence[str] = (), *, host: str = LOOPBACK, port: int | None = None,
-                     timeout: float = 120.0, env: dict[str, str] | None = None) -> Iterator[str]:
-    """Start `python -m minigpt.serving --host HOST --port PORT *args` as a child process; yields its base URL.
+                     timeout: float = 120.0, env: dict[str, str] | None = None) -> Iterator[ServerURL]:
+    """Start `python -m minigpt.serving --host HOST --port PORT *args` as a child process; yields its base URL
+    (a str; `.process` is the child).
     On exit: terminate, then kill if it has not exited after 10 s. A child that dies or never answers
     /health raises ServerStartError with the end of its stderr."""
     port = port or free_port(host)
@@ -94,7 +101,9 @@ def serve_subprocess(args: Sequence[str] = (), *, host: str = LOOPBACK, port: in
                 tail = err.read().decode(errors="replace")[-3000:]
                 raise ServerStartError(f"`{' '.join(cmd)}` did not answer {base_url}/health within {timeout} s "
                                        f"(exit code {child.poll()}); its stderr:\n{tail}")
-            yield base_url
+            url = ServerURL(base_url)
+            url.process = child
+            yield url
         finally:
             if child.poll() is None:
                 child.terminate()
