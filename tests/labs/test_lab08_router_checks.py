@@ -143,10 +143,16 @@ def sorted_modulo(prompt_token_ids, replicas, *, block_size=16, prefix_blocks=4)
     return replicas[prefix_key(prompt_token_ids, block_size=block_size, prefix_blocks=prefix_blocks) % len(replicas)]
 
 
-def md5_ring_by_index(prompt_token_ids, replicas, *, block_size=16, prefix_blocks=4):
-    key = prefix_key(prompt_token_ids, block_size=block_size, prefix_blocks=prefix_blocks)
-    ring = sorted((int(hashlib.md5(f"{i}-{v}".encode()).hexdigest()[:16], 16), r)
+@functools.lru_cache(maxsize=None)
+def _md5_ring(replicas):
+    return sorted((int(hashlib.md5(f"{i}-{v}".encode()).hexdigest()[:16], 16), r)
                   for i, r in enumerate(replicas) for v in range(64))
+
+
+def md5_ring_by_index(prompt_token_ids, replicas, *, block_size=16, prefix_blocks=4):
+    """Points named by the replica's INDEX: removing one renames the others' points."""
+    key = prefix_key(prompt_token_ids, block_size=block_size, prefix_blocks=prefix_blocks)
+    ring = _md5_ring(tuple(replicas))
     k = bisect.bisect_left([p for p, _ in ring], key) % len(ring)
     return ring[k][1]
 
