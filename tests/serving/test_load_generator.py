@@ -168,3 +168,19 @@ def test_engine_comparison_picks_the_highest_rate_both_sustain() -> None:
     plot_ttft_vs_rate(ax2, cmp.series())
     assert [list(line.get_xdata()) for line in ax1.get_lines()] == [[1.0, 4.0, 8.0]] * 2   # inf drawn at 2 x 4
     assert list(ax1.get_lines()[1].get_ydata()) == [10.0, 60.0, 90.0]
+
+
+def test_against_the_real_server_streaming_completions_and_chat(tiny, tokenizer) -> None:
+    """The client parses the real server's SSE (text, chat deltas, the usage chunk), not only the fake's."""
+    from minigpt.serving.api_server import create_app
+    from minigpt.serving.async_engine import AsyncLLMEngine
+    from minigpt.serving.engine import EngineConfig, LLMEngine
+
+    engine = LLMEngine(tiny, EngineConfig(num_blocks=64, block_size=16), tokenizer=tokenizer)
+    with serve_in_thread(create_app(AsyncLLMEngine(engine))) as url:
+        work = corpus_prompts(4, prompt_tokens=24, seed=3)
+        for chat in (False, True):
+            records = benchmark(url, work, max_tokens=6, chat=chat, rate=50.0, seed=1)
+            assert all(r.ok for r in records), [r.error for r in records]
+            assert all(0 < len(r.chunk_times) <= r.output_tokens <= 6 and r.prompt_tokens > 0 for r in records)
+            assert summarize_records(records).output_tokens == sum(r.output_tokens for r in records)
