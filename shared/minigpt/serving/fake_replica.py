@@ -21,13 +21,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from minigpt.cache.prefix_cache import block_hashes
+from minigpt.serving.chat_template import render_chat
 
 __all__ = ["create_fake_app"]
 
 
 def _prompt_text(body: dict[str, Any], chat: bool) -> str:
+    """The prompt as the real server sees it: the text, or the messages through the server's chat template."""
     if chat:
-        return "".join(f"{m.get('role', '')}: {m.get('content', '')}\n" for m in body.get("messages") or [])
+        return render_chat(body.get("messages") or [])
     prompt = body.get("prompt", "")
     return prompt if isinstance(prompt, str) else json.dumps(prompt)
 
@@ -45,10 +47,10 @@ def create_fake_app(name: str, *, token_delay: float = 0.0, prefill_delay: float
     async def handle(request: Request, chat: bool) -> Any:
         try:
             body = await request.json()
-        except ValueError:
-            return JSONResponse({"error": {"message": "invalid JSON", "type": "invalid_request_error",
+            ids = enc.encode(_prompt_text(body, chat), disallowed_special=())
+        except (ValueError, TypeError, AttributeError, KeyError) as err:
+            return JSONResponse({"error": {"message": f"bad request: {err}", "type": "invalid_request_error",
                                            "param": None, "code": None}}, status_code=400)
-        ids = enc.encode(_prompt_text(body, chat), disallowed_special=())
         hashes = block_hashes(ids, block_size)
         hits = 0
         while hits < len(hashes) and hashes[hits] in seen:

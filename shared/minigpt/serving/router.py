@@ -26,6 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
+from minigpt.serving.chat_template import render_chat
 from minigpt.serving.load_generator import check_loopback
 from minigpt.serving.routing import RoundRobin, route
 
@@ -56,22 +57,13 @@ def prompt_token_ids(body: dict[str, Any], chat: bool) -> list[int]:
         messages = body.get("messages")
         if not isinstance(messages, list):
             raise ValueError("'messages' must be a list of {role, content} objects")
-        return enc.encode(_chat_text(messages), disallowed_special=())
+        return enc.encode(render_chat(messages), disallowed_special=())
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         return enc.encode(prompt, disallowed_special=())
     if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
         return list(prompt)
     raise ValueError("'prompt' must be a string or a list of token ids")
-
-
-def _chat_text(messages: list[Any]) -> str:
-    """The server's chat template when it is there (minigpt.serving.chat_template), else role: content lines."""
-    try:
-        from minigpt.serving.chat_template import render_chat       # the server's template (lab 08, H1)
-    except ImportError:
-        return "".join(f"{m.get('role', '')}: {m.get('content', '')}\n" for m in messages if isinstance(m, dict))
-    return render_chat(messages)
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
