@@ -1,9 +1,9 @@
 """Lab 08's two load tests, as functions the notebook and scripts/measure_lab08_serving.py call.
 
 * `compare_engines`: the same server with `--engine naive` (one request at a time, lab 01's cached
-  generation) and `--engine continuous` (the engine), each as a child process, driven by the load
-  generator at a set of Poisson request rates with the same seeded workload: output tokens/s,
-  p99 TTFT, goodput per rate.
+  generation) and `--engine continuous` (the engine), side by side, driven by the load generator at
+  a set of Poisson request rates, rate by rate naive then engine on the same seeded prompts (fresh
+  prompts per rate): output tokens/s, p99 TTFT, goodput per rate.
 * `compare_routing`: two engine replicas (child processes) behind the router, once per policy (fresh
   replicas each time, so every policy starts with cold prefix caches), on a shared-system-prompt
   workload: prefix-cache hit rate (from the replicas' /metrics) and mean TTFT.
@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from typing import ContextManager, Iterator, Sequence
 
 from minigpt.serving.client_metrics import BenchmarkSummary, summarize_records
-from minigpt.serving.load_generator import Workload, benchmark, corpus_prompts, shared_prefix_prompts
+from minigpt.serving.load_generator import benchmark, corpus_prompts, shared_prefix_prompts
 
-__all__ = ["RatePoint", "EngineComparison", "compare_engines", "RoutingPoint", "compare_routing", "sweep_rates"]
+__all__ = ["RatePoint", "EngineComparison", "compare_engines", "RoutingPoint", "compare_routing"]
 
 
 @dataclass(frozen=True)
@@ -83,38 +83,39 @@ class EngineComparison:
         return "\n".join(p.row() for p in self.points)
 
 
-def sweep_rates(base_url: str, engine: str, workload: Workload, rates: Sequence[float], *, max_tokens: int,
-                seed: int = 0, max_duration: float = 60.0, ttft_limit: float = 1.0,
-                tpot_limit: float = 0.1) -> list[RatePoint]:
-    """One benchmark per rate against one server (after a 1-request warm-up)."""
-    benchmark(base_url, workload.prompts[:1], max_tokens=2, max_duration=max_duration)
-    points = []
-    for rate in rates:
-        records = benchmark(base_url, workload, rate=rate, max_tokens=max_tokens, seed=seed, max_duration=max_duration)
-        points.append(RatePoint(engine, rate, summarize_records(records, ttft_limit=ttft_limit, tpot_limit=tpot_limit)))
-    return points
-
-
 def compare_engines(rates: Sequence[float] = (4.0, math.inf), *, checkpoint: str = "target",
                     num_requests: int = 8, prompt_tokens: int = 32, max_tokens: int = 16, seed: int = 0,
                     threads: int = 1, max_duration: float = 60.0, engine_args: Sequence[str] = (),
                     ttft_limit: float = 1.0, tpot_limit: float = 0.1, processes: bool = False) -> EngineComparison:
-    """Naive serving against the engine at each rate: each server a child process (`threads` torch threads,
-    `engine_args` for the continuous one), or with processes=False in this process (`thread_replicas`: fast to
-    start, shared GIL, default engine settings)."""
+    """Naive serving against the engine at each rate. Both servers run side by side (child processes with `threads`
+    torch threads and `engine_args` for the continuous one, or with processes=False in this process: fast to start,
+    shared GIL, default engine settings); rate by rate, naive then engine get the same workload, so slow drifts in
+    the machine's load hit both alike. Each rate has its own prompts (no prefix-cache hits from an earlier rate)."""
     from minigpt.serving.launch import serve_subprocess
     from minigpt.serving.replicas import thread_replicas
 
-    workload = corpus_prompts(num_requests, prompt_tokens=prompt_tokens, seed=seed)
+    engines = ("naive", "continuous")
+    workloads = [corpus_prompts(num_requests, prompt_tokens=prompt_tokens, seed=seed + 1000 * k)
+                 for k in range(len(rates))]
+
+    def server(engine: str) -> ContextManager[str]:
+        if not processes:
+            return _only(thread_replicas(1, checkpoint, engine=engine, max_queue=num_requests + 8))
+        return serve_subprocess(["--checkpoint", checkpoint, "--engine", engine, "--threads", str(threads),
+                                 "--max-queue", str(num_requests + 8),
+                                 *(engine_args if engine == "continuous" else ())])
+
     points: list[RatePoint] = []
-    for engine in ("naive", "continuous"):
-        args = ["--checkpoint", checkpoint, "--engine", engine, "--threads", str(threads),
-                "--max-queue", str(num_requests + 8), *(engine_args if engine == "continuous" else ())]
-        server = (serve_subprocess(args) if processes else
-                  _only(thread_replicas(1, checkpoint, engine=engine, max_queue=num_requests + 8)))
-        with server as url:
-            points += sweep_rates(url, engine, workload, rates, max_tokens=max_tokens, seed=seed,
-                                  max_duration=max_duration, ttft_limit=ttft_limit, tpot_limit=tpot_limit)
+    with contextlib.ExitStack() as stack:
+        urls = {engine: stack.enter_context(server(engine)) for engine in engines}
+        for url in urls.values():          # first forward passes are slow; the warm-up prompt shares no prefix
+            benchmark(url, ["warm-up"], max_tokens=2, max_duration=max_duration)
+        for rate, workload in zip(rates, workloads):
+            for engine in engines:
+                records = benchmark(urls[engine], workload, rate=rate, max_tokens=max_tokens, seed=seed,
+                                    max_duration=max_duration)
+                points.append(RatePoint(engine, rate, summarize_records(records, ttft_limit=ttft_limit,
+                                                                        tpot_limit=tpot_limit)))
     return EngineComparison(points)
 
 
