@@ -11,4 +11,5 @@
 * `speculative_calculator` (expected tokens per round, cost-model speedup), `goodness_of_fit`
   (chi-square test) and `speculative_player` (round-by-round widget), lab 06.
 * `parallel_cost` (tensor/pipeline-parallel cost model) and `parallel_planner` (its widget), lab 07.
+* `serving_plots` (throughput and p99 TTFT against request rate), lab 08.
 """

@@ -1,0 +1,178 @@
+"""Lab 08's two load tests, as functions the notebook and scripts/measure_lab08_serving.py call.
+
+* `compare_engines`: the same server with `--engine naive` (one request at a time, lab 01's cached
+  generation) and `--engine continuous` (the engine), side by side, driven by the load generator at
+  a set of Poisson request rates, rate by rate naive then engine on the same seeded prompts (fresh
+  prompts per rate): output tokens/s, p99 TTFT, goodput per rate.
+* `compare_routing`: two engine replicas (child processes) behind the router, once per policy (fresh
+  replicas each time, so every policy starts with cold prefix caches), on a shared-system-prompt
+  workload: prefix-cache hit rate (from the replicas' /metrics) and mean TTFT.
+
+The defaults are the notebook's small runs (in-process servers, about 15-20 s each on 2 cores);
+scripts/measure_lab08_serving.py runs bigger ones with child processes (processes=True).
+
+A rate is *sustained* when every request of the run was served (no 429, no error, none cut by the
+time bound); `highest_common_rate` is the highest rate both engines sustain.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import ContextManager, Iterator, Sequence
+
+from minigpt.serving.client_metrics import BenchmarkSummary, summarize_records
+from minigpt.serving.load_generator import benchmark, corpus_prompts, shared_prefix_prompts
+
+__all__ = ["RatePoint", "EngineComparison", "compare_engines", "RoutingPoint", "compare_routing"]
+
+
+@dataclass(frozen=True)
+class RatePoint:
+    """One run at one offered rate (requests/s; inf = all at once)."""
+    engine: str
+    rate: float
+    summary: BenchmarkSummary
+
+    @property
+    def output_throughput(self) -> float:
+        return self.summary.output_throughput
+
+    @property
+    def p99_ttft(self) -> float:
+        return self.summary.ttft[99]
+
+    @property
+    def sustained(self) -> bool:
+        return self.summary.num_ok == self.summary.num_requests
+
+    def row(self) -> str:
+        rate = "inf" if math.isinf(self.rate) else f"{self.rate:g}"
+        return f"{self.engine:>10} @ {rate:>4} req/s: {self.summary.row()}"
+
+
+@dataclass(frozen=True)
+class EngineComparison:
+    points: list[RatePoint] = field(default_factory=list)
+
+    def series(self) -> dict[str, list[RatePoint]]:
+        out: dict[str, list[RatePoint]] = {}
+        for p in self.points:
+            out.setdefault(p.engine, []).append(p)
+        return out
+
+    def highest_common_rate(self, a: str = "naive", b: str = "continuous") -> float | None:
+        """The highest offered rate that both engines sustained (every request served), or None."""
+        s = self.series()
+        ok = lambda name: {p.rate for p in s.get(name, []) if p.sustained}      # noqa: E731
+        common = ok(a) & ok(b)
+        return max(common) if common else None
+
+    def at(self, engine: str, rate: float) -> RatePoint:
+        return next(p for p in self.points if p.engine == engine and p.rate == rate)
+
+    def speedup(self, rate: float | None = None) -> float:
+        """continuous / naive output tokens/s at `rate` (default: the highest rate both sustain)."""
+        rate = self.highest_common_rate() if rate is None else rate
+        if rate is None:
+            raise ValueError("no rate was sustained by both engines")
+        return self.at("continuous", rate).output_throughput / self.at("naive", rate).output_throughput
+
+    def table(self) -> str:
+        return "\n".join(p.row() for p in self.points)
+
+
+def compare_engines(rates: Sequence[float] = (4.0, math.inf), *, checkpoint: str = "target",
+                    num_requests: int = 8, prompt_tokens: int = 32, max_tokens: int = 16, seed: int = 0,
+                    threads: int = 1, max_duration: float = 60.0, engine_args: Sequence[str] = (),
+                    ttft_limit: float = 1.0, tpot_limit: float = 0.1, processes: bool = False) -> EngineComparison:
+    """Naive serving against the engine at each rate. Both servers run side by side (child processes with `threads`
+    torch threads and `engine_args` for the continuous one, or with processes=False in this process: fast to start,
+    shared GIL, default engine settings); rate by rate, naive then engine get the same workload, so slow drifts in
+    the machine's load hit both alike. Each rate has its own prompts (no prefix-cache hits from an earlier rate)."""
+    from minigpt.serving.launch import serve_subprocess
+    from minigpt.serving.replicas import thread_replicas
+
+    engines = ("naive", "continuous")
+    workloads = [corpus_prompts(num_requests, prompt_tokens=prompt_tokens, seed=seed + 1000 * k)
+                 for k in range(len(rates))]
+
+    def server(engine: str) -> ContextManager[str]:
+        if not processes:
+            return _only(thread_replicas(1, checkpoint, engine=engine, max_queue=num_requests + 8))
+        return serve_subprocess(["--checkpoint", checkpoint, "--engine", engine, "--threads", str(threads),
+                                 "--max-queue", str(num_requests + 8),
+                                 *(engine_args if engine == "continuous" else ())])
+
+    points: list[RatePoint] = []
+    with contextlib.ExitStack() as stack:
+        urls = {engine: stack.enter_context(server(engine)) for engine in engines}
+        for url in urls.values():          # first forward passes are slow; the warm-up prompt shares no prefix
+            benchmark(url, ["warm-up"], max_tokens=2, max_duration=max_duration)
+        for rate, workload in zip(rates, workloads):
+            for engine in engines:
+                records = benchmark(urls[engine], workload, rate=rate, max_tokens=max_tokens, seed=seed,
+                                    max_duration=max_duration)
+                points.append(RatePoint(engine, rate, summarize_records(records, ttft_limit=ttft_limit,
+                                                                        tpot_limit=tpot_limit)))
+    return EngineComparison(points)
+
+
+@contextlib.contextmanager
+def _only(replicas: ContextManager[list[str]]) -> Iterator[str]:
+    with replicas as urls:
+        yield urls[0]
+
+
+@dataclass(frozen=True)
+class RoutingPoint:
+    policy: str
+    prefix_hit_rate: float           # cached / looked-up prompt tokens, over both replicas
+    requests_per_replica: list[int]
+    summary: BenchmarkSummary
+
+    @property
+    def mean_ttft(self) -> float:
+        return self.summary.mean_ttft
+
+    def row(self) -> str:
+        return (f"{self.policy:>11}: prefix-cache hit rate {self.prefix_hit_rate:.1%}, mean TTFT "
+                f"{1e3 * self.mean_ttft:.0f} ms, p99 TTFT {1e3 * self.summary.ttft[99]:.0f} ms, requests per replica "
+                f"{self.requests_per_replica}, {self.summary.num_ok}/{self.summary.num_requests} ok")
+
+
+def compare_routing(policies: Sequence[str] = ("round_robin", "prefix"), *, num_replicas: int = 2,
+                    checkpoint: str = "target", num_prefixes: int = 6, questions_per_prefix: int = 4,
+                    prefix_tokens: int = 128, question_tokens: int = 8, max_tokens: int = 2, rate: float = math.inf,
+                    block_size: int = 16, prefix_blocks: int = 4, seed: int = 0, threads: int = 1,
+                    max_duration: float = 60.0, processes: bool = False) -> list[RoutingPoint]:
+    """Each policy in front of `num_replicas` fresh engine replicas (child processes, or with processes=False
+    `thread_replicas` in this process), on the same shared-prefix workload."""
+    import httpx
+
+    from minigpt.serving.launch import serve_in_thread
+    from minigpt.serving.engine import EngineConfig
+    from minigpt.serving.replicas import engine_replicas, prefix_hit_rate, thread_replicas
+    from minigpt.serving.router import create_router_app
+
+    workload = shared_prefix_prompts(num_prefixes, questions_per_prefix, prefix_tokens=prefix_tokens,
+                                     question_tokens=question_tokens, seed=seed)
+    out = []
+    for policy in policies:
+        args = ["--checkpoint", checkpoint, "--block-size", str(block_size),
+                "--max-queue", str(len(workload.prompts) + 8)]
+        replicas = (engine_replicas(num_replicas, args, threads=threads) if processes else
+                    thread_replicas(num_replicas, checkpoint, config=EngineConfig(block_size=block_size),
+                                    max_queue=len(workload.prompts) + 8))
+        with replicas as urls:
+            for url in urls:                  # first forward passes are slow; a short prompt shares no prefix
+                benchmark(url, ["warm-up"], max_tokens=2, max_duration=max_duration)
+            app = create_router_app(urls, policy=policy, block_size=block_size, prefix_blocks=prefix_blocks)
+            with serve_in_thread(app) as router:
+                records = benchmark(router, workload, rate=rate, max_tokens=max_tokens, seed=seed,
+                                    max_duration=max_duration)
+                stats = httpx.get(router + "/stats", trust_env=False).json()["replicas"]
+            hit = prefix_hit_rate(urls)
+        out.append(RoutingPoint(policy, hit, [stats[u]["requests"] for u in urls], summarize_records(records)))
+    return out

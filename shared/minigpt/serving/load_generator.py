@@ -1,0 +1,221 @@
+"""The course's `benchmark_serving` (lab 08): an open-loop load generator for OpenAI-compatible servers.
+
+Requests arrive as a Poisson process at `rate` requests/s: inter-arrival gaps are i.i.d. exponential
+with mean 1/rate (seeded), so the client sends on schedule whether or not earlier requests are done
+(open loop, like real users; a closed loop that waits for answers would hide queueing). rate = inf
+sends everything at t = 0. Each request streams (`stream: true`, `stream_options.include_usage`), and
+the client records when every text chunk arrived (`client_metrics.RequestRecord`).
+
+Bounded: at most len(prompts) (or max_requests) requests, and `max_duration` seconds of wall time;
+requests still running then are cancelled and recorded as failed. Loopback only: any other host is
+refused before a byte is sent.
+
+Workloads: `corpus_prompts` (windows of the validation corpus) and `shared_prefix_prompts` (a few
+system prompts, each several KV blocks long, times many short questions: the prefix-cache workload).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import ipaddress
+import json
+import math
+import time
+from dataclasses import dataclass
+from typing import Sequence
+from urllib.parse import urlsplit
+
+import httpx
+import numpy as np
+
+from minigpt.serving.client_metrics import RequestRecord
+
+__all__ = ["Workload", "check_loopback", "poisson_arrivals", "corpus_prompts", "shared_prefix_prompts",
+           "run_benchmark", "benchmark"]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Prompts and, for the shared-prefix mix, the system prompt index of each (None for corpus prompts)."""
+    prompts: list[str]
+    prefix_ids: list[int] | None = None
+
+
+def check_loopback(base_url: str) -> str:
+    """The URL without a trailing slash if its host is loopback (127.0.0.0/8, ::1, localhost); else ValueError."""
+    host = urlsplit(base_url).hostname
+    if host is None:
+        raise ValueError(f"not a URL with a host: {base_url!r} (expected e.g. http://127.0.0.1:8000)")
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise ValueError(f"the load generator only targets servers on this machine (loopback), not {host!r}: "
+                         "load tests against other hosts are not what this course's tool is for")
+    return base_url.rstrip("/")
+
+
+def poisson_arrivals(n: int, rate: float, seed: int = 0) -> list[float]:
+    """Send times (s, from 0) of n requests: cumulative sums of Exponential(mean 1/rate) gaps, first at 0;
+    all zeros for rate = inf."""
+    if n < 0 or not rate > 0:
+        raise ValueError(f"need n >= 0 and rate > 0 (inf for all at once), got n={n}, rate={rate}")
+    if math.isinf(rate) or n == 0:
+        return [0.0] * n
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=n - 1)
+    return [0.0] + np.cumsum(gaps).tolist()
+
+
+def _windows(n: int, length: int, rng: np.random.Generator) -> list[list[int]]:
+    from minigpt.training.data import load_tokens
+    from minigpt.tokenizer import EOT_ID
+
+    tokens = load_tokens("val")
+    out: list[list[int]] = []
+    while len(out) < n:
+        start = int(rng.integers(0, len(tokens) - length))
+        window = tokens[start:start + length].tolist()
+        if EOT_ID not in window:             # one document per window, no special token inside a prompt
+            out.append(window)
+    return out
+
+
+def corpus_prompts(n: int, *, prompt_tokens: int = 64, seed: int = 0) -> Workload:
+    """n prompts: random windows of `prompt_tokens` tokens of the validation corpus, decoded to text."""
+    from minigpt.tokenizer import load_tokenizer
+
+    enc = load_tokenizer()
+    return Workload([enc.decode(w) for w in _windows(n, prompt_tokens, np.random.default_rng(seed))])
+
+
+def shared_prefix_prompts(num_prefixes: int, questions_per_prefix: int, *, prefix_tokens: int = 80,
+                          question_tokens: int = 16, seed: int = 0) -> Workload:
+    """num_prefixes system prompts (`prefix_tokens` corpus tokens each: several KV blocks) x questions_per_prefix
+    different questions (`question_tokens` each), in a seeded random order. Each prompt is
+    `system + "\\n" + question`; prompts of one system prompt share its tokens (the first blocks)."""
+    from minigpt.tokenizer import load_tokenizer
+
+    enc = load_tokenizer()
+    rng = np.random.default_rng(seed)
+    systems = [enc.decode(w) for w in _windows(num_prefixes, prefix_tokens, rng)]
+    questions = [enc.decode(w) for w in _windows(num_prefixes * questions_per_prefix, question_tokens, rng)]
+    pairs = [(i, systems[i] + "\n" + questions[i * questions_per_prefix + j])
+             for i in range(num_prefixes) for j in range(questions_per_prefix)]
+    order = rng.permutation(len(pairs))
+    return Workload([pairs[k][1] for k in order], [pairs[k][0] for k in order])
+
+
+def _body(prompt: str, *, chat: bool, model: str, max_tokens: int, temperature: float) -> dict:
+    body: dict = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "stream": True,
+                  "stream_options": {"include_usage": True}}
+    if chat:
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    return body
+
+
+async def _one(client: httpx.AsyncClient, url: str, body: dict, record: RequestRecord, chat: bool) -> None:
+    """Send one streaming request and fill `record` (times on time.perf_counter's clock)."""
+    try:
+        async with client.stream("POST", url, json=body) as response:
+            record.status = response.status_code
+            if response.status_code != 200:
+                text = (await response.aread()).decode(errors="replace")
+                record.error = f"HTTP {response.status_code}: {text[:200]}"
+                return
+            done = False
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    done = True
+                    break
+                chunk = json.loads(payload)
+                if "error" in chunk:
+                    record.error = f"error in stream: {chunk['error']}"
+                    return
+                for choice in chunk.get("choices") or []:
+                    piece = choice.get("delta", {}).get("content") if chat else choice.get("text")
+                    if piece:
+                        record.chunk_times.append(time.perf_counter())
+                        record.text += piece
+                usage = chunk.get("usage")
+                if usage:
+                    record.output_tokens = int(usage.get("completion_tokens", 0))
+                    record.prompt_tokens = int(usage.get("prompt_tokens", 0))
+            if not done:
+                record.error = "the stream ended without data: [DONE]"
+    except asyncio.CancelledError:
+        record.error = "cancelled: the benchmark's max_duration ran out"
+        raise
+    except (httpx.HTTPError, json.JSONDecodeError, ValueError) as err:
+        record.error = f"{type(err).__name__}: {err}"
+    finally:
+        record.end_time = time.perf_counter()
+
+
+async def _first_model(client: httpx.AsyncClient, base: str) -> str:
+    response = await client.get(base + "/v1/models")
+    if response.status_code != 200 or not response.json().get("data"):
+        raise ValueError(f"{base}/v1/models did not list a model ({response.status_code}); pass model=...")
+    return response.json()["data"][0]["id"]
+
+
+async def run_benchmark(base_url: str, prompts: Sequence[str] | Workload, *, rate: float = math.inf,
+                        max_tokens: int = 32, chat: bool = False, model: str | None = None, temperature: float = 0.0,
+                        seed: int = 0, max_requests: int | None = None, max_duration: float = 60.0,
+                        max_concurrency: int | None = None) -> list[RequestRecord]:
+    """Send the prompts to `base_url` (/v1/completions, or /v1/chat/completions if chat) at Poisson `rate`;
+    return one RequestRecord per request sent, in prompt order. Bounded by max_requests and max_duration (s).
+    `model` defaults to the first model the server lists at GET /v1/models."""
+    base = check_loopback(base_url)
+    prompts = list(prompts.prompts if isinstance(prompts, Workload) else prompts)[:max_requests]
+    if not max_duration > 0:
+        raise ValueError(f"max_duration must be > 0 seconds, got {max_duration}")
+    url = base + ("/v1/chat/completions" if chat else "/v1/completions")
+    offsets = poisson_arrivals(len(prompts), rate, seed)
+    limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    records: list[RequestRecord] = []
+    limits = httpx.Limits(max_connections=max(10, max_concurrency or len(prompts)))
+    timeout = httpx.Timeout(max_duration, connect=10.0)
+
+    async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
+        if model is None:
+            model = await _first_model(client, base)
+        start = time.perf_counter()
+        deadline = start + max_duration
+
+        async def fire(i: int, prompt: str) -> None:
+            await asyncio.sleep(max(0.0, start + offsets[i] - time.perf_counter()))
+            if limit is not None:
+                await limit.acquire()
+            try:
+                record = RequestRecord(request_id=i, send_time=time.perf_counter())
+                records.append(record)
+                body = _body(prompt, chat=chat, model=model, max_tokens=max_tokens, temperature=temperature)
+                await _one(client, url, body, record, chat)
+            finally:
+                if limit is not None:
+                    limit.release()
+
+        tasks = [asyncio.create_task(fire(i, p)) for i, p in enumerate(prompts) if offsets[i] < max_duration]
+        _, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline - time.perf_counter()))
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+    return sorted(records, key=lambda r: r.request_id)
+
+
+def benchmark(base_url: str, prompts: Sequence[str] | Workload, **kwargs) -> list[RequestRecord]:
+    """`run_benchmark` from synchronous code, also inside Jupyter (whose event loop is already running: the
+    benchmark then gets its own loop in a worker thread, joined before returning)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(run_benchmark(base_url, prompts, **kwargs))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, run_benchmark(base_url, prompts, **kwargs)).result()

@@ -1,0 +1,238 @@
+"""Lab 08 (load testing, routing) checks: the reference passes, the stub and each plausible wrong implementation fail."""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import hashlib
+
+import pytest
+
+from autograder import lab08_router
+from minigpt.cache.prefix_cache import block_hashes, hash_block
+from minigpt.serving.client_metrics import request_goodput
+from minigpt.serving.routing import HashRing, prefix_key, ring_hash, route
+
+
+def _stub(*args, **kwargs):
+    raise NotImplementedError()
+
+
+# --- wrong goodput -----------------------------------------------------------------------------------
+
+def _span(records):
+    return max(r.end_time for r in records) - min(r.send_time for r in records)
+
+
+def _counting(good, duration=_span):
+    def goodput(records, ttft_limit, tpot_limit):
+        if not records:
+            return 0.0
+        return sum(bool(good(r, ttft_limit, tpot_limit)) for r in records) / duration(records)
+    return goodput
+
+
+ttft_only = _counting(lambda r, a, b: r.ok and r.ttft <= a)
+tpot_only = _counting(lambda r, a, b: r.ok and r.tpot <= b)
+either = _counting(lambda r, a, b: r.ok and (r.ttft <= a or r.tpot <= b))
+counts_failed = _counting(lambda r, a, b: r.chunk_times and r.ttft <= a and r.tpot <= b)
+strict = _counting(lambda r, a, b: r.ok and r.ttft < a and r.tpot < b)
+duration_of_ok = _counting(lambda r, a, b: r.ok and r.ttft <= a and r.tpot <= b,
+                           lambda rs: _span([r for r in rs if r.ok]))
+duration_sum = _counting(lambda r, a, b: r.ok and r.ttft <= a and r.tpot <= b, lambda rs: sum(r.e2e for r in rs))
+duration_first_last = _counting(lambda r, a, b: r.ok and r.ttft <= a and r.tpot <= b,
+                                lambda rs: rs[-1].end_time - rs[0].send_time)     # assumes sorted records
+
+
+def share(records, ttft_limit, tpot_limit):
+    """Lab 03's SLO attainment, not a rate."""
+    return sum(r.ok and r.ttft <= ttft_limit and r.tpot <= tpot_limit for r in records) / len(records) if records else 0.0
+
+
+def crashes_on_empty(records, ttft_limit, tpot_limit):
+    return request_goodput(records, ttft_limit, tpot_limit) if records else 1 / len(records)
+
+
+def test_goodput_reference_passes() -> None:
+    lab08_router.check_goodput(request_goodput)
+
+
+@pytest.mark.parametrize("wrong", [_stub, ttft_only, tpot_only, either, counts_failed, strict, duration_of_ok,
+                                   duration_sum, duration_first_last, share, crashes_on_empty])
+def test_goodput_rejects(wrong) -> None:
+    with pytest.raises(AssertionError):
+        lab08_router.check_goodput(wrong)
+
+
+def test_goodput_names_the_mistake() -> None:
+    with pytest.raises(AssertionError, match="BOTH"):
+        lab08_router.check_goodput(ttft_only)
+    with pytest.raises(AssertionError, match="failed requests"):
+        lab08_router.check_goodput(counts_failed)
+    with pytest.raises(AssertionError, match="not implemented"):
+        lab08_router.check_goodput(_stub)
+
+
+# --- wrong routing -----------------------------------------------------------------------------------
+
+def _ring_route(key_fn, vnodes=64, point=lambda replica, v, i: f"{replica}#{v}"):
+    @functools.lru_cache(maxsize=None)
+    def ring_of(replicas):
+        ring = sorted((ring_hash(point(r, v, i)), r) for i, r in enumerate(replicas) for v in range(vnodes))
+        return [p for p, _ in ring], [r for _, r in ring]
+
+    def route_fn(prompt_token_ids, replicas, *, block_size=16, prefix_blocks=4):
+        positions, owners = ring_of(tuple(replicas))
+        key = key_fn(prompt_token_ids, block_size, prefix_blocks)
+        return owners[bisect.bisect_left(positions, key) % len(positions)]
+    return route_fn
+
+
+def _whole_prompt(tokens, bs, pb):
+    return hash_block(None, tokens)
+
+
+def _flat_window(tokens, bs, pb):
+    """The first prefix_blocks * block_size tokens as one string, partial blocks included."""
+    return hash_block(None, tokens[:bs * pb])
+
+
+def _first_tokens(tokens, bs, pb):
+    """prefix_blocks TOKENS instead of blocks."""
+    return hash_block(None, tokens[:pb])
+
+
+def _all_full_blocks(tokens, bs, pb):
+    """The chained hash of every full block: the whole prompt again, block by block."""
+    hashes = block_hashes(tokens, bs)
+    return hashes[-1] if hashes else hash_block(None, tokens)
+
+
+def _one_block_short(tokens, bs, pb):
+    hashes = block_hashes(tokens[:bs * (pb - 1)], bs)
+    return hashes[-1] if hashes else hash_block(None, tokens)
+
+
+def _default_params(tokens, bs, pb):
+    """Ignores the block_size / prefix_blocks arguments."""
+    return prefix_key(tokens)
+
+
+def modulo(prompt_token_ids, replicas, *, block_size=16, prefix_blocks=4):
+    return replicas[prefix_key(prompt_token_ids, block_size=block_size, prefix_blocks=prefix_blocks) % len(replicas)]
+
+
+def first_replica(prompt_token_ids, replicas, **kwargs):
+    return replicas[0]
+
+
+def no_wraparound(prompt_token_ids, replicas, *, block_size=16, prefix_blocks=4):
+    ring = HashRing(replicas)
+    key = prefix_key(prompt_token_ids, block_size=block_size, prefix_blocks=prefix_blocks)
+    return ring.owners[bisect.bisect_left(ring.positions, key)]           # IndexError past the last point
+
+
+def python_hash_of_tuple(prompt_token_ids, replicas, *, block_size=16, prefix_blocks=4):
+    """Built-in hash of the window, modulo: affinity yes, consistency no."""
+    return replicas[hash(tuple(prompt_token_ids[:block_size * prefix_blocks])) % len(replicas)]
+
+
+def sorted_modulo(prompt_token_ids, replicas, *, block_size=16, prefix_blocks=4):
+    """Order-independent, still modulo."""
+    replicas = sorted(replicas)
+    return replicas[prefix_key(prompt_token_ids, block_size=block_size, prefix_blocks=prefix_blocks) % len(replicas)]
+
+
+@functools.lru_cache(maxsize=None)
+def _md5_ring(replicas):
+    return sorted((int(hashlib.md5(f"{i}-{v}".encode()).hexdigest()[:16], 16), r)
+                  for i, r in enumerate(replicas) for v in range(64))
+
+
+def md5_ring_by_index(prompt_token_ids, replicas, *, block_size=16, prefix_blocks=4):
+    """Points named by the replica's INDEX: removing one renames the others' points."""
+    key = prefix_key(prompt_token_ids, block_size=block_size, prefix_blocks=prefix_blocks)
+    ring = _md5_ring(tuple(replicas))
+    k = bisect.bisect_left([p for p, _ in ring], key) % len(ring)
+    return ring[k][1]
+
+
+WRONG_ROUTES = {
+    "stub": _stub,
+    "whole prompt": _ring_route(_whole_prompt),
+    "all full blocks": _ring_route(_all_full_blocks),
+    "flat window with partial blocks": _ring_route(_flat_window),
+    "first tokens, not blocks": _ring_route(_first_tokens),
+    "one block short": _ring_route(_one_block_short),
+    "ignores block_size/prefix_blocks": _ring_route(_default_params),
+    "modulo": modulo,
+    "sorted modulo": sorted_modulo,
+    "python hash modulo": python_hash_of_tuple,
+    "always the first replica": first_replica,
+    "one point per replica": _ring_route(lambda t, bs, pb: prefix_key(t, block_size=bs, prefix_blocks=pb), vnodes=1),
+    "ring points by index": _ring_route(lambda t, bs, pb: prefix_key(t, block_size=bs, prefix_blocks=pb),
+                                        point=lambda r, v, i: f"{i}#{v}"),
+    "md5 ring by index": md5_ring_by_index,
+    "no wraparound": no_wraparound,
+}
+
+
+def test_route_reference_passes() -> None:
+    lab08_router.check_route(route)
+
+
+def test_a_different_correct_ring_passes() -> None:
+    """Another vnode count and point naming, same idea: accepted (the check tests properties, not our hash)."""
+    lab08_router.check_route(_ring_route(lambda t, bs, pb: prefix_key(t, block_size=bs, prefix_blocks=pb),
+                                         vnodes=100, point=lambda r, v, i: f"{v}@{r}"))
+
+
+@pytest.mark.parametrize("name", list(WRONG_ROUTES))
+def test_route_rejects(name: str) -> None:
+    with pytest.raises(AssertionError):
+        lab08_router.check_route(WRONG_ROUTES[name])
+
+
+def test_route_messages_teach() -> None:
+    with pytest.raises(AssertionError, match="not the whole prompt"):
+        lab08_router.check_route(WRONG_ROUTES["whole prompt"])
+    with pytest.raises(AssertionError, match="consistent hashing"):
+        lab08_router.check_route(WRONG_ROUTES["sorted modulo"])
+
+
+# --- the routing function inside the router ----------------------------------------------------------
+
+def test_router_check_passes_with_the_reference() -> None:
+    lab08_router.check_router(route)
+
+
+@pytest.mark.parametrize("wrong", [_stub, WRONG_ROUTES["whole prompt"], first_replica])
+def test_router_check_rejects(wrong) -> None:
+    with pytest.raises(AssertionError):
+        lab08_router.check_router(wrong)
+
+
+# --- interview questions -------------------------------------------------------------------------------
+
+GATEWAY = dict(request_rate=50.0, per_replica_goodput=3.2, per_replica_throughput=4.5, utilization=0.8)
+
+
+def test_gateway_replicas() -> None:
+    lab08_router.check_q_gateway_replicas(20, **GATEWAY)              # ceil(50 / 2.56) = ceil(19.53)
+    for wrong, why in ((19, "round UP"), (16, "headroom"), (14, "goodput"), (13, "instead")):
+        with pytest.raises(AssertionError, match=why):
+            lab08_router.check_q_gateway_replicas(wrong, **GATEWAY)
+    with pytest.raises(AssertionError, match="int"):
+        lab08_router.check_q_gateway_replicas(20.0, **GATEWAY)
+
+
+def test_affinity_pays() -> None:
+    lab08_router.check_q_affinity_pays({"A", "C"})
+    lab08_router.check_q_affinity_pays("c, a")
+    for wrong in ({"A"}, {"A", "C", "D"}, {"B"}, set(), {"A", "C", "E"}):
+        with pytest.raises(AssertionError):
+            lab08_router.check_q_affinity_pays(wrong)
+    with pytest.raises(AssertionError, match="hot prefix|ONE replica"):
+        lab08_router.check_q_affinity_pays({"A", "C", "D"})
+    with pytest.raises(AssertionError, match="unknown"):
+        lab08_router.check_q_affinity_pays({"Z"})
