@@ -3,6 +3,7 @@
 #   make test   set up what is missing, then run the whole CPU test suite
 # Instructor: make release | make grade NB=path.ipynb | make autograde | make feedback | make export
 # Machine:    make doctor | make gpu-check | make data | make models
+# Serving:    make serve [SERVE_ARGS="--checkpoint draft --engine naive --port 8001"]  (OpenAI-compatible, loopback)
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -21,11 +22,12 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 PYTEST_ARGS ?=
 PYTEST_TIMEOUT ?= 900
 LAB_ARGS ?=
+SERVE_ARGS ?=
 CHROMIUM ?= /usr/bin/chromium
 NB ?=
 CPYTHON_LIB ?=
 
-.PHONY: help setup lab test browser-deps release grade autograde feedback export doctor gpu-check models data normalize check-normalized
+.PHONY: serve help setup lab test browser-deps release grade autograde feedback export doctor gpu-check models data normalize check-normalized
 
 help:
 	@sed -n '1,6p' Makefile | sed 's/^# \{0,1\}//'
@@ -60,6 +62,9 @@ test: setup browser-deps
 	@rc=0; $(PY) -m pytest --timeout=$(PYTEST_TIMEOUT) $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests; that is a failure"; fi; \
 	exit $$rc
+
+serve: setup
+	$(PY) -m minigpt.serving $(SERVE_ARGS)
 
 grade: setup
 	@test -n "$(NB)" || { echo "usage: make grade NB=path/to/notebook.ipynb"; exit 2; }

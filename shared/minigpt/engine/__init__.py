@@ -11,4 +11,5 @@
 * `speculative` (lab 06): draft k tokens, verify them in one target forward, accept with min(1, p/q),
   resample from the normalised residual max(0, p - q), bonus token; greedy variant; `ngram_draft`:
   prompt-lookup drafting (no draft model).
+* `prefix_scheduler` (lab 08): the continuous-batching scheduler admitting from the prefix cache.
 """

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Hashable, Mapping
+from typing import ClassVar, Hashable, Mapping
 
 from minigpt.cache.block_manager import BlockManager
 from minigpt.cache.block_table import blocks_needed
@@ -107,9 +107,13 @@ def check_admissible(request: Request, max_model_len: int, num_blocks: int, bloc
 class Scheduler:
     """Continuous batching with chunked prefill and preemption by recomputation (see the module docstring)."""
 
+    # A subclass that looks up cached prefixes on admission sets this (engine.prefix_scheduler, lab 08).
+    supports_prefix_caching: ClassVar[bool] = False
+
     def __init__(self, manager: BlockManager, config: SchedulerConfig = SchedulerConfig(), *, max_model_len: int) -> None:
-        if manager.prefix_cache is not None:
-            raise ValueError("this scheduler expects a BlockManager without prefix caching")
+        if manager.prefix_cache is not None and not self.supports_prefix_caching:
+            raise ValueError("this scheduler expects a BlockManager without prefix caching "
+                             "(use minigpt.engine.prefix_scheduler.PrefixCachingScheduler)")
         self.manager = manager
         self.config = config
         self.max_model_len = _positive_int("max_model_len", max_model_len)
@@ -163,19 +167,11 @@ class Scheduler:
                 chunks[seq.seq_id] = self._reserve(seq, n)
                 budget -= n
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            seq = self.waiting[0]
-            n = seq.num_remaining
-            if n > budget:
-                if not self.config.enable_chunked_prefill:
-                    break
-                n = budget
-            if blocks_needed(n, self.manager.block_size) > self.manager.pool.num_free:
+            chunk = self._admit(self.waiting[0], budget)
+            if chunk is None:
                 break
-            self.waiting.popleft()
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            chunks[seq.seq_id] = self._reserve(seq, n)
-            budget -= n
+            chunks[chunk.seq_id] = chunk
+            budget -= len(chunk.tokens)
         return SchedulerOutput(list(chunks.values()), preempted)
 
     def update(self, output: SchedulerOutput, sampled: Mapping[Hashable, int], now: float) -> list[Sequence]:
@@ -197,6 +193,21 @@ class Scheduler:
         return finished
 
     # --- helpers ----------------------------------------------------------------------------------
+
+    def _admit(self, seq: Sequence, budget: int) -> ScheduledChunk | None:
+        """Move the head of the queue into the running batch with its first chunk (at most `budget` tokens),
+        or return None (nothing changed) if it does not fit now."""
+        n = seq.num_remaining
+        if n > budget:
+            if not self.config.enable_chunked_prefill:
+                return None
+            n = budget
+        if blocks_needed(n, self.manager.block_size) > self.manager.pool.num_free:
+            return None
+        self.waiting.popleft()
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+        return self._reserve(seq, n)
 
     def _blocks_for(self, seq: Sequence, n: int) -> int:
         if seq.seq_id in self.manager.tables:

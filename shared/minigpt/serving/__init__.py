@@ -1,6 +1,15 @@
 """Serving (lab 08): the engine behind an OpenAI-compatible HTTP server, with metrics, backpressure,
 multi-LoRA batching, a prefix-aware router and a load generator.
 
+* `engine` (LLMEngine, EngineConfig, EngineRequest): paged KV with prefix caching, continuous batching, optional
+  INT8/INT4 weights; `naive` (NaiveEngine): one request at a time on lab 01's cache, the baseline; `base`: what both
+  share (validation, outputs, offline `generate`); `outputs` (RequestOutput, Completion, EngineStats);
+  `detokenizer` (incremental detokenization, UTF-8 safe).
+* `async_engine` (AsyncLLMEngine): the step loop in one background thread, a stream per request, abort, pause.
+* `api_server` (create_app): FastAPI routes /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics;
+  `protocol` (pydantic bodies), `chat_template`, `streaming` (the SSE handler, learner piece), `admission`
+  (bounded queue, 429 + Retry-After, learner piece), `prometheus_metrics` (per-app registry).
+* `launch` (free_port, serve_in_thread, serve_subprocess) and `python -m minigpt.serving` (`__main__`).
 * `lora` (multi-LoRA): adapters as stacked low-rank factors per projection, A (n, r, d_in), B (n, d_out, r);
   `lora_delta`, the batched LoRA matmul (Punica's BGMV: gather each row's factors, two batched matmuls,
   -1 = no adapter); `with_lora` wraps a model's projections, `using_adapters` sets the rows' adapters,

@@ -1,0 +1,81 @@
+"""Continuous batching WITH prefix caching (lab 08): lab 03's scheduler, admitting from the cached prefix.
+
+On admission, a sequence's tokens (prompt, plus output after a preemption) are looked up in the prefix
+cache by chained block hashes (lab 02). The longest cached run of full blocks is reused, at most
+(len - 1) // block_size blocks, because the last token must be computed for its logits. Then
+
+    num_cached = cached blocks * block_size
+    n          = min(len - num_cached, budget)           only UNCACHED tokens count against the budget
+    manager.add_sequence(seq_id, tokens[:num_cached + n])  reuses the cached blocks, reserves n slots
+    chunk      = tokens[num_cached : num_cached + n]     starting at position num_cached
+
+A long uncached remainder is chunked over later steps as usual. If the pool cannot hold the chunk
+(OutOfBlocks), admission stops for this step, exactly as without prefix caching.
+
+One subtlety: blocks are registered in the prefix cache when they are RESERVED full, and computed by the
+step that follows. A sequence preempted in the same schedule() call as its reservation never computes
+them, so on preemption the hashes of its not-yet-computed blocks are forgotten (nobody may reuse garbage).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from minigpt.cache.block_pool import OutOfBlocks
+from minigpt.cache.prefix_cache import block_hashes
+from minigpt.engine.request import Sequence, SequenceStatus
+from minigpt.engine.scheduler import ScheduledChunk, Scheduler
+
+__all__ = ["PrefixCachingScheduler", "cached_prefix_len"]
+
+
+def cached_prefix_len(manager: "object", tokens: list[int]) -> int:
+    """Tokens of `tokens` whose K/V the prefix cache holds: full cached blocks, at most (len - 1) // block_size."""
+    cache, bs = manager.prefix_cache, manager.block_size
+    hits = cache.lookup(block_hashes(tokens, bs))
+    return min(len(hits), (len(tokens) - 1) // bs) * bs
+
+
+class PrefixCachingScheduler(Scheduler):
+    """`Scheduler` over a BlockManager with prefix caching: admission skips the cached prefix."""
+
+    supports_prefix_caching: ClassVar[bool] = True
+    lookup_tokens = 0      # tokens looked up on admission (prompt, plus output after a preemption)
+    hit_tokens = 0         # of which found in the prefix cache
+
+    @property
+    def hit_rate(self) -> float:
+        """hit_tokens / lookup_tokens over all admissions so far (0 before the first)."""
+        return self.hit_tokens / self.lookup_tokens if self.lookup_tokens else 0.0
+
+    def _admit(self, seq: Sequence, budget: int) -> ScheduledChunk | None:
+        if self.manager.prefix_cache is None:
+            return super()._admit(seq, budget)
+        tokens = seq.tokens
+        num_cached = cached_prefix_len(self.manager, tokens)
+        n = len(tokens) - num_cached
+        if n > budget:
+            if not self.config.enable_chunked_prefill:
+                return None
+            n = budget
+        try:
+            r = self.manager.add_sequence(seq.seq_id, tokens[:num_cached + n])
+        except OutOfBlocks:
+            return None
+        assert r.num_cached == num_cached, (r.num_cached, num_cached)
+        self.lookup_tokens += len(tokens)
+        self.hit_tokens += num_cached
+        self.waiting.popleft()
+        seq.status = SequenceStatus.RUNNING
+        seq.num_computed = num_cached
+        self.running.append(seq)
+        return ScheduledChunk(seq, num_cached, tokens[num_cached:num_cached + n], r.slots, r.copies)
+
+    def _preempt(self, seq: Sequence) -> None:
+        m = self.manager
+        if m.prefix_cache is not None and seq.seq_id in m.tables:
+            blocks = m.tables[seq.seq_id].blocks
+            for block in blocks[seq.num_computed // m.block_size:]:      # reserved but not computed yet
+                if m.pool.ref_counts[block] == 1:
+                    m.prefix_cache.forget(block)
+        super()._preempt(seq)

@@ -1,0 +1,63 @@
+"""`python -m minigpt.serving`: the OpenAI-compatible server on loopback (lab 08). See `--help`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+__all__ = ["main", "build_parser"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m minigpt.serving",
+                                description="Serve a course model behind an OpenAI-compatible HTTP API.")
+    p.add_argument("--checkpoint", default="target", help="course checkpoint name (target, draft) or .safetensors path")
+    p.add_argument("--engine", choices=["continuous", "naive"], default="continuous",
+                   help="continuous batching (LLMEngine) or one request at a time (NaiveEngine)")
+    p.add_argument("--weights", choices=["fp32", "int8", "int4"], default="fp32")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (loopback by default)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-queue", type=int, default=64, help="requests held at once (queued or running); past it, 429")
+    p.add_argument("--retry-after", type=float, default=1.0, help="seconds in the 429's Retry-After header")
+    p.add_argument("--num-blocks", type=int, default=256)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-num-seqs", type=int, default=16)
+    p.add_argument("--max-num-batched-tokens", type=int, default=256)
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--served-model-name", default=None, help="the `model` name clients use (default: the checkpoint)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--log-level", default="warning")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    import torch
+    import uvicorn
+
+    from minigpt.serving.api_server import create_app
+    from minigpt.serving.async_engine import AsyncLLMEngine
+    from minigpt.serving.engine import EngineConfig, LLMEngine
+    from minigpt.serving.naive import NaiveEngine
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    name = args.served_model_name or str(args.checkpoint)
+    if args.engine == "naive":
+        if args.weights != "fp32":
+            print("--weights applies to the continuous engine only", file=sys.stderr)
+            return 2
+        engine = NaiveEngine.from_checkpoint(args.checkpoint, model_name=name)
+    else:
+        config = EngineConfig(num_blocks=args.num_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
+                              max_num_batched_tokens=args.max_num_batched_tokens,
+                              enable_prefix_caching=not args.no_prefix_caching, weights=args.weights)
+        engine = LLMEngine.from_checkpoint(args.checkpoint, config, model_name=name)
+    app = create_app(AsyncLLMEngine(engine), max_queue=args.max_queue, retry_after_s=args.retry_after)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

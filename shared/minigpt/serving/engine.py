@@ -1,0 +1,181 @@
+"""The serving engine (lab 08): one object composing the course's reference parts, a small vLLM.
+
+    engine = LLMEngine.from_checkpoint("target", EngineConfig(num_blocks=256, enable_prefix_caching=True))
+    engine.add_request("r1", prompt_ids, max_tokens=32, sampling=SamplingParams(temperature=0.8, seed=1))
+    while engine.has_unfinished():
+        for out in engine.step():          # RequestOutput: new tokens, text delta, finished, finish_reason
+            ...
+    engine.generate(["Once upon", "def f("], SamplingParams(), max_tokens=16)   # offline, like LLM.generate
+
+Every step: the scheduler (lab 03: token budget, chunked prefill, preemption by recomputation; admission
+from the prefix cache, `engine.prefix_scheduler`) picks the chunks, the runner (lab 03's packed varlen
+layout over lab 02's paged KV cache) runs them in ONE model call and samples the next token of every
+sequence whose chunk reached its end, and the scheduler applies the tokens and frees finished sequences.
+Weights may be INT8/INT4 weight-only (lab 05). Speculative decoding is not part of this engine: a config
+asking for it raises ValueError.
+
+The runner is built by `runner_factory(model, cache)` so a subclass can read per-request state: each
+sequence's request is an `EngineRequest` carrying `adapter` (-1 = base model; multi-LoRA runners use it).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Hashable, Literal, Sequence
+
+import torch
+
+from minigpt.cache.block_table import blocks_needed
+from minigpt.cache.paged import PagedKVCache
+from minigpt.engine.prefix_scheduler import PrefixCachingScheduler
+from minigpt.engine.request import Request
+from minigpt.engine.runner import ModelRunner
+from minigpt.engine.scheduler import Scheduler, SchedulerConfig
+from minigpt.model import GPT
+from minigpt.sampling import SamplingParams
+from minigpt.serving.base import EngineBase, Prompt
+from minigpt.serving.outputs import EngineStats, RequestOutput, openai_finish_reason
+from minigpt.tokenizer import EOT_ID
+
+__all__ = ["EngineConfig", "EngineRequest", "LLMEngine", "RunnerFactory", "quantized"]
+
+Weights = Literal["fp32", "int8", "int4"]
+RunnerFactory = Callable[[GPT, PagedKVCache], ModelRunner]
+INT4_GROUP_SIZE = 32          # divides every course model's widths (64 .. 1024)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """KV pool (num_blocks x block_size tokens), batch limits (sequences, tokens per step), prefix caching,
+    weight precision. `speculative_k` > 0 (speculative decoding) is not implemented and is refused."""
+
+    num_blocks: int = 256
+    block_size: int = 16
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 256
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    weights: Weights = "fp32"
+    speculative_k: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("num_blocks", "block_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"EngineConfig.{name} must be a positive int, got {v!r}")
+        if self.weights not in ("fp32", "int8", "int4"):
+            raise ValueError(f"EngineConfig.weights must be 'fp32', 'int8' or 'int4', got {self.weights!r}")
+        if self.speculative_k:
+            raise ValueError("speculative decoding is not implemented in this engine (speculative_k must be 0); "
+                             "see minigpt.engine.speculative for lab 06's standalone version")
+        self.scheduler_config()                      # validates max_num_seqs and max_num_batched_tokens
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens, self.enable_chunked_prefill)
+
+
+@dataclass(frozen=True)
+class EngineRequest(Request):
+    """A lab 03 Request plus the LoRA adapter it asks for (-1 = the base model)."""
+
+    adapter: int = -1
+
+
+def quantized(model: GPT, weights: Weights) -> GPT:
+    """The model with weight-only INT8 / INT4 projections (lab 05), or itself for fp32."""
+    if weights == "fp32":
+        return model
+    from minigpt.quant.linear import quantize_weight_only
+    return quantize_weight_only(model, 8) if weights == "int8" else quantize_weight_only(model, 4, INT4_GROUP_SIZE)
+
+
+class LLMEngine(EngineBase):
+    """Continuous batching on a paged KV cache with prefix caching (see the module docstring)."""
+
+    def __init__(self, model: GPT, config: EngineConfig = EngineConfig(), *, tokenizer: object | None = None,
+                 model_name: str = "minigpt", adapter_names: Sequence[str] = (),
+                 runner_factory: RunnerFactory = ModelRunner, clock: Callable[[], float] = time.perf_counter) -> None:
+        model = quantized(model.eval(), config.weights)
+        super().__init__(model, tokenizer=tokenizer, model_name=model_name, adapter_names=adapter_names, clock=clock)
+        self.config = config
+        self.cache = PagedKVCache.for_model(model, config.num_blocks, config.block_size,
+                                            enable_prefix_caching=config.enable_prefix_caching)
+        scheduler_cls = PrefixCachingScheduler if config.enable_prefix_caching else Scheduler
+        self.scheduler: Scheduler = scheduler_cls(self.cache.manager, config.scheduler_config(),
+                                                  max_model_len=model.config.max_seq_len)
+        self.runner = runner_factory(model, self.cache)
+        self.num_preemptions = 0
+        self._last_batch = (0, 0)
+
+    @classmethod
+    def from_checkpoint(cls, name: str = "target", config: EngineConfig = EngineConfig(), **kwargs: object) -> "LLMEngine":
+        """A course checkpoint ("target", "draft" or a .safetensors path) with the course tokenizer."""
+        from minigpt.checkpoint import load_model
+        from minigpt.tokenizer import load_tokenizer
+        kwargs.setdefault("tokenizer", load_tokenizer())
+        kwargs.setdefault("model_name", str(name))
+        return cls(load_model(name), config, **kwargs)
+
+    # --- EngineBase ---------------------------------------------------------------------------------
+
+    def validate(self, request_id: Hashable, prompt: Prompt, max_tokens: int, sampling: SamplingParams = SamplingParams(),
+                 *, stop: Sequence[str] = (), adapter: int = -1) -> list[int]:
+        """EngineBase.validate, plus: the request's K/V (prompt + max_tokens - 1 tokens) must fit the whole pool."""
+        ids = super().validate(request_id, prompt, max_tokens, sampling, stop=stop, adapter=adapter)
+        need = blocks_needed(len(ids) + max_tokens - 1, self.config.block_size)
+        if need > self.config.num_blocks:
+            raise ValueError(f"the request needs up to {need} KV blocks but the pool has only {self.config.num_blocks}; "
+                             "ask for fewer tokens")
+        return ids
+
+    def _enqueue(self, request_id: Hashable, prompt: list[int], max_tokens: int, sampling: SamplingParams,
+                 stop: tuple[str, ...], adapter: int, arrival_time: float) -> None:
+        request = EngineRequest(request_id, tuple(prompt), max_tokens, sampling, arrival_time, (EOT_ID,), stop,
+                                self.tokenizer if stop else None, adapter=adapter)
+        self.scheduler.add_request(request)          # ValueError (nothing changed) if it could never fit the pool
+
+    def _abort(self, request_id: Hashable) -> None:
+        seq = self.scheduler.sequences.get(request_id)
+        if seq is not None and not seq.is_finished:
+            self.scheduler.abort(request_id)
+        self.scheduler.sequences.pop(request_id, None)
+
+    @torch.inference_mode()
+    def step(self) -> list[RequestOutput]:
+        """One scheduler step and one model call; an output for every request that got a token or finished."""
+        out = self.scheduler.schedule()
+        sampled = self.runner.execute(out) if out.chunks else {}
+        now = self.now()
+        self.scheduler.update(out, sampled, now)
+        self.num_steps += 1
+        self.num_preemptions += len(out.preempted)
+        self._last_batch = (len(out.chunks), out.num_batched_tokens)
+        outputs = []
+        for chunk in out.chunks:
+            seq = chunk.seq
+            t = self._tracked.get(seq.seq_id)
+            if t is None:
+                continue
+            if not t.admitted:                            # its first chunk starts after the cached prefix
+                t.admitted, t.num_cached_tokens = True, chunk.start
+            if not (seq.seq_id in sampled or seq.is_finished):
+                continue                                  # a prefill chunk that did not reach the end yet
+            new = seq.output_tokens[t.num_emitted:]
+            t.num_emitted += len(new)
+            reason = openai_finish_reason(seq.finish_reason) if seq.is_finished else None
+            if seq.is_finished:
+                del self.scheduler.sequences[seq.seq_id]   # the engine forgets finished requests (long-running server)
+            outputs.append(self._output(seq.seq_id, new, reason, now))
+        return outputs
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def stats(self) -> EngineStats:
+        pool = self.cache.manager.pool
+        sched = self.scheduler
+        return EngineStats(len(sched.running), len(sched.waiting), pool.num_blocks, pool.num_used,
+                           getattr(sched, "hit_rate", 0.0), self.num_preemptions, self.num_steps, self.num_finished,
+                           self.num_generated_tokens, *self._last_batch, getattr(sched, "lookup_tokens", 0),
+                           getattr(sched, "hit_tokens", 0))

@@ -1,0 +1,41 @@
+"""`python -m minigpt.serving` as a child process (started, answering, stopped) and the README's client example."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+
+from minigpt.serving.launch import ServerStartError, serve_subprocess
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_example() -> str:
+    section = README.read_text().split("## Serving (lab 08)", 1)[1].split("\n## ", 1)[0]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_subprocess_server_runs_the_readme_example_and_stops():
+    # The draft checkpoint under the README's model name keeps the test fast; `make serve` serves the target.
+    with serve_subprocess(["--checkpoint", "draft", "--served-model-name", "target", "--num-blocks", "64"]) as url:
+        assert httpx.get(url + "/health").status_code == 200
+        code = readme_example().replace("http://127.0.0.1:8000", url)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(code, "README.md", "exec"), {})
+        assert "CompletionUsage(completion_tokens=32" in out.getvalue()
+        child = url.process
+    assert child.poll() is not None                         # the child exited
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(url + "/health", timeout=2)
+
+
+def test_a_child_that_cannot_start_reports_its_stderr():
+    with pytest.raises(ServerStartError, match="invalid choice: 'bogus'"):
+        with serve_subprocess(["--engine", "bogus"], timeout=60):
+            pass
