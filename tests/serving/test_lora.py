@@ -191,3 +191,83 @@ def test_adapter_memory_arithmetic(model, adapters):
     from minigpt.teaching.calculators import ModelShape
     small = ModelShape.from_config(SMALL_CONFIG, "small")
     assert adapter_bytes(small, 4, 4) == adapters.nbytes_per_adapter()         # fp32 factors
+
+
+# --- through the engine and the OpenAI-compatible server --------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def served(tokenizer):
+    """The serving tests' tiny model over the course vocabulary, three adapters, behind the server on loopback."""
+    import openai
+    from conftest import tiny_model
+    from minigpt.serving.api_server import create_app
+    from minigpt.serving.async_engine import AsyncLLMEngine
+    from minigpt.serving.engine import EngineConfig
+    from minigpt.serving.launch import serve_in_thread
+    from minigpt.serving.lora_runner import engine_with_adapters
+
+    base = tiny_model(3)
+    with torch.no_grad():                       # larger weights: greedy outputs that depend on the adapter
+        for p in base.parameters():
+            if p.ndim == 2:
+                p.mul_(4.0)
+    ads = LoRAAdapters.random(base, ["adapter-0", "adapter-1", "adapter-2"], rank=4, seed=2)
+    engine = engine_with_adapters(base, ads, EngineConfig(num_blocks=64, block_size=8), tokenizer=tokenizer,
+                                  model_name="tiny")
+    aengine = AsyncLLMEngine(engine)
+    with serve_in_thread(create_app(aengine, max_queue=16)) as url:
+        yield base, ads, engine, openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=30)
+    assert not aengine.is_running
+
+
+def test_server_adapter_output_equals_merged(served, tokenizer):
+    from concurrent.futures import ThreadPoolExecutor
+
+    base, ads, engine, client = served
+    prompt = "def parse(args):"
+    ids = tokenizer.encode(prompt)
+    names = ["adapter-2", "tiny", "adapter-0", "adapter-1", "adapter-2"]
+    with ThreadPoolExecutor(len(names)) as pool:           # concurrent: the engine batches them together
+        texts = list(pool.map(lambda n: client.completions.create(model=n, prompt=prompt, max_tokens=10,
+                                                                  temperature=0).choices[0].text, names))
+    outs = {}
+    for name, text in zip(names, texts):
+        ref = base if name == "tiny" else merge_adapter(base, ads, name)
+        want = tokenizer.decode(generate_kv_cache(ref, ids, 10, stop_token_ids=()).tokens)
+        assert text == want, name
+        outs[name] = text
+    assert len(set(outs.values())) >= 3                   # the adapters really change the output
+    assert engine.runner.num_lora_steps > 0 and engine.stats().num_blocks_used == 0
+    assert {m.id for m in client.models.list()} == {"tiny", "adapter-0", "adapter-1", "adapter-2"}
+
+
+def test_server_unknown_adapter_is_400(served):
+    import openai
+    _, _, engine, client = served
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="adapter-9", prompt="hi", max_tokens=4)
+    assert "adapter-9" in str(err.value)
+    assert engine.stats().num_blocks_used == 0
+
+
+def test_prefix_caching_never_shares_blocks_across_adapters(model, adapters, merged):
+    """Same prompt, three adapters and the base, prefix caching on if the scheduler salts by adapter (else the
+    builder turns it off): every output equals its merged model's."""
+    from minigpt.engine.prefix_scheduler import PrefixCachingScheduler
+    from minigpt.serving.engine import EngineConfig
+    from minigpt.serving.lora_runner import engine_with_adapters
+
+    engine = engine_with_adapters(model, adapters, EngineConfig(num_blocks=64, block_size=4, max_num_seqs=2))
+    salts = getattr(PrefixCachingScheduler, "salts_by_adapter", False)
+    assert engine.config.enable_prefix_caching == salts
+    prompt = torch.randint(0, 255, (13,), generator=torch.Generator().manual_seed(9)).tolist()
+    for i, a in enumerate([0, 1, -1, 2, 1]):          # two at a time: later ones find earlier ones' blocks cached
+        engine.add_request(i, prompt, 6, adapter=a)
+    got = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            got.setdefault(out.request_id, []).extend(out.new_token_ids)
+    for i, a in enumerate([0, 1, -1, 2, 1]):
+        assert got[i] == generate_kv_cache(merged[a], prompt, 6, stop_token_ids=()).tokens, (i, a)
+    if salts:
+        assert engine.stats().prefix_cache_hit_rate > 0          # adapter 1's second request reused its own blocks

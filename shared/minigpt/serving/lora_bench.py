@@ -7,7 +7,8 @@ Memory. An adapter of rank r on a projection d_in -> d_out stores r * (d_in + d_
 Speed (CPU, one process, interleaved medians, `minigpt.timing.compare`):
 * one engine batch mixing four adapters against four batches of one adapter each (merged weights, the
   way one would serve them without multi-LoRA), same requests and tokens: output tokens/s of each;
-* one model step with the batched LoRA matmuls against the same step of the base model alone.
+* one model step with the batched LoRA matmuls against the same step of the base model alone, with the
+  gathered BGMV (`lora.lora_delta`) and with rows grouped by adapter (`lora_delta_grouped`, SGMV-like).
 
     figures = lora_serving_figures()          # about 10 s on a 2-core CPU with the target checkpoint
 """
@@ -15,7 +16,7 @@ Speed (CPU, one process, interleaved medians, `minigpt.timing.compare`):
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -25,12 +26,12 @@ from minigpt.engine.scheduler import Scheduler, SchedulerConfig
 from minigpt.engine.runner import ModelRunner
 from minigpt.engine.serving_loop import serve
 from minigpt.model import GPT
-from minigpt.serving.lora import PROJECTIONS, LoRAAdapters, merge_adapter, using_adapters, with_lora
+from minigpt.serving.lora import PROJECTIONS, LoRAAdapters, merge_adapter, set_delta_fn, using_adapters, with_lora
 from minigpt.serving.lora_runner import LoRAModelRunner
 from minigpt.teaching.calculators import ModelShape, weight_bytes
 from minigpt.timing import compare
 
-__all__ = ["projection_dims", "adapter_bytes", "hundred_adapters", "lora_serving_figures"]
+__all__ = ["projection_dims", "adapter_bytes", "hundred_adapters", "lora_delta_grouped", "lora_serving_figures"]
 
 
 def projection_dims(shape: ModelShape) -> dict[str, tuple[int, int]]:
@@ -59,14 +60,27 @@ def hundred_adapters(shape: ModelShape, rank: int, n_adapters: int = 100, bytes_
             "base_weight_bytes": base, "percent_of_base": 100 * n_adapters * one / base}
 
 
+def lora_delta_grouped(x: torch.Tensor, A: torch.Tensor, B: torch.Tensor, adapter_idx: torch.Tensor,
+                       scaling: float) -> torch.Tensor:
+    """Same result as `lora.lora_delta`, rows grouped by adapter (Punica's SGMV, S-LoRA): one loop iteration per
+    adapter in the batch, each reading its factors once. PyTorch's gather A[idx] instead COPIES the factors once
+    per row, (N, r, d_in) + (N, d_out, r) bytes, which a BGMV kernel reading them in place never does."""
+    out = x.new_zeros(x.shape[0], B.shape[1])
+    for a in adapter_idx.unique().tolist():
+        if a >= 0:
+            rows = (adapter_idx == a).nonzero().squeeze(1)
+            out.index_copy_(0, rows, (x[rows] @ A[a].T) @ B[a].T * scaling)
+    return out
+
+
 def _requests(n: int, prompt_len: int, new_tokens: int, vocab: int, seed: int) -> list[Request]:
     g = torch.Generator().manual_seed(seed)
     return [Request(i, torch.randint(0, vocab, (prompt_len,), generator=g).tolist(), new_tokens, stop_token_ids=())
             for i in range(n)]
 
 
-def lora_serving_figures(model: GPT | None = None, *, n_adapters: int = 4, rank: int = 8, requests_per_adapter: int = 4,
-                         prompt_len: int = 16, new_tokens: int = 16, repeats: int = 3, seed: int = 0,
+def lora_serving_figures(model: GPT | None = None, *, n_adapters: int = 4, rank: int = 8, requests_per_adapter: int = 2,
+                         prompt_len: int = 16, new_tokens: int = 8, repeats: int = 3, seed: int = 0,
                          threads: int = 2) -> dict[str, Any]:
     """Measure multi-LoRA serving on `model` (default: the target checkpoint), about 10 s on 2 CPU cores.
 
@@ -108,14 +122,19 @@ def lora_serving_figures(model: GPT | None = None, *, n_adapters: int = 4, rank:
     def base_step() -> None:
         model(step_tokens, positions=step_positions)
 
-    @torch.inference_mode()
-    def lora_step() -> None:
-        with using_adapters(lora_model, step_idx):
-            lora_model(step_tokens, positions=step_positions)
+    grouped_model = with_lora(model, adapters, delta_fn=lora_delta_grouped)
+
+    def lora_step_of(m: GPT) -> Callable[[], None]:
+        @torch.inference_mode()
+        def step() -> None:
+            with using_adapters(m, step_idx):
+                m(step_tokens, positions=step_positions)
+        return step
 
     t0 = time.perf_counter()
     serving = compare({"mixed": mixed, "separate": separate}, warmup=1, repeats=repeats, threads=threads)
-    steps = compare({"base": base_step, "lora": lora_step}, warmup=3, repeats=max(15, 5 * repeats), threads=threads)
+    steps = compare({"base": base_step, "lora": lora_step_of(lora_model), "grouped": lora_step_of(grouped_model)},
+                    warmup=2, repeats=max(9, 3 * repeats), threads=threads)
     total = n_req * new_tokens
     return {
         "n_adapters": n_adapters, "rank": rank, "requests": n_req, "prompt_len": prompt_len, "new_tokens": new_tokens,
@@ -124,6 +143,8 @@ def lora_serving_figures(model: GPT | None = None, *, n_adapters: int = 4, rank:
         "mixed_over_separate": serving["separate"].median / serving["mixed"].median,
         "base_step_s": steps["base"].median, "lora_step_s": steps["lora"].median,
         "lora_step_overhead": steps["lora"].median / steps["base"].median - 1,
+        "grouped_step_s": steps["grouped"].median,
+        "grouped_step_overhead": steps["grouped"].median / steps["base"].median - 1,
         "adapter_bytes_fp32": adapters.nbytes_per_adapter(4), "adapter_bytes_bf16": adapters.nbytes_per_adapter(2),
         "model_parameters": model.num_parameters(), "threads": threads, "seconds": time.perf_counter() - t0,
     }

@@ -11,12 +11,19 @@ In the padded layout the index is per sequence (B,). A step whose requests all u
 the LoRA matmuls entirely (indices None), as vLLM does.
 
     runner = LoRAModelRunner(with_lora(model, adapters), cache)     # request.adapter: -1 = base model
-    engine = LLMEngine(model, config, adapter_names=adapters.names, runner_factory=lora_runner_factory(adapters))
+    engine = engine_with_adapters(model, adapters, EngineConfig(...), tokenizer=enc)   # an LLMEngine
+    engine.add_request("r1", prompt, 32, adapter=adapters.index("sql"))   # the server: model="sql"
+
+Prefix caching and adapters: the same prompt has different K/V under each adapter, so cached blocks may only
+be shared between requests of the SAME adapter (vLLM salts the block hash with the LoRA id; here
+`BlockManager.add_sequence(..., salt=)`). The builder keeps prefix caching on only if the engine's scheduler
+salts by adapter (`salts_by_adapter`), and turns it off otherwise: slower, never wrong.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import dataclasses
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -28,7 +35,7 @@ from minigpt.engine.scheduler import ScheduledChunk
 from minigpt.model import GPT
 from minigpt.serving.lora import LoRAAdapters, LoRADeltaFn, lora_delta, using_adapters, with_lora
 
-__all__ = ["request_adapter", "step_adapter_indices", "LoRAModelRunner", "lora_runner_factory"]
+__all__ = ["request_adapter", "step_adapter_indices", "LoRAModelRunner", "lora_runner_factory", "engine_with_adapters"]
 
 
 def request_adapter(seq: Sequence) -> int:
@@ -76,3 +83,15 @@ def lora_runner_factory(adapters: LoRAAdapters, *, delta_fn: LoRADeltaFn = lora_
     def make(model: GPT, cache: PagedKVCache) -> LoRAModelRunner:
         return LoRAModelRunner(with_lora(model, adapters, delta_fn=delta_fn), cache, layout)
     return make
+
+
+def engine_with_adapters(model: GPT, adapters: LoRAAdapters, config: Any = None, **kwargs: Any) -> Any:
+    """An LLMEngine (minigpt.serving.engine) serving `model` and its adapters: `adapter_names` = adapters.names (what
+    a request's `model` field may name), the LoRA runner; kwargs go to LLMEngine (tokenizer, model_name, ...)."""
+    from minigpt.engine.prefix_scheduler import PrefixCachingScheduler
+    from minigpt.serving.engine import EngineConfig, LLMEngine
+
+    config = EngineConfig() if config is None else config
+    if config.enable_prefix_caching and not getattr(PrefixCachingScheduler, "salts_by_adapter", False):
+        config = dataclasses.replace(config, enable_prefix_caching=False)     # never share K/V across adapters
+    return LLMEngine(model, config, adapter_names=adapters.names, runner_factory=lora_runner_factory(adapters), **kwargs)
