@@ -20,8 +20,9 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
 from autograder.harness import call_learner, check_answer, quiet
+from autograder.lab03 import NEAR_TIE, SMALL_CONFIG
+from autograder.lab03 import _model as lab03_model
 from minigpt.cache.paged import PagedKVCache
-from minigpt.config import ModelConfig
 from minigpt.engine.cached_generation import generate_kv_cache
 from minigpt.engine.request import Request
 from minigpt.engine.scheduler import Scheduler, SchedulerConfig
@@ -36,8 +37,6 @@ from minigpt.timing import fixed_threads
 __all__ = ["check_lora_delta", "check_lora_engine", "check_q1_adapter_mib", "check_q2_hundred_adapters_share",
            "check_q3_lora_step_overhead", "SMALL_CONFIG", "small_model", "count_torch_calls", "Q_PRESET", "Q_RANK"]
 
-SMALL_CONFIG = ModelConfig(vocab_size=256, max_seq_len=96, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128)
-NEAR_TIE = 1e-3          # top-2 logit gap below which batched float sums may flip the greedy choice
 Q_PRESET, Q_RANK = "Llama-3-8B", 16          # the interview questions' model and adapter rank (bf16)
 
 # (d_in, d_out, rank, n_adapters, rows): non-square; square with r < d (B-before-A and a transposed delta fit);
@@ -166,14 +165,8 @@ def check_lora_delta(lora_delta_fn: Callable[..., Tensor]) -> None:
 
 
 def small_model(seed: int = 0) -> GPT:
-    """A small random model whose matrices are scaled x6, so that its greedy outputs depend on the context."""
-    torch.manual_seed(seed)
-    model = GPT(SMALL_CONFIG).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim == 2:
-                p.mul_(6.0)
-    return model
+    """Lab 03's small random model (matrices scaled x6, so that greedy outputs depend on the context)."""
+    return lab03_model(seed)
 
 
 def _divergence(model: GPT, prompt: list[int], got: list[int], want: list[int]) -> str | None:
