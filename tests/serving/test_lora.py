@@ -109,8 +109,12 @@ def test_save_load_roundtrip(tmp_path, model, adapters):
     with pytest.raises(ValueError, match="weight"):
         LoRAAdapters.load(path, GPT(DRAFT_CONFIG))
     (tmp_path / "junk.safetensors").write_bytes(b"not a file")
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError, match="not a readable safetensors"):
         LoRAAdapters.load(tmp_path / "junk.safetensors")
+    from safetensors.torch import save_file
+    save_file({"x": torch.zeros(2)}, str(tmp_path / "other.safetensors"))
+    with pytest.raises(ValueError, match="not a stacked LoRA file"):
+        LoRAAdapters.load(tmp_path / "other.safetensors")
     with pytest.raises(FileNotFoundError):
         LoRAAdapters.load(tmp_path / "missing.safetensors")
 
@@ -271,3 +275,19 @@ def test_prefix_caching_never_shares_blocks_across_adapters(model, adapters, mer
         assert got[i] == generate_kv_cache(merged[a], prompt, 6, stop_token_ids=()).tokens, (i, a)
     if salts:
         assert engine.stats().prefix_cache_hit_rate > 0          # adapter 1's second request reused its own blocks
+
+
+def test_adapters_on_int8_base(model, adapters):
+    """LoRALinear wraps any projection module: the engine's INT8 weight-only base (QLoRA-style serving) works."""
+    from minigpt.serving.engine import EngineConfig
+    from minigpt.serving.lora_runner import engine_with_adapters
+
+    engine = engine_with_adapters(model, adapters, EngineConfig(num_blocks=32, block_size=4, weights="int8"))
+    prompt = list(range(5, 17))
+    outs = engine.generate([prompt, prompt], max_tokens=6)                 # base model
+    engine.add_request("lora", prompt, 6, adapter=1)
+    got = []
+    while engine.has_unfinished():
+        got += [t for o in engine.step() for t in o.new_token_ids]
+    assert outs[0].token_ids == outs[1].token_ids and len(got) == 6
+    assert engine.runner.num_lora_steps >= 6 and engine.stats().num_blocks_used == 0

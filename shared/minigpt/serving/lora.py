@@ -163,8 +163,11 @@ class LoRAAdapters:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"no LoRA adapter file at {path}")
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+        except Exception as err:
+            raise ValueError(f"{path} is not a readable safetensors file ({err})") from None
         if meta.get("format") != "minigpt-lora-stacked-v1":
             raise ValueError(f"{path} is not a stacked LoRA file written by LoRAAdapters.save (metadata {meta})")
         tensors = load_file(str(path))
