@@ -54,7 +54,9 @@ def lora_delta(x: Tensor, A: Tensor, B: Tensor, adapter_idx: Tensor, scaling: fl
     x (N, d_in); A (n_adapters, r, d_in); B (n_adapters, d_out, r); adapter_idx (N,) int64 in
     [-1, n_adapters); returns (N, d_out) in x's dtype. Gathering the factors per row makes it two
     batched matmuls for any mix of adapters: no loop over rows, and -1 is masked, never used as an
-    index (A[-1] would be the LAST adapter).
+    index (A[-1] would be the LAST adapter). In PyTorch the gather A[idx] copies the factors once per
+    row, (N, r, d_in) + (N, d_out, r) numbers; Punica's BGMV kernel reads them in place instead
+    (`lora_bench.lora_delta_grouped` is the per-adapter, SGMV-like alternative).
     """
     has_adapter = adapter_idx >= 0
     idx = adapter_idx.clamp(min=0)

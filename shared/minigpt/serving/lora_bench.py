@@ -81,12 +81,13 @@ def _requests(n: int, prompt_len: int, new_tokens: int, vocab: int, seed: int) -
 
 def lora_serving_figures(model: GPT | None = None, *, n_adapters: int = 4, rank: int = 8, requests_per_adapter: int = 2,
                          prompt_len: int = 16, new_tokens: int = 8, repeats: int = 3, seed: int = 0,
-                         threads: int = 2) -> dict[str, Any]:
+                         threads: int = 1) -> dict[str, Any]:
     """Measure multi-LoRA serving on `model` (default: the target checkpoint), about 10 s on 2 CPU cores.
 
-    Returns tokens/s of one mixed batch (LoRA runner) and of four one-adapter batches (merged weights), the
-    median step times of a decode-sized step (one row per request) with and without the LoRA matmuls, the
-    adapters' bytes, and the workload. Random adapters (no trained adapter exists for the course model).
+    Returns tokens/s of one mixed batch (LoRA runner, gathered `lora_delta` and grouped `lora_delta_grouped`) and
+    of four one-adapter batches (merged weights), the median times of a decode-sized step (one row per request)
+    with and without the LoRA matmuls, the adapters' bytes, and the workload. Random adapters (no trained adapter
+    exists for the course model). One thread by default: steadier on a shared machine.
     """
     if model is None:
         from minigpt.checkpoint import load_model
@@ -107,8 +108,13 @@ def lora_serving_figures(model: GPT | None = None, *, n_adapters: int = 4, rank:
         res = serve(batch, Scheduler(cache.manager, config, max_model_len=m.config.max_seq_len), runner.execute)
         return sum(len(s.output_tokens) for s in res.sequences)
 
+    grouped_model = with_lora(model, adapters, delta_fn=lora_delta_grouped)
+
     def mixed() -> int:
         return run(lora_model, reqs, True)
+
+    def mixed_grouped() -> int:
+        return run(grouped_model, reqs, True)
 
     def separate() -> int:
         return sum(run(merged[a], [r for r in reqs if adapter_of[r.request_id] == a], False) for a in range(n_adapters))
@@ -122,8 +128,6 @@ def lora_serving_figures(model: GPT | None = None, *, n_adapters: int = 4, rank:
     def base_step() -> None:
         model(step_tokens, positions=step_positions)
 
-    grouped_model = with_lora(model, adapters, delta_fn=lora_delta_grouped)
-
     def lora_step_of(m: GPT) -> Callable[[], None]:
         @torch.inference_mode()
         def step() -> None:
@@ -132,7 +136,8 @@ def lora_serving_figures(model: GPT | None = None, *, n_adapters: int = 4, rank:
         return step
 
     t0 = time.perf_counter()
-    serving = compare({"mixed": mixed, "separate": separate}, warmup=1, repeats=repeats, threads=threads)
+    serving = compare({"mixed": mixed, "mixed_grouped": mixed_grouped, "separate": separate}, warmup=1,
+                      repeats=repeats, threads=threads)
     steps = compare({"base": base_step, "lora": lora_step_of(lora_model), "grouped": lora_step_of(grouped_model)},
                     warmup=2, repeats=max(9, 3 * repeats), threads=threads)
     total = n_req * new_tokens
@@ -141,6 +146,8 @@ def lora_serving_figures(model: GPT | None = None, *, n_adapters: int = 4, rank:
         "mixed_tokens_per_s": total / serving["mixed"].median,
         "separate_tokens_per_s": total / serving["separate"].median,
         "mixed_over_separate": serving["separate"].median / serving["mixed"].median,
+        "mixed_grouped_tokens_per_s": total / serving["mixed_grouped"].median,
+        "mixed_grouped_over_separate": serving["separate"].median / serving["mixed_grouped"].median,
         "base_step_s": steps["base"].median, "lora_step_s": steps["lora"].median,
         "lora_step_overhead": steps["lora"].median / steps["base"].median - 1,
         "grouped_step_s": steps["grouped"].median,
