@@ -6,6 +6,9 @@ CPU tier (correctness):
                                        inputs untouched; no Python loop over rows (torch calls do not grow with N)
     check_lora_engine(lora_delta_fn)   the learner's function inside the engine: one packed step serves requests of
                                        different adapters; each greedy output equals generating with its adapter merged
+    check_lora_server(lora_delta_fn)   the same behind the OpenAI-compatible server on a free loopback port: the
+                                       `model` field names the adapter (openai client, concurrent requests); an
+                                       unknown adapter gets 400; the server is stopped and its thread joined
 Interview questions ("serve 100 LoRA adapters on one base"): check_q1_adapter_mib, check_q2_hundred_adapters_share,
 check_q3_lora_step_overhead (from the lab's own measurement, minigpt.serving.lora_bench).
 """
@@ -23,6 +26,7 @@ from autograder.harness import call_learner, check_answer, quiet
 from autograder.lab03 import NEAR_TIE, SMALL_CONFIG
 from autograder.lab03 import _model as lab03_model
 from minigpt.cache.paged import PagedKVCache
+from minigpt.config import ModelConfig
 from minigpt.engine.cached_generation import generate_kv_cache
 from minigpt.engine.request import Request
 from minigpt.engine.scheduler import Scheduler, SchedulerConfig
@@ -34,7 +38,7 @@ from minigpt.serving.lora_runner import LoRAModelRunner
 from minigpt.teaching.calculators import PRESETS, weight_bytes
 from minigpt.timing import fixed_threads
 
-__all__ = ["check_lora_delta", "check_lora_engine", "check_q1_adapter_mib", "check_q2_hundred_adapters_share",
+__all__ = ["check_lora_delta", "check_lora_engine", "check_lora_server", "served_lora_model", "check_q1_adapter_mib", "check_q2_hundred_adapters_share",
            "check_q3_lora_step_overhead", "SMALL_CONFIG", "small_model", "count_torch_calls", "Q_PRESET", "Q_RANK"]
 
 Q_PRESET, Q_RANK = "Llama-3-8B", 16          # the interview questions' model and adapter rank (bf16)
@@ -220,6 +224,74 @@ def check_lora_engine(lora_delta_fn: Callable[..., Tensor], *, layout: str = "pa
                                  f"adapters) differs from generating it alone with that adapter merged, at {bad}. "
                                  "Run check_lora_delta first: each token row must get its own request's adapter.")
     return {"steps": len(mixed), "mixed_steps": sum(mixed)}
+
+
+SERVED_CONFIG = ModelConfig(vocab_size=4096, max_seq_len=128, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=64)
+
+
+def served_lora_model(seed: int = 3) -> tuple[GPT, LoRAAdapters]:
+    """A tiny random model over the course vocabulary (text prompts work; weights x4 so that greedy outputs depend on
+    the adapter) and three adapters named adapter-0 .. adapter-2."""
+    torch.manual_seed(seed)
+    model = GPT(SERVED_CONFIG).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 2:
+                p.mul_(4.0)
+    return model, LoRAAdapters.random(model, ["adapter-0", "adapter-1", "adapter-2"], rank=4, seed=seed - 1)
+
+
+def check_lora_server(lora_delta_fn: Callable[..., Tensor]) -> dict[str, str]:
+    """Serve the tiny model with three adapters (the learner's `lora_delta_fn` in the engine) on a free loopback port;
+    five concurrent completions through the official openai client, `model` = an adapter name or the base ("tiny"):
+    each text must equal greedy generation with that adapter merged; model="adapter-9" must get 400. Returns the texts."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+
+    from minigpt.serving.api_server import create_app
+    from minigpt.serving.async_engine import AsyncLLMEngine
+    from minigpt.serving.engine import EngineConfig
+    from minigpt.serving.launch import serve_in_thread
+    from minigpt.serving.lora_runner import engine_with_adapters
+    from minigpt.tokenizer import load_tokenizer
+
+    enc = load_tokenizer()
+    model, adapters = served_lora_model()
+    prompt = "def parse(args):"
+    names = ["adapter-2", "tiny", "adapter-0", "adapter-1", "adapter-2"]
+    with quiet():
+        engine = engine_with_adapters(model, adapters, EngineConfig(num_blocks=64, block_size=8), tokenizer=enc,
+                                      model_name="tiny", delta_fn=lora_delta_fn)
+        with serve_in_thread(create_app(AsyncLLMEngine(engine), max_queue=16)) as url:
+            client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+            def ask(name: str) -> str:
+                return client.completions.create(model=name, prompt=prompt, max_tokens=10, temperature=0).choices[0].text
+            try:
+                with ThreadPoolExecutor(len(names)) as pool:
+                    texts = list(pool.map(ask, names))
+            except openai.APIError as err:
+                raise AssertionError(f"a completion naming an adapter failed: {err}. The engine step raised: is your "
+                                     "lora_delta implemented and passing check_lora_delta?") from None
+            try:
+                client.completions.create(model="adapter-9", prompt=prompt, max_tokens=4)
+                unknown = "accepted"
+            except openai.BadRequestError:
+                unknown = "400"
+            except openai.APIError as err:
+                unknown = f"{type(err).__name__}"
+    if unknown != "400":
+        raise AssertionError(f"model='adapter-9' (no such adapter) should get 400, got {unknown}")
+    ids = enc.encode(prompt)
+    for name, text in zip(names, texts):
+        ref = model if name == "tiny" else merge_adapter(model, adapters, name)
+        want = enc.decode(generate_kv_cache(ref, ids, 10, stop_token_ids=()).tokens)
+        if text != want:
+            raise AssertionError(f"model={name!r} (served together with requests of other adapters) answered {text!r}; "
+                                 f"generating alone with {name} merged gives {want!r}. Each row must use its own "
+                                 "request's adapter (run check_lora_delta first).")
+    return dict(zip(names, texts))
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -124,6 +124,15 @@ def test_engine_check_rejects(fn):
         lab08_lora.check_lora_engine(fn)
 
 
+def test_server_check_passes_reference_rejects_wrong_rows():
+    texts = lab08_lora.check_lora_server(lora_delta)
+    assert len(set(texts.values())) >= 3
+    with pytest.raises(AssertionError, match="answered"):
+        lab08_lora.check_lora_server(first_row_adapter)
+    with pytest.raises(AssertionError, match="is your lora_delta implemented"):
+        lab08_lora.check_lora_server(stub)
+
+
 def test_interview_questions():
     h = hundred_adapters(PRESETS["Llama-3-8B"], 16)
     lab08_lora.check_q1_adapter_mib(h["mib_per_adapter"])

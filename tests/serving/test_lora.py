@@ -7,7 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from autograder.lab08_lora import SMALL_CONFIG, small_model
+from autograder.lab08_lora import SMALL_CONFIG, served_lora_model, small_model
 from minigpt.cache.block_manager import BlockManager
 from minigpt.cache.paged import PagedKVCache
 from minigpt.engine.cached_generation import generate_kv_cache
@@ -203,19 +203,13 @@ def test_adapter_memory_arithmetic(model, adapters):
 def served(tokenizer):
     """The serving tests' tiny model over the course vocabulary, three adapters, behind the server on loopback."""
     import openai
-    from conftest import tiny_model
     from minigpt.serving.api_server import create_app
     from minigpt.serving.async_engine import AsyncLLMEngine
     from minigpt.serving.engine import EngineConfig
     from minigpt.serving.launch import serve_in_thread
     from minigpt.serving.lora_runner import engine_with_adapters
 
-    base = tiny_model(3)
-    with torch.no_grad():                       # larger weights: greedy outputs that depend on the adapter
-        for p in base.parameters():
-            if p.ndim == 2:
-                p.mul_(4.0)
-    ads = LoRAAdapters.random(base, ["adapter-0", "adapter-1", "adapter-2"], rank=4, seed=2)
+    base, ads = served_lora_model()
     engine = engine_with_adapters(base, ads, EngineConfig(num_blocks=64, block_size=8), tokenizer=tokenizer,
                                   model_name="tiny")
     aengine = AsyncLLMEngine(engine)

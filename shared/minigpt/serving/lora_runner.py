@@ -85,13 +85,14 @@ def lora_runner_factory(adapters: LoRAAdapters, *, delta_fn: LoRADeltaFn = lora_
     return make
 
 
-def engine_with_adapters(model: GPT, adapters: LoRAAdapters, config: Any = None, **kwargs: Any) -> Any:
+def engine_with_adapters(model: GPT, adapters: LoRAAdapters, config: Any = None, *,
+                         delta_fn: LoRADeltaFn = lora_delta, **kwargs: Any) -> Any:
     """An LLMEngine (minigpt.serving.engine) serving `model` and its adapters: `adapter_names` = adapters.names (what
-    a request's `model` field may name), the LoRA runner; kwargs go to LLMEngine (tokenizer, model_name, ...)."""
+    a request's `model` field may name), the LoRA runner with `delta_fn`; kwargs go to LLMEngine (tokenizer, ...)."""
     from minigpt.engine.prefix_scheduler import PrefixCachingScheduler
     from minigpt.serving.engine import EngineConfig, LLMEngine
 
     config = EngineConfig() if config is None else config
     if config.enable_prefix_caching and not getattr(PrefixCachingScheduler, "salts_by_adapter", False):
         config = dataclasses.replace(config, enable_prefix_caching=False)     # never share K/V across adapters
-    return LLMEngine(model, config, adapter_names=adapters.names, runner_factory=lora_runner_factory(adapters), **kwargs)
+    return LLMEngine(model, config, adapter_names=adapters.names, runner_factory=lora_runner_factory(adapters, delta_fn=delta_fn), **kwargs)
