@@ -26,7 +26,7 @@ from minigpt.engine.scheduler import Scheduler, SchedulerConfig
 from minigpt.engine.runner import ModelRunner
 from minigpt.engine.serving_loop import serve
 from minigpt.model import GPT
-from minigpt.serving.lora import PROJECTIONS, LoRAAdapters, merge_adapter, set_delta_fn, using_adapters, with_lora
+from minigpt.serving.lora import PROJECTIONS, LoRAAdapters, merge_adapter, using_adapters, with_lora
 from minigpt.serving.lora_runner import LoRAModelRunner
 from minigpt.teaching.calculators import ModelShape, weight_bytes
 from minigpt.timing import compare
@@ -80,7 +80,7 @@ def _requests(n: int, prompt_len: int, new_tokens: int, vocab: int, seed: int) -
 
 
 def lora_serving_figures(model: GPT | None = None, *, n_adapters: int = 4, rank: int = 8, requests_per_adapter: int = 2,
-                         prompt_len: int = 16, new_tokens: int = 8, repeats: int = 3, seed: int = 0,
+                         prompt_len: int = 8, new_tokens: int = 24, repeats: int = 3, seed: int = 0,
                          threads: int = 1) -> dict[str, Any]:
     """Measure multi-LoRA serving on `model` (default: the target checkpoint), about 10 s on 2 CPU cores.
 
