@@ -68,7 +68,7 @@ def check_server(*, stream_handler: Callable = sse_stream, admission: Callable =
     from minigpt.tokenizer import load_tokenizer
     engine = LLMEngine(_model(), EngineConfig(num_blocks=64, block_size=8, max_num_seqs=8, max_num_batched_tokens=64),
                        tokenizer=load_tokenizer(), model_name=MODEL_NAME)
-    aengine = AsyncLLMEngine(engine)
+    aengine = AsyncLLMEngine(engine, num_threads=1)
     app = create_app(aengine, max_queue=max_queue, retry_after_s=2.0, stream_handler=stream_handler, admission=admission)
     try:
         with serve_in_thread(app) as url:

@@ -15,7 +15,7 @@ from minigpt.serving.launch import serve_in_thread
 @pytest.fixture(scope="module")
 def server(tokenizer):
     engine = LLMEngine(tiny_model(0), EngineConfig(num_blocks=64, block_size=8), tokenizer=tokenizer, model_name="tiny")
-    aengine = AsyncLLMEngine(engine)
+    aengine = AsyncLLMEngine(engine, num_threads=1)
     with serve_in_thread(create_app(aengine, max_queue=8)) as url:
         yield url, engine
     assert not aengine.is_running

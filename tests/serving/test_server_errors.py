@@ -24,7 +24,7 @@ OK_CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "ma
 def server(tokenizer):
     engine = LLMEngine(tiny_model(1), EngineConfig(num_blocks=32, block_size=8), tokenizer=tokenizer,
                        model_name="tiny", adapter_names=("tiny-lora-a",))
-    aengine = AsyncLLMEngine(engine)
+    aengine = AsyncLLMEngine(engine, num_threads=1)
     with serve_in_thread(create_app(aengine, max_queue=2, retry_after_s=3)) as url:
         yield url, aengine
     assert not aengine.is_running

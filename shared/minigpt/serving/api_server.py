@@ -124,6 +124,8 @@ def create_app(engine: AsyncLLMEngine, *, max_queue: int = 64, retry_after_s: fl
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400:                     # e.g. a body that cannot be parsed at all
+            metrics.refused("invalid")
         return _error(exc.status_code, str(exc.detail), "invalid_request_error" if exc.status_code < 500 else "server_error")
 
     # --- helpers -----------------------------------------------------------------------------------
@@ -146,19 +148,23 @@ def create_app(engine: AsyncLLMEngine, *, max_queue: int = 64, retry_after_s: fl
 
     async def start(body: Any, prompt: str | list[int], max_tokens: int, stop: list[str], prefix: str
                     ) -> tuple[str, RequestStream, AsyncExitStack]:
-        """Admission (429), then queue the request in the engine (400 if it is invalid)."""
+        """Validate (400: a bad request is never worth retrying), then admission (429), then queue it in the engine."""
         adapter = adapter_of(body.model)
         sampling = sampling_of(body)
-        stack = AsyncExitStack()
-        await stack.enter_async_context(admission(slots, retry_after_s))        # QueueFull -> 429
         request_id = f"{prefix}-{uuid.uuid4().hex[:16]}-{next(counter)}"
         try:
-            stream = engine.stream(request_id, prompt, max_tokens, sampling, stop=stop, adapter=adapter)
+            ids = core.validate(request_id, prompt, max_tokens, sampling, stop=stop, adapter=adapter)
         except ValueError as err:
-            await stack.aclose()
             msg = str(err)
             param = "max_tokens" if "max_tokens" in msg and "prompt" not in msg else "prompt"
             raise BadRequest(msg, param, "context_length_exceeded" if "context" in msg else "invalid_value") from None
+        stack = AsyncExitStack()
+        await stack.enter_async_context(admission(slots, retry_after_s))        # QueueFull -> 429
+        try:
+            stream = engine.stream(request_id, ids, max_tokens, sampling, stop=stop, adapter=adapter)
+        except BaseException:
+            await stack.aclose()
+            raise
         return request_id, stream, stack
 
     async def respond(request_id: str, stream: RequestStream, stack: AsyncExitStack, body: Any,
