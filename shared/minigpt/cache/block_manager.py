@@ -8,6 +8,7 @@ tensors themselves live in `minigpt.cache.paged.PagedKVCache`.
     m.fork("a", "b")                     # b shares all of a's blocks (ref_count 2)
     r = m.append_tokens("b", [tok2])     # b's shared, partly filled last block is copied first: r.copies
     m.free("a"); m.free("b")
+    m.add_sequence("c", prompt, salt=2)  # its blocks match only sequences added with the same salt (LoRA id)
 
 Every method either succeeds or raises (OutOfBlocks, ValueError) with nothing changed.
 """
@@ -19,7 +20,7 @@ from typing import Hashable, Sequence
 
 from minigpt.cache.block_pool import BlockPool, OutOfBlocks
 from minigpt.cache.block_table import BlockTable, blocks_needed
-from minigpt.cache.prefix_cache import PrefixCache, block_hashes, hash_block
+from minigpt.cache.prefix_cache import PrefixCache, block_hashes, hash_block, salt_root
 
 __all__ = ["Reservation", "BlockManager"]
 
@@ -41,6 +42,7 @@ class BlockManager:
         self.prefix_cache = PrefixCache(self.pool) if enable_prefix_caching else None
         self.tables: dict[Hashable, BlockTable] = {}
         self.hashes: dict[Hashable, list[int]] = {}       # chained hashes of each sequence's full blocks
+        self.roots: dict[Hashable, int | None] = {}       # start of each sequence's chain (its salt's hash)
         self.prompt_tokens = 0                            # statistics over add_sequence calls
         self.cached_tokens = 0
 
@@ -70,16 +72,17 @@ class BlockManager:
 
     # --- changes ---------------------------------------------------------------------------------
 
-    def add_sequence(self, seq_id: Hashable, prompt: Sequence[int]) -> Reservation:
+    def add_sequence(self, seq_id: Hashable, prompt: Sequence[int], *, salt: Hashable | None = None) -> Reservation:
         """Start a sequence: reuse the longest cached run of its full prompt blocks, allocate the rest and
         return the slots of the prompt tokens still to compute. The last prompt token is always computed
-        (its logits are needed), so a prompt cached to its very end recomputes its last block."""
+        (its logits are needed), so a prompt cached to its very end recomputes its last block.
+        `salt` (e.g. a LoRA adapter id) keeps its blocks apart from other salts' (`prefix_cache.salt_root`)."""
         if seq_id in self.tables:
             raise ValueError(f"sequence {seq_id!r} already exists; free it first or use another id")
         prompt = [int(t) for t in prompt]
         if not prompt:
             raise ValueError(f"sequence {seq_id!r}: the prompt is empty")
-        hashes = block_hashes(prompt, self.block_size) if self.prefix_cache is not None else []
+        hashes = block_hashes(prompt, self.block_size, salt) if self.prefix_cache is not None else []
         hits = self.prefix_cache.lookup(hashes) if self.prefix_cache is not None else []
         hits = hits[:(len(prompt) - 1) // self.block_size]
         revived = sum(1 for b in hits if self.pool.ref_counts[b] == 0)      # cached blocks waiting in the free queue
@@ -91,6 +94,7 @@ class BlockManager:
         num_cached = len(hits) * self.block_size
         self.tables[seq_id] = BlockTable(self.block_size, list(hits), prompt[:num_cached])
         self.hashes[seq_id] = hashes[:len(hits)]
+        self.roots[seq_id] = salt_root(salt)
         reservation = self.append_tokens(seq_id, prompt[num_cached:])
         reservation.num_cached = num_cached
         self.prompt_tokens += len(prompt)
@@ -120,7 +124,7 @@ class BlockManager:
         if self.prefix_cache is not None:
             hashes = self.hashes[seq_id]
             for i in range(len(hashes), t.num_tokens // self.block_size):        # blocks that just became full
-                parent = hashes[-1] if hashes else None
+                parent = hashes[-1] if hashes else self.roots.get(seq_id)
                 hashes.append(hash_block(parent, t.token_ids[i * self.block_size:(i + 1) * self.block_size]))
                 self.prefix_cache.register(t.blocks[i], hashes[-1])
         return Reservation(t.slots(n, t.num_tokens), copies)
@@ -132,6 +136,7 @@ class BlockManager:
             raise ValueError(f"cannot fork into {child!r}: that sequence already exists")
         self.tables[child] = BlockTable(self.block_size, self.pool.fork(t.blocks), list(t.token_ids))
         self.hashes[child] = list(self.hashes[parent])
+        self.roots[child] = self.roots.get(parent)
 
     def free(self, seq_id: Hashable) -> None:
         """Release a finished sequence. Cached blocks stay reusable until evicted; the tail goes first."""
@@ -140,6 +145,7 @@ class BlockManager:
             self.pool.free(block, keep=self._cached(block))
         del self.tables[seq_id]
         del self.hashes[seq_id]
+        self.roots.pop(seq_id, None)
 
     def truncate(self, seq_id: Hashable, num_tokens: int) -> None:
         """Roll a sequence back to its first num_tokens tokens, freeing the blocks no longer needed

@@ -9,16 +9,19 @@ A freed block keeps its hash and stays reusable while it waits in the pool's fre
 takes blocks from the front, so cached blocks are evicted least recently freed first, and taking one
 for new content drops its old hash (`BlockPool.on_reuse`). The cache holds no reference of its own:
 a cached block's ref_count is the number of sequences using it (0 while it only waits for reuse).
+
+A `salt` starts the chain at h_{-1} = H(salt) instead of None: equal tokens under different salts never
+match. Serving LoRA adapters needs it (lab 08): the same prompt has different K/V under each adapter.
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Sequence
+from typing import Hashable, Sequence
 
 from minigpt.cache.block_pool import BlockPool
 
-__all__ = ["hash_block", "block_hashes", "PrefixCache"]
+__all__ = ["hash_block", "block_hashes", "salt_root", "PrefixCache"]
 
 
 def hash_block(parent_hash: int | None, tokens: Sequence[int]) -> int:
@@ -27,10 +30,18 @@ def hash_block(parent_hash: int | None, tokens: Sequence[int]) -> int:
     return int.from_bytes(hashlib.sha256(data.encode()).digest()[:8], "little")
 
 
-def block_hashes(tokens: Sequence[int], block_size: int) -> list[int]:
-    """Chained hashes of the full blocks of `tokens` (a trailing partial block gets none)."""
+def salt_root(salt: Hashable | None) -> int | None:
+    """The chain's start for a salt (None: no salt, the plain chain)."""
+    if salt is None:
+        return None
+    return int.from_bytes(hashlib.sha256(f"salt:{salt!r}".encode()).digest()[:8], "little")
+
+
+def block_hashes(tokens: Sequence[int], block_size: int, salt: Hashable | None = None) -> list[int]:
+    """Chained hashes of the full blocks of `tokens` (a trailing partial block gets none), the chain
+    started from `salt_root(salt)`."""
     hashes: list[int] = []
-    parent = None
+    parent = salt_root(salt)
     for start in range(0, len(tokens) - block_size + 1, block_size):
         parent = hash_block(parent, tokens[start:start + block_size])
         hashes.append(parent)

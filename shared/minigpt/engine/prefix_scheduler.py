@@ -12,6 +12,10 @@ cache by chained block hashes (lab 02). The longest cached run of full blocks is
 A long uncached remainder is chunked over later steps as usual. If the pool cannot hold the chunk
 (OutOfBlocks), admission stops for this step, exactly as without prefix caching.
 
+With LoRA adapters (lab 08) the same tokens have different K/V under each adapter, so a request's chain of
+block hashes is salted with its adapter (`request.adapter`, -1 = base model, unsalted): requests share cached
+blocks only with requests of the same adapter (vLLM does the same with the LoRA id).
+
 One subtlety: blocks are registered in the prefix cache when they are RESERVED full, and computed by the
 step that follows. A sequence preempted in the same schedule() call as its reservation never computes
 them, so on preemption the hashes of its not-yet-computed blocks are forgotten (nobody may reuse garbage).
@@ -19,20 +23,26 @@ them, so on preemption the hashes of its not-yet-computed blocks are forgotten (
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Hashable
 
 from minigpt.cache.block_pool import OutOfBlocks
 from minigpt.cache.prefix_cache import block_hashes
 from minigpt.engine.request import Sequence, SequenceStatus
 from minigpt.engine.scheduler import ScheduledChunk, Scheduler
 
-__all__ = ["PrefixCachingScheduler", "cached_prefix_len"]
+__all__ = ["PrefixCachingScheduler", "cached_prefix_len", "cache_salt"]
 
 
-def cached_prefix_len(manager: "object", tokens: list[int]) -> int:
+def cache_salt(seq: Sequence) -> Hashable | None:
+    """The prefix-cache salt of a sequence: its LoRA adapter ("lora", a), or None for the base model."""
+    adapter = getattr(seq.request, "adapter", -1)
+    return None if adapter < 0 else ("lora", adapter)
+
+
+def cached_prefix_len(manager: "object", tokens: list[int], salt: Hashable | None = None) -> int:
     """Tokens of `tokens` whose K/V the prefix cache holds: full cached blocks, at most (len - 1) // block_size."""
     cache, bs = manager.prefix_cache, manager.block_size
-    hits = cache.lookup(block_hashes(tokens, bs))
+    hits = cache.lookup(block_hashes(tokens, bs, salt))
     return min(len(hits), (len(tokens) - 1) // bs) * bs
 
 
@@ -40,6 +50,7 @@ class PrefixCachingScheduler(Scheduler):
     """`Scheduler` over a BlockManager with prefix caching: admission skips the cached prefix."""
 
     supports_prefix_caching: ClassVar[bool] = True
+    salts_by_adapter: ClassVar[bool] = True        # cached blocks are shared only within one LoRA adapter
     lookup_tokens = 0      # tokens looked up on admission (prompt, plus output after a preemption)
     hit_tokens = 0         # of which found in the prefix cache
 
@@ -52,14 +63,15 @@ class PrefixCachingScheduler(Scheduler):
         if self.manager.prefix_cache is None:
             return super()._admit(seq, budget)
         tokens = seq.tokens
-        num_cached = cached_prefix_len(self.manager, tokens)
+        salt = cache_salt(seq)
+        num_cached = cached_prefix_len(self.manager, tokens, salt)
         n = len(tokens) - num_cached
         if n > budget:
             if not self.config.enable_chunked_prefill:
                 return None
             n = budget
         try:
-            r = self.manager.add_sequence(seq.seq_id, tokens[:num_cached + n])
+            r = self.manager.add_sequence(seq.seq_id, tokens[:num_cached + n], salt=salt)
         except OutOfBlocks:
             return None
         assert r.num_cached == num_cached, (r.num_cached, num_cached)
