@@ -93,7 +93,7 @@ def test_bounded_in_time_and_count() -> None:
         start = time.perf_counter()
         records = benchmark(url, ["a", "b", "c"], max_tokens=500, max_duration=0.5, max_requests=2)
         elapsed = time.perf_counter() - start
-    assert len(records) == 2
+    assert len(records) == 2 and benchmark(url, [], max_tokens=1, model="m") == []
     assert elapsed < 20, "the benchmark must stop at max_duration, not wait 100 s for the streams"
     assert all(not r.ok and "max_duration" in r.error for r in records)
 

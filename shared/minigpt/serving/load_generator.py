@@ -203,6 +203,8 @@ async def run_benchmark(base_url: str, prompts: Sequence[str] | Workload, *, rat
                     limit.release()
 
         tasks = [asyncio.create_task(fire(i, p)) for i, p in enumerate(prompts) if offsets[i] < max_duration]
+        if not tasks:
+            return []
         _, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline - time.perf_counter()))
         for task in pending:
             task.cancel()
