@@ -26,3 +26,11 @@ def tokenizer():
 @pytest.fixture(scope="session")
 def tiny() -> GPT:
     return tiny_model(0)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Tiny models run fastest on one thread, and a busy 2-core machine punishes oversubscription (10x)."""
+    from minigpt.timing import fixed_threads
+    with fixed_threads(1):
+        yield

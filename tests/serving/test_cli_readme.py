@@ -35,7 +35,13 @@ def test_subprocess_server_runs_the_readme_example_and_stops():
         httpx.get(url + "/health", timeout=2)
 
 
-def test_a_child_that_cannot_start_reports_its_stderr():
-    with pytest.raises(ServerStartError, match="invalid choice: 'bogus'"):
-        with serve_subprocess(["--engine", "bogus"], timeout=60):
+def test_a_child_that_cannot_start_reports_its_stderr(tmp_path, monkeypatch):
+    """A child that dies at once: ServerStartError with its exit code and stderr (a stand-in interpreter keeps
+    this fast; the real CLI's argument errors take the same path)."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho \"cannot serve: $*\" >&2\nexit 3\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr("minigpt.serving.launch.sys.executable", str(fake))
+    with pytest.raises(ServerStartError, match=r"(?s)exited with code 3.*cannot serve: -m minigpt.serving --host 127.0.0.1"):
+        with serve_subprocess(["--engine", "bogus"], timeout=30):
             pass

@@ -110,7 +110,7 @@ def test_prefix_scheduler_only_with_prefix_caching_manager():
     PrefixCachingScheduler(BlockManager(8, 4, enable_prefix_caching=True), SchedulerConfig(), max_model_len=64)
 
 
-@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_prefix_caching_changes_no_output_and_frees_every_block(tiny, data):
     """Hypothesis: random prompts sharing prefixes, a small pool (preemptions), small budgets (chunked prefill):

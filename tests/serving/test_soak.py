@@ -23,7 +23,7 @@ from minigpt.serving.async_engine import AsyncLLMEngine
 from minigpt.serving.engine import EngineConfig, LLMEngine
 from minigpt.serving.launch import serve_in_thread
 
-NUM_REQUESTS = 2000
+NUM_REQUESTS = 1500
 CONCURRENCY = 24
 MAX_QUEUE = 22
 SEED = 2024

@@ -33,7 +33,7 @@ from minigpt.engine.request import Request
 from minigpt.engine.runner import ModelRunner
 from minigpt.engine.scheduler import Scheduler, SchedulerConfig
 from minigpt.model import GPT
-from minigpt.sampling import SamplingParams
+from minigpt.sampling import SamplingParams, make_generator
 from minigpt.serving.base import EngineBase, Prompt
 from minigpt.serving.outputs import EngineStats, RequestOutput, openai_finish_reason
 from minigpt.tokenizer import EOT_ID
@@ -133,7 +133,9 @@ class LLMEngine(EngineBase):
                  stop: tuple[str, ...], adapter: int, arrival_time: float) -> None:
         request = EngineRequest(request_id, tuple(prompt), max_tokens, sampling, arrival_time, (EOT_ID,), stop,
                                 self.tokenizer if stop else None, adapter=adapter)
-        self.scheduler.add_request(request)          # ValueError (nothing changed) if it could never fit the pool
+        seq = self.scheduler.add_request(request)    # ValueError (nothing changed) if it could never fit the pool
+        if self.model.device.type != "cpu":          # sample with a generator on the logits' device
+            seq.generator = make_generator(sampling, self.model.device)
 
     def _abort(self, request_id: Hashable) -> None:
         seq = self.scheduler.sequences.get(request_id)

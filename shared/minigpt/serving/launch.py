@@ -85,13 +85,14 @@ def serve_in_thread(app: object, *, host: str = LOOPBACK, port: int | None = Non
 
 @contextmanager
 def serve_subprocess(args: Sequence[str] = (), *, host: str = LOOPBACK, port: int | None = None,
-                     timeout: float = 120.0, env: dict[str, str] | None = None) -> Iterator[ServerURL]:
-    """Start `python -m minigpt.serving --host HOST --port PORT *args` as a child process; yields its base URL
-    (a str; `.process` is the child).
+                     timeout: float = 120.0, env: dict[str, str] | None = None,
+                     module: str = "minigpt.serving") -> Iterator[ServerURL]:
+    """Start `python -m MODULE --host HOST --port PORT *args` as a child process (any server module taking
+    --host/--port and answering GET /health); yields its base URL (a str; `.process` is the child).
     On exit: terminate, then kill if it has not exited after 10 s. A child that dies or never answers
     /health raises ServerStartError with the end of its stderr."""
     port = port or free_port(host)
-    cmd = [sys.executable, "-m", "minigpt.serving", "--host", host, "--port", str(port), *args]
+    cmd = [sys.executable, "-m", module, "--host", host, "--port", str(port), *args]
     with tempfile.TemporaryFile() as err:
         child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, **(env or {})})
         base_url = f"http://{host}:{port}"
@@ -99,8 +100,10 @@ def serve_subprocess(args: Sequence[str] = (), *, host: str = LOOPBACK, port: in
             if not wait_healthy(base_url, timeout, lambda: child.poll() is None):
                 err.seek(0)
                 tail = err.read().decode(errors="replace")[-3000:]
-                raise ServerStartError(f"`{' '.join(cmd)}` did not answer {base_url}/health within {timeout} s "
-                                       f"(exit code {child.poll()}); its stderr:\n{tail}")
+                code = child.poll()
+                what = f"exited with code {code} before answering" if code is not None else \
+                    f"did not answer {base_url}/health within {timeout} s"
+                raise ServerStartError(f"`{' '.join(cmd)}` {what}; its stderr:\n{tail}")
             url = ServerURL(base_url)
             url.process = child
             yield url
