@@ -1,7 +1,7 @@
 """Lab 08 measurements: naive serving against the engine (throughput and p99 TTFT against request rate), and
 prefix-aware routing against round-robin over two engine replicas. Writes
 autograder/calibration/lab08_serving.cpu.json (the lead quotes it in the notebook and the closing note):
-"engines", and "routing_PxQ" for P system prompts x Q questions each.
+"engines_NxT" for N requests of T output tokens per rate, and "routing_PxQ" for P system prompts x Q questions each.
 
     .venv/bin/python scripts/measure_lab08_serving.py [--checkpoint target] [--requests 24] [--threads 1]
 
@@ -72,7 +72,8 @@ def main() -> None:
             n, c = cmp.at("naive", common), cmp.at("continuous", common)
             print(f"highest rate both sustain: {common}; engine/naive output tokens/s = {speedup:.2f}x; "
                   f"p99 TTFT {1e3 * c.p99_ttft:.0f} ms (engine) vs {1e3 * n.p99_ttft:.0f} ms (naive)")
-        result["engines"] = {
+        key = f"engines_{args.requests}x{args.max_tokens}"          # one entry per workload shape
+        result[key] = {
             "checkpoint": args.checkpoint, "requests_per_rate": args.requests, "prompt_tokens": args.prompt_tokens,
             "max_tokens": args.max_tokens, "threads_per_server": args.threads, "engine_args": args.engine_args,
             "curve": [{"engine": p.engine, "rate": _rate(p.rate), "output_tokens_per_s": round(p.output_throughput, 2),

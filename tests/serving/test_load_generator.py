@@ -93,7 +93,7 @@ def test_bounded_in_time_and_count() -> None:
         start = time.perf_counter()
         records = benchmark(url, ["a", "b", "c"], max_tokens=500, max_duration=0.5, max_requests=2)
         elapsed = time.perf_counter() - start
-    assert len(records) == 2
+    assert len(records) == 2 and benchmark(url, [], max_tokens=1, model="m") == []
     assert elapsed < 20, "the benchmark must stop at max_duration, not wait 100 s for the streams"
     assert all(not r.ok and "max_duration" in r.error for r in records)
 
@@ -184,3 +184,14 @@ def test_against_the_real_server_streaming_completions_and_chat(tiny, tokenizer)
             assert all(r.ok for r in records), [r.error for r in records]
             assert all(0 < len(r.chunk_times) <= r.output_tokens <= 6 and r.prompt_tokens > 0 for r in records)
             assert summarize_records(records).output_tokens == sum(r.output_tokens for r in records)
+
+
+def test_command_line_prints_the_summary(replica: str, capsys) -> None:
+    from minigpt.serving.load_generator import main
+
+    main(["--url", replica, "--num-prompts", "6", "--workload", "shared-prefix", "--system-prompts", "2",
+          "--max-tokens", "3", "--rate", "100"])
+    out = capsys.readouterr().out
+    assert "6/6 ok" in out and "TTFT p50/90/99" in out and "goodput" in out
+    with pytest.raises(ValueError, match="loopback"):
+        main(["--url", "http://192.168.1.1:8000", "--num-prompts", "1"])

@@ -193,30 +193,15 @@ def test_a_failing_policy_answers_500_and_the_router_lives_on() -> None:
 
 def test_router_command_line_serves_and_stops() -> None:
     """`python -m minigpt.serving.router` as a child process in front of a fake replica; stopped afterwards."""
-    import subprocess
-    import sys
-
-    from minigpt.serving.launch import free_port, wait_healthy
+    from minigpt.serving.launch import serve_subprocess
 
     with fake_replicas("r0") as (replica,):
-        port = free_port()
-        child = subprocess.Popen([sys.executable, "-m", "minigpt.serving.router", "--replica", replica,
-                                  "--policy", "round_robin", "--port", str(port)],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        try:
-            assert wait_healthy(f"http://127.0.0.1:{port}", 60, lambda: child.poll() is None), child.stderr.read()
-            r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", trust_env=False,
+        with serve_subprocess(["--replica", replica, "--policy", "round_robin"], module="minigpt.serving.router",
+                              timeout=60) as router:
+            r = httpx.post(router + "/v1/completions", trust_env=False,
                            json={"model": "m", "prompt": "x", "max_tokens": 2})
             assert r.json()["system_fingerprint"] == "r0" and r.headers["x-routed-to"] == replica
-        finally:
-            child.terminate()
-            try:
-                child.wait(10)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait(10)
-            child.stderr.close()
-    assert child.poll() is not None
+    assert router.process.poll() is not None
 
 
 def test_routing_real_engines_raises_the_prefix_cache_hit_rate() -> None:

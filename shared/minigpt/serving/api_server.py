@@ -56,6 +56,18 @@ def _error(status: int, message: str, type_: str, param: str | None = None, code
     return JSONResponse(error_body(message, type_, param, code), status_code=status, headers=headers)
 
 
+def _param_name(loc: tuple) -> str | None:
+    """pydantic's error location as OpenAI's `param`: ('body', 'messages', 0, 'role') -> 'messages.0.role';
+    the member names of a union ('prompt', 'list[int]', 0) are dropped -> 'prompt'."""
+    parts = []
+    for x in loc[1:] if loc and loc[0] == "body" else loc:
+        if isinstance(x, int) or (isinstance(x, str) and x.isidentifier() and x not in ("str", "int", "float", "bool")):
+            parts.append(str(x))
+        else:
+            break
+    return ".".join(parts) or None
+
+
 class _SSEResponse(StreamingResponse):
     """A StreamingResponse that always closes its body iterator, so the handler's `finally` runs at once."""
 
@@ -105,10 +117,12 @@ def create_app(engine: AsyncLLMEngine, *, max_queue: int = 64, retry_after_s: fl
         if first.get("type") == "json_invalid":
             return _error(400, f"the request body is not valid JSON: {first.get('msg', '')}", "invalid_request_error",
                           None, "invalid_json")
-        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-        param = ".".join(loc) or None
-        return _error(400, f"invalid value for {param or 'the request body'}: {first.get('msg', 'invalid')}",
-                      "invalid_request_error", param, "invalid_value")
+        param = _param_name(first.get("loc", ()))
+        msg = first.get("msg", "invalid")
+        if param == "prompt" and first.get("type") != "missing":
+            msg = "the prompt must be a string or a list of integer token ids"
+        return _error(400, f"invalid value for {param or 'the request body'}: {msg}", "invalid_request_error", param,
+                      "invalid_value")
 
     @app.exception_handler(BadRequest)
     async def _bad(request: Request, exc: BadRequest) -> JSONResponse:

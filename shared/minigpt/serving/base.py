@@ -86,7 +86,7 @@ class EngineBase(ABC):
             if self.tokenizer is None:
                 raise ValueError("a text prompt needs a tokenizer; build the engine with tokenizer=load_tokenizer() "
                                  "or pass token ids")
-            return list(self.tokenizer.encode(prompt, allowed_special="all"))
+            return list(self.tokenizer.encode(prompt, disallowed_special=()))      # "<|endoftext|>" in text is text
         return [int(t) for t in prompt]
 
     def validate(self, request_id: Hashable, prompt: Prompt, max_tokens: int, sampling: SamplingParams = SamplingParams(),

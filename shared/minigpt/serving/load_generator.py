@@ -10,6 +10,8 @@ Bounded: at most len(prompts) (or max_requests) requests, and `max_duration` sec
 requests still running then are cancelled and recorded as failed. Loopback only: any other host is
 refused before a byte is sent.
 
+From a shell: `python -m minigpt.serving.load_generator --url http://127.0.0.1:8000 --rate 4` (see --help).
+
 Workloads: `corpus_prompts` (windows of the validation corpus) and `shared_prefix_prompts` (a few
 system prompts, each several KV blocks long, times many short questions: the prefix-cache workload).
 """
@@ -32,7 +34,7 @@ import numpy as np
 from minigpt.serving.client_metrics import RequestRecord
 
 __all__ = ["Workload", "check_loopback", "poisson_arrivals", "corpus_prompts", "shared_prefix_prompts",
-           "run_benchmark", "benchmark"]
+           "run_benchmark", "benchmark", "main"]
 
 
 @dataclass(frozen=True)
@@ -203,6 +205,8 @@ async def run_benchmark(base_url: str, prompts: Sequence[str] | Workload, *, rat
                     limit.release()
 
         tasks = [asyncio.create_task(fire(i, p)) for i, p in enumerate(prompts) if offsets[i] < max_duration]
+        if not tasks:
+            return []
         _, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline - time.perf_counter()))
         for task in pending:
             task.cancel()
@@ -219,3 +223,44 @@ def benchmark(base_url: str, prompts: Sequence[str] | Workload, **kwargs) -> lis
         return asyncio.run(run_benchmark(base_url, prompts, **kwargs))
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(asyncio.run, run_benchmark(base_url, prompts, **kwargs)).result()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m minigpt.serving.load_generator --url http://127.0.0.1:8000 --rate 4 --num-prompts 32`: one
+    benchmark, its summary printed (what vLLM's benchmark_serving prints)."""
+    import argparse
+
+    from minigpt.serving.client_metrics import summarize_records
+
+    p = argparse.ArgumentParser(prog="python -m minigpt.serving.load_generator", description=main.__doc__)
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL (loopback only)")
+    p.add_argument("--rate", type=float, default=math.inf, help="requests/s (Poisson); inf = all at once")
+    p.add_argument("--num-prompts", type=int, default=32)
+    p.add_argument("--workload", choices=["corpus", "shared-prefix"], default="corpus")
+    p.add_argument("--prompt-tokens", type=int, default=64, help="corpus prompts: tokens per prompt")
+    p.add_argument("--system-prompts", type=int, default=4, help="shared-prefix: distinct system prompts")
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
+    p.add_argument("--model", default=None, help="default: the first model of GET /v1/models")
+    p.add_argument("--max-duration", type=float, default=120.0, help="seconds; requests still running are cut")
+    p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument("--ttft-slo", type=float, default=1.0, help="goodput's TTFT objective (s)")
+    p.add_argument("--tpot-slo", type=float, default=0.1, help="goodput's TPOT objective (s per token)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.workload == "corpus":
+        work = corpus_prompts(args.num_prompts, prompt_tokens=args.prompt_tokens, seed=args.seed)
+    else:
+        per = -(-args.num_prompts // args.system_prompts)
+        work = shared_prefix_prompts(args.system_prompts, per, seed=args.seed)
+    records = benchmark(args.url, work, rate=args.rate, max_tokens=args.max_tokens, chat=args.chat, model=args.model,
+                        seed=args.seed, max_requests=args.num_prompts, max_duration=args.max_duration,
+                        max_concurrency=args.max_concurrency)
+    if not records:
+        print("no request was sent")
+        return
+    print(summarize_records(records, ttft_limit=args.ttft_slo, tpot_limit=args.tpot_slo).row())
+
+
+if __name__ == "__main__":
+    main()

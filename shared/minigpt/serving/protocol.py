@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 __all__ = ["StreamOptions", "CompletionRequest", "ChatMessage", "ChatCompletionRequest", "Usage", "ErrorBody",
            "error_body"]
@@ -20,7 +20,7 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: StrictInt | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=1)
@@ -29,6 +29,15 @@ class _Request(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: "StreamOptions | None" = None
+    logprobs: bool | int | None = Field(None, description="not supported: only null / false / 0")
+    echo: bool = Field(False, description="not supported: only false")
+
+    @field_validator("logprobs", "echo")
+    @classmethod
+    def _unsupported(cls, v: object) -> object:
+        if v:
+            raise ValueError("is not supported by this server")
+        return v
 
     @field_validator("stop")
     @classmethod
@@ -54,8 +63,8 @@ class StreamOptions(BaseModel):
 class CompletionRequest(_Request):
     """POST /v1/completions: `prompt` is a string or a list of token ids (a batch of prompts is not supported)."""
 
-    prompt: str | list[int]
-    max_tokens: int | None = Field(16, ge=1)      # OpenAI's default for completions
+    prompt: str | list[StrictInt]
+    max_tokens: StrictInt | None = Field(16, ge=1)      # OpenAI's default for completions
 
 
 class ChatMessage(BaseModel):
@@ -69,7 +78,7 @@ class ChatCompletionRequest(_Request):
     """POST /v1/chat/completions; `max_completion_tokens` is the newer name of `max_tokens`."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: StrictInt | None = Field(None, ge=1)
 
     @property
     def token_budget(self) -> int | None:
