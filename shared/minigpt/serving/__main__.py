@@ -65,7 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                           tokenizer=load_tokenizer(), model_name=name)
         else:
             engine = LLMEngine.from_checkpoint(args.checkpoint, config, model_name=name)
-    app = create_app(AsyncLLMEngine(engine, num_threads=args.threads), max_queue=args.max_queue, retry_after_s=args.retry_after)
+    app = create_app(AsyncLLMEngine(engine, num_threads=args.threads), max_queue=args.max_queue,
+                     retry_after_s=args.retry_after)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     return 0
 
