@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TINY_SERVING, tiny_model
+from serving_fixtures import tiny_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -8,7 +8,7 @@ import json
 import httpx
 import openai
 import pytest
-from conftest import tiny_model
+from serving_fixtures import tiny_model
 from prometheus_client.parser import text_string_to_metric_families
 
 from minigpt.serving.api_server import create_app
