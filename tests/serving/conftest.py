@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from serving_fixtures import tiny_model
+from serving_fixtures import TINY_SERVING, tiny_model  # noqa: F401  (re-exported for tests written against it)
 
 from minigpt.model import GPT
 
