@@ -99,17 +99,15 @@ def _wait_for(cond: Callable[[], bool], timeout: float) -> bool:
 
 
 def _stub_guard(what: str, fn: Callable, kind: str, *args: Any) -> None:
-    """A function that is not an async generator (e.g. the released stub, `raise NotImplementedError()`) is
-    reported clearly: 'not implemented yet', or that it must use `yield`."""
+    """The released stub (`raise NotImplementedError()` in an `async def` without `yield`) is a coroutine function,
+    not an async generator: report 'not implemented yet', or for any other such function that it needs `yield`.
+    Anything else (an async generator function, a class, a function returning an async iterator) goes on."""
+    if not callable(fn):
+        raise AssertionError(f"{what}: expected your function, got {fn!r}")
     raw = inspect.unwrap(fn)
-    if inspect.isasyncgenfunction(raw):
-        return
-    if inspect.iscoroutinefunction(raw) or inspect.isfunction(raw):
-        def run() -> Any:
-            result = raw(*args)
-            return asyncio.run(result) if inspect.iscoroutine(result) else result
-        call_learner(what, run)
-    raise AssertionError(f"{what} must be {kind} (an `async def` with `yield`), got {fn!r}")
+    if inspect.iscoroutinefunction(raw) and not inspect.isasyncgenfunction(raw):
+        call_learner(what, lambda: asyncio.run(raw(*args)))
+        raise AssertionError(f"{what} must be {kind}: an `async def` with `yield` in it, got a plain coroutine")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -224,8 +222,12 @@ def _check_sse_server(fn: Callable) -> None:
             raise AssertionError(f"streamed completion chunks concatenate to {text!r}, but the same request without "
                                  f"streaming gives {full.choices[0].text!r}")
         chat = client.chat.completions.create(model=MODEL_NAME, messages=msgs, max_tokens=24, temperature=0)
-        parts = list(client.chat.completions.create(model=MODEL_NAME, messages=msgs, max_tokens=24, temperature=0,
-                                                    stream=True))
+        try:
+            parts = list(client.chat.completions.create(model=MODEL_NAME, messages=msgs, max_tokens=24, temperature=0,
+                                                        stream=True))
+        except Exception as err:
+            raise AssertionError(f"streaming a chat completion through the server with your handler failed: "
+                                 f"{type(err).__name__}: {err}") from None
         text = "".join(c.choices[0].delta.content or "" for c in parts if c.choices)
         if text != chat.choices[0].message.content:
             raise AssertionError(f"streamed chat chunks concatenate to {text!r}, but the same chat without streaming "

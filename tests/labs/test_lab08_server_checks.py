@@ -202,3 +202,29 @@ def test_wrong_admissions_are_caught_by_the_server_part_alone(wrong, words):
     with pytest.raises(AssertionError, match=words):
         lab08_server._check_admission_server(wrong)
     _no_stray_threads()
+
+
+class ClassAdmission:
+    """A correct admission written as a class (an async context manager object): accepted."""
+
+    def __init__(self, slots, retry_after_s):
+        self.slots, self.retry_after_s = slots, retry_after_s
+
+    async def __aenter__(self):
+        if self.slots.in_use >= self.slots.capacity:
+            raise QueueFull(self.retry_after_s)
+        self.slots.in_use += 1
+
+    async def __aexit__(self, *exc):
+        self.slots.in_use -= 1
+
+
+def test_a_class_based_admission_passes():
+    lab08_server.check_admission(ClassAdmission)
+
+
+def test_a_coroutine_without_yield_is_told_to_yield():
+    async def no_yield(outputs, make_chunks, abort):
+        return None
+    with pytest.raises(AssertionError, match="with `yield`"):
+        lab08_server.check_sse_stream(no_yield)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TINY_SERVING, tiny_model
+from serving_fixtures import tiny_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -132,3 +132,14 @@ def test_prefix_caching_changes_no_output_and_frees_every_block(tiny, data):
                                                           [n for _, n in reqs])])
         assert engine.stats().num_blocks_used == 0
     assert outs[0] == outs[1]
+
+
+def test_prefix_caching_with_preemption_and_chunked_prefill(tiny, reference):
+    """A pool too small for the batch: sequences are preempted and recomputed (from the prefix cache where it holds
+    their blocks); every greedy output still equals generating it alone, and every block is free at the end."""
+    engine = LLMEngine(tiny, EngineConfig(num_blocks=24, block_size=4, max_num_seqs=4, max_num_batched_tokens=16))
+    out = engine.generate(prompts(), SamplingParams(), max_tokens=12)
+    s = engine.stats()
+    assert s.num_preemptions > 0 and s.prefix_cache_hit_tokens > 0
+    assert [c.token_ids for c in out] == reference
+    assert s.num_blocks_used == 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import openai
 import pytest
-from conftest import tiny_model
+from serving_fixtures import tiny_model
 
 from minigpt.serving.api_server import create_app
 from minigpt.serving.async_engine import AsyncLLMEngine

@@ -8,7 +8,7 @@ import json
 import httpx
 import openai
 import pytest
-from conftest import tiny_model
+from serving_fixtures import tiny_model
 from prometheus_client.parser import text_string_to_metric_families
 
 from minigpt.serving.api_server import create_app
@@ -127,3 +127,33 @@ def test_health_and_metrics_parse(server):
     assert families["minigpt_kv_blocks_total"].samples[0].value == 32
     outcomes = {s.labels["outcome"] for s in families["minigpt_requests"].samples if s.name.endswith("_total")}
     assert outcomes == {"stop", "length", "abort", "invalid", "rejected"}
+
+
+def test_disconnect_while_queued_frees_the_slot_and_the_request(server):
+    """A streaming client that leaves before its request ever ran (engine paused): its admission slot is given
+    back and the request leaves the engine's queue (aborted)."""
+    import time
+    url, aengine = server
+
+    def metric(name: str) -> float:
+        fams = text_string_to_metric_families(httpx.get(url + "/metrics").text)
+        return next(s.value for f in fams for s in f.samples if s.name == name)
+    aborted = metric_with(url, "abort")
+    aengine.pause()
+    try:
+        with httpx.stream("POST", url + "/v1/completions", json={**OK, "stream": True}, timeout=10) as r:
+            assert r.status_code == 200
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and (metric("minigpt_server_requests_in_flight") or
+                                               metric("minigpt_requests_waiting")):
+            time.sleep(0.02)
+        assert metric("minigpt_server_requests_in_flight") == 0 and metric("minigpt_requests_waiting") == 0
+        assert metric_with(url, "abort") == aborted + 1
+    finally:
+        aengine.resume()
+
+
+def metric_with(url: str, outcome: str) -> float:
+    fams = text_string_to_metric_families(httpx.get(url + "/metrics").text)
+    return next(s.value for f in fams for s in f.samples
+                if s.name == "minigpt_requests_total" and s.labels.get("outcome") == outcome)

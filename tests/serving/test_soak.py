@@ -15,7 +15,7 @@ import time
 from collections import Counter
 
 import httpx
-from conftest import tiny_model
+from serving_fixtures import tiny_model
 from prometheus_client.parser import text_string_to_metric_families
 
 from minigpt.serving.api_server import create_app

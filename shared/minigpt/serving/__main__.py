@@ -25,6 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--max-num-batched-tokens", type=int, default=256)
     p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--lora-adapters", default=None, metavar="PATH",
+                   help="serve these LoRA adapters (a file written by LoRAAdapters.save); a request names one in `model`")
     p.add_argument("--served-model-name", default=None, help="the `model` name clients use (default: the checkpoint)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--log-level", default="warning")
@@ -45,16 +47,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     name = args.served_model_name or str(args.checkpoint)
     if args.engine == "naive":
-        if args.weights != "fp32":
-            print("--weights applies to the continuous engine only", file=sys.stderr)
+        if args.weights != "fp32" or args.lora_adapters:
+            print("--weights and --lora-adapters apply to the continuous engine only", file=sys.stderr)
             return 2
         engine = NaiveEngine.from_checkpoint(args.checkpoint, model_name=name)
     else:
         config = EngineConfig(num_blocks=args.num_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
                               max_num_batched_tokens=args.max_num_batched_tokens,
                               enable_prefix_caching=not args.no_prefix_caching, weights=args.weights)
-        engine = LLMEngine.from_checkpoint(args.checkpoint, config, model_name=name)
-    app = create_app(AsyncLLMEngine(engine), max_queue=args.max_queue, retry_after_s=args.retry_after)
+        if args.lora_adapters:                        # multi-LoRA serving (serving/lora.py, lora_runner.py)
+            from minigpt.checkpoint import load_model
+            from minigpt.serving.lora import LoRAAdapters
+            from minigpt.serving.lora_runner import engine_with_adapters
+            from minigpt.tokenizer import load_tokenizer
+            model = load_model(args.checkpoint)
+            engine = engine_with_adapters(model, LoRAAdapters.load(args.lora_adapters, model), config,
+                                          tokenizer=load_tokenizer(), model_name=name)
+        else:
+            engine = LLMEngine.from_checkpoint(args.checkpoint, config, model_name=name)
+    app = create_app(AsyncLLMEngine(engine, num_threads=args.threads), max_queue=args.max_queue,
+                     retry_after_s=args.retry_after)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     return 0
 

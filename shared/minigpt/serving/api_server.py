@@ -69,16 +69,22 @@ def _param_name(loc: tuple) -> str | None:
 
 
 class _SSEResponse(StreamingResponse):
-    """A StreamingResponse that always closes its body iterator, so the handler's `finally` runs at once."""
+    """A StreamingResponse that, however the response ends (finished, client gone, cancelled before the first
+    byte), closes its body iterator, so the handler's `finally` runs at once, and then calls `on_close`."""
 
-    async def stream_response(self, send: Any) -> None:
+    def __init__(self, content: AsyncIterator[str], *, on_close: Callable[[], Any], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
-            await super().stream_response(send)
+            await super().__call__(scope, receive, send)
         finally:
             try:
                 await self.body_iterator.aclose()
             except (RuntimeError, AttributeError):
                 pass
+            await self.on_close()
 
 
 def create_app(engine: AsyncLLMEngine, *, max_queue: int = 64, retry_after_s: float = 1.0,
@@ -185,13 +191,21 @@ def create_app(engine: AsyncLLMEngine, *, max_queue: int = 64, retry_after_s: fl
                       make_chunks: Callable[[RequestOutput], list[dict]],
                       make_response: Callable[[str, RequestOutput], dict]) -> Response:
         if body.stream:
+            started = [False]
+
             async def events() -> AsyncIterator[str]:
+                started[0] = True
                 try:
                     async for event in stream_handler(stream, make_chunks, lambda: engine.abort_nowait(request_id)):
                         yield event
                 finally:
-                    await stack.aclose()
-            return _SSEResponse(events(), media_type="text/event-stream",
+                    await stack.aclose()                # give the admission slot back
+
+            async def on_close() -> None:
+                if not started[0]:                      # the client left before the handler ever ran
+                    engine.abort_nowait(request_id)
+                await stack.aclose()                    # (a no-op if events() already did it)
+            return _SSEResponse(events(), on_close=on_close, media_type="text/event-stream",
                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         parts: list[str] = []
         last: RequestOutput | None = None
