@@ -8,7 +8,6 @@ import threading
 
 import openai
 import pytest
-from serving_fixtures import tiny_model
 
 from minigpt.engine.cached_generation import generate_kv_cache
 from minigpt.quant.linear import quantize_weight_only

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from serving_fixtures import tiny_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
