@@ -1,6 +1,6 @@
 """Lab 08 multi-LoRA measurements outside the notebook: several runs of `lora_serving_figures` on the target
 checkpoint (one mixed batch of four adapters vs four one-adapter batches; batched-LoRA step cost vs the base
-model), plus the memory of 100 adapters. Writes autograder/calibration/lab08_lora.cpu.json with the machine named.
+model), plus the memory of 100 adapters. Writes autograder/calibration/lab08.cpu.json with the machine named.
 
     .venv/bin/python scripts/measure_lab08_lora.py [--runs 3] [--repeats 3] [--threads 1] [--out PATH]
 """
@@ -29,7 +29,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", type=Path, default=ROOT / "autograder" / "calibration" / "lab08_lora.cpu.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "autograder" / "calibration" / "lab08.cpu.json")
     args = ap.parse_args()
     model = load_model("target")
     runs = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autograder import lab08_lora
+from autograder import lab08
 from minigpt.serving.lora import lora_delta
 from minigpt.serving.lora_bench import hundred_adapters
 from minigpt.teaching.calculators import PRESETS
@@ -91,8 +91,8 @@ def loop_over_adapters(x, A, B, idx, scaling):
 
 
 def test_reference_passes():
-    lab08_lora.check_lora_delta(lora_delta)
-    lab08_lora.check_lora_delta(loop_over_adapters)
+    lab08.check_lora_delta(lora_delta)
+    lab08.check_lora_delta(loop_over_adapters)
 
 
 @pytest.mark.parametrize("fn, message", [
@@ -110,40 +110,42 @@ def test_reference_passes():
 ])
 def test_wrong_lora_delta_rejected(fn, message):
     with pytest.raises(AssertionError, match=message):
-        lab08_lora.check_lora_delta(fn)
+        lab08.check_lora_delta(fn)
 
 
 def test_engine_check_passes_reference_and_mixes_adapters():
-    counts = lab08_lora.check_lora_engine(lora_delta)
+    counts = lab08.check_lora_engine(lora_delta)
     assert counts["mixed_steps"] >= 3
 
 
 @pytest.mark.parametrize("fn", [first_row_adapter, minus_one_is_last, stub])
 def test_engine_check_rejects(fn):
     with pytest.raises(AssertionError):
-        lab08_lora.check_lora_engine(fn)
+        lab08.check_lora_engine(fn)
 
 
 def test_server_check_passes_reference_rejects_wrong_rows():
-    texts = lab08_lora.check_lora_server(lora_delta)
+    texts = lab08.check_lora_server(lora_delta)
     assert len(set(texts.values())) >= 3
     with pytest.raises(AssertionError, match="answered"):
-        lab08_lora.check_lora_server(first_row_adapter)
+        lab08.check_lora_server(first_row_adapter)
     with pytest.raises(AssertionError, match="is your lora_delta implemented"):
-        lab08_lora.check_lora_server(stub)
+        lab08.check_lora_server(stub)
 
 
 def test_interview_questions():
     h = hundred_adapters(PRESETS["Llama-3-8B"], 16)
-    lab08_lora.check_q1_adapter_mib(h["mib_per_adapter"])
-    lab08_lora.check_q2_hundred_adapters_share(h["percent_of_base"])
+    lab08.check_q1_adapter_mib(h["mib_per_adapter"])
+    lab08.check_q2_hundred_adapters_share(h["percent_of_base"])
     with pytest.raises(AssertionError, match="float32"):
-        lab08_lora.check_q1_adapter_mib(2 * h["mib_per_adapter"])
+        lab08.check_q1_adapter_mib(2 * h["mib_per_adapter"])
     with pytest.raises(AssertionError, match="GQA"):
-        lab08_lora.check_q1_adapter_mib(h["mib_per_adapter"] * (4 * 8192 + 3 * 18432) / (2 * 8192 + 2 * 5120 + 3 * 18432))
+        lab08.check_q1_adapter_mib(h["mib_per_adapter"] * (4 * 8192 + 3 * 18432) / (2 * 8192 + 2 * 5120 + 3 * 18432))
+    with pytest.raises(AssertionError, match="counts A"):         # r * d_in per projection only: 5d + q + ff per layer
+        lab08.check_q1_adapter_mib(32 * 16 * (5 * 4096 + 4096 + 14336) * 2 / 2**20)
     with pytest.raises(AssertionError, match="percentage"):
-        lab08_lora.check_q2_hundred_adapters_share(h["percent_of_base"] / 100)
+        lab08.check_q2_hundred_adapters_share(h["percent_of_base"] / 100)
     figures = {"lora_step_s": 0.013, "base_step_s": 0.010}
-    lab08_lora.check_q3_lora_step_overhead(30.0, figures)
+    lab08.check_q3_lora_step_overhead(30.0, figures)
     with pytest.raises(AssertionError, match="EXTRA"):
-        lab08_lora.check_q3_lora_step_overhead(1.3, figures)
+        lab08.check_q3_lora_step_overhead(1.3, figures)

@@ -8,7 +8,7 @@ import hashlib
 
 import pytest
 
-from autograder import lab08_router
+from autograder import lab08
 from minigpt.cache.prefix_cache import block_hashes, hash_block
 from minigpt.serving.client_metrics import request_goodput
 from minigpt.serving.routing import HashRing, prefix_key, ring_hash, route
@@ -54,23 +54,23 @@ def crashes_on_empty(records, ttft_limit, tpot_limit):
 
 
 def test_goodput_reference_passes() -> None:
-    lab08_router.check_goodput(request_goodput)
+    lab08.check_goodput(request_goodput)
 
 
 @pytest.mark.parametrize("wrong", [_stub, ttft_only, tpot_only, either, counts_failed, strict, duration_of_ok,
                                    duration_sum, duration_first_last, share, crashes_on_empty])
 def test_goodput_rejects(wrong) -> None:
     with pytest.raises(AssertionError):
-        lab08_router.check_goodput(wrong)
+        lab08.check_goodput(wrong)
 
 
 def test_goodput_names_the_mistake() -> None:
     with pytest.raises(AssertionError, match="BOTH"):
-        lab08_router.check_goodput(ttft_only)
+        lab08.check_goodput(ttft_only)
     with pytest.raises(AssertionError, match="failed requests"):
-        lab08_router.check_goodput(counts_failed)
+        lab08.check_goodput(counts_failed)
     with pytest.raises(AssertionError, match="not implemented"):
-        lab08_router.check_goodput(_stub)
+        lab08.check_goodput(_stub)
 
 
 # --- wrong routing -----------------------------------------------------------------------------------
@@ -178,38 +178,38 @@ WRONG_ROUTES = {
 
 
 def test_route_reference_passes() -> None:
-    lab08_router.check_route(route)
+    lab08.check_route(route)
 
 
 def test_a_different_correct_ring_passes() -> None:
     """Another vnode count and point naming, same idea: accepted (the check tests properties, not our hash)."""
-    lab08_router.check_route(_ring_route(lambda t, bs, pb: prefix_key(t, block_size=bs, prefix_blocks=pb),
+    lab08.check_route(_ring_route(lambda t, bs, pb: prefix_key(t, block_size=bs, prefix_blocks=pb),
                                          vnodes=100, point=lambda r, v, i: f"{v}@{r}"))
 
 
 @pytest.mark.parametrize("name", list(WRONG_ROUTES))
 def test_route_rejects(name: str) -> None:
     with pytest.raises(AssertionError):
-        lab08_router.check_route(WRONG_ROUTES[name])
+        lab08.check_route(WRONG_ROUTES[name])
 
 
 def test_route_messages_teach() -> None:
     with pytest.raises(AssertionError, match="not the whole prompt"):
-        lab08_router.check_route(WRONG_ROUTES["whole prompt"])
+        lab08.check_route(WRONG_ROUTES["whole prompt"])
     with pytest.raises(AssertionError, match="consistent hashing"):
-        lab08_router.check_route(WRONG_ROUTES["sorted modulo"])
+        lab08.check_route(WRONG_ROUTES["sorted modulo"])
 
 
 # --- the routing function inside the router ----------------------------------------------------------
 
 def test_router_check_passes_with_the_reference() -> None:
-    lab08_router.check_router(route)
+    lab08.check_router(route)
 
 
 @pytest.mark.parametrize("wrong", [_stub, WRONG_ROUTES["whole prompt"], first_replica])
 def test_router_check_rejects(wrong) -> None:
     with pytest.raises(AssertionError):
-        lab08_router.check_router(wrong)
+        lab08.check_router(wrong)
 
 
 # --- interview questions -------------------------------------------------------------------------------
@@ -218,21 +218,21 @@ GATEWAY = dict(request_rate=50.0, per_replica_goodput=3.2, per_replica_throughpu
 
 
 def test_gateway_replicas() -> None:
-    lab08_router.check_q_gateway_replicas(20, **GATEWAY)              # ceil(50 / 2.56) = ceil(19.53)
+    lab08.check_q_gateway_replicas(20, **GATEWAY)              # ceil(50 / 2.56) = ceil(19.53)
     for wrong, why in ((19, "round UP"), (16, "headroom"), (14, "goodput"), (13, "instead")):
         with pytest.raises(AssertionError, match=why):
-            lab08_router.check_q_gateway_replicas(wrong, **GATEWAY)
+            lab08.check_q_gateway_replicas(wrong, **GATEWAY)
     with pytest.raises(AssertionError, match="int"):
-        lab08_router.check_q_gateway_replicas(20.0, **GATEWAY)
+        lab08.check_q_gateway_replicas(20.0, **GATEWAY)
 
 
 def test_affinity_pays() -> None:
-    lab08_router.check_q_affinity_pays({"A", "C"})
-    lab08_router.check_q_affinity_pays("c, a")
+    lab08.check_q_affinity_pays({"A", "C"})
+    lab08.check_q_affinity_pays("c, a")
     for wrong in ({"A"}, {"A", "C", "D"}, {"B"}, set(), {"A", "C", "E"}):
         with pytest.raises(AssertionError):
-            lab08_router.check_q_affinity_pays(wrong)
+            lab08.check_q_affinity_pays(wrong)
     with pytest.raises(AssertionError, match="hot prefix|ONE replica"):
-        lab08_router.check_q_affinity_pays({"A", "C", "D"})
+        lab08.check_q_affinity_pays({"A", "C", "D"})
     with pytest.raises(AssertionError, match="unknown"):
-        lab08_router.check_q_affinity_pays({"Z"})
+        lab08.check_q_affinity_pays({"Z"})

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from autograder import lab08_server
+from autograder import lab08
 from minigpt.serving.admission import QueueFull, admitted
 from minigpt.serving.streaming import DONE_EVENT, sse_event, sse_stream
 
@@ -88,7 +88,7 @@ async def sse_abort_only_on_cancel(outputs, make_chunks, abort):
 
 
 def test_reference_sse_passes():
-    lab08_server.check_sse_stream(sse_stream)
+    lab08.check_sse_stream(sse_stream)
     _no_stray_threads()
 
 
@@ -102,14 +102,14 @@ def test_reference_sse_passes():
 ])
 def test_wrong_sse_handlers_fail(wrong, words):
     with pytest.raises(AssertionError, match=words):
-        lab08_server.check_sse_stream(wrong)
+        lab08.check_sse_stream(wrong)
     _no_stray_threads()
 
 
 def test_sse_without_abort_is_caught_by_the_server_part_alone():
     """Even if the scripted cases were skipped, the server's /metrics shows the disconnected request's blocks."""
     with pytest.raises(AssertionError, match="KV blocks used"):
-        lab08_server._check_sse_server(sse_no_abort)
+        lab08._check_sse_server(sse_no_abort)
     _no_stray_threads()
 
 
@@ -175,7 +175,7 @@ async def admit_one_past(slots, retry_after_s):
 
 
 def test_reference_admission_passes():
-    lab08_server.check_admission(admitted)
+    lab08.check_admission(admitted)
     _no_stray_threads()
 
 
@@ -189,7 +189,7 @@ def test_reference_admission_passes():
 ])
 def test_wrong_admissions_fail(wrong, words):
     with pytest.raises(AssertionError, match=words):
-        lab08_server.check_admission(wrong)
+        lab08.check_admission(wrong)
     _no_stray_threads()
 
 
@@ -200,7 +200,7 @@ def test_wrong_admissions_fail(wrong, words):
 ])
 def test_wrong_admissions_are_caught_by_the_server_part_alone(wrong, words):
     with pytest.raises(AssertionError, match=words):
-        lab08_server._check_admission_server(wrong)
+        lab08._check_admission_server(wrong)
     _no_stray_threads()
 
 
@@ -220,11 +220,20 @@ class ClassAdmission:
 
 
 def test_a_class_based_admission_passes():
-    lab08_server.check_admission(ClassAdmission)
+    lab08.check_admission(ClassAdmission)
 
 
 def test_a_coroutine_without_yield_is_told_to_yield():
     async def no_yield(outputs, make_chunks, abort):
         return None
     with pytest.raises(AssertionError, match="with `yield`"):
-        lab08_server.check_sse_stream(no_yield)
+        lab08.check_sse_stream(no_yield)
+
+
+def test_checks_run_inside_a_running_event_loop():
+    """In a Jupyter kernel an event loop already runs in the main thread: the checks must not call asyncio.run there."""
+    async def from_a_notebook_cell() -> None:
+        lab08.check_sse_stream(sse_stream)
+        lab08.check_admission(admitted)
+
+    asyncio.run(from_a_notebook_cell())

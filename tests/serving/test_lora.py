@@ -7,7 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from autograder.lab08_lora import SMALL_CONFIG, served_lora_model, small_model
+from autograder.lab08 import SMALL_CONFIG, served_lora_model, small_model
 from minigpt.cache.block_manager import BlockManager
 from minigpt.cache.paged import PagedKVCache
 from minigpt.engine.cached_generation import generate_kv_cache

@@ -19,7 +19,6 @@ system prompts, each several KV blocks long, times many short questions: the pre
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import ipaddress
 import json
 import math
@@ -31,6 +30,7 @@ from urllib.parse import urlsplit
 import httpx
 import numpy as np
 
+from minigpt.serving.aio import run_sync
 from minigpt.serving.client_metrics import RequestRecord
 
 __all__ = ["Workload", "check_loopback", "poisson_arrivals", "corpus_prompts", "shared_prefix_prompts",
@@ -215,14 +215,8 @@ async def run_benchmark(base_url: str, prompts: Sequence[str] | Workload, *, rat
 
 
 def benchmark(base_url: str, prompts: Sequence[str] | Workload, **kwargs) -> list[RequestRecord]:
-    """`run_benchmark` from synchronous code, also inside Jupyter (whose event loop is already running: the
-    benchmark then gets its own loop in a worker thread, joined before returning)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(run_benchmark(base_url, prompts, **kwargs))
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, run_benchmark(base_url, prompts, **kwargs)).result()
+    """`run_benchmark` from synchronous code, also inside Jupyter (`minigpt.serving.aio.run_sync`)."""
+    return run_sync(run_benchmark(base_url, prompts, **kwargs))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
