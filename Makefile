@@ -21,7 +21,10 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 PYTEST_ARGS ?=
 # Two pytest-xdist workers; a module's (or a class's) tests stay on one, with their fixtures. 0 = no workers.
+# Each worker (and each notebook kernel it starts) gets one torch thread: two workers with two threads each on
+# two cores would oversubscribe them, and OpenMP threads spinning at barriers make that many times slower.
 PYTEST_WORKERS ?= 2
+TEST_THREADS ?= 1
 PYTEST_TIMEOUT ?= 900
 LAB_ARGS ?=
 SERVE_ARGS ?=
@@ -61,7 +64,7 @@ lab: setup
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir=labs $(ALLOW_ROOT) $(LAB_ARGS)
 
 test: setup browser-deps
-	@rc=0; $(PY) -m pytest --timeout=$(PYTEST_TIMEOUT) -n $(PYTEST_WORKERS) --dist loadscope --durations=25 $(PYTEST_ARGS) || rc=$$?; \
+	@rc=0; OMP_NUM_THREADS=$(TEST_THREADS) OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest --timeout=$(PYTEST_TIMEOUT) -n $(PYTEST_WORKERS) --dist loadscope --durations=25 $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests; that is a failure"; fi; \
 	exit $$rc
 

@@ -57,15 +57,15 @@ SPEED_MIN_FRACTION = 0.8
 GPU_MIN_FRACTION = {"cuda": 0.7}
 
 
-def _model(seed: int = 0) -> GPT:
-    """A small random model whose matrices are scaled x6: at the usual init a random model repeats its last token
-    whatever the context, so a wrong position or an attended padding token would go unnoticed."""
+def _model(seed: int = 0, config: ModelConfig = SMALL_CONFIG, scale: float = 6.0) -> GPT:
+    """A small random model whose matrices are scaled (x6 by default): at the usual init a random model repeats its
+    last token whatever the context, so a wrong position or an attended padding token would go unnoticed."""
     torch.manual_seed(seed)
-    model = GPT(SMALL_CONFIG).eval()
+    model = GPT(config).eval()
     with torch.no_grad():
         for p in model.parameters():
             if p.ndim == 2:
-                p.mul_(6.0)
+                p.mul_(scale)
     return model
 
 

@@ -103,13 +103,7 @@ REJECTED = 'minigpt_requests_total{outcome="rejected"}'
 
 
 def _model(seed: int = 0) -> GPT:
-    torch.manual_seed(seed)
-    model = GPT(CHECK_CONFIG).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim == 2:
-                p.mul_(6.0)
-    return model
+    return lab03_model(seed, CHECK_CONFIG)
 
 
 @contextmanager
@@ -877,18 +871,10 @@ def check_lora_engine(lora_delta_fn: Callable[..., Tensor], *, layout: str = "pa
     return {"steps": len(mixed), "mixed_steps": sum(mixed)}
 
 
-SERVED_CONFIG = ModelConfig(vocab_size=4096, max_seq_len=128, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=64)
-
-
 def served_lora_model(seed: int = 3) -> tuple[GPT, LoRAAdapters]:
     """A tiny random model over the course vocabulary (text prompts work; weights x4 so that greedy outputs depend on
     the adapter) and three adapters named adapter-0 .. adapter-2."""
-    torch.manual_seed(seed)
-    model = GPT(SERVED_CONFIG).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim == 2:
-                p.mul_(4.0)
+    model = lab03_model(seed, CHECK_CONFIG, scale=4.0)
     return model, LoRAAdapters.random(model, ["adapter-0", "adapter-1", "adapter-2"], rank=4, seed=seed - 1)
 
 

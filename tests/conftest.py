@@ -32,3 +32,9 @@ def fast_cells() -> dict[str, str]:
     from autograder.grading import nbgrader_env
 
     return nbgrader_env({"COURSE_CELL_TIMEOUT": "5"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Notebook grading first: the labs' notebook classes are the longest tests, and pytest-xdist hands out work in
+    collection order, so starting them first keeps both workers busy to the end (the short tests fill the gaps)."""
+    items.sort(key=lambda item: Path(str(item.fspath)).name != "test_notebooks.py")
