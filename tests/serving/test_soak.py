@@ -15,15 +15,18 @@ import time
 from collections import Counter
 
 import httpx
-from serving_fixtures import tiny_model
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from serving_fixtures import tiny_model
 
 from minigpt.serving.api_server import create_app
 from minigpt.serving.async_engine import AsyncLLMEngine
 from minigpt.serving.engine import EngineConfig, LLMEngine
 from minigpt.serving.launch import serve_in_thread
 
-NUM_REQUESTS = 1500
+pytestmark = pytest.mark.timeout(240)      # bounded: about 12 s on a quiet 2-core machine
+
+NUM_REQUESTS = 3000
 CONCURRENCY = 24
 MAX_QUEUE = 22
 SEED = 2024
