@@ -485,15 +485,8 @@ def _check_generate(generate_fn: Callable) -> None:
                              f"{got.tokens} ({got.finish_reason!r}); feed every emitted token to minigpt.generate.StopRule "
                              "and stop at the first one that ends generation")
     # 5. The distribution, end to end (sampling with temperature and top-k).
-    with quiet():
-        try:
-            r1, r2 = engine_distribution_test(generate_fn)
-        except NotImplementedError:
-            raise AssertionError("generate_speculative is not implemented yet (NotImplementedError)") from None
-        except AssertionError:
-            raise
-        except Exception as err:
-            raise AssertionError(f"in the distribution test your generator raised {type(err).__name__}: {err}") from None
+    r1, r2 = call_learner("generate_speculative", engine_distribution_test, generate_fn,
+                          context="in the distribution test")
     for res, what in ((r1, "first token"), (r2, "first two tokens")):
         if not res.p_value >= SIGNIFICANCE:
             raise AssertionError(
