@@ -16,13 +16,13 @@ from collections import Counter
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from serving_fixtures import tiny_model
 
 from minigpt.serving.api_server import create_app
 from minigpt.serving.async_engine import AsyncLLMEngine
 from minigpt.serving.engine import EngineConfig, LLMEngine
 from minigpt.serving.launch import serve_in_thread
+from minigpt.serving.replicas import read_metrics
 
 pytestmark = pytest.mark.timeout(240)      # bounded: about 12 s on a quiet 2-core machine
 
@@ -32,14 +32,6 @@ MAX_QUEUE = 22
 SEED = 2024
 MALFORMED = [b"{", b"not json", b"", b"[]", b"null", b'{"model": "tiny", "prompt": "x", "max_tokens": 2',
              b"\xff\xfe\x00", b'{"model": "tiny"}', b'{"prompt": "hi"}']
-
-
-def _metrics(text: str) -> dict[str, float]:
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[s.name + (f"[{s.labels['outcome']}]" if "outcome" in s.labels else "")] = s.value
-    return out
 
 
 def _request(rng: random.Random, i: int) -> tuple[str, str, bytes | dict]:
@@ -109,7 +101,7 @@ def test_soak_mixed_requests(tokenizer):
         kinds, outcomes, seconds = asyncio.run(_drive(url))
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:          # aborts of the last disconnects may still be in flight
-            m = _metrics(httpx.get(url + "/metrics").text)
+            m = read_metrics(url)
             if m["minigpt_server_requests_in_flight"] == 0 and m["minigpt_requests_running"] == 0:
                 break
             time.sleep(0.05)
@@ -118,10 +110,10 @@ def test_soak_mixed_requests(tokenizer):
         assert sum(outcomes.values()) == NUM_REQUESTS
         assert set(outcomes) <= {"done", "cancelled", 400, 429}, outcomes
         assert outcomes[400] == kinds["malformed"] + kinds["bad_params"] + kinds["overlong"]
-        assert m["minigpt_requests_total[invalid]"] == outcomes[400]
-        assert m["minigpt_requests_total[rejected]"] == outcomes[429]
-        finished = m["minigpt_requests_total[stop]"] + m["minigpt_requests_total[length]"]
-        aborted = m["minigpt_requests_total[abort]"]
+        assert m['minigpt_requests_total{outcome="invalid"}'] == outcomes[400]
+        assert m['minigpt_requests_total{outcome="rejected"}'] == outcomes[429]
+        finished = m['minigpt_requests_total{outcome="stop"}'] + m['minigpt_requests_total{outcome="length"}']
+        aborted = m['minigpt_requests_total{outcome="abort"}']
         assert finished + aborted == outcomes["done"] + outcomes["cancelled"]
         assert aborted <= outcomes["cancelled"] and finished >= outcomes["done"]
         assert m["minigpt_kv_blocks_used"] == 0 and m["minigpt_requests_waiting"] == 0
