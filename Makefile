@@ -3,6 +3,7 @@
 #   make test   set up what is missing, then run the whole CPU test suite
 # Instructor: make release | make grade NB=path.ipynb | make autograde | make feedback | make export
 # Machine:    make doctor | make gpu-check | make data | make models
+# Practice:   make interview [INTERVIEW_ARGS="--seed 7 -n 5"]  (interview questions with fresh numbers)
 # Serving:    make serve [SERVE_ARGS="--checkpoint draft --engine naive --port 8001"]  (OpenAI-compatible, loopback)
 
 SHELL := /bin/bash
@@ -28,14 +29,15 @@ TEST_THREADS ?= 1
 PYTEST_TIMEOUT ?= 900
 LAB_ARGS ?=
 SERVE_ARGS ?=
+INTERVIEW_ARGS ?=
 CHROMIUM ?= /usr/bin/chromium
 NB ?=
 CPYTHON_LIB ?=
 
-.PHONY: serve help setup lab test browser-deps release grade autograde feedback export doctor gpu-check models data normalize check-normalized
+.PHONY: serve interview help setup lab test browser-deps release grade autograde feedback export doctor gpu-check models data normalize check-normalized
 
 help:
-	@sed -n '1,6p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '1,7p' Makefile | sed 's/^# \{0,1\}//'
 
 # ---------------------------------------------------------------- environment (idempotent; fast when done)
 $(STAMP): requirements.txt pyproject.toml $(LAB_OVERRIDES)
@@ -70,6 +72,9 @@ test: setup browser-deps
 
 serve: setup
 	$(PY) -m minigpt.serving $(SERVE_ARGS)
+
+interview: setup
+	@$(PY) -m autograder interview $(INTERVIEW_ARGS)
 
 grade: setup
 	@test -n "$(NB)" || { echo "usage: make grade NB=path/to/notebook.ipynb"; exit 2; }

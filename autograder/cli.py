@@ -8,6 +8,7 @@
     normalize [--check] [PATHS]      strip outputs / execution counts from notebooks (or only check)
     doctor                           what this machine can run
     gpu-check                        the GPU tier: pytest -m gpu, the GPU cells of every solution, a calibration JSON
+    interview [-n N] [--seed S] [--topic T ...]   interview practice with fresh numbers, graded and diagnosed
 """
 
 from __future__ import annotations
@@ -59,6 +60,15 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("doctor", help="what this machine can run")
     sub.add_parser("gpu-check", help="run the GPU tier and record what it measured (needs a CUDA GPU)")
+
+    from autograder.interview.session import TOPICS
+    i = sub.add_parser("interview", help="interview practice: questions with fresh numbers, graded and explained")
+    i.add_argument("-n", type=int, default=10, help="number of questions (default 10)")
+    i.add_argument("--seed", type=int, help="repeat a session (default: a new seed, printed)")
+    i.add_argument("--topic", action="append", choices=TOPICS, help="only this topic (repeatable)")
+    i.add_argument("--history", type=Path, help="score history file (default: .interview_history.jsonl "
+                                                 "in the course root, or $COURSE_INTERVIEW_HISTORY)")
+    i.add_argument("--no-history", action="store_true", help="do not record this session")
     return p
 
 
@@ -115,6 +125,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "doctor":
             from autograder import doctor
             return doctor.main()
+        if args.command == "interview":
+            from autograder.interview import session
+            history = None if args.no_history else (args.history or session.history_path())
+            session.run_session(args.n, args.seed, tuple(args.topic or session.TOPICS), history=history)
+            return 0
         if args.command == "gpu-check":
             from autograder import gpu_check
             return gpu_check.main(course)

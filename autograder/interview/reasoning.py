@@ -1,0 +1,306 @@
+"""The fifteen reasoning questions (README's interview table), as multiple choice with every wrong option diagnosed.
+
+    q = CHOICE_QUESTIONS[4].deal(random.Random(0))   # options in a seeded order, letters A-D
+    print(q.text)
+    q.grade("b")                                      # Verdict(correct=..., message=why that option is wrong)
+
+Each question asks for the reasoning an interviewer listens for; each wrong option is a belief candidates
+actually hold, and its diagnosis says what is wrong with it. `number` is the row in README's table, `lab`
+the lab that teaches and grades it.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from dataclasses import dataclass
+
+from autograder.interview.questions import Verdict
+
+
+@dataclass(frozen=True)
+class ChoiceQuestion:
+    number: int
+    topic: str
+    lab: str
+    question: str
+    right: str
+    wrong: tuple[tuple[str, str], ...]      # (option, why it is wrong)
+    explanation: str
+
+    def deal(self, rng: random.Random) -> "DealtChoice":
+        """The options in a seeded order."""
+        options = [(self.right, "")] + list(self.wrong)
+        rng.shuffle(options)
+        return DealtChoice(self, tuple(options))
+
+
+@dataclass(frozen=True)
+class DealtChoice:
+    """A ChoiceQuestion with its options in the order shown; answered by letter."""
+
+    source: ChoiceQuestion
+    options: tuple[tuple[str, str], ...]
+
+    @property
+    def topic(self) -> str:
+        return self.source.topic
+
+    @property
+    def lab(self) -> str:
+        return self.source.lab
+
+    @property
+    def letters(self) -> str:
+        return string.ascii_uppercase[: len(self.options)]
+
+    @property
+    def right_letter(self) -> str:
+        return next(letter for letter, (_, why) in zip(self.letters, self.options) if not why)
+
+    @property
+    def text(self) -> str:
+        lines = [self.source.question]
+        lines += [f"  {letter}) {option}" for letter, (option, _) in zip(self.letters, self.options)]
+        return "\n".join(lines)
+
+    @property
+    def solution(self) -> str:
+        return f"{self.right_letter}. {self.source.explanation}"
+
+    def grade(self, answer: str) -> Verdict:
+        """Grade a letter ("b", "B", "B)"); never raises."""
+        letter = answer.strip().upper()[:1] if isinstance(answer, str) else ""
+        if not letter or letter not in self.letters:
+            return Verdict(False, f"answer with one letter of {', '.join(self.letters)}; got {answer!r}")
+        option, why = self.options[self.letters.index(letter)]
+        if not why:
+            return Verdict(True, f"right: {letter}")
+        return Verdict(False, f"{letter} is not right: {why}")
+
+
+CHOICE_QUESTIONS: tuple[ChoiceQuestion, ...] = (
+    ChoiceQuestion(
+        1, "KV cache size", "00",
+        "Llama-3-8B (GQA: 32 query heads, 8 KV heads) serves 8k-token requests with a bf16 KV cache. Which single "
+        "change halves the KV cache of each request?",
+        "Store K and V in fp8 (1 byte per element) instead of bf16",
+        (("Quantize the weights to int4 with one scale per group",
+          "weight quantization shrinks the weights; the KV cache holds activations written at run time, in their own "
+          "precision."),
+         ("Halve the number of query heads, keeping the 8 KV heads",
+          "the cache stores K and V per KV head; query heads never enter it."),
+         ("Switch from a contiguous cache to PagedAttention",
+          "paging removes fragmentation (at most one partly filled block per request) but stores the same bytes per "
+          "token.")),
+        "Bytes per token are 2 x layers x KV heads x head_dim x bytes per element; only the last factor changes, "
+        "from 2 to 1."),
+    ChoiceQuestion(
+        2, "Decode is memory-bound", "00",
+        "At batch 1, a decode step of an 8B-parameter bf16 model on an H100 is limited by memory bandwidth, not "
+        "compute. Why?",
+        "Each step reads all 16 GB of weights for about 1 FLOP per byte, far below the H100's ridge point",
+        (("Attention over the KV cache costs time quadratic in the context length",
+          "one new query attends to the cache in linear time per step, and at batch 1 and short context the weights, "
+          "not the cache, are most of the bytes."),
+         ("Tensor cores cannot run the matrix-vector products of a batch-1 step",
+          "they can; a matrix-vector product simply does 2 FLOPs per weight read, so whatever runs the math waits on "
+          "memory."),
+         ("The time to launch a few hundred kernels dominates each step",
+          "launch overhead dominates tiny models (lab 01's), but reading 16 GB at 3.35 TB/s takes about 5 ms, far "
+          "more than the launches.")),
+        "A batch-1 step does about 2 FLOPs per 2-byte weight: about 1 FLOP per byte, against an H100's ridge "
+        "point (peak FLOP/s over bandwidth) of about 295 FLOP/byte. Batching raises the intensity: B sequences "
+        "share one read of the weights."),
+    ChoiceQuestion(
+        3, "PagedAttention", "02",
+        "What problem does PagedAttention solve in a serving engine?",
+        "Memory wasted by contiguous per-request reservations: blocks allocated on demand let more requests fit",
+        (("Attention arithmetic: reading K and V by blocks makes the kernel faster than FlashAttention",
+          "it reads K and V through a block table and does the same FLOPs; the gain is capacity (a larger batch), "
+          "not a faster kernel."),
+         ("KV cache size: storing K and V in blocks compresses them",
+          "blocks hold the same K and V at the same precision."),
+         ("GPU memory capacity: it keeps the KV cache in CPU memory and pages it in",
+          "that is offloading or swapping; paging is how GPU memory for the cache is allocated.")),
+        "Reserving contiguous memory for each request's maximum length wastes most of it (internal and external "
+        "fragmentation); fixed-size blocks allocated as tokens arrive waste at most one partly filled block per "
+        "request. Blocks also make sharing cheap: requests with a common prefix point at the same blocks."),
+    ChoiceQuestion(
+        4, "Continuous batching", "03",
+        "Why does continuous (iteration-level) batching beat static batching on throughput?",
+        "A waiting request takes a finished request's slot at the next step, so the batch stays full",
+        (("It spreads each request's decode steps across several GPUs at once",
+          "that is model parallelism; batching is about how many requests share one step."),
+         ("It lowers the FLOPs needed for each generated token",
+          "each token costs the same FLOPs; more tokens share each read of the weights."),
+         ("It pads every request to one length so the kernels stay regular",
+          "padding is what static batching does, and it wastes compute; continuous batching packs variable "
+          "lengths.")),
+        "A static batch runs until its longest request finishes: finished slots sit idle and new requests wait. "
+        "With output lengths that vary a lot it decodes at a shrinking size; continuous batching keeps it near the "
+        "maximum, and a memory-bound decode step barely slows as the batch grows."),
+    ChoiceQuestion(
+        5, "Online softmax", "04",
+        "FlashAttention walks the keys tile by tile. What must it keep for each query row between tiles to produce "
+        "the exact softmax-weighted output?",
+        "The running max, the running sum of exponentials, and the unnormalised output",
+        (("Only the running sum of exponentials of the scores",
+          "without the running maximum, exp overflows (or earlier terms cannot be rescaled), and the output "
+          "accumulator is needed too."),
+         ("The whole row of scores, to normalise once at the end",
+          "that is the T x T score matrix FlashAttention exists to avoid writing to memory."),
+         ("Nothing: each tile's softmax output is averaged over tiles",
+          "averaging per-tile softmaxes weights every tile equally instead of by its share of the exponential "
+          "mass.")),
+        "Keep m, l = sum exp(s - m) and the accumulator; when the maximum grows, rescale l and the accumulator by "
+        "exp(m_old - m_new). Dividing by l at the end gives softmax(S)V exactly; the log-sum-exp m + log l is what "
+        "the backward pass and merging partial results (split-K decode, ring attention) need."),
+    ChoiceQuestion(
+        6, "Attention with a KV cache", "01",
+        "During decode with a KV cache, several new tokens (a chunk of Tq queries) attend to a cache of Tk >= Tq "
+        "keys that already includes them. Which causal mask is right?",
+        "Bottom-right aligned: new query i sees keys 0 .. Tk - Tq + i",
+        (("Top-left aligned: query i sees keys 0 .. i",
+          "that treats the new queries as the first Tq positions; they are the last Tq, so the mask shifts by "
+          "Tk - Tq."),
+         ("No mask: the new queries may see every cached key",
+          "true for a single new token, but with several new tokens the earlier ones must not see the later ones."),
+         ("Lower-triangular over all Tk positions, recomputing every query each step",
+          "that recomputes attention for every past query: the work a KV cache exists to avoid.")),
+        "The two conventions agree only when Tq = Tk (prefill from nothing); with a cache, and in chunked prefill "
+        "or speculative verification, the queries sit at the end."),
+    ChoiceQuestion(
+        7, "FP8 E4M3 vs E5M2", "05",
+        "FP8 comes as E4M3 and E5M2. Which is used for what, and why?",
+        "E4M3 for weights and activations (precision); E5M2 for gradients (range)",
+        (("E5M2 for weights and activations (precision); E4M3 for gradients (range)",
+          "reversed: E5M2's 2 mantissa bits are too coarse for weights; its range suits gradients."),
+         ("Either, interchangeably: E5M2 is just the more precise of the two",
+          "it has one mantissa bit fewer; it trades precision for range."),
+         ("Either: they differ only in how they encode infinities and NaN",
+          "they split the 7 non-sign bits differently between exponent and mantissa, which changes both range "
+          "and precision.")),
+        "E4M3 has 3 mantissa bits and a largest finite value of 448; E5M2 has 2 mantissa bits and reaches 57344. "
+        "Inference engines use E4M3 with a per-tensor or per-channel scale for weights, activations and often the "
+        "KV cache."),
+    ChoiceQuestion(
+        8, "GPTQ vs AWQ", "05",
+        "How do GPTQ and AWQ differ?",
+        "GPTQ corrects rounding error column by column; AWQ rescales salient channels, then rounds",
+        (("GPTQ quantizes weights, AWQ quantizes activations, both to 4 bits",
+          "both are weight-only methods; activations stay in 16 bits."),
+         ("Both round to nearest; AWQ just needs no calibration data",
+          "AWQ also runs calibration data, to find the salient channels from activation magnitudes."),
+         ("GPTQ retrains with quantization in the loop; AWQ rounds after training",
+          "that is quantization-aware training; GPTQ is post-training and uses no gradients.")),
+        "GPTQ quantizes a layer's weights one column at a time and updates the columns not yet quantized to cancel "
+        "the error, using second-order statistics (X^T X) of calibration activations. AWQ keeps round-to-nearest "
+        "but first scales up the input channels that calibration activations show to be salient. Both matter most "
+        "at low bit widths and on models with outlier channels."),
+    ChoiceQuestion(
+        9, "Speculative accept/reject", "06",
+        "In speculative sampling with draft distribution q and target p, a drafted token x is kept with what "
+        "probability, and what happens when it is rejected?",
+        "min(1, p(x)/q(x)); on rejection, sample from max(0, p - q) renormalised",
+        (("1 if x is the target's most likely token, else 0; on rejection, take that token",
+          "that is greedy verification: exact only at temperature 0."),
+         ("min(1, q(x)/p(x)); on rejection, sample from max(0, p - q) renormalised",
+          "inverted: tokens the draft proposes more often than the target would must be kept less often."),
+         ("min(1, p(x)/q(x)); on rejection, sample a fresh token from p",
+          "the mass already accepted would be counted twice; the residual max(0, p - q) corrects for it.")),
+        "P(x emitted) = q(x) min(1, p(x)/q(x)) + P(reject) * residual(x) = p(x): every emitted token is exactly "
+        "distributed as the target's."),
+    ChoiceQuestion(
+        10, "When speculation does not pay", "06",
+        "When does speculative decoding fail to make decoding faster?",
+        "Low acceptance, a costly draft, or large batches where the target step is compute-bound",
+        (("Whenever sampling at a temperature above 0, since only greedy can be verified",
+          "speculative sampling is exact at any temperature through min(1, p/q) and the residual."),
+         ("Never: the output is the target's, so it always helps",
+          "identical output says nothing about speed; a round costs k draft steps plus one verification."),
+         ("When the prompt is long, since speculation slows the prefill",
+          "prompt length affects prefill, which speculation does not touch; acceptance, draft cost and whether "
+          "the target step is memory-bound decide.")),
+        "Speedup = E[tokens per round] x t_target / (k t_draft + t_verify). At batch 1, t_verify is about one "
+        "target step; at a compute-bound batch, verifying k + 1 tokens per sequence costs nearly k + 1 steps."),
+    ChoiceQuestion(
+        11, "Tensor vs pipeline parallelism", "07",
+        "Serving a 70B model on 8 GPUs in one node for low latency, why is tensor parallelism usually chosen over "
+        "pipeline parallelism?",
+        "TP makes each token's step faster; with PP a token still crosses every stage in turn",
+        (("PP needs more memory per GPU than TP for the same model",
+          "each PP stage holds an eighth of the layers; the weights per GPU are about the same."),
+         ("TP sends fewer bytes between GPUs per token than PP",
+          "TP sends more (two all-reduces of d_model per layer against one activation per stage boundary); it wins "
+          "on latency despite that."),
+         ("PP cannot batch requests, so its GPUs sit idle",
+          "it can, with micro-batches in flight in different stages; that raises throughput, not one token's "
+          "latency.")),
+        "TP splits every layer's matmuls, so each GPU reads an eighth of the weights per token, at the price of two "
+        "all-reduces per layer over fast NVLink. With PP each GPU holds whole layers and a token passes the stages "
+        "in turn, so its latency does not drop. Across nodes, where links are slower, engines combine them: TP "
+        "inside a node, PP between nodes."),
+    ChoiceQuestion(
+        12, "A gateway for 100k requests/s", "08",
+        "A gateway spreads 100k requests/s over many engine replicas; most requests start with one of a few "
+        "hundred long system prompts. Which routing policy serves most prompts from the prefix cache without "
+        "overloading a replica?",
+        "Consistent hashing on the prompt's first blocks, spilling to the next replica when overloaded",
+        (("Round-robin over the replicas, which keeps their load even",
+          "it spreads load evenly, but every prefix then misses once on every replica and is stored on all of "
+          "them."),
+         ("Consistent hashing on the whole prompt, for the best affinity",
+          "the user's part differs in every request, so requests sharing a system prompt scatter."),
+         ("hash(prompt's first blocks) % number of replicas",
+          "adding or removing a replica remaps almost every prefix and empties the caches; a consistent-hash ring "
+          "moves about 1/N of them.")),
+        "Hash the first KV blocks onto a consistent-hash ring and send each request to its prefix's replica unless "
+        "it is overloaded; bound each replica's queue and answer 429 beyond it. Pure affinity can pile a hot prefix "
+        "onto one replica (lab 08's routing run shows it); the load bound trades a few misses for balance."),
+    ChoiceQuestion(
+        13, "Prefix caching for chat", "02",
+        "Why is prefix caching so effective for chat APIs?",
+        "Each turn resends the history, whose KV was computed last turn: its prefill is skipped",
+        (("It caches the answers to questions users repeat",
+          "that would be a response cache; prefix caching reuses the KV of prompt prefixes and still generates "
+          "the answer."),
+         ("It compresses the conversation history's KV cache",
+          "the cached blocks hold the same K and V; nothing is compressed."),
+         ("It makes every decode step of a long chat faster",
+          "decode still reads each sequence's whole cache; the saving is the prefill of the shared prefix.")),
+        "Every turn resends the system prompt and the whole history, most of which was prefilled last turn; reusing "
+        "its KV blocks skips that prefill and cuts time to first token. The longer the shared prefix relative to the "
+        "new turn, the larger the saving; blocks are matched by a chained hash of their tokens."),
+    ChoiceQuestion(
+        14, "Latency fine, throughput low", "03",
+        "Time per output token is fine but throughput is low, and most GPU memory sits unused. What do you change "
+        "first?",
+        "Raise the batch limits and give the KV pool the free memory, so more sequences decode at once",
+        (("Add tensor parallelism so each decode step runs on more GPUs",
+          "TP lowers latency by splitting weights across GPUs and spends bandwidth on all-reduces; throughput per "
+          "GPU usually drops."),
+         ("Quantize the weights to int4 so each decode step reads fewer bytes",
+          "it speeds each step, but the problem named is a small batch with memory to spare; batching is the "
+          "larger lever here."),
+         ("Turn on speculative decoding with a larger k to emit more tokens per step",
+          "speculation spends extra compute to cut latency at small batches; for throughput it competes with the "
+          "batch for the same compute.")),
+        "While decode is memory-bound, a larger batch adds tokens per step at almost the same step time: "
+        "throughput grows almost linearly with the batch until the step becomes compute-bound (the critical batch) "
+        "or the KV pool runs out. The knobs: maximum sequences, maximum batched tokens, memory for the KV pool."),
+    ChoiceQuestion(
+        15, "100 LoRA adapters", "08",
+        "How would you serve 100 LoRA adapters of one base model?",
+        "One base model; small A, B factors per adapter; mixed batches with a gathered LoRA matmul",
+        (("Merge each adapter into its own copy of the base weights and route by adapter",
+          "that is 100 copies of the model, and each batch can then serve only one adapter."),
+         ("One base model; batch one adapter's requests at a time, switching adapters between batches",
+          "batches shrink to one adapter's traffic and requests wait for their turn; mixed batches stay full."),
+         ("One base model with all 100 adapters merged into its weights",
+          "that changes every adapter's behaviour: their updates add up.")),
+        "Keep one copy of the base weights and each adapter's A and B factors (a rank-r adapter adds r (d_in + "
+        "d_out) parameters per adapted matrix: megabytes against gigabytes), resident or paged in from CPU memory, "
+        "and batch requests for different adapters with a gathered matmul that applies each row's adapter "
+        "(BGMV/SGMV, as Punica and S-LoRA do)."),
+)
