@@ -1,6 +1,7 @@
 # Course toolchain. The two commands you need:
-#   make lab    set up what is missing, then open JupyterLab on labs/
+#   make lab    set up what is missing, then open JupyterLab on your workspace (a copy of labs/ kept apart)
 #   make test   set up what is missing, then run the whole CPU test suite
+# Learner:    make progress [PROGRESS_ARGS="--lab 02"] | make grade NB=workspace/02_paged_kv_cache/02_paged_kv_cache.ipynb
 # Instructor: make release | make grade NB=path.ipynb | make autograde | make feedback | make export
 # Machine:    make doctor | make gpu-check | make data | make models
 # Practice:   make interview [INTERVIEW_ARGS="--seed 7 -n 5"]  (interview questions with fresh numbers)
@@ -28,16 +29,19 @@ PYTEST_WORKERS ?= 2
 TEST_THREADS ?= 1
 PYTEST_TIMEOUT ?= 900
 LAB_ARGS ?=
+# The learner's workspace: copied from labs/ on first use, never overwritten (git-ignored).
+WORKSPACE ?= workspace
+PROGRESS_ARGS ?=
 SERVE_ARGS ?=
 INTERVIEW_ARGS ?=
 CHROMIUM ?= /usr/bin/chromium
 NB ?=
 CPYTHON_LIB ?=
 
-.PHONY: serve interview help setup lab test browser-deps release grade autograde feedback export doctor gpu-check models data normalize check-normalized
+.PHONY: serve interview progress help setup lab test browser-deps release grade autograde feedback export doctor gpu-check models data normalize check-normalized
 
 help:
-	@sed -n '1,7p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '1,8p' Makefile | sed 's/^# \{0,1\}//'
 
 # ---------------------------------------------------------------- environment (idempotent; fast when done)
 $(STAMP): requirements.txt pyproject.toml $(LAB_OVERRIDES)
@@ -63,7 +67,11 @@ browser-deps:
 
 # ---------------------------------------------------------------- learner
 lab: setup
-	$(VENV)/bin/jupyter lab --ServerApp.root_dir=labs $(ALLOW_ROOT) $(LAB_ARGS)
+	@$(PY) -m autograder workspace --dir "$(WORKSPACE)"
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(WORKSPACE)" $(ALLOW_ROOT) $(LAB_ARGS)
+
+progress: setup
+	@$(PY) -m autograder progress --dir "$(WORKSPACE)" $(PROGRESS_ARGS)
 
 test: setup browser-deps
 	@rc=0; OMP_NUM_THREADS=$(TEST_THREADS) OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest --timeout=$(PYTEST_TIMEOUT) -n $(PYTEST_WORKERS) --dist loadscope --durations=25 $(PYTEST_ARGS) || rc=$$?; \

@@ -8,6 +8,8 @@
     normalize [--check] [PATHS]      strip outputs / execution counts from notebooks (or only check)
     doctor                           what this machine can run
     gpu-check                        the GPU tier: pytest -m gpu, the GPU cells of every solution, a calibration JSON
+    workspace [--dir D]              learner: create/update the workspace copy of labs/ (never overwrites your edits)
+    progress [--dir D] [--lab NN]    learner: each lab's score in the workspace (CPU and GPU points apart)
     interview [-n N] [--seed S] [--topic T ...]   interview practice with fresh numbers, graded and diagnosed
 """
 
@@ -60,6 +62,14 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("doctor", help="what this machine can run")
     sub.add_parser("gpu-check", help="run the GPU tier and record what it measured (needs a CUDA GPU)")
+
+    w = sub.add_parser("workspace", help="create or update the learner's workspace from labs/")
+    w.add_argument("--dir", type=Path, help="the workspace (default: workspace/ in the course root)")
+
+    pr = sub.add_parser("progress", help="each lab's score in the workspace")
+    pr.add_argument("--dir", type=Path, help="the workspace (default: workspace/ in the course root)")
+    pr.add_argument("--lab", action="append", help="only labs starting with this (e.g. 02; repeatable)")
+    pr.add_argument("--regrade", action="store_true", help="grade again even notebooks that did not change")
 
     from autograder.interview.session import TOPICS
     i = sub.add_parser("interview", help="interview practice: questions with fresh numbers, graded and explained")
@@ -125,6 +135,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "doctor":
             from autograder import doctor
             return doctor.main()
+        if args.command == "workspace":
+            from autograder import workspace
+            print(workspace.sync(course, args.dir or course / "workspace").summary())
+            return 0
+        if args.command == "progress":
+            from autograder import progress
+            rows = progress.progress(course, args.dir or course / "workspace", labs=args.lab, regrade=args.regrade,
+                                     on_start=lambda lab: print(f"grading {lab} (it changed since it was last graded)",
+                                                                flush=True))
+            print(progress.format_table(rows))
+            return 0
         if args.command == "interview":
             from autograder.interview import session
             history = None if args.no_history else (args.history or session.history_path())

@@ -33,8 +33,10 @@ def test_labs_folders_match_solutions():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[str(p.relative_to(REPO_ROOT)) for p in NOTEBOOKS])
 def test_notebook_is_normalized(path):
-    assert notebooks.is_normalized(path), (f"{path.relative_to(REPO_ROOT)} has outputs or is not normalized; "
-                                           "run `make normalize` (or `make release` for labs/)")
+    assert notebooks.is_normalized(path), (
+        f"{path.relative_to(REPO_ROOT)} has outputs or is not normalized. labs/ and solutions/ are the course's "
+        "files; learners work in workspace/ (`make lab`): if this holds your work, copy it into workspace/ before "
+        "anything else. Course authors: `make normalize`.")
 
 
 @pytest.fixture(scope="class")

@@ -1,6 +1,8 @@
-"""`make lab`, the command learners run, really starts JupyterLab on labs/, as root and as a normal user.
+"""`make lab`, the command learners run, really starts JupyterLab on the learner's workspace (a copy of labs/ made
+on first use), as root and as a normal user.
 
-Each case runs the Makefile's `lab` target (free loopback port, no browser, a temp token), waits until the
+Each case runs the Makefile's `lab` target (a temporary workspace, free loopback port, no browser, a temp token),
+waits until the
 server answers, checks that the course's settings turn off the "official Jupyter news?" prompt, opens a
 lab notebook through the server in headless Chromium, and stops the server, leaving no process behind.
 Running as root exercises the `--allow-root` the Makefile adds; the non-root case runs as `nobody`
@@ -72,8 +74,10 @@ def test_make_lab_serves_the_labs(user, tmp_path):
            "IPYTHONDIR": str(home / "ipython"), "JUPYTER_PLATFORM_DIRS": "1"}
     env.pop("JUPYTER_TOKEN", None)
     log = tmp_path / "make_lab.log"
+    workspace = tmp_path / "workspace"
     with open(log, "w") as out:
-        proc = subprocess.Popen(prefix + ["make", "--no-print-directory", "lab", f"LAB_ARGS={lab_args}"],
+        proc = subprocess.Popen(prefix + ["make", "--no-print-directory", "lab", f"LAB_ARGS={lab_args}",
+                                          f"WORKSPACE={workspace}"],
                                 cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -84,7 +88,9 @@ def test_make_lab_serves_the_labs(user, tmp_path):
             "the course environment must answer JupyterLab's news question (config/jupyterlab_overrides.json, "
             f"copied into the venv by `make setup`); got {defaults}")
         contents = _get_json(f"{url}/api/contents/{NOTEBOOK}?token={token}")
-        assert contents["type"] == "notebook", "make lab must serve labs/ as the root folder"
+        assert contents["type"] == "notebook", "make lab must serve the workspace as the root folder"
+        assert (workspace / NOTEBOOK).read_bytes() == (REPO_ROOT / "labs" / NOTEBOOK).read_bytes(), (
+            "make lab must copy labs/ into the workspace on first use")
         with sync_api.sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
             try:

@@ -1,0 +1,105 @@
+"""`make progress`: each lab's score in the learner's workspace, CPU-tier and GPU-tier points apart.
+
+    rows = progress(course_root, workspace)      # grades what changed since it was last graded
+    print(format_table(rows))
+
+A notebook is graded as `make grade` grades it (`grading.grade_notebook`, nbgrader in a temporary course), and
+the result is kept in `workspace/.progress.json` under the notebook's sha256, so a lab is graded again only
+after it changed. GPU-tier cells are the graded cells that call `require_gpu(`: without a GPU they earn
+nothing, so a CPU-only learner's maximum is the CPU column.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import nbformat
+
+from autograder import grading
+from autograder.workspace import sha256
+
+CACHE = ".progress.json"
+
+
+def graded_points(notebook: Path) -> tuple[dict[str, float], dict[str, float]]:
+    """({grade_id: points} of CPU-tier cells, {grade_id: points} of GPU-tier cells) of a released notebook."""
+    cpu, gpu = {}, {}
+    for cell in nbformat.read(str(notebook), as_version=4).cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if meta.get("grade"):
+            (gpu if "require_gpu(" in cell.source else cpu)[meta["grade_id"]] = float(meta.get("points", 0))
+    return cpu, gpu
+
+
+@dataclass
+class LabProgress:
+    lab: str
+    notebook: str
+    cpu_score: float | None        # None: not graded (missing or failed to grade)
+    cpu_max: float
+    gpu_score: float | None
+    gpu_max: float
+    status: str                    # "graded", "cached", "not in workspace", or the grading status/error
+
+
+def _split(result: dict, cpu: dict[str, float], gpu: dict[str, float]) -> tuple[float, float]:
+    scores = {c["grade_id"]: float(c["score"]) for c in result.get("cells", [])}
+    return sum(scores.get(g, 0.0) for g in cpu), sum(scores.get(g, 0.0) for g in gpu)
+
+
+def progress(course_root: Path, workspace: Path, *, labs: list[str] | None = None, regrade: bool = False,
+             grade: Callable[[Path], grading.SubmissionResult] | None = None,
+             on_start: Callable[[str], None] = lambda lab: None) -> list[LabProgress]:
+    """One row per released notebook; grades each workspace notebook that changed since its last grading."""
+    course_root, workspace = Path(course_root), Path(workspace)
+    grade = grade or (lambda path: grading.grade_notebook(path, course_root=course_root))
+    cache_path = workspace / CACHE
+    try:
+        cache = json.loads(cache_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        cache = {}
+    rows = []
+    for released in sorted((course_root / "labs").glob("*/*.ipynb")):
+        lab = released.parent.name
+        if labs and not any(lab.startswith(x) for x in labs):
+            continue
+        rel = released.relative_to(course_root / "labs").as_posix()
+        cpu, gpu = graded_points(released)
+        mine = workspace / rel
+        if not mine.exists():
+            rows.append(LabProgress(lab, rel, None, sum(cpu.values()), None, sum(gpu.values()), "not in workspace"))
+            continue
+        digest = sha256(mine)
+        entry = cache.get(rel)
+        status = "cached"
+        if regrade or not entry or entry.get("sha256") != digest:
+            on_start(lab)
+            try:
+                result = grade(mine).to_dict()
+                status = "graded" if result["status"] == "ok" else result["status"]
+            except grading.GradingError as err:
+                result, status = {"cells": [], "status": "error"}, f"error: {err}"
+            entry = cache[rel] = {"sha256": digest, "result": result, "status": status}
+            cache_path.write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n")
+        cpu_score, gpu_score = _split(entry["result"], cpu, gpu)
+        ok = not entry["status"].startswith("error")
+        rows.append(LabProgress(lab, rel, cpu_score if ok else None, sum(cpu.values()),
+                                gpu_score if ok else None, sum(gpu.values()), status))
+    return rows
+
+
+def format_table(rows: list[LabProgress]) -> str:
+    """A plain-text table: lab, CPU points, GPU points, status; a total line."""
+    def pts(score: float | None, top: float) -> str:
+        return f"{'-' if score is None else f'{score:g}'} / {top:g}" if top else "none"
+    lines = [f"{'lab':<28} {'CPU tier':>10} {'GPU tier':>10}  status", "-" * 62]
+    for r in rows:
+        lines.append(f"{r.lab:<28} {pts(r.cpu_score, r.cpu_max):>10} {pts(r.gpu_score, r.gpu_max):>10}  {r.status}")
+    cpu = sum(r.cpu_score or 0 for r in rows), sum(r.cpu_max for r in rows)
+    gpu = sum(r.gpu_score or 0 for r in rows), sum(r.gpu_max for r in rows)
+    lines += ["-" * 62, f"{'total':<28} {pts(*cpu):>10} {pts(*gpu):>10}",
+              "GPU-tier points need a CUDA GPU; without one the CPU column is the maximum."]
+    return "\n".join(lines)

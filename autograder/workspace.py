@@ -1,0 +1,103 @@
+"""The learner's workspace: a git-ignored copy of labs/ that course updates never overwrite.
+
+    report = sync(course_root, course_root / "workspace")   # `make lab` runs this first
+    print(report.summary())
+
+labs/ is the course's release (regenerated from solutions/, tracked in git); learners work in workspace/.
+A manifest (`workspace/.course-release.json`) records, for each file, the sha256 of the release copied there:
+
+* a released file missing from the workspace is copied in;
+* a file still equal to the release it was copied from is replaced by a newer release;
+* a file the learner changed is never touched: a newer release is put beside it, under
+  `workspace/.new-releases/<lab>/`, and the report names it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MANIFEST = ".course-release.json"
+NEW_RELEASES = ".new-releases"
+SKIP_PARTS = {".ipynb_checkpoints", "__pycache__"}
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+@dataclass
+class SyncReport:
+    """What one sync did, as paths relative to the workspace."""
+
+    workspace: Path
+    copied: list[str] = field(default_factory=list)        # new in the workspace
+    updated: list[str] = field(default_factory=list)       # unedited, replaced by a newer release
+    kept: list[str] = field(default_factory=list)          # edited by the learner; newer release put beside it
+    created: bool = False
+
+    def summary(self) -> str:
+        lines = []
+        if self.created:
+            lines.append(f"workspace {self.workspace} created from labs/ ({len(self.copied)} files); "
+                         "your work there is never overwritten by course updates")
+        elif self.copied:
+            lines.append("new in your workspace: " + ", ".join(self.copied))
+        if self.updated:
+            lines.append("updated to the newest release (you had not changed them): " + ", ".join(self.updated))
+        for rel in self.kept:
+            lines.append(f"{rel} has a newer release; your copy is kept as it is. The new release is at "
+                         f"{self.workspace / NEW_RELEASES / rel}")
+        return "\n".join(lines) or f"workspace {self.workspace} is up to date with labs/"
+
+
+def released_files(labs: Path) -> list[Path]:
+    """Files under labs/ (relative paths), checkpoints and caches excluded."""
+    return sorted(p.relative_to(labs) for p in labs.rglob("*")
+                  if p.is_file() and not SKIP_PARTS & set(p.relative_to(labs).parts))
+
+
+def _load_manifest(workspace: Path) -> dict[str, str]:
+    try:
+        return json.loads((workspace / MANIFEST).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def sync(course_root: Path, workspace: Path) -> SyncReport:
+    """Create or update `workspace` from course_root/labs without ever overwriting a learner's change."""
+    labs = Path(course_root) / "labs"
+    if not labs.is_dir():
+        raise FileNotFoundError(f"no labs/ folder in {course_root}")
+    workspace = Path(workspace)
+    report = SyncReport(workspace, created=not workspace.exists())
+    workspace.mkdir(parents=True, exist_ok=True)
+    manifest = _load_manifest(workspace)
+    for rel in released_files(labs):
+        key, src, dst = rel.as_posix(), labs / rel, workspace / rel
+        release = sha256(src)
+        if not dst.exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dst)
+            manifest[key] = release
+            report.copied.append(key)
+            continue
+        if manifest.get(key) == release:
+            continue
+        current = sha256(dst)
+        if current == release:                      # the learner's file already equals the release
+            manifest[key] = release
+        elif current == manifest.get(key):           # unedited since copied: take the newer release
+            shutil.copyfile(src, dst)
+            manifest[key] = release
+            report.updated.append(key)
+        else:                                        # edited (or of unknown origin): keep it
+            beside = workspace / NEW_RELEASES / rel
+            beside.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, beside)
+            report.kept.append(key)
+    (workspace / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return report

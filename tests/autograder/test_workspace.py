@@ -1,0 +1,144 @@
+"""The learner's workspace (`make lab`) and `make progress`: a course update never touches a learner's edits."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import nbformat
+import pytest
+
+from autograder import grading, progress, workspace
+from autograder.cli import main
+
+
+def _lab_notebook(gid_points: dict[str, tuple[int, str]], title: str = "v1") -> str:
+    """A released-style notebook: a markdown title and one graded cell per grade_id (source, points)."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells.append(nbformat.v4.new_markdown_cell(f"# Lab {title}"))
+    for gid, (points, source) in gid_points.items():
+        cell = nbformat.v4.new_code_cell(source)
+        cell.metadata["nbgrader"] = {"grade": True, "grade_id": gid, "points": points, "solution": False,
+                                     "locked": True, "schema_version": 3}
+        nb.cells.append(cell)
+    return nbformat.writes(nb)
+
+
+@pytest.fixture
+def course(tmp_path):
+    root = tmp_path / "course"
+    for lab in ("00_intro", "01_cache"):
+        d = root / "labs" / lab
+        d.mkdir(parents=True)
+        (d / f"{lab}.ipynb").write_text(_lab_notebook({"ex1_check": (2, "check_ex1()"),
+                                                        "gpu_check": (3, "if require_gpu('x'):\n    check()")}))
+    (root / "labs" / "01_cache" / "data.txt").write_text("released data\n")
+    return root
+
+
+def _release(course, rel: str, text: str) -> None:
+    (course / "labs" / rel).write_text(text)
+
+
+def test_first_sync_copies_labs(course, tmp_path):
+    ws = tmp_path / "ws"
+    report = workspace.sync(course, ws)
+    assert report.created and sorted(report.copied) == ["00_intro/00_intro.ipynb", "01_cache/01_cache.ipynb",
+                                                        "01_cache/data.txt"]
+    for rel in report.copied:
+        assert (ws / rel).read_bytes() == (course / "labs" / rel).read_bytes()
+    again = workspace.sync(course, ws)
+    assert not (again.copied or again.updated or again.kept) and "up to date" in again.summary()
+
+
+def test_update_replaces_unedited_and_keeps_edited(course, tmp_path):
+    ws = tmp_path / "ws"
+    workspace.sync(course, ws)
+    mine = "my own work, not a notebook the course wrote"
+    (ws / "00_intro" / "00_intro.ipynb").write_text(mine)
+    new = _lab_notebook({"ex1_check": (2, "check_ex1()")}, title="v2")
+    _release(course, "00_intro/00_intro.ipynb", new)
+    _release(course, "01_cache/01_cache.ipynb", new)
+    (course / "labs" / "02_new").mkdir()
+    _release(course, "02_new/02_new.ipynb", new)
+
+    report = workspace.sync(course, ws)
+    assert (ws / "00_intro" / "00_intro.ipynb").read_text() == mine, "a learner's edit was overwritten"
+    assert report.kept == ["00_intro/00_intro.ipynb"]
+    assert (ws / workspace.NEW_RELEASES / "00_intro" / "00_intro.ipynb").read_text() == new
+    assert report.updated == ["01_cache/01_cache.ipynb"] and (ws / "01_cache" / "01_cache.ipynb").read_text() == new
+    assert report.copied == ["02_new/02_new.ipynb"]
+    summary = report.summary()
+    assert "00_intro/00_intro.ipynb has a newer release; your copy is kept" in summary
+    assert "make release" not in summary and "git checkout" not in summary
+
+
+def test_a_learner_file_the_course_does_not_know_is_kept(course, tmp_path):
+    ws = tmp_path / "ws"
+    (ws / "00_intro").mkdir(parents=True)
+    (ws / "00_intro" / "00_intro.ipynb").write_text("made before the manifest existed")
+    report = workspace.sync(course, ws)
+    assert (ws / "00_intro" / "00_intro.ipynb").read_text() == "made before the manifest existed"
+    assert report.kept == ["00_intro/00_intro.ipynb"]
+
+
+def test_learner_outputs_and_checkpoints_never_travel(course, tmp_path):
+    (course / "labs" / "00_intro" / ".ipynb_checkpoints").mkdir()
+    (course / "labs" / "00_intro" / ".ipynb_checkpoints" / "x.ipynb").write_text("{}")
+    report = workspace.sync(course, tmp_path / "ws")
+    assert not any(".ipynb_checkpoints" in r for r in report.copied)
+
+
+def test_graded_points_split_cpu_and_gpu(course):
+    cpu, gpu = progress.graded_points(course / "labs" / "00_intro" / "00_intro.ipynb")
+    assert cpu == {"ex1_check": 2.0} and gpu == {"gpu_check": 3.0}
+
+
+def test_gpu_cells_of_the_course_are_found(repo_root):
+    cpu, gpu = progress.graded_points(repo_root / "labs" / "04_flash_attention" / "04_flash_attention.ipynb")
+    assert gpu and all("gpu" in gid for gid in gpu), gpu
+
+
+def _fake_grader(calls):
+    def grade(path):
+        calls.append(path.name)
+        return grading.SubmissionResult("learner", path.parent.name, 2, 5, "ok", [],
+                                        [grading.CellScore("ex1_check", 2, 2), grading.CellScore("gpu_check", 0, 3)])
+    return grade
+
+
+def test_progress_grades_changed_notebooks_only(course, tmp_path):
+    ws = tmp_path / "ws"
+    workspace.sync(course, ws)
+    calls: list[str] = []
+    rows = progress.progress(course, ws, grade=_fake_grader(calls))
+    assert calls == ["00_intro.ipynb", "01_cache.ipynb"]
+    assert [(r.cpu_score, r.cpu_max, r.gpu_score, r.gpu_max, r.status) for r in rows] == [(2, 2, 0, 3, "graded")] * 2
+    progress.progress(course, ws, grade=_fake_grader(calls))
+    assert len(calls) == 2, "unchanged notebooks were graded again"
+    nb = ws / "01_cache" / "01_cache.ipynb"
+    nb.write_text(nb.read_text().replace("v1", "v1, edited"))
+    rows = progress.progress(course, ws, grade=_fake_grader(calls))
+    assert calls[2:] == ["01_cache.ipynb"] and [r.status for r in rows] == ["cached", "graded"]
+    table = progress.format_table(rows)
+    assert "4 / 4" in table and "0 / 6" in table and "GPU-tier points need a CUDA GPU" in table
+
+
+def test_progress_reports_missing_and_failed(course, tmp_path):
+    ws = tmp_path / "ws"
+    workspace.sync(course, ws)
+    shutil.rmtree(ws / "00_intro")
+
+    def broken(path):
+        raise grading.GradingError("nbgrader failed")
+    rows = progress.progress(course, ws, grade=broken)
+    assert rows[0].status == "not in workspace" and rows[0].cpu_score is None
+    assert rows[1].status.startswith("error") and rows[1].cpu_score is None
+    assert "- / 2" in progress.format_table(rows)
+
+
+def test_workspace_command(course, tmp_path, capsys):
+    ws = tmp_path / "ws"
+    assert main(["--course", str(course), "workspace", "--dir", str(ws)]) == 0
+    assert "created from labs/" in capsys.readouterr().out
+    assert json.loads((ws / workspace.MANIFEST).read_text())
