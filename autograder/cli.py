@@ -10,6 +10,7 @@
     gpu-check                        the GPU tier: pytest -m gpu, the GPU cells of every solution, a calibration JSON
     workspace [--dir D]              learner: create/update the workspace copy of labs/ (never overwrites your edits)
     progress [--dir D] [--lab NN]    learner: each lab's score in the workspace (CPU and GPU points apart)
+    exercise-map [--check]           maintenance: which check and learner function belong to which exercise
     interview [-n N] [--seed S] [--topic T ...]   interview practice with fresh numbers, graded and diagnosed
 """
 
@@ -70,6 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--dir", type=Path, help="the workspace (default: workspace/ in the course root)")
     pr.add_argument("--lab", action="append", help="only labs starting with this (e.g. 02; repeatable)")
     pr.add_argument("--regrade", action="store_true", help="grade again even notebooks that did not change")
+
+    em = sub.add_parser("exercise-map", help="regenerate autograder/exercise_map.json from solutions/")
+    em.add_argument("--check", action="store_true", help="only report; exit 1 if it is out of date")
 
     from autograder.interview.session import TOPICS
     i = sub.add_parser("interview", help="interview practice: questions with fresh numbers, graded and explained")
@@ -145,6 +149,16 @@ def main(argv: list[str] | None = None) -> int:
                                      on_start=lambda lab: print(f"grading {lab} (it changed since it was last graded)",
                                                                 flush=True))
             print(progress.format_table(rows))
+            return 0
+        if args.command == "exercise-map":
+            from autograder import learner_errors
+            if args.check:
+                stale = learner_errors.build_map() != learner_errors.exercise_map()
+                print("exercise_map.json is out of date: run `python -m autograder exercise-map`" if stale
+                      else "exercise_map.json is current")
+                return 1 if stale else 0
+            changed = learner_errors.write_map()
+            print(f"{'wrote' if changed else 'unchanged:'} {learner_errors.MAP_PATH}")
             return 0
         if args.command == "interview":
             from autograder.interview import session
