@@ -10,6 +10,7 @@
     gpu-check                        the GPU tier: pytest -m gpu, the GPU cells of every solution, a calibration JSON
     workspace [--dir D]              learner: create/update the workspace copy of labs/ (never overwrites your edits)
     progress [--dir D] [--lab NN]    learner: each lab's score in the workspace (CPU and GPU points apart)
+    runall [--fix] [--assignment A]  maintenance: does Run All reach the last cell of each released notebook?
     exercise-map [--check]           maintenance: which check and learner function belong to which exercise
     interview [-n N] [--seed S] [--topic T ...]   interview practice with fresh numbers, graded and diagnosed
 """
@@ -71,6 +72,10 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--dir", type=Path, help="the workspace (default: workspace/ in the course root)")
     pr.add_argument("--lab", action="append", help="only labs starting with this (e.g. 02; repeatable)")
     pr.add_argument("--regrade", action="store_true", help="grade again even notebooks that did not change")
+
+    ra = sub.add_parser("runall", help="run released notebooks as Run All would; list (or tag) raising cells")
+    ra.add_argument("--assignment", action="append")
+    ra.add_argument("--fix", action="store_true", help="tag raising cells raises-exception in solutions/, re-release")
 
     em = sub.add_parser("exercise-map", help="regenerate autograder/exercise_map.json from solutions/")
     em.add_argument("--check", action="store_true", help="only report; exit 1 if it is out of date")
@@ -150,6 +155,23 @@ def main(argv: list[str] | None = None) -> int:
                                                                 flush=True))
             print(progress.format_table(rows))
             return 0
+        if args.command == "runall":
+            from autograder import runall
+            stuck = 0
+            for a in args.assignment or grading.assignments(course):
+                for nb_path in sorted((course / "labs" / a).glob("*.ipynb")):
+                    executed = runall.run_released(nb_path)
+                    missing = runall.untagged(executed)
+                    stuck += bool(missing)
+                    for c in missing:
+                        print(f"{nb_path.relative_to(course)}: cell {c.index + 1} ({c.grade_id or c.cell_id}) raises "
+                              f"{c.ename} without the {runall.TAG} tag")
+                    if args.fix:
+                        added = runall.tag_cells(course / "solutions" / a / nb_path.name, {c.cell_id for c in missing})
+                        print(f"solutions/{a}/{nb_path.name}: {added} cell(s) tagged")
+                if args.fix:
+                    grading.release(course, [a])
+            return 1 if stuck and not args.fix else 0
         if args.command == "exercise-map":
             from autograder import learner_errors
             if args.check:

@@ -126,6 +126,23 @@ class LabNotebook:
         earned = [c for c in r.cells if c.score > 0]
         assert not earned, "the released stub earns points in: " + ", ".join(c.grade_id for c in earned) + "\n" + _table(r)
 
+    @pytest.mark.slow
+    def test_run_all_reaches_the_last_cell(self, graded_lab, released_lab):
+        """Every cell that raises in the released notebook (run in full by the grading above) is tagged
+        raises-exception, so Run All in JupyterLab (and nbclient) goes on to the last cell."""
+        import nbformat
+
+        from autograder import runall
+
+        a, course, _, _ = released_lab
+        executed = sorted((course / "autograded" / "released" / a).glob("*.ipynb"))
+        assert executed, "the released notebook was not executed"
+        for path in executed:
+            stuck = runall.untagged(nbformat.read(str(path), as_version=4))
+            assert not stuck, (f"Run All would stop in labs/{a}/{path.name} at " +
+                               ", ".join(f"cell {c.index + 1} ({c.grade_id or c.cell_id}: {c.ename})" for c in stuck) +
+                               "; tag them with `python -m autograder runall --fix`")
+
 
 for _lab in LABS:                                   # TestLab_00_token_factory, TestLab_01_kv_cache, ...
     globals()[f"TestLab_{_lab}"] = type(f"TestLab_{_lab}", (LabNotebook,), {"lab": _lab})
