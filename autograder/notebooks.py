@@ -2,7 +2,8 @@
 
 Normalized means: nbformat 4, no outputs, execution_count null, no per-run metadata (execution
 timings, widget state, collapsed/scrolled view state), JSON with indent=1 and sorted keys, source as
-a list of lines, one trailing newline (exactly what `nbformat.write` produces).
+a list of lines, one trailing newline (exactly what `nbformat.write` produces), and the course kernel's
+name and language info, exactly as that kernel reports them (so a notebook opens without unsaved changes).
 """
 
 from __future__ import annotations
@@ -18,6 +19,12 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIRS = ("solutions", "labs", "tests/fixtures")
 _VOLATILE_CELL_META = ("execution", "collapsed", "scrolled", "ExecuteTime", "jupyter")
 _VOLATILE_NB_META = ("widgets", "toc", "varInspector")
+# What `make setup` installs (ipykernel install --name python3 --display-name "Python 3 (course)") and what that
+# kernel answers in its kernel_info reply, on the course's Python (environment.yml: python=3.11).
+COURSE_KERNELSPEC = {"display_name": "Python 3 (course)", "language": "python", "name": "python3"}
+COURSE_LANGUAGE_INFO = {"codemirror_mode": {"name": "ipython", "version": 3}, "file_extension": ".py",
+                        "mimetype": "text/x-python", "name": "python", "nbconvert_exporter": "python",
+                        "pygments_lexer": "ipython3", "version": "3.11.7"}
 
 
 def normalize(nb: NotebookNode) -> NotebookNode:
@@ -25,6 +32,8 @@ def normalize(nb: NotebookNode) -> NotebookNode:
     nb = copy.deepcopy(nb)
     for key in _VOLATILE_NB_META:
         nb.metadata.pop(key, None)
+    nb.metadata["kernelspec"] = copy.deepcopy(COURSE_KERNELSPEC)
+    nb.metadata["language_info"] = copy.deepcopy(COURSE_LANGUAGE_INFO)
     for cell in nb.cells:
         for key in _VOLATILE_CELL_META:
             cell.metadata.pop(key, None)

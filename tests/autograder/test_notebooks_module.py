@@ -71,3 +71,24 @@ def test_cli_normalize_check(tmp_path, capsys):
     assert "not normalized" in capsys.readouterr().out
     assert main(["normalize", str(p)]) == 0
     assert main(["normalize", "--check", str(p)]) == 0
+
+
+def test_course_kernel_reports_what_notebooks_store(repo_root):
+    """The stored kernelspec and language_info are what the course kernel reports, so JupyterLab opens a notebook
+    without marking it changed."""
+    import re
+
+    import jupyter_client
+
+    from autograder.notebooks import COURSE_KERNELSPEC, COURSE_LANGUAGE_INFO
+
+    assert f'--display-name "{COURSE_KERNELSPEC["display_name"]}"' in (repo_root / "Makefile").read_text()
+    assert f'--name {COURSE_KERNELSPEC["name"]}' in (repo_root / "Makefile").read_text()
+    km, kc = jupyter_client.manager.start_new_kernel(kernel_name="python3")
+    try:
+        info = kc.kernel_info(reply=True, timeout=60)["content"]["language_info"]
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    assert info == COURSE_LANGUAGE_INFO, f"the course kernel reports {info}; update COURSE_LANGUAGE_INFO"
+    assert re.match(r"3\.11\.", info["version"]), "environment.yml pins python=3.11"
