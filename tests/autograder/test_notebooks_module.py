@@ -90,5 +90,8 @@ def test_course_kernel_reports_what_notebooks_store(repo_root):
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
-    assert info == COURSE_LANGUAGE_INFO, f"the course kernel reports {info}; update COURSE_LANGUAGE_INFO"
+    without_version = {k: v for k, v in info.items() if k != "version"}
+    assert without_version == {k: v for k, v in COURSE_LANGUAGE_INFO.items() if k != "version"}, (
+        f"the course kernel reports {info}; update COURSE_LANGUAGE_INFO")
+    # The patch version is the course machine's (3.11.7); another 3.11.x only shows as a changed version field.
     assert re.match(r"3\.11\.", info["version"]), "environment.yml pins python=3.11"
