@@ -16,6 +16,8 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 # Course-wide JupyterLab settings (no "official Jupyter news?" prompt), installed into the venv's app settings.
 LAB_OVERRIDES := config/jupyterlab_overrides.json
+# The course kernel's IPython settings (sharp inline figures), installed into the venv's etc/ipython.
+KERNEL_CONFIG := config/ipython_kernel_config.py
 # JupyterLab refuses to start as root unless told; containers, cloud VMs and CI images often run as root.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 # nbgrader shells out to `alembic`, and the notebooks' kernels must be the venv's python.
@@ -44,12 +46,13 @@ help:
 	@sed -n '1,8p' Makefile | sed 's/^# \{0,1\}//'
 
 # ---------------------------------------------------------------- environment (idempotent; fast when done)
-$(STAMP): requirements.txt pyproject.toml $(LAB_OVERRIDES)
+$(STAMP): requirements.txt pyproject.toml $(LAB_OVERRIDES) $(KERNEL_CONFIG)
 	@test -x $(PY) || $(PYTHON3) -m venv $(VENV)
 	$(PY) -m pip install -r requirements.txt
 	$(PY) -m pip install -e . --no-deps
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (course)"
 	mkdir -p $(VENV)/share/jupyter/lab/settings && cp $(LAB_OVERRIDES) $(VENV)/share/jupyter/lab/settings/overrides.json
+	mkdir -p $(VENV)/etc/ipython && cp $(KERNEL_CONFIG) $(VENV)/etc/ipython/ipython_kernel_config.py
 	@$(VENV)/bin/jupyter labextension list 2>&1 | grep -q "@jupyter/nbgrader" \
 	  || { echo "nbgrader's JupyterLab extension is missing from $(VENV)"; exit 1; }
 	@$(VENV)/bin/jupyter labextension list 2>&1 | grep -q "@jupyter-widgets/jupyterlab-manager" \

@@ -87,6 +87,10 @@ def test_course_kernel_reports_what_notebooks_store(repo_root):
     km, kc = jupyter_client.manager.start_new_kernel(kernel_name="python3")
     try:
         info = kc.kernel_info(reply=True, timeout=60)["content"]["language_info"]
+        # make setup's kernel config: inline figures rendered for high-density screens (config/ipython_kernel_config.py)
+        reply = kc.execute_interactive("from matplotlib_inline.backend_inline import InlineBackend; "
+                                       "assert InlineBackend.instance().figure_formats == {'retina'}", timeout=60)
+        assert reply["content"]["status"] == "ok", "the course kernel does not render inline figures as retina PNGs"
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)

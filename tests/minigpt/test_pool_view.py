@@ -29,3 +29,35 @@ def test_view_updates_on_slider_change():
     before = view.view.value
     view.num_seqs.value = 5
     assert view.view.value != before and "5 sequences" not in before
+
+
+def test_widget_figures_are_sharp_and_shown_at_their_size():
+    """Widgets render figures at twice their size and display them at their size (never stretched)."""
+    from matplotlib.figure import Figure
+    import ipywidgets as W
+
+    from minigpt.teaching.plots import png_size, show_figure
+
+    fig = Figure(figsize=(6.5, 4))
+    fig.add_subplot().plot([0, 1], [1, 0])
+    image = W.Image(format="png")
+    show_figure(image, fig)
+    width, height = png_size(image.value)
+    assert (int(image.width), int(image.height)) == (round(width / 2), round(height / 2))
+    assert width > 800, "the PNG should be rendered at twice 80 dpi"
+
+
+def test_pool_view_labels_are_never_cut():
+    from minigpt.teaching.pool_view import PoolView
+
+    view = PoolView()
+    for slider in (view.block_size, view.num_seqs, view.shared_len):
+        assert slider.style.description_width == "initial"
+
+
+def test_params_slider_lands_on_the_values_it_shows():
+    from minigpt.teaching.widgets import KVCacheCalculator
+
+    calc = KVCacheCalculator()
+    calc.params_b.value = 8
+    assert calc.params_b.value == 8 and 8 in calc.params_b.options

@@ -17,7 +17,7 @@ import ipywidgets as W
 import torch
 from matplotlib.figure import Figure
 
-from minigpt.teaching.plots import figure_png
+from minigpt.teaching.plots import show_figure
 
 __all__ = ["stepper_rows", "OnlineSoftmaxStepper", "example_scores"]
 
@@ -90,7 +90,7 @@ class OnlineSoftmaxStepper:
                               f"m = {rows[k - 1]['m']:.3f}, l = {rows[k - 1]['l']:.4f}, "
                               f"acc / l = {rows[k - 1]['out']:.4f}; exact softmax-weighted value over all keys "
                               f"= {exact:.4f}<table>{head}{body}</table>")
-        self.image.value = figure_png(self._figure(rows, k))
+        show_figure(self.image, self._figure(rows, k))
 
     def _figure(self, rows: list[dict[str, float]], k: int) -> Figure:
         fig = Figure(figsize=(8, 2.6))

@@ -28,6 +28,22 @@ def figure_png(fig: Figure, dpi: int = 80) -> bytes:
     return buf.getvalue()
 
 
+def png_size(png: bytes) -> tuple[int, int]:
+    """(width, height) in pixels, from the PNG's IHDR chunk."""
+    if png[:8] != b"\x89PNG\r\n\x1a\n":
+        raise ValueError("not a PNG")
+    return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+
+
+def show_figure(image, fig: Figure, dpi: int = 80, scale: int = 2) -> None:
+    """Put `fig` into an ipywidgets Image, rendered at `scale` times `dpi` and shown at its size at `dpi`,
+    so it is sharp on high-density screens and never stretched."""
+    png = figure_png(fig, dpi * scale)
+    width, height = png_size(png)
+    image.value = png
+    image.width, image.height = str(round(width / scale)), str(round(height / scale))
+
+
 def plot_roofline(ax: Axes, peak: float, bandwidth: float, points: Mapping[str, tuple[float, float]] | None = None,
                   *, label: str = "", intensity_range: tuple[float, float] = (0.1, 1e5), color: str = "black",
                   annotate: bool = True) -> None:

@@ -108,9 +108,11 @@ class PoolView:
     """Sliders -> `pool_layout` -> `render_pool` into an HTML widget."""
 
     def __init__(self, *, block_size: int = 16, num_seqs: int = 4, shared_len: int = 64) -> None:
-        self.block_size = W.SelectionSlider(options=[1, 2, 4, 8, 16, 32, 64, 128], value=block_size, description="block size")
-        self.num_seqs = W.IntSlider(value=num_seqs, min=1, max=8, description="sequences")
-        self.shared_len = W.IntSlider(value=shared_len, min=0, max=256, step=16, description="shared prefix")
+        whole = {"style": {"description_width": "initial"}}          # labels never cut ("shared pr...")
+        self.block_size = W.SelectionSlider(options=[1, 2, 4, 8, 16, 32, 64, 128], value=block_size,
+                                            description="block size", **whole)
+        self.num_seqs = W.IntSlider(value=num_seqs, min=1, max=8, description="sequences", **whole)
+        self.shared_len = W.IntSlider(value=shared_len, min=0, max=256, step=16, description="shared prefix", **whole)
         self.view = W.HTML()
         for c in (self.block_size, self.num_seqs, self.shared_len):
             c.observe(lambda _change: self.update(), names="value")

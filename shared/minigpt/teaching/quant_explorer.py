@@ -23,7 +23,7 @@ from minigpt.quant.formats import FP8_DTYPES, dequantize_fp8, fake_quantize, qua
 from minigpt.quant.linear import projection_names
 from minigpt.teaching.calculators import PRESETS, ModelShape, count_parameters, kv_cache_bytes
 from minigpt.teaching.hardware import ACCELERATORS, Accelerator
-from minigpt.teaching.plots import figure_png
+from minigpt.teaching.plots import show_figure
 
 METHODS = ["RTN symmetric", "RTN asymmetric", "FP8 E4M3", "FP8 E5M2"]
 BITS = [2, 3, 4, 8]
@@ -144,7 +144,7 @@ class QuantizationExplorer:
         method = self.method.value
         label = method if method.startswith("FP8") else f"{method}, INT{self.bits.value}, {self.group.value}"
         plot_layer(fig.subplots(), weight, method, self.bits.value, group, f"{self.layer.value}: {label}")
-        self.image.value = figure_png(fig)
+        show_figure(self.image, fig)
 
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)

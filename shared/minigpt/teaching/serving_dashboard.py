@@ -21,7 +21,7 @@ from typing import Callable, Mapping
 import ipywidgets as W
 from matplotlib.figure import Figure
 
-from minigpt.teaching.plots import figure_png
+from minigpt.teaching.plots import show_figure
 
 __all__ = ["MetricsSample", "histogram_quantile", "metrics_sample", "ServingDashboard"]
 
@@ -126,7 +126,7 @@ class ServingDashboard:
                               f"<b>{s.waiting}</b> · held by the server {s.in_flight} · KV pool <b>{s.kv_usage:.0%}</b>"
                               f" used · finished {s.finished}<br>TTFT p50 {_ms(s.ttft_p50)}, p99 {_ms(s.ttft_p99)} · "
                               f"inter-token p50 {_ms(s.itl_p50)}, p99 {_ms(s.itl_p99)}")
-        self.image.value = figure_png(dashboard_figure(self.samples))
+        show_figure(self.image, dashboard_figure(self.samples))
         return sample
 
     def start(self) -> threading.Thread:

@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 from minigpt.teaching import calculators as calc
 from minigpt.teaching.calculators import GiB, PRESETS, MemoryPlan, ModelShape, RooflinePoint
 from minigpt.teaching.hardware import ACCELERATORS, Accelerator
-from minigpt.teaching.plots import figure_png, plot_memory_plan, plot_requests_vs_context, plot_roofline
+from minigpt.teaching.plots import plot_memory_plan, plot_requests_vs_context, plot_roofline, show_figure
 
 CUSTOM = "custom"
 CONTEXTS = [2**k for k in range(7, 18)]           # 128 .. 131072 tokens
@@ -29,6 +29,8 @@ BATCHES = [2**k for k in range(0, 11)]            # 1 .. 1024
 SEQ_LENS = [2**k for k in range(4, 16)]           # 16 .. 32768
 KV_HEADS = [1, 2, 4, 8, 16, 32, 64, 128]
 HEAD_DIMS = [64, 80, 96, 128, 256]
+# Billions of parameters of common published sizes: a slider that lands exactly on the value it shows.
+PARAMS_B = [0.5, 1, 1.5, 2, 3, 4, 7, 8, 9, 13, 14, 27, 32, 34, 70, 72, 110, 123, 180, 405]
 PRECISIONS = ["bf16", "fp16", "fp8", "int8", "fp32"]
 
 
@@ -112,7 +114,7 @@ class _Calculator:
             return
         self.error.value = ""
         self.readout.value = text
-        self.image.value = figure_png(fig)
+        show_figure(self.image, fig)
 
     def _repr_mimebundle_(self, **kwargs):  # display the widget when the object is a cell's last expression
         return self.widget._repr_mimebundle_(**kwargs)
@@ -135,7 +137,7 @@ class KVCacheCalculator(_Calculator):
         self.layers = W.IntSlider(value=32, min=1, max=128, description="layers")
         self.kv_heads = W.Dropdown(options=KV_HEADS, value=8, description="KV heads")
         self.head_dim = W.Dropdown(options=HEAD_DIMS, value=128, description="head dim")
-        self.params_b = W.FloatLogSlider(value=8.0, base=10, min=-1, max=3, step=0.05, description="params (B)")
+        self.params_b = W.SelectionSlider(options=PARAMS_B, value=8, description="params (B)")
         self.custom_box = W.HBox([self.layers, self.kv_heads, self.head_dim, self.params_b])
         controls = [self.model, self.gpu, self.context, self.batch, self.weight_precision, self.kv_precision,
                     self.utilization, self.layers, self.kv_heads, self.head_dim, self.params_b]
