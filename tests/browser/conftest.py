@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from browser_support import CHROMIUM, CHROMIUM_ARGS, LabServer, free_port, stop_server, wait_until_up
+from browser_support import CHROMIUM, CHROMIUM_ARGS, require_chromium, LabServer, free_port, stop_server, wait_until_up
 
 
 @pytest.fixture(scope="session")
@@ -51,8 +51,7 @@ def lab_server(tmp_path_factory) -> Iterator[LabServer]:
 
 @pytest.fixture(scope="module")
 def chromium_page(lab_server):
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium, or set $CHROMIUM)")
+    require_chromium()
     sync_api = pytest.importorskip("playwright.sync_api")
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)

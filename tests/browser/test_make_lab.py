@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from browser_support import CHROMIUM, CHROMIUM_ARGS, free_port, stop_server, wait_until_up
+from browser_support import CHROMIUM, CHROMIUM_ARGS, require_chromium, free_port, stop_server, wait_until_up
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -49,8 +49,7 @@ def _port_closed(port: int) -> bool:
 def test_make_lab_serves_the_labs(user, tmp_path):
     if user == "root" and not _as_root():
         pytest.skip("the suite is not running as root, so `make lab` as root cannot be tried here")
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium, or set $CHROMIUM)")
+    require_chromium()
     sync_api = pytest.importorskip("playwright.sync_api")
     prefix: list[str] = []
     if user == "non-root" and _as_root():
