@@ -32,7 +32,8 @@ Multi-LoRA (exercise 4):
     check_lora_engine(lora_delta_fn)   the learner's function inside the engine: one packed step serves requests of
                                        different adapters; each greedy output equals generating with its adapter merged
     check_lora_server(lora_delta_fn)   the same behind the OpenAI-compatible server: the `model` field names the
-                                       adapter (openai client, concurrent requests); an unknown adapter gets 400
+                                       adapter (openai client, concurrent requests); an unknown adapter gets 404
+                                       (model_not_found, as OpenAI answers)
 Interview questions:
     the gateway: check_q_gateway_replicas (replicas = ceil(rate / (goodput per replica * utilization))),
                  check_q_affinity_pays (which workloads of AFFINITY_SCENARIOS prefix-aware routing helps)
@@ -881,7 +882,7 @@ def served_lora_model(seed: int = 3) -> tuple[GPT, LoRAAdapters]:
 def check_lora_server(lora_delta_fn: Callable[..., Tensor]) -> dict[str, str]:
     """Serve the tiny model with three adapters (the learner's `lora_delta_fn` in the engine) on a free loopback port;
     five concurrent completions through the official openai client, `model` = an adapter name or the base ("tiny"):
-    each text must equal greedy generation with that adapter merged; model="adapter-9" must get 400. Returns the texts."""
+    each text must equal greedy generation with that adapter merged; model="adapter-9" must get 404. Returns the texts."""
     from concurrent.futures import ThreadPoolExecutor
 
     import openai
@@ -914,12 +915,12 @@ def check_lora_server(lora_delta_fn: Callable[..., Tensor]) -> dict[str, str]:
             try:
                 client.completions.create(model="adapter-9", prompt=prompt, max_tokens=4)
                 unknown = "accepted"
-            except openai.BadRequestError:
-                unknown = "400"
+            except openai.NotFoundError:
+                unknown = "404"
             except openai.APIError as err:
                 unknown = f"{type(err).__name__}"
-    if unknown != "400":
-        raise AssertionError(f"model='adapter-9' (no such adapter) should get 400, got {unknown}")
+    if unknown != "404":
+        raise AssertionError(f"model='adapter-9' (no such adapter) should get 404 model_not_found, got {unknown}")
     ids = enc.encode(prompt)
     for name, text in zip(names, texts):
         ref = model if name == "tiny" else merge_adapter(model, adapters, name)
