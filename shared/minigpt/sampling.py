@@ -8,6 +8,11 @@ import torch
 from torch import Tensor
 
 
+# A temperature below float32's smallest normal number is treated as its limit, 0 (greedy): dividing float32 logits
+# by it would divide by 0 (1e-300 rounds to 0.0 in float32) and sample from NaN.
+GREEDY_BELOW = torch.finfo(torch.float32).tiny
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """temperature 0 means greedy (argmax); top_k / top_p None means no filtering. `logprobs` (serving): None for
@@ -31,7 +36,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        """temperature 0, or so small that it is 0 in the limit (below GREEDY_BELOW, about 1.2e-38)."""
+        return self.temperature < GREEDY_BELOW
 
 
 def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:

@@ -59,7 +59,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
             if out.finished and out.finish_reason == "abort":
                 return [error_chunk(out)]
             chunks = []
-            if out.text or out.finished:
+            if out.text or out.finished or (gen.logprobs is not None and out.logprobs):
                 delta = {"content": out.text}
                 if not sent_role[i]:
                     delta, sent_role[i] = {"role": "assistant", **delta}, True

@@ -48,7 +48,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
             if out.finished and out.finish_reason == "abort":
                 return [error_chunk(out)]
             chunks = []
-            if out.text or out.finished:
+            if out.text or out.finished or (gen.logprobs is not None and out.logprobs):
                 logprobs = None
                 if gen.logprobs is not None:
                     logprobs, offsets[i] = completion_logprobs(tokenizer, out.logprobs or [], offsets[i])
