@@ -9,6 +9,7 @@ from minigpt.serving.api.errors import ERROR_RESPONSES, BadRequest
 from minigpt.serving.api.generation import ChoiceResult, Generation, collect, error_chunk, start_generation, \
     stream_response, usage_of
 from minigpt.serving.api.logprobs import chat_logprobs
+from minigpt.serving.api.schema import sse_content
 from minigpt.serving.api.state import server_state
 from minigpt.serving.chat_template import CHAT_STOP, render_chat
 from minigpt.serving.outputs import RequestOutput
@@ -20,14 +21,10 @@ DEFAULT_CHAT_MAX_TOKENS = 128          # a chat request without max_tokens: at m
 
 router = APIRouter(tags=["chat"])
 
-SSE_DOC = {"schema": {"type": "string", "description": "with stream: true, server-sent events: `data: <chunk>` "
-                      "(a ChatCompletionChunk, or a last {\"error\": ...} if the engine could not finish), then "
-                      "`data: [DONE]`"}}
-
 
 @router.post("/v1/chat/completions", response_model=None, responses={
     200: {"model": ChatCompletionResponse, "description": "The reply (or, with stream: true, an event stream of "
-          "ChatCompletionChunk)", "content": {"text/event-stream": SSE_DOC}}, **ERROR_RESPONSES})
+          "ChatCompletionChunk)", "content": {"text/event-stream": sse_content("ChatCompletionChunk")}}, **ERROR_RESPONSES})
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     state = server_state(request)
     try:

@@ -6,9 +6,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from minigpt.serving.api.errors import ERROR_RESPONSES
-from minigpt.serving.api.generation import Generation, ChoiceResult, collect, error_chunk, start_generation, \
+from minigpt.serving.api.generation import ChoiceResult, Generation, collect, error_chunk, start_generation, \
     stream_response, usage_of
 from minigpt.serving.api.logprobs import completion_logprobs
+from minigpt.serving.api.schema import sse_content
 from minigpt.serving.api.state import server_state
 from minigpt.serving.outputs import RequestOutput
 from minigpt.serving.protocol import CompletionRequest, CompletionResponse
@@ -17,14 +18,10 @@ __all__ = ["router"]
 
 router = APIRouter(tags=["completions"])
 
-SSE_DOC = {"schema": {"type": "string", "description": "with stream: true, server-sent events: `data: <chunk>` "
-                      "(a CompletionChunk, or a last {\"error\": ...} if the engine could not finish), then "
-                      "`data: [DONE]`"}}
-
 
 @router.post("/v1/completions", response_model=None, responses={
     200: {"model": CompletionResponse, "description": "The completion (or, with stream: true, an event stream of "
-          "CompletionChunk)", "content": {"text/event-stream": SSE_DOC}}, **ERROR_RESPONSES})
+          "CompletionChunk)", "content": {"text/event-stream": sse_content("CompletionChunk")}}, **ERROR_RESPONSES})
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
     state = server_state(request)
     max_tokens = body.max_tokens if body.max_tokens is not None else 16

@@ -16,9 +16,20 @@ from fastapi.openapi.utils import get_openapi
 
 from minigpt.serving.protocol import ChatCompletionChunk, CompletionChunk
 
-__all__ = ["exact_openapi"]
+__all__ = ["exact_openapi", "sse_content"]
 
 REQUEST_SCHEMAS = ("CompletionRequest", "ChatCompletionRequest")
+
+
+def sse_content(chunk: str) -> dict[str, Any]:
+    """The `text/event-stream` entry of a streaming route's 200: each event (OpenAPI < 3.2: `schema` describes one
+    event, as schemathesis reads it) has `data` = "[DONE]" (the last) or a JSON `chunk` / an error body."""
+    payload = {"anyOf": [{"$ref": f"#/components/schemas/{chunk}"}, {"$ref": "#/components/schemas/ErrorResponse"}]}
+    data = {"type": "string", "if": {"const": "[DONE]"}, "then": True,
+            "else": {"contentMediaType": "application/json", "contentSchema": payload}}
+    return {"schema": {"type": "object", "required": ["data"], "description": f"one server-sent event: `data: <{chunk}>` "
+                       "(or an error body if the engine could not finish), the last one `data: [DONE]`",
+                       "properties": {"data": data, "event": {"type": "string"}}}}
 
 
 def exact_openapi(app: FastAPI, served_models: list[str]) -> Callable[[], dict[str, Any]]:
