@@ -223,7 +223,7 @@ class AsyncLLMEngine:
                 self.engine.add_request(*args, **kwargs)
             except ValueError as err:                  # validated before, so only a race: end the stream
                 log.warning("request %r refused by the engine: %s", stream.request_id, err)
-                return [RequestOutput(stream.request_id, [], "", True, "abort", 0, 0)]
+                return [RequestOutput(stream.request_id, [], "", True, "abort", 0, 0, error=f"refused: {err}")]
             return []
         _, request_id, done, loop = op
         outputs = self._abort(request_id)

@@ -7,8 +7,8 @@ so a chat is rendered as a transcript, one message per paragraph, ending with th
 
 A `developer` message is rendered as a system one, a `tool` message (a tool's result sent back) as "Tool: ...";
 content may be a string, a list of text parts ({"type": "text", "text": ...}, joined) or, for an assistant turn,
-null (an empty turn). The reply is generated after "Assistant:" and stops at <|endoftext|>, at CHAT_STOP ("\n\nUser:", the model
-starting the next turn itself) or at max_tokens. Production models are fine-tuned on such a format with
+null (an empty turn). The reply is generated after "Assistant:" and stops at <|endoftext|>, at CHAT_STOP
+("\n\nUser:", the model starting the next turn itself) or at max_tokens. Production models are fine-tuned on such a format with
 dedicated special tokens (e.g. Llama 3's <|start_header_id|>); the engine does not care which.
 """
 

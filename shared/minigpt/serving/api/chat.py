@@ -38,7 +38,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
             return body.token_budget
         return max(1, min(DEFAULT_CHAT_MAX_TOKENS, context - len(ids)))
 
-    gen = await start_generation(request, state, body, [prompt], max_tokens, [*body.stop_list, CHAT_STOP],
+    gen = await start_generation(state, body, [prompt], max_tokens, [*body.stop_list, CHAT_STOP],
                                  "chatcmpl", candidates=body.num_choices, logprobs=body.num_logprobs)
     tokenizer = state.core.tokenizer
 

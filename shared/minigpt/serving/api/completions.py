@@ -25,7 +25,7 @@ router = APIRouter(tags=["completions"])
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
     state = server_state(request)
     max_tokens = body.max_tokens if body.max_tokens is not None else 16
-    gen = await start_generation(request, state, body, body.prompts, lambda ids: max_tokens, body.stop_list, "cmpl",
+    gen = await start_generation(state, body, body.prompts, lambda ids: max_tokens, body.stop_list, "cmpl",
                                  candidates=body.num_candidates, logprobs=body.logprobs,
                                  rank=body.num_candidates > body.num_choices)
     tokenizer = state.core.tokenizer

@@ -80,7 +80,7 @@ async def _invalid(request: Request, exc: RequestValidationError) -> JSONRespons
 
 
 async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-    if exc.status == 400:
+    if exc.status < 500:
         request.app.state.server.metrics.refused("invalid")
     return error_response(exc.status, exc.message, exc.type, exc.param, exc.code)
 

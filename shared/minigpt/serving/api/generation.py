@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 import uuid
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -121,21 +122,21 @@ class Generation:
         return self.request_ids.index(request_id)
 
 
-async def start_generation(request: Request, state: ServerState, body: Any, prompts: Sequence[str | list[int]],
+async def start_generation(state: ServerState, body: Any, prompts: Sequence[str | list[int]],
                            max_tokens: Callable[[list[int]], int], stop: list[str], prefix: str, *,
                            candidates: int, logprobs: int | None, rank: bool = False) -> Generation:
     """Validate every engine request (400; a bad request is never worth retrying), take an admission slot (429),
     queue them. `max_tokens(prompt_ids)` gives each prompt's budget; `rank`: best_of needs logprobs to rank."""
-    import time
     adapter = adapter_of(state, body.model)
     core = state.core
     seed = body.seed if body.seed is not None else secrets.randbits(63)
     internal_logprobs = logprobs if logprobs is not None else (0 if rank else None)
     request_id = f"{prefix}-{uuid.uuid4().hex[:16]}-{next(state.counter)}"
-    jobs = []
+    jobs, prompt_lengths = [], []
     for p, prompt in enumerate(prompts):
         try:
             ids = core.encode(prompt)
+            prompt_lengths.append(len(ids))
             budget = max_tokens(ids)
             for k in range(candidates):
                 rid = f"{request_id}-{p}-{k}"
@@ -159,7 +160,7 @@ async def start_generation(request: Request, state: ServerState, body: Any, prom
         await stack.aclose()
         raise
     return Generation(request_id, int(time.time()), [rid for rid, *_ in jobs], candidates, stream, stack, logprobs,
-                      [len(core.encode(p)) for p in prompts])
+                      prompt_lengths)
 
 
 def usage_of(gen: Generation, results: Sequence[ChoiceResult]) -> dict[str, int]:
