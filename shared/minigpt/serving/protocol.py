@@ -7,14 +7,14 @@ than ignored: `tools` / `functions`, a `response_format` other than text, `echo`
 
 Supported: `n` choices per prompt (choice i samples with seed + i), `best_of` (completions: the n of best_of
 candidates with the highest cumulative logprob), `logprobs` (completions: an int <= 5; chat: `logprobs: true` and
-`top_logprobs` <= 20; log-probabilities of the raw model output, before temperature and filtering), `prompt` as a
-string, a list of strings, a list of token ids or a list of token-id lists, chat `content` as a string or a list of
-text parts, roles system, developer (= system), user, assistant (content may be null) and tool. `top_k` is an
-extension, as in vLLM. Without a `seed` each request draws a fresh one, so sampling differs from call to call.
+`top_logprobs` <= 20; log-probabilities of the raw model output, before temperature and filtering, what vLLM
+calls raw_logprobs), `prompt` as a string, a list of strings, a list of token ids or a list of token-id lists, chat
+`content` as a string or a list of text parts, roles system, developer (= system), user, assistant (content may be
+null) and tool. `top_k` is an extension, as in vLLM. Without a `seed` each request draws a fresh one, so sampling differs from call to call.
 
 Responses: `finish_reason` is "stop" or "length", OpenAI's values. A request the engine could not finish is no
 choice at all: a 500 error body (non-streaming) or, in a stream, a last event `data: {"error": {...}}` before
-`data: [DONE]` (as vLLM does).
+`data: [DONE]` (vLLM's OpenAI server ends a failed stream the same way, with `create_streaming_error_response`).
 """
 
 from __future__ import annotations
