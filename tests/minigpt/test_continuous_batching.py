@@ -194,3 +194,20 @@ def test_serving_widget_readout():
     before = w.readout.value
     w.policy.value = "static"
     assert w.readout.value != before and "static" in w.readout.value
+
+
+@pytest.mark.parametrize("lens", [[37], [5, 17, 33], [16, 16]])
+def test_decode_step_attention_equals_paged_decode_attention(lens):
+    """The engine's decode-only path (rows found once per step, fused SDPA per layer) equals lab 02's reference."""
+    from minigpt.cache.paged_attention import paged_decode_attention
+    from minigpt.engine.packed_batch import decode_attention, decode_rows
+    g = torch.Generator().manual_seed(len(lens))
+    bs, nb, Hkv, Hq, D, B = 8, 32, 2, 4, 16, len(lens)
+    k_pool, v_pool = torch.randn(nb, bs, Hkv, D, generator=g), torch.randn(nb, bs, Hkv, D, generator=g)
+    perm = torch.randperm(nb, generator=g)
+    tables = torch.stack([perm[6 * b:6 * (b + 1)] for b in range(B)]).int()
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    q = torch.randn(B, Hq, D, generator=g)
+    want = paged_decode_attention(q, k_pool, v_pool, tables, seq_lens)
+    got = decode_attention(q[:, :, None], k_pool, v_pool, *decode_rows(tables, seq_lens, bs))[:, :, 0]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

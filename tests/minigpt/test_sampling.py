@@ -60,3 +60,25 @@ def test_bad_params(kwargs):
 def test_top_p_one_keeps_every_token():
     logits = torch.randn(2, 30, generator=torch.Generator().manual_seed(0)) * 3
     assert torch.equal(filter_logits(logits, top_p=1.0), logits)
+
+
+@pytest.mark.parametrize("temperature", [1e-300, 5e-324, 1e-39, 1e-30])
+def test_tiny_temperature_is_greedy_never_nan(temperature):
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 50, generator=g) * 10
+    got = sample_next(logits, SamplingParams(temperature=temperature, seed=1), torch.Generator().manual_seed(1))
+    assert torch.equal(got, logits.argmax(-1))
+
+
+@pytest.mark.parametrize("top_p", [5e-324, 1e-46, 1e-10])
+def test_tiny_top_p_keeps_the_most_likely_token(top_p):
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(3, 40, generator=g)
+    got = sample_next(logits, SamplingParams(temperature=1.0, top_p=top_p), torch.Generator().manual_seed(2))
+    assert torch.equal(got, logits.argmax(-1))
+
+
+def test_non_finite_logits_raise_instead_of_sampling_nan():
+    logits = torch.full((1, 8), float("nan"))
+    with pytest.raises(ValueError, match="not finite"):
+        sample_next(logits, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))

@@ -239,10 +239,10 @@ def test_server_adapter_output_equals_merged(served, tokenizer):
     assert {m.id for m in client.models.list()} == {"tiny", "adapter-0", "adapter-1", "adapter-2"}
 
 
-def test_server_unknown_adapter_is_400(served):
+def test_server_unknown_adapter_is_404(served):
     import openai
     _, _, engine, client = served
-    with pytest.raises(openai.BadRequestError) as err:
+    with pytest.raises(openai.NotFoundError) as err:
         client.completions.create(model="adapter-9", prompt="hi", max_tokens=4)
     assert "adapter-9" in str(err.value)
     assert engine.stats().num_blocks_used == 0

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Hashable, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from minigpt.attention import AttentionFn
@@ -26,7 +27,7 @@ from minigpt.cache.paged import PagedKVCache
 from minigpt.cache.paged_attention import paged_attention, write_kv
 
 __all__ = ["PackedBatch", "pack_chunks", "varlen_paged_attention", "PackedLayerView", "packed_layers",
-           "packed_attention"]
+           "packed_attention", "decode_rows", "decode_attention"]
 
 
 @dataclass
@@ -110,9 +111,47 @@ def packed_layers(cache: PagedKVCache, batch: PackedBatch) -> list[PackedLayerVi
     return [PackedLayerView(k, v, batch.slots) for k, v in zip(cache.k_pools, cache.v_pools)]
 
 
+def decode_rows(block_tables: Tensor, seq_lens: Tensor, block_size: int) -> tuple[Tensor, Tensor | None]:
+    """For a step of decodes: the pool row (block * block_size + offset) of each sequence's cached tokens, (B, L)
+    with L the longest sequence, and the (B, 1, 1, L) mask of real keys (None when all have length L).
+    Computed once per step; every layer then gathers its K/V with one index_select."""
+    lens = seq_lens.long()
+    L = int(lens.max())
+    j = torch.arange(L, device=block_tables.device)
+    rows = block_tables.long()[:, j // block_size] * block_size + j % block_size          # (B, L)
+    if bool((lens == L).all()):
+        return rows, None
+    visible = j[None, :] < lens[:, None]
+    return rows.masked_fill(~visible, 0), visible[:, None, None, :]
+
+
+def decode_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, rows: Tensor, mask: Tensor | None) -> Tensor:
+    """q (B, Hq, 1, D), one new query per sequence, over the keys at pool `rows` (B, L) -> (B, Hq, 1, D), with
+    PyTorch's fused SDPA (grouped-query heads as they are). Equals lab 02's `paged_decode_attention`."""
+    B, L = rows.shape
+    Hkv, D = k_pool.shape[2], k_pool.shape[3]
+    k = k_pool.reshape(-1, Hkv, D).index_select(0, rows.reshape(-1)).view(B, L, Hkv, D).transpose(1, 2)
+    v = v_pool.reshape(-1, Hkv, D).index_select(0, rows.reshape(-1)).view(B, L, Hkv, D).transpose(1, 2)
+    return F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask,
+                                          enable_gqa=q.shape[1] != Hkv)
+
+
 def packed_attention(batch: PackedBatch) -> AttentionFn:
-    """The model's attention function for this step (the model hands us the pools transposed on dims 1, 2)."""
+    """The model's attention function for this step (the model hands us the pools transposed on dims 1, 2).
+
+    A step of decodes only (one query row per sequence, N = B: the common step, and every step at batch 1) takes a
+    shorter path: the packed queries (1, Hq, B, D) are already one query per sequence, the rows to read are found
+    once for the step (`decode_rows`), and each layer runs fused SDPA on its gathered K/V (`decode_attention`),
+    instead of scattering into a padded layout and building a (B, Tq, L) causal mask in every layer."""
+    plan: list = []
+    decode_only = batch.tokens.shape[1] == len(batch.seq_ids)
+
     def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        return varlen_paged_attention(q, k.transpose(1, 2), v.transpose(1, 2), batch.cu_seqlens_q, batch.seq_lens,
-                                      batch.block_tables)
+        k_pool, v_pool = k.transpose(1, 2), v.transpose(1, 2)
+        if decode_only:
+            if not plan:
+                plan.extend(decode_rows(batch.block_tables, batch.seq_lens, k_pool.shape[1]))
+            return decode_attention(q[0].transpose(0, 1)[:, :, None], k_pool, v_pool, *plan)[:, :, 0] \
+                .transpose(0, 1)[None]
+        return varlen_paged_attention(q, k_pool, v_pool, batch.cu_seqlens_q, batch.seq_lens, batch.block_tables)
     return attend

@@ -23,7 +23,7 @@ from minigpt.engine.cuda_graph import using_attention
 from minigpt.engine.packed_batch import pack_chunks, packed_attention, packed_layers
 from minigpt.engine.scheduler import ScheduledChunk, SchedulerOutput
 from minigpt.model import GPT
-from minigpt.sampling import sample_next
+from minigpt.sampling import sample_next, token_logprobs
 
 __all__ = ["ModelRunner", "padded_batch", "rows_computed"]
 
@@ -62,6 +62,7 @@ class ModelRunner:
         self.model, self.cache, self.layout = model, cache, layout
         self.num_forward_calls = 0
         self.num_rows = 0
+        self.last_logprobs: dict[Hashable, tuple[float, list[tuple[int, float]]]] = {}
 
     @torch.inference_mode()
     def forward(self, chunks: list[ScheduledChunk]) -> Tensor:
@@ -82,7 +83,9 @@ class ModelRunner:
         return batch.last_logits(logits)
 
     def execute(self, output: SchedulerOutput) -> dict[Hashable, int]:
-        """Run the step; sample the next token of every chunk that reached its sequence's end."""
+        """Run the step; sample the next token of every chunk that reached its sequence's end. For a request whose
+        SamplingParams ask for `logprobs`, `last_logprobs[seq_id]` = (the token's logprob, the top ones)."""
+        self.last_logprobs = {}
         if not output.chunks:
             return {}
         logits = self.forward(output.chunks)
@@ -90,5 +93,9 @@ class ModelRunner:
         for row, c in enumerate(output.chunks):
             if c.samples:
                 seq = c.seq
-                sampled[c.seq_id] = int(sample_next(logits[row:row + 1], seq.request.sampling, seq.generator))
+                sampling = seq.request.sampling
+                token = int(sample_next(logits[row:row + 1], sampling, seq.generator))
+                sampled[c.seq_id] = token
+                if sampling.logprobs is not None:
+                    self.last_logprobs[c.seq_id] = token_logprobs(logits[row], token, sampling.logprobs)
         return sampled

@@ -6,9 +6,11 @@ multi-LoRA batching, a prefix-aware router and a load generator.
   share (validation, outputs, offline `generate`); `outputs` (RequestOutput, Completion, EngineStats);
   `detokenizer` (incremental detokenization, UTF-8 safe).
 * `async_engine` (AsyncLLMEngine): the step loop in one background thread, a stream per request, abort, pause.
-* `api_server` (create_app): FastAPI routes /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics;
-  `protocol` (pydantic bodies), `chat_template`, `streaming` (the SSE handler, learner piece), `admission`
-  (bounded queue, 429 + Retry-After, learner piece), `prometheus_metrics` (per-app registry).
+* `api_server` (create_app): the FastAPI app; `api`: its routes, one module per endpoint family as in vLLM
+  (`completions`, `chat`, `models` incl. /v1/models/{id}, `health` with /metrics; `generation`: n choices, prompt
+  lists, disconnects; `errors`; `schema`: the exact /openapi.json); `protocol` (strict pydantic bodies),
+  `chat_template`, `streaming` (the SSE handler, learner piece), `admission` (bounded queue, 429 + Retry-After,
+  learner piece), `prometheus_metrics` (per-app registry).
 * `launch` (free_port, serve_in_thread, serve_subprocess) and `python -m minigpt.serving` (`__main__`).
 * `client_metrics` (one request as the client saw it: TTFT, TPOT, ITL; goodput in requests/s meeting both
   latency objectives), `load_generator` (the course's benchmark_serving: Poisson arrivals, streaming,

@@ -39,10 +39,11 @@ Observer = Callable[[list[RequestOutput]], None]
 class RequestStream:
     """Async iterator over one request's outputs; ends after the output with finished=True."""
 
-    def __init__(self, request_id: Hashable, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, request_id: Hashable, loop: asyncio.AbstractEventLoop,
+                 queue: asyncio.Queue | None = None) -> None:
         self.request_id = request_id
         self.loop = loop
-        self.queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self.queue: asyncio.Queue[RequestOutput] = asyncio.Queue() if queue is None else queue
         self.finished = False
 
     def __aiter__(self) -> "RequestStream":
@@ -125,8 +126,9 @@ class AsyncLLMEngine:
     # --- requests (call from the event loop) -------------------------------------------------------
 
     def stream(self, request_id: Hashable, prompt: Prompt, max_tokens: int, sampling: SamplingParams = SamplingParams(),
-               *, stop: Sequence[str] = (), adapter: int = -1) -> RequestStream:
-        """Queue a request and return its stream. ValueError at once (nothing queued) if the request is invalid."""
+               *, stop: Sequence[str] = (), adapter: int = -1, queue: asyncio.Queue | None = None) -> RequestStream:
+        """Queue a request and return its stream. ValueError at once (nothing queued) if the request is invalid.
+        `queue`: deliver the outputs into this asyncio.Queue (shared by several requests: one merged stream)."""
         if not self.is_running:
             raise RuntimeError("the engine loop is not running; call start() first")
         stop = tuple(stop)
@@ -134,7 +136,7 @@ class AsyncLLMEngine:
             if request_id in self._streams:
                 raise ValueError(f"request id {request_id!r} is already in use by an unfinished request")
             ids = self.engine.validate(request_id, prompt, max_tokens, sampling, stop=stop, adapter=adapter)
-            stream = RequestStream(request_id, asyncio.get_running_loop())
+            stream = RequestStream(request_id, asyncio.get_running_loop(), queue)
             self._streams[request_id] = stream
         self._pending.append(("add", stream, (request_id, ids, max_tokens, sampling), {"stop": stop, "adapter": adapter}))
         self._wake.set()
@@ -198,7 +200,9 @@ class AsyncLLMEngine:
                         if self._steps_before_pause <= 0:
                             self._paused, self._steps_before_pause = True, None
                 except Exception:                      # never let one bad step kill the server's only engine thread
-                    log.exception("engine step failed; aborting every unfinished request")
+                    # The engines fail a request whose own work fails alone (inside step); an error that reaches
+                    # here is the engine's own (its scheduler's state is unknown): stop everything cleanly.
+                    log.exception("engine step failed outside any one request; aborting every unfinished request")
                     self.num_step_errors += 1
                     for rid in list(self._streams):
                         outputs += self._abort(rid)
@@ -219,7 +223,7 @@ class AsyncLLMEngine:
                 self.engine.add_request(*args, **kwargs)
             except ValueError as err:                  # validated before, so only a race: end the stream
                 log.warning("request %r refused by the engine: %s", stream.request_id, err)
-                return [RequestOutput(stream.request_id, [], "", True, "abort", 0, 0)]
+                return [RequestOutput(stream.request_id, [], "", True, "abort", 0, 0, error=f"refused: {err}")]
             return []
         _, request_id, done, loop = op
         outputs = self._abort(request_id)

@@ -17,7 +17,7 @@ from typing import Callable, Hashable, Sequence
 from minigpt.model import GPT
 from minigpt.sampling import SamplingParams
 from minigpt.serving.detokenizer import IncrementalDetokenizer
-from minigpt.serving.outputs import Completion, EngineStats, RequestOutput
+from minigpt.serving.outputs import Completion, EngineStats, RequestOutput, TokenLogprob
 
 __all__ = ["EngineBase", "Prompt"]
 
@@ -38,6 +38,7 @@ class _Tracked:
     last_token_time: float | None = None
     token_ids: list[int] = field(default_factory=list)
     token_times: list[float] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None      # one per sampled token, when the request asked for them
 
 
 class EngineBase(ABC):
@@ -124,26 +125,38 @@ class EngineBase(ABC):
         arrival = self.now()
         self._enqueue(request_id, ids, max_tokens, sampling, stop, adapter, arrival)
         detok = IncrementalDetokenizer(self.tokenizer, stop) if self.tokenizer is not None else None
-        self._tracked[request_id] = _Tracked(detok, len(ids), arrival)
+        self._tracked[request_id] = _Tracked(detok, len(ids), arrival,
+                                             logprobs=[] if sampling.logprobs is not None else None)
 
-    def abort(self, request_id: Hashable) -> RequestOutput | None:
-        """Stop a request now and free its KV blocks; its final output (finish_reason "abort"), or None if the
-        id is unknown or already finished (aborting twice is harmless)."""
+    def abort(self, request_id: Hashable, error: str | None = None) -> RequestOutput | None:
+        """Stop a request now and free its KV blocks; its final output (finish_reason "abort", with `error` when
+        the engine stops it because its own step failed), or None if the id is unknown or already finished
+        (aborting twice is harmless)."""
         if request_id not in self._tracked:
             return None
         self._abort(request_id)
-        return self._output(request_id, [], "abort", self.now())
+        return self._output(request_id, [], "abort", self.now(), error)
 
     def is_tracked(self, request_id: Hashable) -> bool:
         return request_id in self._tracked
 
     # --- outputs -----------------------------------------------------------------------------------
 
+    def _record_logprob(self, request_id: Hashable, logprob: TokenLogprob) -> None:
+        """Keep a sampled token's logprobs until the token is emitted (in sampling order)."""
+        t = self._tracked.get(request_id)
+        if t is not None and t.logprobs is not None:
+            t.logprobs.append(logprob)
+
     def _output(self, request_id: Hashable, new_tokens: list[int], finish_reason: str | None,
-                now: float) -> RequestOutput:
+                now: float, error: str | None = None) -> RequestOutput:
         """Build this step's output for a request; forget the request once it is finished."""
         t = self._tracked[request_id]
         itl = None
+        logprobs = None
+        if t.logprobs is not None:
+            first = len(t.token_ids)
+            logprobs = t.logprobs[first:first + len(new_tokens)]
         if new_tokens:
             if t.first_token_time is None:
                 t.first_token_time = now
@@ -159,7 +172,8 @@ class EngineBase(ABC):
             del self._tracked[request_id]
             self.num_finished += 1
         return RequestOutput(request_id, list(new_tokens), text, finished, finish_reason, t.num_prompt_tokens,
-                             len(t.token_ids), t.num_cached_tokens, t.arrival_time, t.first_token_time, now, itl)
+                             len(t.token_ids), t.num_cached_tokens, t.arrival_time, t.first_token_time, now, itl,
+                             error, logprobs)
 
     # --- offline -----------------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ sequence's request is an `EngineRequest` carrying `adapter` (-1 = base model; mu
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Callable, Hashable, Literal, Sequence
@@ -31,17 +32,18 @@ from minigpt.cache.paged import PagedKVCache
 from minigpt.engine.prefix_scheduler import PrefixCachingScheduler
 from minigpt.engine.request import Request
 from minigpt.engine.runner import ModelRunner
-from minigpt.engine.scheduler import Scheduler, SchedulerConfig
+from minigpt.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from minigpt.model import GPT
 from minigpt.sampling import SamplingParams, make_generator
 from minigpt.serving.base import EngineBase, Prompt
-from minigpt.serving.outputs import EngineStats, RequestOutput, openai_finish_reason
+from minigpt.serving.outputs import EngineStats, RequestOutput, TokenLogprob, openai_finish_reason
 from minigpt.tokenizer import EOT_ID
 
 __all__ = ["EngineConfig", "EngineRequest", "LLMEngine", "RunnerFactory", "quantized"]
 
 Weights = Literal["fp32", "int8", "int4"]
 RunnerFactory = Callable[[GPT, PagedKVCache], ModelRunner]
+log = logging.getLogger(__name__)
 INT4_GROUP_SIZE = 32          # divides every course model's widths (64 .. 1024)
 
 
@@ -145,9 +147,15 @@ class LLMEngine(EngineBase):
 
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
-        """One scheduler step and one model call; an output for every request that got a token or finished."""
+        """One scheduler step and one model call; an output for every request that got a token or finished.
+
+        A request whose part of the step fails (its sampling raises, say) fails ALONE: the step is re-run one chunk
+        at a time to find it, it ends with finish_reason "abort" and `error`, and every other request goes on."""
         out = self.scheduler.schedule()
-        sampled = self.runner.execute(out) if out.chunks else {}
+        failed: dict[Hashable, str] = {}
+        sampled, logprobs = self._execute(out, failed)
+        if failed:
+            out = SchedulerOutput([c for c in out.chunks if c.seq_id not in failed], out.preempted)
         now = self.now()
         self.scheduler.update(out, sampled, now)
         self.num_steps += 1
@@ -163,13 +171,38 @@ class LLMEngine(EngineBase):
                 t.admitted, t.num_cached_tokens = True, chunk.start
             if not (seq.seq_id in sampled or seq.is_finished):
                 continue                                  # a prefill chunk that did not reach the end yet
+            if seq.seq_id in logprobs:
+                self._record_logprob(seq.seq_id, TokenLogprob(sampled[seq.seq_id], *logprobs[seq.seq_id]))
             new = seq.output_tokens[t.num_emitted:]
             t.num_emitted += len(new)
             reason = openai_finish_reason(seq.finish_reason) if seq.is_finished else None
             if seq.is_finished:
                 del self.scheduler.sequences[seq.seq_id]   # the engine forgets finished requests (long-running server)
             outputs.append(self._output(seq.seq_id, new, reason, now))
+        for request_id, error in failed.items():
+            log.warning("request %r failed in an engine step (the others go on): %s", request_id, error)
+            outputs.append(self.abort(request_id, error))
         return outputs
+
+    def _execute(self, out: SchedulerOutput, failed: dict[Hashable, str]) -> tuple[dict, dict]:
+        """Run the step: (sampled tokens, logprobs) by sequence id. If the batch fails, run its chunks one by one
+        (each writes the same K/V it would have written in the batch) and put the failing ones in `failed`."""
+        if not out.chunks:
+            return {}, {}
+        try:
+            return self.runner.execute(out), self.runner.last_logprobs
+        except Exception as err:                          # noqa: BLE001  (any failure: find whose it is)
+            if len(out.chunks) == 1:
+                failed[out.chunks[0].seq_id] = f"{type(err).__name__}: {err}"
+                return {}, {}
+        sampled, logprobs = {}, {}
+        for chunk in out.chunks:
+            try:
+                sampled.update(self.runner.execute(SchedulerOutput([chunk])))
+                logprobs.update(self.runner.last_logprobs)
+            except Exception as err:                      # noqa: BLE001
+                failed[chunk.seq_id] = f"{type(err).__name__}: {err}"
+        return sampled, logprobs
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

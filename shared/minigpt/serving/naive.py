@@ -8,6 +8,7 @@ the model: every other request waits in the queue, which is what continuous batc
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -18,12 +19,14 @@ import torch
 from minigpt.cache.contiguous import KVCache
 from minigpt.generate import StopRule
 from minigpt.model import GPT
-from minigpt.sampling import SamplingParams, make_generator, sample_next
+from minigpt.sampling import SamplingParams, make_generator, sample_next, token_logprobs
 from minigpt.serving.base import EngineBase
-from minigpt.serving.outputs import EngineStats, RequestOutput, openai_finish_reason
+from minigpt.serving.outputs import EngineStats, RequestOutput, TokenLogprob, openai_finish_reason
 from minigpt.tokenizer import EOT_ID
 
 __all__ = ["NaiveEngine"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -68,7 +71,8 @@ class NaiveEngine(EngineBase):
 
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
-        """Prefill the next queued request (and sample its first token), or decode one token of the current one."""
+        """Prefill the next queued request (and sample its first token), or decode one token of the current one.
+        If the step fails (the request's sampling raises, say), that request alone ends: "abort" with `error`."""
         if self.current is None:
             if not self.queue:
                 return []
@@ -78,10 +82,17 @@ class NaiveEngine(EngineBase):
         else:
             tokens = self.current.stop.tokens[-1:]
         job = self.current
-        x = torch.tensor([tokens], device=self.model.device)
-        logits = self.model(x, positions=self.cache.next_positions(x.shape[1]), kv_caches=self.cache)[:, -1]
-        token = int(sample_next(logits, job.sampling, job.generator))
+        try:
+            x = torch.tensor([tokens], device=self.model.device)
+            logits = self.model(x, positions=self.cache.next_positions(x.shape[1]), kv_caches=self.cache)[:, -1]
+            token = int(sample_next(logits, job.sampling, job.generator))
+        except Exception as err:                          # noqa: BLE001  (this request's failure, nobody else's)
+            log.warning("request %r failed in an engine step: %s", job.request_id, err)
+            return [self.abort(job.request_id, f"{type(err).__name__}: {err}")]
         self.num_steps += 1
+        if job.sampling.logprobs is not None:
+            self._record_logprob(job.request_id, TokenLogprob(token, *token_logprobs(logits[0], token,
+                                                                                      job.sampling.logprobs)))
         before = len(job.stop.tokens)
         reason = job.stop.add(token)
         new = job.stop.tokens[before:]

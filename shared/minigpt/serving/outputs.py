@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Hashable, Literal
 
-__all__ = ["FinishReason", "RequestOutput", "Completion", "EngineStats", "openai_finish_reason"]
+__all__ = ["FinishReason", "RequestOutput", "TokenLogprob", "Completion", "EngineStats", "openai_finish_reason"]
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -19,6 +19,16 @@ def openai_finish_reason(reason: str) -> FinishReason:
     raise ValueError(f"unknown finish reason {reason!r}")
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A sampled token's log-probability under the model (raw logits, before temperature and filtering) and the
+    `k` most likely tokens with theirs (k = SamplingParams.logprobs)."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
 @dataclass
 class RequestOutput:
     """One request's progress in one engine step.
@@ -27,6 +37,9 @@ class RequestOutput:
     text: the text delta; concatenating every delta of a request gives exactly its completion text
     (a trailing partial UTF-8 character is held back until it is complete).
     Times are seconds on the engine's clock: arrival, first token, and this step's token time.
+    finish_reason "abort": stopped before its end, by a client (abort) or because this request's own step failed;
+    then `error` says what failed (None for a client's abort). `logprobs`: one TokenLogprob per new token, when the
+    request asked for them (SamplingParams.logprobs), else None.
     """
 
     request_id: Hashable
@@ -41,6 +54,8 @@ class RequestOutput:
     first_token_time: float | None = None
     token_time: float | None = None
     itl: float | None = None            # time since this request's previous token (None for the first)
+    error: str | None = None
+    logprobs: list[TokenLogprob] | None = None
 
     @property
     def ttft(self) -> float | None:

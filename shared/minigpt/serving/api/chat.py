@@ -1,0 +1,76 @@
+"""POST /v1/chat/completions (lab 08): the conversation rendered by `chat_template`, n choices."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from minigpt.serving.api.errors import ERROR_RESPONSES, BadRequest
+from minigpt.serving.api.generation import ChoiceResult, Generation, collect, error_chunk, start_generation, \
+    stream_response, usage_of
+from minigpt.serving.api.logprobs import chat_logprobs
+from minigpt.serving.api.schema import sse_content
+from minigpt.serving.api.state import server_state
+from minigpt.serving.chat_template import CHAT_STOP, render_chat
+from minigpt.serving.outputs import RequestOutput
+from minigpt.serving.protocol import ChatCompletionRequest, ChatCompletionResponse
+
+__all__ = ["router", "DEFAULT_CHAT_MAX_TOKENS"]
+
+DEFAULT_CHAT_MAX_TOKENS = 128          # a chat request without max_tokens: at most this, within the context
+
+router = APIRouter(tags=["chat"])
+
+
+@router.post("/v1/chat/completions", response_model=None, responses={
+    200: {"model": ChatCompletionResponse, "description": "The reply (or, with stream: true, an event stream of "
+          "ChatCompletionChunk)", "content": {"text/event-stream": sse_content("ChatCompletionChunk")}}, **ERROR_RESPONSES})
+async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
+    state = server_state(request)
+    try:
+        prompt = render_chat(body.messages)
+    except ValueError as err:
+        raise BadRequest(str(err), "messages") from None
+    context = state.core.max_model_len
+
+    def max_tokens(ids: list[int]) -> int:
+        if body.token_budget is not None:
+            return body.token_budget
+        return max(1, min(DEFAULT_CHAT_MAX_TOKENS, context - len(ids)))
+
+    gen = await start_generation(state, body, [prompt], max_tokens, [*body.stop_list, CHAT_STOP],
+                                 "chatcmpl", candidates=body.num_choices, logprobs=body.num_logprobs)
+    tokenizer = state.core.tokenizer
+
+    def envelope(obj: str, choices: list[dict], usage: dict | None = None) -> dict:
+        out = {"id": gen.request_id, "object": obj, "created": gen.created, "model": body.model, "choices": choices}
+        return {**out, "usage": usage} if usage is not None else out
+
+    if body.stream:
+        sent_role = [False] * len(gen.request_ids)
+        results = [ChoiceResult(0) for _ in gen.request_ids]
+
+        def make_chunks(out: RequestOutput) -> list[dict]:
+            i = gen.position(out.request_id)
+            results[i].add(out)
+            if out.finished and out.finish_reason == "abort":
+                return [error_chunk(out)]
+            chunks = []
+            if out.text or out.finished or (gen.logprobs is not None and out.logprobs):
+                delta = {"content": out.text}
+                if not sent_role[i]:
+                    delta, sent_role[i] = {"role": "assistant", **delta}, True
+                logprobs = chat_logprobs(tokenizer, out.logprobs or []) if gen.logprobs is not None else None
+                chunks.append(envelope("chat.completion.chunk", [{"index": i, "delta": delta, "logprobs": logprobs,
+                                                                  "finish_reason": out.finish_reason}]))
+            if out.finished and not gen.stream.remaining and body.include_usage:
+                chunks.append(envelope("chat.completion.chunk", [], usage_of(gen, results)))
+            return chunks
+        return stream_response(state, gen, make_chunks)
+
+    def make_response(gen: Generation, chosen: list[tuple[int, ChoiceResult]], usage: dict) -> dict:
+        choices = [{"index": index, "message": {"role": "assistant", "content": "".join(r.text)},
+                    "logprobs": chat_logprobs(tokenizer, r.logprobs) if gen.logprobs is not None else None,
+                    "finish_reason": r.finish_reason} for index, r in chosen]
+        return envelope("chat.completion", choices, usage)
+    return await collect(request, state, gen, body.num_choices, make_response)
