@@ -4,8 +4,8 @@
 
 Triton lowers each kernel through TTIR, TTGIR, LLVM IR and PTX to a cubin with its bundled ptxas on any machine; only
 launching needs a GPU. For each variant it prints one JSON line: the dynamic shared memory Triton reserves, and the
-registers per thread, spill bytes (local memory) and static shared memory that `cuobjdump -res-usage` (also bundled)
-reads from the cubin. Must run with TRITON_INTERPRET unset or 0 (the interpreter replaces the kernels before they can
+registers per thread, spill bytes (the stack frame in local memory) and static shared memory that
+`cuobjdump -res-usage` (also bundled) reads from the cubin. Must run with TRITON_INTERPRET unset or 0 (the interpreter replaces the kernels before they can
 compile); the test in test_kernels_compile.py runs it in a subprocess for that reason.
 
 To add a kernel: write a function `variants_<name>(quick) -> list[Variant]` below and add it to KERNELS.
@@ -57,14 +57,16 @@ def signature(kernel: Any, pointers: dict[str, str], floats: set[str], constexpr
 
 
 def resource_usage(cubin: bytes) -> dict[str, int]:
-    """REG (registers per thread), LOCAL (spill bytes per thread), SHARED (static) of the cubin's kernel."""
+    """REG (registers per thread), STACK (bytes of per-thread stack frame in local memory: where ptxas spills registers
+    that do not fit; 0 = no spills), SHARED (static shared memory) of the cubin's kernel."""
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
         out = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True).stdout
     found = dict(re.findall(r"\b(REG|LOCAL|SHARED|STACK):(\d+)", out.split("Function", 1)[-1]))
-    return {"registers": int(found.get("REG", -1)), "spill_bytes": int(found.get("LOCAL", -1)),
+    return {"registers": int(found.get("REG", -1)),
+            "spill_bytes": int(found.get("STACK", -1)) + int(found.get("LOCAL", 0)),
             "static_shared_bytes": int(found.get("SHARED", -1))}
 
 
