@@ -4,15 +4,18 @@ Two tiers of checks:
 
 * CPU tier: correctness. Runs everywhere.
 * GPU tier: speed and memory. A GPU check cell starts with
-  ``if require_gpu("CUDA-graph decode speed"): check_...(...)``. Without a GPU the learner sees a
-  plain "SKIPPED" line; under ``nbgrader autograde`` the cell fails instead, because skipped is not
-  passed and must not earn points.
+  ``if require_gpu("CUDA-graph decode speed", calibrated=[CHECK]): check_...(...)``. Without a GPU, or on a
+  GPU class with no calibrated threshold for CHECK, the learner sees a plain "SKIPPED" line; under
+  ``nbgrader autograde`` the cell fails instead, because skipped is not passed and must not earn points.
 
 Speed is always graded as a ratio measured in one process (``minigpt.timing.compare``):
 
     learner_speedup   = t(baseline) / t(candidate)
     reference_speedup = t(baseline) / t(reference)
-    pass  <=>  learner_speedup >= min_fraction[device_class] * reference_speedup
+    pass  <=>  learner_speedup >= fraction * reference_speedup
+
+with `fraction` the threshold `make calibrate` measured for the check on this device class
+(autograder.thresholds; autograder/calibration/<check>.<device class>.json).
 """
 
 from __future__ import annotations
