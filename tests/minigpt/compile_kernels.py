@@ -8,7 +8,8 @@ registers per thread, spill bytes (the stack frame in local memory) and static s
 `cuobjdump -res-usage` (also bundled) reads from the cubin. Must run with TRITON_INTERPRET unset or 0 (the interpreter replaces the kernels before they can
 compile); the test in test_kernels_compile.py runs it in a subprocess for that reason.
 
-To add a kernel: write a function `variants_<name>(quick) -> list[Variant]` below and add it to KERNELS.
+To add a kernel: write a function `variants_<name>(quick) -> list[Variant]` below and add it to KERNELS (and its name
+to the test's KERNELS).
 (Lab 04's backward pass has no Triton kernel yet; when it gets one, it goes here.)
 """
 
