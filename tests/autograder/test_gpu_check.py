@@ -142,5 +142,5 @@ def test_benchmarks_run_on_the_cpu_on_small_shapes():
     assert g["int4_GBps"] < g["int8_GBps"], "INT4 moves half the bytes in the same (fake) time"
     r = gpu_bench.engine_throughput(config=dict(vocab_size=128, max_seq_len=48, d_model=32, n_layers=1, n_heads=2,
                                                 n_kv_heads=1, d_ff=64), requests=3, prompt_len=4, max_tokens=4,
-                                    device="cpu", dtype=torch.float32, bandwidth_GBps=10.0)
+                                    device="cpu", dtype=torch.bfloat16, bandwidth_GBps=10.0)
     assert r["batch_tokens_per_s"] > 0 and 0 < r["alone_fraction_of_roofline"] < 1
