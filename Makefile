@@ -3,7 +3,7 @@
 #   make test   set up what is missing, then run the whole CPU test suite
 # Learner:    make progress [PROGRESS_ARGS="--lab 02"] | make grade NB=workspace/02_paged_kv_cache/02_paged_kv_cache.ipynb
 # Instructor: make release | make grade NB=path.ipynb | make autograde | make feedback | make export
-# Machine:    make doctor | make gpu-check | make data | make models
+# Machine:    make doctor | make calibrate | make gpu-check [CALIBRATE=1] | make data | make models
 # Practice:   make interview [INTERVIEW_ARGS="--seed 7 -n 5"]  (interview questions with fresh numbers)
 # Serving:    make serve [SERVE_ARGS="--checkpoint draft --engine naive --port 8001"]  (OpenAI-compatible, loopback)
 
@@ -40,7 +40,7 @@ CHROMIUM ?= /usr/bin/chromium
 NB ?=
 CPYTHON_LIB ?=
 
-.PHONY: serve interview progress help setup lab test browser-deps release grade autograde feedback export doctor gpu-check models data normalize check-normalized
+.PHONY: serve interview progress help setup lab test browser-deps release grade autograde feedback export doctor calibrate gpu-check models data normalize check-normalized
 
 help:
 	@sed -n '1,8p' Makefile | sed 's/^# \{0,1\}//'
@@ -121,11 +121,22 @@ check-normalized: setup
 doctor: setup
 	@$(PY) -m autograder doctor
 
-# The GPU tier in one command. On a GPU machine that already has torch/triton and no network, run it with
-# that python instead of the CPU venv:  make gpu-check GPU_PYTHON=python3
+# Speed thresholds from measurements on this machine: every speed check of this device class (the GPU tier on a GPU,
+# the CPU tier otherwise), reference vs plausible slow implementations, written to autograder/calibration/.
+# CALIBRATE_ARGS="--lab 04 --runs 7" narrows or lengthens it.
+CALIBRATE_ARGS ?=
+calibrate: $(if $(GPU_PYTHON),,setup)
+	@$(if $(GPU_PYTHON),PYTHONPATH="$(CURDIR)/shared:$(CURDIR)" $(GPU_PYTHON),$(PY)) -m autograder calibrate $(CALIBRATE_ARGS)
+
+# The GPU tier in one command (resumes a run that did not finish; GPU_CHECK_ARGS=--fresh starts over).
+# CALIBRATE=1 calibrates this GPU's thresholds first. On a GPU machine that already has torch/triton and no network,
+# run it with that python instead of the CPU venv:  make gpu-check GPU_PYTHON=python3
 GPU_PYTHON ?=
+CALIBRATE ?=
+GPU_CHECK_ARGS ?=
 gpu-check: $(if $(GPU_PYTHON),,setup)
-	@$(if $(GPU_PYTHON),PYTHONPATH="$(CURDIR)/shared:$(CURDIR)" $(GPU_PYTHON),$(PY)) -m autograder gpu-check
+	@$(if $(GPU_PYTHON),PYTHONPATH="$(CURDIR)/shared:$(CURDIR)" $(GPU_PYTHON),$(PY)) -m autograder gpu-check \
+	  $(if $(filter 1 yes true,$(CALIBRATE)),--calibrate) $(GPU_CHECK_ARGS)
 
 data: setup
 	@if [ -n "$(CPYTHON_LIB)" ]; then $(PY) scripts/build_corpus.py "$(CPYTHON_LIB)"; \

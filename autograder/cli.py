@@ -7,7 +7,11 @@
     release [--assignment A ...]     regenerate labs/ from solutions/ (nbgrader generate_assignment) and normalize
     normalize [--check] [PATHS]      strip outputs / execution counts from notebooks (or only check)
     doctor                           what this machine can run
-    gpu-check                        the GPU tier: pytest -m gpu, the GPU cells of every solution, a calibration JSON
+    calibrate [--lab NN] [--runs N] [--check NAME]
+                                     measure every speed check of this device class (reference vs plausible slow
+                                     implementations) and write its threshold to autograder/calibration/
+    gpu-check [--calibrate] [--fresh] [--only LAB ...]
+                                     the GPU tier: every GPU check and benchmark, a JSON + Markdown report, resumable
     workspace [--dir D]              learner: create/update the workspace copy of labs/ (never overwrites your edits)
     progress [--dir D] [--lab NN]    learner: each lab's score in the workspace (CPU and GPU points apart)
     runall [--fix] [--assignment A]  maintenance: does Run All reach the last cell of each released notebook?
@@ -63,7 +67,21 @@ def _parser() -> argparse.ArgumentParser:
     n.add_argument("paths", nargs="*", type=Path)
 
     sub.add_parser("doctor", help="what this machine can run")
-    sub.add_parser("gpu-check", help="run the GPU tier and record what it measured (needs a CUDA GPU)")
+    c = sub.add_parser("calibrate", help="set the speed thresholds of this device class from measurements")
+    c.add_argument("--lab", help="only this lab's checks (e.g. 04)")
+    c.add_argument("--runs", type=int, default=5, help="runs per implementation (default 5)")
+    c.add_argument("--check", help="only this check (e.g. lab04_flash_speed)")
+    c.add_argument("--device", choices=("cpu", "cuda"), help="tier to calibrate (default: cuda when present, else cpu)")
+    c.add_argument("--out", type=Path, help="write the files here instead of autograder/calibration/")
+    c.add_argument("--small", action="store_true", help="small shapes: tests the machinery, calibrates nothing")
+    c.add_argument("--note", default="", help="recorded in each file (e.g. 'machine shared with other jobs')")
+
+    gc = sub.add_parser("gpu-check", help="run the GPU tier and report what it measured (needs a CUDA GPU)")
+    gc.add_argument("--calibrate", action="store_true", help="run `calibrate` first (thresholds for this GPU)")
+    gc.add_argument("--fresh", action="store_true", help="start over instead of resuming the labs already done")
+    gc.add_argument("--only", action="append", help="only this part (repeatable): lab01, lab03, lab04, lab05, lab08, "
+                    "machine, tests")
+    gc.add_argument("--out", type=Path, help="report folder (default autograder/calibration/)")
 
     w = sub.add_parser("workspace", help="create or update the learner's workspace from labs/")
     w.add_argument("--dir", type=Path, help="the workspace (default: workspace/ in the course root)")
@@ -187,9 +205,13 @@ def main(argv: list[str] | None = None) -> int:
             history = None if args.no_history else (args.history or session.history_path())
             session.run_session(args.n, args.seed, tuple(args.topic or session.TOPICS), history=history)
             return 0
+        if args.command == "calibrate":
+            from autograder import calibrate
+            return calibrate.main(lab=args.lab, runs=args.runs, check=args.check, small=args.small, out_dir=args.out,
+                                  device=args.device, note=args.note)
         if args.command == "gpu-check":
             from autograder import gpu_check
-            return gpu_check.main(course)
+            return gpu_check.main(course, out_dir=args.out, calibrate=args.calibrate, fresh=args.fresh, only=args.only)
     except grading.GradingError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import re
@@ -76,16 +75,16 @@ def report(root: Path = REPO_ROOT) -> list[str]:
     dc = device_class()
     lines.append(f"device class {dc} (speed thresholds are looked up under this key)")
 
-    cal = sorted((root / "autograder" / "calibration").glob("*.json"))
-    matching = []
-    for p in cal:
-        try:
-            data = json.loads(p.read_text())
-        except Exception:
-            continue
-        if dc in json.dumps(data):
-            matching.append(p.name)
-    lines.append(f"calibration {len(cal)} file(s); for {dc}: {', '.join(matching) or 'none'}")
+    from autograder.calibrate import REGISTRY
+    from autograder.thresholds import status
+
+    for tier, klass in [("cpu", "cpu")] + ([("gpu", dc)] if gpu else []):
+        checks = [s.name for s in REGISTRY if s.tier == tier]
+        missing = [c for c in checks if status(c, klass)[0] is None]
+        state = (f"all {len(checks)} calibrated" if not missing else
+                 f"{len(checks) - len(missing)} of {len(checks)} calibrated; not: {', '.join(missing)} "
+                 "(run `make calibrate` on this machine)")
+        lines.append(f"calibration {tier} tier speed checks for {klass}: {state}")
 
     lines.append("tiers       CPU tier (correctness): runs here")
     checks = gpu_checks(root)

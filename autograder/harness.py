@@ -4,15 +4,18 @@ Two tiers of checks:
 
 * CPU tier: correctness. Runs everywhere.
 * GPU tier: speed and memory. A GPU check cell starts with
-  ``if require_gpu("CUDA-graph decode speed"): check_...(...)``. Without a GPU the learner sees a
-  plain "SKIPPED" line; under ``nbgrader autograde`` the cell fails instead, because skipped is not
-  passed and must not earn points.
+  ``if require_gpu("CUDA-graph decode speed", calibrated=[CHECK]): check_...(...)``. Without a GPU, or on a
+  GPU class with no calibrated threshold for CHECK, the learner sees a plain "SKIPPED" line; under
+  ``nbgrader autograde`` the cell fails instead, because skipped is not passed and must not earn points.
 
 Speed is always graded as a ratio measured in one process (``minigpt.timing.compare``):
 
     learner_speedup   = t(baseline) / t(candidate)
     reference_speedup = t(baseline) / t(reference)
-    pass  <=>  learner_speedup >= min_fraction[device_class] * reference_speedup
+    pass  <=>  learner_speedup >= fraction * reference_speedup
+
+with `fraction` the threshold `make calibrate` measured for the check on this device class
+(autograder.thresholds; autograder/calibration/<check>.<device class>.json).
 """
 
 from __future__ import annotations
@@ -45,17 +48,27 @@ def under_autograde() -> bool:
     return os.environ.get("NBGRADER_EXECUTION") == "autograde"
 
 
-def require_gpu(what: str) -> bool:
-    """Gate a GPU-tier check: True when a GPU is present.
+def require_gpu(what: str, calibrated: Sequence[str] = ()) -> bool:
+    """Gate a GPU-tier check: True when a GPU is present and every check named in `calibrated` has a threshold
+    for this GPU's device class (autograder.thresholds).
 
-    Without a GPU: under autograde raise AssertionError (no points for a skipped check);
-    otherwise print a SKIPPED line on stdout and return False.
+    Otherwise: under autograde raise AssertionError (no points for a skipped check); outside it print a
+    SKIPPED line on stdout (no GPU, or "uncalibrated on <device>; run `make calibrate`") and return False.
     """
-    if gpu_available():
+    if not gpu_available():
+        if under_autograde():
+            raise AssertionError(f"needs a GPU: {what}; this machine has none, so no points are awarded")
+        print(f"SKIPPED (needs a GPU): {what}. Run this cell on a machine with a CUDA GPU.")
+        return False
+    from autograder.thresholds import status
+    from minigpt.timing import device_class
+
+    reasons = [why for check in calibrated for fraction, why in [status(check, device_class("cuda"))] if fraction is None]
+    if not reasons:
         return True
     if under_autograde():
-        raise AssertionError(f"needs a GPU: {what}; this machine has none, so no points are awarded")
-    print(f"SKIPPED (needs a GPU): {what}. Run this cell on a machine with a CUDA GPU.")
+        raise AssertionError(f"{what}: {'; '.join(reasons)}; so no points are awarded")
+    print(f"SKIPPED ({'; '.join(reasons)}): {what}.")
     return False
 
 
@@ -141,24 +154,32 @@ def threshold_for(min_fraction: dict[str, float], device_class: str) -> float:
 
 
 def check_speedup(candidate: Callable[[], Any], baseline: Callable[[], Any], reference: Callable[[], Any], *,
-                  what: str, min_fraction: dict[str, float], repeats: int = 5, warmup: int = 1,
-                  device: str = "cpu") -> dict[str, float]:
+                  what: str, check: str | None = None, min_fraction: dict[str, float] | None = None,
+                  repeats: int = 5, warmup: int = 1, device: str = "cpu") -> dict[str, float]:
     """Assert the learner's speedup over `baseline` is at least a fraction of the reference's.
 
+    The fraction is the calibrated one of `check` on this device class (autograder.thresholds; raises
+    Uncalibrated, an AssertionError, before timing anything when there is none), or `min_fraction[class]`.
     The three zero-argument callables are timed interleaved (minigpt.timing.compare) in this process.
     Returns {"speedup", "reference_speedup", "threshold"} where threshold = fraction * reference_speedup.
     """
+    from autograder import thresholds
     from minigpt.timing import compare, device_class
 
     dev_class = device_class(device)
-    fraction = threshold_for(min_fraction, dev_class)
+    if check is not None:
+        fraction = thresholds.threshold(check, dev_class)
+    elif min_fraction is not None:
+        fraction = threshold_for(min_fraction, dev_class)
+    else:
+        raise TypeError("check_speedup needs a calibrated check name (check=) or min_fraction")
     results = compare({"baseline": baseline, "candidate": candidate, "reference": reference},
                       warmup=warmup, repeats=repeats, device=device)
     t_base = results["baseline"].median
     learner = t_base / results["candidate"].median
     ref = t_base / results["reference"].median
     threshold = fraction * ref
-    _log_measurement({"what": what, "device_class": dev_class, "speedup": learner, "reference_speedup": ref,
+    _log_measurement({"what": what, "check": check, "device_class": dev_class, "speedup": learner, "reference_speedup": ref,
                       "min_fraction": fraction, "threshold": threshold, "passed": learner >= threshold})
     if not learner >= threshold:
         raise AssertionError(

@@ -45,7 +45,7 @@ from minigpt.timing import fixed_threads
 __all__ = ["check_truncate_cache", "check_sampling_probs", "check_verify_draft", "check_generate_speculative",
            "check_ngram_propose", "check_acceptance_stats", "check_speculative_speedup", "check_q1_acceptance",
            "check_q2_tokens_per_round", "check_q3_break_even_alpha", "check_q4_break_even_batch",
-           "SIGNIFICANCE", "VERIFY_SAMPLES", "ENGINE_SAMPLES", "SPEED_MIN_FRACTION", "BigramLM", "toy_pair",
+           "SIGNIFICANCE", "VERIFY_SAMPLES", "ENGINE_SAMPLES", "SPEED_CHECK", "BigramLM", "toy_pair",
            "verify_distribution_test", "engine_distribution_test", "code_edit_prompts"]
 
 SIGNIFICANCE = 1e-3          # reject "same distribution" when the p-value is below this
@@ -54,10 +54,10 @@ ENGINE_SAMPLES = 1000        # generate_speculative calls for the end-to-end tes
 TOY_VOCAB = 6
 TOY_SAMPLING = SamplingParams(temperature=0.4, top_k=4)     # far from T = 1: a temperature bug shows
 
-# The learner's speedup over generate_kv_cache must reach this fraction of the reference's speedup measured in
-# the same run. On the shared 2-core reference machine the reference reaches about 1.1-1.5x with the draft model;
-# a generator that re-runs the whole context each round (no cache) or drafts without a cache falls below 0.5x.
-SPEED_MIN_FRACTION = {"cpu": 0.7, "cuda": 0.7}
+# The learner's speedup over generate_kv_cache must reach a fraction of the reference's speedup measured in the same
+# run, calibrated per device class by `make calibrate` (autograder/calibrate.py) between the reference's ratio and that
+# of a generator that re-runs the whole context every step (no cache).
+SPEED_CHECK = "lab06_speculative_speedup"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -570,7 +570,7 @@ def code_edit_prompts() -> list[list[int]]:
 
 def check_speculative_speedup(generate_fn: Callable, *, new_tokens: int = 24, k: int = 3, repeats: int = 5) -> dict[str, float]:
     """Greedy speculative generation with the trained draft must beat lab 01's generate_kv_cache by at least
-    SPEED_MIN_FRACTION of the reference's speedup, timed in this process."""
+    the calibrated fraction (SPEED_CHECK) of the reference's speedup, timed in this process."""
     with quiet():
         target, draft = load_model("target"), load_model("draft")
     prompt = code_edit_prompts()[0]
@@ -593,7 +593,7 @@ def check_speculative_speedup(generate_fn: Callable, *, new_tokens: int = 24, k:
                              one_thread(lambda: generate_kv_cache(target, prompt, new_tokens, **kw)),
                              one_thread(lambda: generate_speculative(target, draft, prompt, new_tokens, SamplingParams(), k=k, **kw)),
                              what=f"speculative decoding (k={k}) vs cached decoding, {new_tokens} tokens",
-                             min_fraction=SPEED_MIN_FRACTION, repeats=repeats, warmup=1, device="cpu")
+                             check=SPEED_CHECK, repeats=repeats, warmup=1, device="cpu")
 
 
 # ---------------------------------------------------------------------------------------------------

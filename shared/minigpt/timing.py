@@ -6,7 +6,8 @@
 On CPU each call is timed with a monotonic clock (time.perf_counter) under a fixed thread count; on
 CUDA with events around the call (the device is synchronized before reading them). Candidates are run
 in turn, round after round, with the order rotated each round, so that drifts in clock speed or load
-hit all of them alike. `do_bench_median` wraps triton.testing.do_bench for single GPU kernels.
+hit all of them alike. `do_bench_median` wraps triton.testing.do_bench for single GPU kernels, and
+`bench_interleaved` runs several of them in interleaved rounds.
 """
 
 from __future__ import annotations
@@ -95,6 +96,25 @@ def do_bench_median(fn: Callable[[], Any], warmup_ms: int = 25, rep_ms: int = 10
     """Median seconds of a GPU callable via triton.testing.do_bench (CUDA events, cache flushed)."""
     from triton.testing import do_bench
     return do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median") / 1e3
+
+
+def bench_interleaved(fns: dict[str, Callable[[], Any]], *, rounds: int = 5,
+                      device: torch.device | str = "cuda") -> dict[str, float]:
+    """Median seconds per call of each callable over `rounds` interleaved rounds (order rotated each round).
+
+    CUDA: each round's figure is do_bench's median (CUDA events, L2 flushed). CPU: one perf_counter call per round
+    after one warm-up call (the device-generic path, for running GPU-tier checks on small shapes without a GPU).
+    """
+    names = list(fns)
+    cuda = torch.device(device).type == "cuda"
+    if not cuda:
+        for n in names:
+            fns[n]()
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for n in names[r % len(names):] + names[: r % len(names)]:
+            samples[n].append(do_bench_median(fns[n]) if cuda else time_call(fns[n], device))
+    return {n: statistics.median(ts) for n, ts in samples.items()}
 
 
 def device_class(device: torch.device | str | None = None) -> str:

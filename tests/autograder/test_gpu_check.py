@@ -9,6 +9,7 @@ import sys
 
 import nbformat
 import pytest
+import torch
 
 from autograder import gpu_check
 from autograder.harness import check_speedup, gpu_available
@@ -46,3 +47,100 @@ def test_speed_checks_log_their_measurements(tmp_path, monkeypatch):
     [record] = gpu_check.read_measurements(log)
     assert record["what"] == "toy" and record["passed"] and record["speedup"] > 1
     assert json.loads(log.read_text())["threshold"] == pytest.approx(0.01 * record["reference_speedup"])
+
+
+# --- resumable parts, the report, the memory cap (fakes on the CPU) ------------------------------------------------
+
+def _parts(calls, fail=()):
+    def part(name):
+        def run(ctx):
+            calls.append(name)
+            if name in fail:
+                raise RuntimeError(f"{name} broke")
+            return {"figures": [gpu_check._row(name, f"{name} figure", 2.0, target="1.5x (course)")]}
+        return run
+    return {n: part(n) for n in ("machine", "lab01", "lab04")}
+
+
+def test_a_second_run_resumes_with_the_part_that_failed(tmp_path):
+    path = tmp_path / "gpu_check.cuda-sm90.json"
+    calls = []
+    report = gpu_check.run_parts(_parts(calls, fail={"lab01"}), {}, path, {}, log=lambda line: None)
+    assert calls == ["machine", "lab01", "lab04"]
+    assert report["parts"]["lab01"]["status"] == "failed" and "lab01 broke" in report["parts"]["lab01"]["error"]
+    calls.clear()
+    saved = json.loads(path.read_text())
+    gpu_check.run_parts(_parts(calls), saved, path, {}, log=lambda line: None)
+    assert calls == ["lab01"]
+    assert all(p["status"] == "done" for p in json.loads(path.read_text())["parts"].values())
+
+
+def test_a_killed_run_leaves_the_unfinished_part_to_the_next(tmp_path):
+    path = tmp_path / "gpu_check.cuda-sm90.json"
+    calls = []
+    parts = _parts(calls)
+    parts["lab01"] = lambda ctx: (_ for _ in ()).throw(KeyboardInterrupt())      # the process dies mid-part
+    with pytest.raises(KeyboardInterrupt):
+        gpu_check.run_parts(parts, {"device_class": "cuda-sm90"}, path, {}, log=lambda line: None)
+    saved = gpu_check.load_report(path, "cuda-sm90", fresh=False)
+    assert set(saved["parts"]) == {"machine"}
+    calls.clear()
+    gpu_check.run_parts(_parts(calls), saved, path, {}, log=lambda line: None)
+    assert calls == ["lab01", "lab04"]
+    assert gpu_check.load_report(path, "cuda-sm80", fresh=False) == {}, "another GPU class starts afresh"
+    assert gpu_check.load_report(path, "cuda-sm90", fresh=True) == {}
+
+
+def test_markdown_report_puts_figures_next_to_targets_and_grading(tmp_path):
+    report = {"device_name": "NVIDIA H100 80GB HBM3", "device_class": "cuda-sm90", "date": "2026-11-24",
+              "versions": {"torch": "2.11", "triton": "3.6", "cuda": "12.8", "driver": "570"},
+              "parts": {"lab04": {"status": "done", "figures": [gpu_check._row(
+                  "lab04", "flash forward over naive", 6.2, target=gpu_check.TARGETS["flash_vs_naive"][1],
+                  check={"status": "not graded", "why": "uncalibrated on NVIDIA H100; run `make calibrate`"})]},
+                        "lab05": {"status": "failed", "error": "RuntimeError: out of memory", "figures": []}}}
+    md = gpu_check.markdown(report)
+    assert "NVIDIA H100 80GB HBM3" in md and "| lab04 | flash forward over naive | 6.2 x | flash forward >= 5x" in md
+    assert "not graded (uncalibrated on NVIDIA H100; run `make calibrate`)" in md
+    assert "| lab05 | FAILED: RuntimeError: out of memory" in md
+
+
+def test_graded_check_without_calibration_still_measures(tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_CALIBRATION_DIR", str(tmp_path))
+    work = lambda n: (lambda: sum(range(n)))          # noqa: E731
+    run = lambda: check_speedup(work(200), work(2000), work(200), what="toy", check="toy_gpu", repeats=2)  # noqa: E731
+    c = gpu_check.graded(["toy_gpu"], run, "cpu")
+    assert c["status"] == "not graded" and "make calibrate" in c["why"] and c["result"]["reference_speedup"] > 0
+    (tmp_path / "toy_gpu.cpu.json").write_text(json.dumps({"graded": True, "threshold": 1e6}))
+    assert gpu_check.graded(["toy_gpu"], run, "cpu")["status"] == "failed"
+
+
+def test_naive_attention_sweep_stops_where_its_scores_would_not_fit():
+    from autograder.gpu_bench import HEADROOM, flash_forward_sweep, naive_attention_bytes
+    free = naive_attention_bytes(1, 2, 32, 32) / HEADROOM + 1          # room for T = 32, not T = 64
+    timed = []
+
+    def bench(fn, device):
+        timed.append(fn)
+        return 1e-3
+    sweep = flash_forward_sweep([16, 32, 64, 128], batch=1, heads=2, head_dim=16, device="cpu", free=lambda: free,
+                                bench=bench)
+    naive = {r["T"]: r["naive_ms"] for r in sweep["rows"]}
+    assert naive[16] and naive[32] and naive[64] is None and naive[128] is None
+    assert sweep["naive_stopped"].startswith("naive attention stopped at T=64") and "free" in sweep["naive_stopped"]
+    assert len(timed) == 4 * 2 + 2, "reference and SDPA at every T, naive only where it fits"
+    assert naive_attention_bytes(4, 32, 8192, 8192) == 3 * 34_359_738_368     # the 34 GB score tensor, three times
+
+
+def test_benchmarks_run_on_the_cpu_on_small_shapes():
+    from autograder import gpu_bench
+    peaks = gpu_bench.machine_peaks("cpu", copy_mib=4, matmul_n=64)
+    assert peaks["bandwidth_GBps"] > 0 and peaks["matmul_TFLOPs"] > 0
+    [row] = gpu_bench.paged_decode_sweep([32], batch=2, heads=4, kv_heads=2, head_dim=16, device="cpu",
+                                         bench=lambda fn, d: (fn(), 1e-3)[1])
+    assert row["speedup"] == pytest.approx(1.0)
+    [g] = gpu_bench.gemv_table([128], device="cpu", bench=lambda fn, d: (fn(), 1e-3)[1])
+    assert g["int4_GBps"] < g["int8_GBps"], "INT4 moves half the bytes in the same (fake) time"
+    r = gpu_bench.engine_throughput(config=dict(vocab_size=128, max_seq_len=48, d_model=32, n_layers=1, n_heads=2,
+                                                n_kv_heads=1, d_ff=64), requests=3, prompt_len=4, max_tokens=4,
+                                    device="cpu", dtype=torch.bfloat16, bandwidth_GBps=10.0)
+    assert r["batch_tokens_per_s"] > 0 and 0 < r["alone_fraction_of_roofline"] < 1

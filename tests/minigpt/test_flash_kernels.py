@@ -134,26 +134,6 @@ def test_every_autotune_tile_shape_is_correct():
         torch.testing.assert_close(lse.double(), want_lse, atol=1e-4, rtol=1e-4)
 
 
-def test_kernels_compile_for_hopper_without_a_gpu():
-    """Ahead-of-time compilation to a sm_90 cubin (Triton's bundled ptxas; no GPU needed) catches what the
-    interpreter accepts but the GPU compiler does not. The full list of variants: run the script by hand."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    script = Path(__file__).with_name("compile_lab04_kernels.py")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, str(script), "90", "--quick"], capture_output=True, text=True, env=env,
-                         timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    rows = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
-    assert [r["kernel"] for r in rows] == ["flash_fwd", "paged_decode_split"]
-    for r in rows:
-        assert r["has_cubin"] and 0 < r["shared_bytes"] <= 227 * 1024, r      # H100: 227 KiB per block
-
-
 def test_triton_forward_accepts_strided_inputs():
     q, k, v = _qkv(1, 2, 2, 20, 20, 16)
     qt = q.transpose(1, 2).contiguous().transpose(1, 2)     # (B, H, T, D) view of a (B, T, H, D) tensor

@@ -1,0 +1,225 @@
+"""The GPU tier's benchmarks (`make gpu-check` runs them), each device-generic: on a CPU they run on small shapes.
+
+    machine_peaks(device)             measured memory bandwidth (GB/s, a large copy) and bf16 matmul peak (TFLOP/s)
+    flash_forward_sweep(...)          naive attention, SDPA (flash backend on a GPU), the reference Triton kernel
+                                      over T; naive stops where its scores would not fit in free memory (and says so)
+    paged_decode_sweep(...)           gather-then-SDPA vs the split-KV kernel over the context length
+    gemv_table(...)                   bf16 matmul vs the INT8 / INT4 dequantizing GEMV, GB/s of weights
+    engine_throughput(...)            lab 08's LLMEngine on a 1B-parameter Llama shape, random weights
+
+Every baseline that materialises a T x T tensor is capped by memory: `naive_attention_bytes` is what naive
+attention allocates (fp32 scores, the masked copy and softmax's output, 3 x B x H x Tq x Tk x 4 bytes) and
+`fits` compares it with the free device memory, keeping `headroom` of it spare.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+
+__all__ = ["naive_attention_bytes", "fits", "free_bytes", "machine_peaks", "flash_forward_sweep", "paged_decode_sweep",
+           "gemv_table", "LLAMA_1B", "engine_throughput", "attention_flops"]
+
+HEADROOM = 0.9          # use at most 90% of the free memory for one baseline's temporaries
+
+
+def naive_attention_bytes(batch: int, heads: int, q_len: int, k_len: int) -> int:
+    """Bytes naive attention allocates beyond its inputs: fp32 scores, their masked copy and the softmax output."""
+    return 3 * batch * heads * q_len * k_len * 4
+
+
+def fits(need_bytes: int, free: int, headroom: float = HEADROOM) -> bool:
+    return need_bytes <= headroom * free
+
+
+def free_bytes(device: str) -> int:
+    """Free memory on the device (CUDA: cudaMemGetInfo; CPU: MemAvailable from /proc/meminfo)."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.mem_get_info()[0]
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 * 2**30
+
+
+def _bench(fn: Callable[[], Any], device: str) -> float:
+    """Median seconds per call (do_bench on CUDA, a few perf_counter calls on the CPU)."""
+    from minigpt.timing import bench_interleaved
+    return bench_interleaved({"f": fn}, rounds=1 if torch.device(device).type == "cuda" else 3, device=device)["f"]
+
+
+def machine_peaks(device: str = "cuda", *, copy_mib: int = 1024, matmul_n: int = 8192) -> dict[str, float]:
+    """Measured bandwidth (a copy reads and writes `copy_mib` MiB) and bf16 matmul throughput (n x n x n)."""
+    n_bytes = copy_mib * 2**20
+    src = torch.empty(n_bytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    t_copy = _bench(lambda: dst.copy_(src), device)
+    del src, dst
+    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    a = torch.randn(matmul_n, matmul_n, device=device, dtype=dtype)
+    b = torch.randn(matmul_n, matmul_n, device=device, dtype=dtype)
+    t_mm = _bench(lambda: a @ b, device)
+    return {"bandwidth_GBps": 2 * n_bytes / t_copy / 1e9, "matmul_TFLOPs": 2 * matmul_n ** 3 / t_mm / 1e12,
+            "matmul_dtype": str(dtype).replace("torch.", ""), "copy_MiB": copy_mib, "matmul_n": matmul_n}
+
+
+def attention_flops(batch: int, heads: int, seq_len: int, head_dim: int, causal: bool) -> float:
+    """4 T^2 D per (batch, head) for QK^T and PV, halved under a causal mask."""
+    return 4 * batch * heads * seq_len ** 2 * head_dim * (0.5 if causal else 1.0)
+
+
+def flash_forward_sweep(seq_lens: list[int], *, batch: int = 4, heads: int = 32, head_dim: int = 64,
+                        causal: bool = True, device: str = "cuda", free: Callable[[], int] | None = None,
+                        bench: Callable[[Callable[[], Any], str], float] = _bench) -> dict[str, Any]:
+    """ms and TFLOP/s of naive attention, SDPA and the reference kernel per T, fp16; naive stops at the first T whose
+    temporaries would not fit (`naive_attention_bytes` against `free()`), and the row says so."""
+    from minigpt.attention import naive_attention
+    from minigpt.kernels.flash_attention import flash_attention_forward
+
+    free = free or (lambda: free_bytes(device))
+    rows, naive_stopped = [], None
+    for T in seq_lens:
+        g = torch.Generator(device=device).manual_seed(T)
+        q, k, v = (torch.randn(batch, heads, T, head_dim, device=device, generator=g).half() for _ in range(3))
+        flops = attention_flops(batch, heads, T, head_dim, causal)
+        row: dict[str, Any] = {"T": T}
+        row["reference_ms"] = bench(lambda: flash_attention_forward(q, k, v, causal=causal), device) * 1e3
+        row["sdpa_ms"] = bench(lambda: _sdpa(q, k, v, causal), device) * 1e3
+        need = naive_attention_bytes(batch, heads, T, T)
+        if naive_stopped is None and causal and fits(need, free()):
+            row["naive_ms"] = bench(lambda: naive_attention(q, k, v), device) * 1e3
+        elif causal:
+            naive_stopped = naive_stopped or (
+                f"naive attention stopped at T={T}: its fp32 scores, masked copy and softmax output need "
+                f"{need / 1e9:.3g} GB, more than {HEADROOM:.0%} of the {free() / 1e9:.3g} GB free")
+            row["naive_ms"] = None
+        for key in [k_ for k_ in row if k_.endswith("_ms") and row[k_]]:
+            row[key.replace("_ms", "_TFLOPs")] = flops / (row[key] * 1e-3) / 1e12
+        if row.get("naive_ms"):
+            row["reference_over_naive"] = row["naive_ms"] / row["reference_ms"]
+        row["reference_vs_sdpa"] = row["sdpa_ms"] / row["reference_ms"]
+        rows.append(row)
+        del q, k, v
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()
+    return {"batch": batch, "heads": heads, "head_dim": head_dim, "causal": causal, "dtype": "float16",
+            "rows": rows, "naive_stopped": naive_stopped}
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    """SDPA with its flash backend on a GPU (fp16), the default backend elsewhere."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    f = torch.nn.functional.scaled_dot_product_attention
+    if q.is_cuda:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return f(q, k, v, is_causal=causal)
+    return f(q, k, v, is_causal=causal)
+
+
+def paged_decode_sweep(contexts: list[int], *, batch: int = 32, heads: int = 32, kv_heads: int = 8,
+                       head_dim: int = 128, block_size: int = 16, device: str = "cuda",
+                       bench: Callable[[Callable[[], Any], str], float] = _bench) -> list[dict[str, Any]]:
+    """gather-then-SDPA vs the split-KV kernel, fp16; GB/s of K and V read by the kernel."""
+    from minigpt.kernels.paged_decode import gather_then_sdpa, paged_decode, random_paged_inputs
+
+    rows = []
+    for ctx in contexts:
+        args = random_paged_inputs([ctx] * batch, n_heads=heads, n_kv_heads=kv_heads, head_dim=head_dim,
+                                   block_size=block_size, dtype=torch.float16, device=device)
+        row = {"context": ctx, "gather_sdpa_ms": bench(lambda: gather_then_sdpa(*args), device) * 1e3,
+               "paged_decode_ms": bench(lambda: paged_decode(*args), device) * 1e3}
+        kv_bytes = 2 * batch * ctx * kv_heads * head_dim * 2
+        row["paged_decode_GBps"] = kv_bytes / (row["paged_decode_ms"] * 1e-3) / 1e9
+        row["speedup"] = row["gather_sdpa_ms"] / row["paged_decode_ms"]
+        rows.append(row)
+        del args
+    return rows
+
+
+def gemv_table(sizes: list[int], *, group_size: int = 128, device: str = "cuda",
+               bench: Callable[[Callable[[], Any], str], float] = _bench) -> list[dict[str, Any]]:
+    """Per n: a dense (bf16 on a GPU) n x n matrix-vector product vs the INT8 and INT4 reference GEMV kernels."""
+    from minigpt.kernels.dequant_gemv import dequant_gemv
+    from minigpt.quant.formats import pack_int4, quantize
+
+    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    rows = []
+    for n in sizes:
+        g = torch.Generator().manual_seed(n)
+        w = torch.randn(n, n, generator=g)
+        x = torch.randn(n, generator=g).to(device, dtype)
+        dense = w.to(device, dtype)
+        row: dict[str, Any] = {"n": n, "dense_ms": bench(lambda: dense @ x, device) * 1e3}
+        for bits in (8, 4):
+            qt = quantize(w, bits, group_size=group_size)
+            qw = (pack_int4(qt.q) if bits == 4 else qt.q).to(device)
+            scale = qt.scale.to(device)
+            ms = bench(lambda: dequant_gemv(x, qw, scale, bits, group_size), device) * 1e3
+            row[f"int{bits}_ms"] = ms
+            row[f"int{bits}_speedup"] = row["dense_ms"] / ms
+            row[f"int{bits}_GBps"] = (qw.nbytes + scale.nbytes) / (ms * 1e-3) / 1e9
+        row["dense_GBps"] = dense.nbytes / (row["dense_ms"] * 1e-3) / 1e9
+        rows.append(row)
+    return rows
+
+
+# Llama-3.2-1B's shape (hidden 2048, 16 layers, 32 query / 8 KV heads, MLP 8192, vocab 128256, tied embeddings):
+# about 1.24e9 parameters. Random weights: the engine's speed does not depend on their values.
+LLAMA_1B = dict(vocab_size=128256, max_seq_len=2048, d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, d_ff=8192,
+                rope_theta=500_000.0)
+
+
+def engine_throughput(*, config: dict[str, Any] | None = None, requests: int = 64, prompt_len: int = 128,
+                      max_tokens: int = 128, max_num_seqs: int = 64, device: str = "cuda",
+                      dtype: torch.dtype = torch.bfloat16, bandwidth_GBps: float | None = None) -> dict[str, Any]:
+    """Output tokens/s of lab 08's LLMEngine serving `requests` at once, and of one request alone (batch 1), on a
+    model of `config`'s shape (default LLAMA_1B) with random weights; against the bandwidth roofline of a decode step
+    (every weight read once per step) when `bandwidth_GBps` is given."""
+    import time
+
+    from minigpt.config import ModelConfig
+    from minigpt.model import GPT
+    from minigpt.sampling import SamplingParams
+    from minigpt.serving.engine import EngineConfig, LLMEngine
+
+    cfg = ModelConfig(**(config or LLAMA_1B))
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = GPT(cfg).to(dtype).eval()
+    params = sum(p.numel() for p in model.parameters())
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    blocks_per_seq = math.ceil((prompt_len + max_tokens) / 16) + 1
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, cfg.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(requests)]
+
+    def serve(n: int) -> tuple[int, float]:
+        engine = LLMEngine(model, EngineConfig(num_blocks=blocks_per_seq * n + 1, max_num_seqs=min(n, max_num_seqs),
+                                               max_num_batched_tokens=max(512, prompt_len), enable_prefix_caching=False))
+        for i, p in enumerate(prompts[:n]):
+            engine.add_request(f"r{i}", p, max_tokens=max_tokens, sampling=SamplingParams())
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize()
+        t0, tokens = time.perf_counter(), 0
+        while engine.has_unfinished():
+            tokens += sum(len(out.new_token_ids) for out in engine.step())
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize()
+        return tokens, time.perf_counter() - t0
+
+    serve(min(2, requests))                                   # warm-up
+    alone_tokens, alone_s = serve(1)
+    batch_tokens, batch_s = serve(requests)
+    out = {"shape": {k: v for k, v in (config or LLAMA_1B).items()}, "parameters": params, "dtype": str(dtype)[6:],
+           "requests": requests, "prompt_len": prompt_len, "max_tokens": max_tokens,
+           "batch_tokens_per_s": batch_tokens / batch_s, "alone_tokens_per_s": alone_tokens / alone_s,
+           "batch_over_alone": (batch_tokens / batch_s) / (alone_tokens / alone_s)}
+    if bandwidth_GBps:
+        step_floor_s = weight_bytes / (bandwidth_GBps * 1e9)
+        out["decode_step_floor_ms"] = step_floor_s * 1e3
+        out["alone_fraction_of_roofline"] = (alone_tokens / alone_s) * step_floor_s
+    return out

@@ -1,0 +1,64 @@
+"""The GPU tier's device-generic code paths, run on the CPU on small shapes (Triton kernels in the interpreter), with a
+threshold pinned (`thresholds.fixed`): the CPU does not grade them, these tests check the code, not the speed. The
+CUDA-graph check is the exception (capture needs a GPU). About 10 s on a quiet 2-core machine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import minigpt.kernels  # noqa: F401  (TRITON_INTERPRET=1 on a CPU before any kernel is built)
+from autograder import lab04, lab05, slow_implementations
+from autograder.thresholds import Uncalibrated, fixed
+from minigpt.kernels.dequant_gemv import dequant_gemv
+from minigpt.kernels.flash_attention import flash_attention_forward
+from minigpt.kernels.paged_decode import paged_decode
+
+FLASH_SMALL = dict(seq_len=32, head_dim=16, batch=1, heads=2, rounds=1, device="cpu")
+DECODE_SMALL = dict(batch=2, context=20, heads=4, kv_heads=2, head_dim=16, rounds=1, device="cpu")
+
+
+def _flash(q, k, v, causal):
+    return flash_attention_forward(q, k, v, causal=causal)
+
+
+def test_flash_speed_check_code_path():
+    with fixed(0.0):
+        r = lab04.check_flash_speed(_flash, **FLASH_SMALL)
+        lab04.check_flash_speed(slow_implementations.flash_small_tiles, **FLASH_SMALL)
+        lab04.check_flash_speed(slow_implementations.naive_as_flash, **FLASH_SMALL)
+    assert r["reference_speedup"] > 0 and r["threshold"] == 0.0 and r["batch"] == 1
+    with fixed(0.0), pytest.raises(AssertionError, match="differs from the reference"):
+        lab04.check_flash_speed(lambda q, k, v, c: (torch.zeros_like(q), None), **FLASH_SMALL)
+
+
+def test_paged_decode_speed_check_code_path():
+    with fixed(0.0):
+        r = lab04.check_paged_decode_speed(paged_decode, **DECODE_SMALL)
+        lab04.check_paged_decode_speed(slow_implementations.paged_decode_one_split, **DECODE_SMALL)
+        lab04.check_paged_decode_speed(slow_implementations.paged_decode_pytorch, **DECODE_SMALL)
+    assert r["reference_speedup"] > 0
+    with fixed(0.0), pytest.raises(AssertionError, match="differs from the reference"):
+        lab04.check_paged_decode_speed(lambda q, *a: torch.zeros_like(q), **DECODE_SMALL)
+
+
+def test_gemv_speed_check_code_path():
+    with fixed(0.0):
+        r = lab05.check_gemv_speed(dequant_gemv, N=32, K=256, rounds=1, device="cpu")
+        lab05.check_gemv_speed(slow_implementations.dequantize_then_matmul, N=32, K=256, rounds=1, device="cpu")
+    assert set(r) == {"int8", "int4"} and all(v["reference_speedup"] > 0 for v in r.values())
+    with fixed(0.0), pytest.raises(AssertionError, match="differs from the reference kernel"):
+        lab05.check_gemv_speed(lambda x, qw, s, b, g: torch.zeros(qw.shape[0]), N=32, K=256, rounds=1, device="cpu")
+
+
+def test_memory_growth_of_linear_and_quadratic_peaks():
+    assert lab04.growth_per_doubling([1000, 2000, 4000]) == [2.0, 2.0]
+    assert lab04.growth_per_doubling([1000, 4000, 16000]) == [4.0, 4.0]
+
+
+def test_gpu_checks_without_a_calibration_say_so_before_measuring(tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_CALIBRATION_DIR", str(tmp_path))
+    with pytest.raises(Uncalibrated, match="lab04_flash_speed is uncalibrated on .*make calibrate"):
+        lab04.check_flash_speed(_flash, **FLASH_SMALL)
+    with pytest.raises(Uncalibrated, match="lab05_dequant_gemv_int8 is uncalibrated"):
+        lab05.check_gemv_speed(dequant_gemv, N=32, K=256, rounds=1, device="cpu")
