@@ -2,6 +2,7 @@
 
     model = load_model("target")              # data/checkpoints/target.{safetensors,json}
     card = load_card("target")                # the card as a dict
+    model = load_model("/models/SmolLM2-135M")   # a Hugging Face Llama-family folder (minigpt.hf)
 
 Weights are stored in bfloat16 (half the bytes of float32) and cast to the requested dtype on load.
 """
@@ -70,7 +71,14 @@ def load_card(name_or_path: str | Path) -> dict[str, Any]:
 
 def load_model(name_or_path: str | Path = "target", *, device: str | torch.device = "cpu",
                dtype: torch.dtype = torch.float32, attention: str = "sdpa", verify: bool = True, **model_kwargs: Any) -> GPT:
-    """Build the model from its card, check the file's sha256, load the weights; returns it in eval mode."""
+    """Build the model from its card, check the file's sha256, load the weights; returns it in eval mode.
+
+    A folder with a config.json is read as a Hugging Face checkpoint instead (`minigpt.hf.load_hf_model`;
+    model_kwargs may then include `max_seq_len` to cap a long context).
+    """
+    from minigpt.hf.loading import is_hf_folder, load_hf_model
+    if is_hf_folder(name_or_path):
+        return load_hf_model(name_or_path, device=device, dtype=dtype, attention=attention, **model_kwargs)
     weights, _ = checkpoint_paths(name_or_path)
     card = load_card(name_or_path)
     if not weights.exists():
