@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from minigpt.sampling import SamplingParams
 from minigpt.serving.admission import AdmissionSlots, QueueFull, admitted
 from minigpt.serving.async_engine import AsyncLLMEngine, RequestStream
-from minigpt.serving.chat_template import CHAT_STOP, render_chat
+from minigpt.serving.chat_template import chat_template_for
 from minigpt.serving.outputs import RequestOutput
 from minigpt.serving.prometheus_metrics import CONTENT_TYPE, ServingMetrics
 from minigpt.serving.protocol import ChatCompletionRequest, CompletionRequest, error_body
@@ -95,6 +95,7 @@ def create_app(engine: AsyncLLMEngine, *, max_queue: int = 64, retry_after_s: fl
     if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
         raise ValueError(f"max_queue must be a positive int, got {max_queue!r}")
     core = engine.engine
+    chat_template = chat_template_for(core.tokenizer)      # the model's own (HF) template, or the course's transcript
     slots = AdmissionSlots(max_queue)
     metrics = ServingMetrics(engine, in_flight=lambda: slots.in_use)
     counter = itertools.count()
@@ -247,14 +248,14 @@ def create_app(engine: AsyncLLMEngine, *, max_queue: int = 64, retry_after_s: fl
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest) -> Response:
         try:
-            prompt = render_chat(body.messages)
+            prompt = chat_template.render(body.messages)
         except ValueError as err:
             raise BadRequest(str(err), "messages") from None
         max_tokens = body.token_budget
         if max_tokens is None:
             n_prompt = len(core.encode(prompt))
             max_tokens = max(1, min(DEFAULT_CHAT_MAX_TOKENS, core.max_model_len - n_prompt))
-        request_id, stream, stack = await start(body, prompt, max_tokens, [*body.stop_list, CHAT_STOP], "chatcmpl")
+        request_id, stream, stack = await start(body, prompt, max_tokens, [*body.stop_list, *chat_template.stop_strings], "chatcmpl")
         created = int(time.time())
         sent_role = [False]
 
