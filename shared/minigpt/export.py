@@ -25,11 +25,12 @@ from minigpt.checkpoint import STORAGE_DTYPE, load_card, load_model
 from minigpt.hf.config import config_to_hf
 from minigpt.hf.tokenizer import byte_to_unicode
 from minigpt.hf.weights import course_to_hf
+from minigpt.model import GPT
 from minigpt.paths import data_dir
 from minigpt.serving.chat_template import CHAT_STOP, ROLE_NAMES
 from minigpt.tokenizer import EOT, EOT_ID, SPLIT_PATTERN, TOKENIZER_FILE, read_ranks
 
-__all__ = ["course_tokenizer", "export_hf", "main", "PLAIN_CHAT_JINJA"]
+__all__ = ["course_tokenizer", "export_hf", "to_transformers", "main", "PLAIN_CHAT_JINJA"]
 
 # The course's plain-text chat (minigpt.serving.chat_template.render_chat) as a jinja template.
 PLAIN_CHAT_JINJA = (
@@ -93,6 +94,24 @@ def export_hf(name: str | Path, out_dir: str | Path) -> Path:
         f"load it with `LlamaForCausalLM.from_pretrained` and `AutoTokenizer.from_pretrained`. Chat replies "
         f"stop at {EOT!r} or at the text {CHAT_STOP!r}.\n")
     return out
+
+
+def to_transformers(model: GPT, *, attn_implementation: str = "sdpa"):
+    """A transformers `LlamaForCausalLM` holding the same weights as `model` (same dtype and device), in memory."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = model.config
+    hf_cfg = LlamaConfig(**config_to_hf(cfg, eos_token_id=EOT_ID, bos_token_id=EOT_ID, dtype=str(model.dtype)[6:]),
+                         attn_implementation=attn_implementation)
+    with torch.device(model.device):
+        hf = LlamaForCausalLM(hf_cfg).to(model.dtype)       # its random init is overwritten just below
+    state = {course_to_hf(k): v.detach() for k, v in model.state_dict().items()
+             if not (cfg.tie_embeddings and k == "lm_head.weight")}
+    hf.load_state_dict(state, strict=False, assign=True)
+    if cfg.tie_embeddings:
+        hf.tie_weights()
+    hf.generation_config.eos_token_id = EOT_ID
+    return hf.eval()
 
 
 def _transformers_version() -> str:

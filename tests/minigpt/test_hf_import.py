@@ -135,3 +135,24 @@ def test_chat_template_renders_like_transformers(folder):
     text = AutoTokenizer.from_pretrained(folder).apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     ours = chat_template_for(tokenizer_for(folder)).render(messages)
     assert "<|begin_of_text|>" + ours == text            # the BOS comes from encoding, not from the text
+
+
+def test_sentencepiece_style_tokenizer_detokenizes_byte_exactly():
+    """Llama 2 / TinyLlama / Mistral layout: "▁" for spaces, "<0xNN>" byte-fallback tokens for unknown characters."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
+    for piece in ["▁", "H", "e", "l", "o", "w", "r", "d"]:
+        vocab[piece] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], byte_fallback=True, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    ours = HFTokenizer(tok, eos_token_ids=[2])
+    text = "Hello wörld ✓"
+    ids = ours.encode(text)
+    assert any(3 <= i < 259 for i in ids), "the test text must need byte-fallback tokens"
+    assert tok.decode(ids) == text
+    assert ours.decode_bytes(ids) == b" " + text.encode()      # the leading "▁" is a space mid-text; HF strips it at the start
+    pieces = b"".join(ours.decode_bytes([i]) for i in ids)       # one token at a time: the same bytes
+    assert pieces == b" " + text.encode()
