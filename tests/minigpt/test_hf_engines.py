@@ -136,3 +136,16 @@ def test_lab08_server_through_the_openai_client(folders, setup, engine):
                  add_special_tokens=False)["input_ids"]
     out = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=NEW_TOKENS)[0, len(ids):].tolist()
     assert reply.choices[0].message.content == hf_tok.decode(out, skip_special_tokens=True)
+
+
+def test_the_server_command_takes_a_folder(folders, setup):
+    """`python -m minigpt.serving --checkpoint FOLDER` (what `make serve SERVE_ARGS=...` runs) as a child process."""
+    from minigpt.serving.launch import serve_subprocess
+
+    *_, tok, prompts, expected, _ = setup
+    args = ["--checkpoint", str(folders[0]), "--max-model-len", "128", "--num-blocks", "32", "--threads", "1"]
+    with serve_subprocess(args) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        assert [m.id for m in client.models.list().data] == [str(folders[0])]
+        out = client.completions.create(model=str(folders[0]), prompt=TEXTS[0], max_tokens=NEW_TOKENS, temperature=0)
+    assert out.choices[0].text == tok.decode(expected[0])
