@@ -255,7 +255,8 @@ def create_app(engine: AsyncLLMEngine, *, max_queue: int = 64, retry_after_s: fl
         if max_tokens is None:
             n_prompt = len(core.encode(prompt))
             max_tokens = max(1, min(DEFAULT_CHAT_MAX_TOKENS, core.max_model_len - n_prompt))
-        request_id, stream, stack = await start(body, prompt, max_tokens, [*body.stop_list, *chat_template.stop_strings], "chatcmpl")
+        stop = [*body.stop_list, *chat_template.stop_strings]
+        request_id, stream, stack = await start(body, prompt, max_tokens, stop, "chatcmpl")
         created = int(time.time())
         sent_role = [False]
 

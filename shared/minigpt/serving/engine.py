@@ -133,8 +133,8 @@ class LLMEngine(EngineBase):
 
     def _enqueue(self, request_id: Hashable, prompt: list[int], max_tokens: int, sampling: SamplingParams,
                  stop: tuple[str, ...], adapter: int, arrival_time: float) -> None:
-        request = EngineRequest(request_id, tuple(prompt), max_tokens, sampling, arrival_time, stop_token_ids(self.tokenizer), stop,
-                                self.tokenizer if stop else None, adapter=adapter)
+        request = EngineRequest(request_id, tuple(prompt), max_tokens, sampling, arrival_time,
+                                stop_token_ids(self.tokenizer), stop, self.tokenizer if stop else None, adapter=adapter)
         seq = self.scheduler.add_request(request)    # ValueError (nothing changed) if it could never fit the pool
         if self.model.device.type != "cpu":          # sample with a generator on the logits' device
             seq.generator = make_generator(sampling, self.model.device)
