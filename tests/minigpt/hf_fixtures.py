@@ -8,9 +8,13 @@ byte-level BPE tokenizer.json trained here with `tokenizers` and a tokenizer_con
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")          # everything here is local: never ask the Hub
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 BOS, EOS, EOT = "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"
 CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|start|>{{ m['role'] }}\n{{ m['content'] }}{{ '<|eot_id|>' }}"
