@@ -2,12 +2,14 @@
 
     model = load_model("target")              # data/checkpoints/target.{safetensors,json}
     card = load_card("target")                # the card as a dict
+    model = load_model("/models/SmolLM2-135M")   # a Hugging Face Llama-family folder (minigpt.hf)
 
 Weights are stored in bfloat16 (half the bytes of float32) and cast to the requested dtype on load.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -69,8 +71,17 @@ def load_card(name_or_path: str | Path) -> dict[str, Any]:
 
 
 def load_model(name_or_path: str | Path = "target", *, device: str | torch.device = "cpu",
-               dtype: torch.dtype = torch.float32, attention: str = "sdpa", verify: bool = True, **model_kwargs: Any) -> GPT:
-    """Build the model from its card, check the file's sha256, load the weights; returns it in eval mode."""
+               dtype: torch.dtype = torch.float32, attention: str = "sdpa", verify: bool = True,
+               max_seq_len: int | None = None, **model_kwargs: Any) -> GPT:
+    """Build the model from its card, check the file's sha256, load the weights; returns it in eval mode.
+
+    A folder with a config.json is read as a Hugging Face checkpoint instead (`minigpt.hf.load_hf_model`).
+    max_seq_len: the context to build the model for (default: the checkpoint's), e.g. to cap a long one.
+    """
+    from minigpt.hf.loading import is_hf_folder, load_hf_model
+    if is_hf_folder(name_or_path):
+        return load_hf_model(name_or_path, device=device, dtype=dtype, attention=attention, max_seq_len=max_seq_len,
+                             **model_kwargs)
     weights, _ = checkpoint_paths(name_or_path)
     card = load_card(name_or_path)
     if not weights.exists():
@@ -82,7 +93,10 @@ def load_model(name_or_path: str | Path = "target", *, device: str | torch.devic
         state = load_file(str(weights))
     except (SafetensorError, OSError) as err:
         raise CheckpointError(f"{weights} is not a readable safetensors file ({err}); restore it from git or run `make models`") from err
-    model = GPT(ModelConfig.from_dict(card["config"]), attention=attention, **model_kwargs)
+    config = ModelConfig.from_dict(card["config"])
+    if max_seq_len is not None:
+        config = dataclasses.replace(config, max_seq_len=max_seq_len)
+    model = GPT(config, attention=attention, **model_kwargs)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not (model.config.tie_embeddings and k == "lm_head.weight")]
     if missing or unexpected:

@@ -7,6 +7,28 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class Llama3RopeScaling:
+    """Llama 3.1's RoPE frequency rescaling (HF `rope_type: "llama3"`), for contexts past the pretraining one.
+
+    With wavelength w_i = 2*pi / inv_freq_i and the pretraining context L = original_max_position_embeddings:
+    w_i < L / high_freq_factor keeps inv_freq_i; w_i > L / low_freq_factor divides it by `factor`; in between,
+    inv_freq_i is blended linearly in s = (L / w_i - low_freq_factor) / (high_freq_factor - low_freq_factor):
+    (1 - s) * inv_freq_i / factor + s * inv_freq_i.
+    """
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+    def __post_init__(self) -> None:
+        if not (self.factor > 0 and 0 < self.low_freq_factor < self.high_freq_factor
+                and self.original_max_position_embeddings > 0):
+            raise ValueError(f"llama3 rope scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor and "
+                             f"original_max_position_embeddings > 0, got {self}")
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """A Llama-style decoder: RMSNorm, RoPE, SwiGLU MLP, grouped-query attention.
 
@@ -25,8 +47,11 @@ class ModelConfig:
     rope_theta: float = 10_000.0
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
+    rope_scaling: Llama3RopeScaling | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.rope_scaling, dict):          # from a JSON card
+            object.__setattr__(self, "rope_scaling", Llama3RopeScaling(**self.rope_scaling))
         for name in ("vocab_size", "max_seq_len", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff"):
             if int(getattr(self, name)) <= 0:
                 raise ValueError(f"ModelConfig.{name} must be a positive integer, got {getattr(self, name)!r}")

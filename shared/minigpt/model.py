@@ -17,6 +17,7 @@ Three extension points let later labs plug in without forking this file:
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Protocol, Sequence
 
 import torch
@@ -24,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from minigpt.attention import AttentionFn, resolve_attention
-from minigpt.config import ModelConfig
+from minigpt.config import Llama3RopeScaling, ModelConfig
 
 LinearFactory = Callable[[int, int, str], nn.Module]
 
@@ -56,10 +57,22 @@ class RMSNorm(nn.Module):
         return (normed * self.weight.float()).to(x.dtype)
 
 
-def rope_angles(positions: Tensor, head_dim: int, theta: float) -> Tensor:
-    """Rotation angles (..., T, head_dim/2): angle[p, i] = p * theta^(-2i/head_dim), in float32."""
-    inv_freq = theta ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
-    return positions.float()[..., None] * inv_freq
+def rope_inv_freq(head_dim: int, theta: float, scaling: Llama3RopeScaling | None = None,
+                  device: torch.device | str | None = None) -> Tensor:
+    """Rotation frequencies (head_dim/2,) in float32: theta^(-2i/head_dim), rescaled by Llama 3.1's rule if given."""
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    if scaling is None:
+        return inv_freq
+    wavelength = 2 * math.pi / inv_freq
+    context = scaling.original_max_position_embeddings
+    s = ((context / wavelength - scaling.low_freq_factor)
+         / (scaling.high_freq_factor - scaling.low_freq_factor)).clamp(0.0, 1.0)   # 0: long waves, 1: short
+    return (1 - s) * inv_freq / scaling.factor + s * inv_freq
+
+
+def rope_angles(positions: Tensor, head_dim: int, theta: float, scaling: Llama3RopeScaling | None = None) -> Tensor:
+    """Rotation angles (..., T, head_dim/2): angle[p, i] = p * inv_freq[i] (see `rope_inv_freq`), in float32."""
+    return positions.float()[..., None] * rope_inv_freq(head_dim, theta, scaling, positions.device)
 
 
 def apply_rope(x: Tensor, angles: Tensor) -> Tensor:
@@ -182,7 +195,7 @@ class GPT(nn.Module):
             raise ValueError(f"got {len(kv_caches)} layer caches for a model with {len(self.layers)} layers")
         if not (torch.compiler.is_compiling() or _is_capturing(tokens)):
             self._check_inputs(tokens, positions)
-        angles = rope_angles(positions, self.config.head_dim, self.config.rope_theta)
+        angles = rope_angles(positions, self.config.head_dim, self.config.rope_theta, self.config.rope_scaling)
         x = self.tok_emb(tokens)
         for i, block in enumerate(self.layers):
             x = block(x, angles, None if kv_caches is None else kv_caches[i])

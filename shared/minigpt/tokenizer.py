@@ -6,7 +6,9 @@
     'def f(x):\n    return x\n'
 
 Ranks 0..4094 come from the rank file (0..255 are single bytes); id 4095 is `<|endoftext|>`.
-Any UTF-8 string round-trips exactly. To use OpenAI's encodings instead (needs a network or a filled
+Any UTF-8 string round-trips exactly. `tokenizer_for(name_or_path)` picks a model's tokenizer: this one for
+the course's checkpoints, its tokenizer.json (`minigpt.hf.HFTokenizer`, same calls) for a Hugging Face
+folder; `stop_token_ids(tokenizer)` are the ids that end a reply. To use OpenAI's encodings instead (needs a network or a filled
 tiktoken cache, TIKTOKEN_CACHE_DIR): `tiktoken.get_encoding("cl100k_base")`; the course models,
 however, only understand this vocabulary.
 """
@@ -17,6 +19,7 @@ import base64
 import binascii
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import tiktoken
 
@@ -72,3 +75,21 @@ def _load(path: str) -> tiktoken.Encoding:
 def load_tokenizer(path: str | Path | None = None) -> tiktoken.Encoding:
     """Load the course tokenizer (cached). `enc.eot_token` is the end-of-text id."""
     return _load(str(path or data_dir() / "tokenizer" / TOKENIZER_FILE))
+
+
+def tokenizer_for(name_or_path: str | Path = "target") -> Any:
+    """The tokenizer of a model: the course's for "target", "draft" or a .safetensors path; an HF folder's own
+    tokenizer.json (`minigpt.hf.HFTokenizer`) for a Hugging Face model folder."""
+    from minigpt.hf.loading import is_hf_folder
+    if is_hf_folder(name_or_path):
+        from minigpt.hf.tokenizer import HFTokenizer
+        return HFTokenizer.from_folder(name_or_path)
+    return load_tokenizer()
+
+
+def stop_token_ids(tokenizer: Any | None) -> tuple[int, ...]:
+    """The ids that end a reply: an HF tokenizer's `eos_token_ids`, else tiktoken's `eot_token` (the course's EOT_ID)."""
+    if tokenizer is None:
+        return (EOT_ID,)
+    ids = getattr(tokenizer, "eos_token_ids", None)
+    return tuple(ids) if ids else (int(tokenizer.eot_token),)

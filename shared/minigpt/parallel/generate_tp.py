@@ -24,7 +24,7 @@ from minigpt.engine.cached_generation import generate_kv_cache
 from minigpt.parallel.comm import CountingComm
 from minigpt.parallel.launch import init_from_env
 from minigpt.parallel.tp_model import load_tp_model, tp_kv_cache
-from minigpt.tokenizer import load_tokenizer
+from minigpt.tokenizer import tokenizer_for
 
 DEFAULT_PROMPT = "Once upon a time"
 
@@ -35,7 +35,7 @@ def tp_report(comm: CountingComm, model_name: str, prompt: str, max_new_tokens: 
     device = _rank_device()
     model = load_tp_model(model_name, comm, vocab_parallel=vocab_parallel, expected_world_size=plan_tp, device=device)
     cfg, tp, rank = model.config, comm.world_size, comm.rank
-    ids = load_tokenizer().encode(prompt)
+    ids = tokenizer_for(model_name).encode(prompt)
     with torch.inference_mode():
         cache = tp_kv_cache(cfg, tp, rank, max_seq_len=len(ids) + 1, device=device)
         tokens = torch.tensor([ids], device=device)

@@ -55,8 +55,11 @@ def tp_linear_factory(cfg: ModelConfig, comm: CountingComm, *, column_cls: type 
     tp, rank = comm.world_size, comm.rank
 
     def make_linear(in_features: int, out_features: int, name: str) -> nn.Module:
+        kind = parameter_kind(f"{name}.weight")
+        if kind == "replicated":                 # an untied LM head outside vocab parallelism: whole on every rank
+            return nn.Linear(in_features, out_features, bias=False)
         in_local, out_local = local_linear_shape(name, in_features, out_features, cfg, tp, rank)
-        if parameter_kind(f"{name}.weight") == "column":
+        if kind == "column":
             return column_cls(in_features, out_local, comm)
         return row_cls(in_local, out_features, comm)
 

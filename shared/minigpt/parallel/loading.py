@@ -3,7 +3,8 @@
 `safe_open` maps the file lazily; `get_slice(name)[rows, cols]` reads just those bytes, so with tp ranks
 each reads about 1/tp of every split weight (plus the replicated norms, and the whole embedding unless
 it is vocabulary-parallel). The file's sha256 is not checked here, since that would read every byte on
-every rank; `minigpt.checkpoint.load_model` checks it in the single-process path.
+every rank; `minigpt.checkpoint.load_model` checks it in the single-process path. A Hugging Face folder
+(one or several safetensors files) is read the same way, tensor names translated by `minigpt.hf.weights`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ class ShardedWeights:
 def load_shard(name_or_path: str | Path, tp: int, rank: int, *, vocab_parallel: bool = False,
                dtype: torch.dtype = torch.float32) -> ShardedWeights:
     """Rank `rank` of `tp`: read its piece of every tensor in the checkpoint (see sharding.shard_slices)."""
+    from minigpt.hf.loading import is_hf_folder
+    if is_hf_folder(name_or_path):
+        return _load_hf_shard(Path(name_or_path), tp, rank, vocab_parallel=vocab_parallel, dtype=dtype)
     weights, _ = checkpoint_paths(name_or_path)
     cfg = ModelConfig.from_dict(load_card(name_or_path)["config"])
     if not weights.exists():
@@ -48,6 +52,26 @@ def load_shard(name_or_path: str | Path, tp: int, rank: int, *, vocab_parallel: 
             state[name] = piece.to(dtype)
             bytes_read += piece.numel() * piece.element_size()
             file_bytes += _numel(shape) * piece.element_size()
+    return ShardedWeights(cfg, state, bytes_read, file_bytes)
+
+
+def _load_hf_shard(folder: Path, tp: int, rank: int, *, vocab_parallel: bool, dtype: torch.dtype) -> ShardedWeights:
+    from minigpt.hf.loading import load_hf_config
+    from minigpt.hf.weights import checkpoint_tensors
+
+    cfg = load_hf_config(folder)
+    state: dict[str, Tensor] = {}
+    bytes_read = file_bytes = 0
+    for name, hf_name, f in checkpoint_tensors(folder):
+        if cfg.tie_embeddings and name == "lm_head.weight":
+            continue
+        full = f.get_slice(hf_name)
+        shape = full.get_shape()
+        rows, cols = shard_slices(name, cfg, tp, rank, vocab_parallel=vocab_parallel)
+        piece = full[rows] if len(shape) == 1 else full[rows, cols]
+        state[name] = piece.to(dtype)
+        bytes_read += piece.numel() * piece.element_size()
+        file_bytes += _numel(shape) * piece.element_size()
     return ShardedWeights(cfg, state, bytes_read, file_bytes)
 
 

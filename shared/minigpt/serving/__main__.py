@@ -12,7 +12,10 @@ __all__ = ["main", "build_parser"]
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m minigpt.serving",
                                 description="Serve a course model behind an OpenAI-compatible HTTP API.")
-    p.add_argument("--checkpoint", default="target", help="course checkpoint name (target, draft) or .safetensors path")
+    p.add_argument("--checkpoint", default="target",
+                   help="course checkpoint name (target, draft), .safetensors path, or a Hugging Face Llama-family folder")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="cap the context (default: the checkpoint's; lower it for long-context models)")
     p.add_argument("--engine", choices=["continuous", "naive"], default="continuous",
                    help="continuous batching (LLMEngine) or one request at a time (NaiveEngine)")
     p.add_argument("--weights", choices=["fp32", "int8", "int4"], default="fp32")
@@ -50,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.weights != "fp32" or args.lora_adapters:
             print("--weights and --lora-adapters apply to the continuous engine only", file=sys.stderr)
             return 2
-        engine = NaiveEngine.from_checkpoint(args.checkpoint, model_name=name)
+        engine = NaiveEngine.from_checkpoint(args.checkpoint, model_name=name, max_model_len=args.max_model_len)
     else:
         config = EngineConfig(num_blocks=args.num_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
                               max_num_batched_tokens=args.max_num_batched_tokens,
@@ -59,12 +62,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             from minigpt.checkpoint import load_model
             from minigpt.serving.lora import LoRAAdapters
             from minigpt.serving.lora_runner import engine_with_adapters
-            from minigpt.tokenizer import load_tokenizer
-            model = load_model(args.checkpoint)
+            from minigpt.tokenizer import tokenizer_for
+            model = load_model(args.checkpoint, max_seq_len=args.max_model_len)
             engine = engine_with_adapters(model, LoRAAdapters.load(args.lora_adapters, model), config,
-                                          tokenizer=load_tokenizer(), model_name=name)
+                                          tokenizer=tokenizer_for(args.checkpoint), model_name=name)
         else:
-            engine = LLMEngine.from_checkpoint(args.checkpoint, config, model_name=name)
+            engine = LLMEngine.from_checkpoint(args.checkpoint, config, model_name=name, max_model_len=args.max_model_len)
     app = create_app(AsyncLLMEngine(engine, num_threads=args.threads), max_queue=args.max_queue,
                      retry_after_s=args.retry_after)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)

@@ -33,6 +33,7 @@ from minigpt.serving.api.errors import install_error_handlers
 from minigpt.serving.api.schema import exact_openapi
 from minigpt.serving.api.state import Admission, ServerState, StreamHandler
 from minigpt.serving.async_engine import AsyncLLMEngine
+from minigpt.serving.chat_template import chat_template_for
 from minigpt.serving.prometheus_metrics import ServingMetrics
 from minigpt.serving.streaming import sse_stream
 
@@ -49,7 +50,8 @@ def create_app(engine: AsyncLLMEngine, *, max_queue: int = 64, retry_after_s: fl
         raise ValueError(f"max_queue must be a positive int, got {max_queue!r}")
     slots = AdmissionSlots(max_queue)
     state = ServerState(engine, slots, ServingMetrics(engine, in_flight=lambda: slots.in_use), stream_handler,
-                        admission, retry_after_s, disconnect_poll_s)
+                        admission, retry_after_s, disconnect_poll_s,
+                        chat_template=chat_template_for(engine.engine.tokenizer))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -10,13 +10,21 @@ content may be a string, a list of text parts ({"type": "text", "text": ...}, jo
 null (an empty turn). The reply is generated after "Assistant:" and stops at <|endoftext|>, at CHAT_STOP
 ("\n\nUser:", the model starting the next turn itself) or at max_tokens. Production models are fine-tuned on such a format with
 dedicated special tokens (e.g. Llama 3's <|start_header_id|>); the engine does not care which.
+
+An imported Hugging Face model brings its own template (tokenizer_config.json's `chat_template` or
+chat_template.jinja), rendered with jinja2 in a sandbox as transformers' `apply_chat_template` does:
+`chat_template_for(tokenizer)` returns `jinja_chat_template(...)` for it and `PLAIN_CHAT` (the transcript above)
+for the course tokenizer. Its replies end at the model's end-of-turn token (an EOS id), so it needs no
+stop string.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Protocol
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Protocol
 
-__all__ = ["ROLE_NAMES", "CHAT_STOP", "render_chat"]
+__all__ = ["ROLE_NAMES", "CHAT_STOP", "render_chat", "ChatTemplate", "PLAIN_CHAT", "jinja_chat_template",
+           "chat_template_for"]
 
 ROLE_NAMES = {"system": "System", "developer": "System", "user": "User", "assistant": "Assistant", "tool": "Tool"}
 CHAT_STOP = "\n\nUser:"
@@ -47,3 +55,57 @@ def render_chat(messages: Iterable[_Message | dict]) -> str:
     if not parts:
         raise ValueError("a chat needs at least one message")
     return "\n\n".join(parts) + "\n\nAssistant:"
+
+
+def _as_dicts(messages: Iterable[_Message | dict]) -> list[dict[str, str]]:
+    out = [{"role": m["role"], "content": _text(m["content"])} if isinstance(m, dict)
+           else {"role": m.role, "content": _text(m.content)} for m in messages]
+    if not out:
+        raise ValueError("a chat needs at least one message")
+    return out
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """How the server turns chat messages into prompt text, and the stop strings that end a reply."""
+
+    render: Callable[[Iterable[_Message | dict]], str]
+    stop_strings: tuple[str, ...] = ()
+
+
+PLAIN_CHAT = ChatTemplate(render_chat, (CHAT_STOP,))
+
+
+def jinja_chat_template(source: str, *, bos_token: str | None = None, eos_token: str | None = None) -> ChatTemplate:
+    """A Hugging Face chat template (jinja2 source), rendered with add_generation_prompt=True.
+
+    A leading BOS the template writes is dropped from the text, since the tokenizer adds it when encoding."""
+    from jinja2 import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    template = env.from_string(source)
+    bos = bos_token or ""
+
+    def render(messages: Iterable[_Message | dict]) -> str:
+        try:
+            text = template.render(messages=_as_dicts(messages), add_generation_prompt=True, bos_token=bos,
+                                   eos_token=eos_token or "")
+        except TemplateError as err:               # the template refuses the conversation (e.g. roles out of order)
+            raise ValueError(f"the model's chat template refused the messages: {err}") from None
+        return text[len(bos):] if bos and text.startswith(bos) else text
+
+    return ChatTemplate(render, ())
+
+
+def chat_template_for(tokenizer: Any | None) -> ChatTemplate:
+    """The template of the model the tokenizer belongs to: its own HF template if it has one, else PLAIN_CHAT."""
+    source = getattr(tokenizer, "chat_template", None)
+    if not source:
+        return PLAIN_CHAT
+    return jinja_chat_template(source, bos_token=getattr(tokenizer, "bos_token", None),
+                             eos_token=getattr(tokenizer, "eos_token", None))

@@ -37,7 +37,7 @@ from minigpt.model import GPT
 from minigpt.sampling import SamplingParams, make_generator
 from minigpt.serving.base import EngineBase, Prompt
 from minigpt.serving.outputs import EngineStats, RequestOutput, TokenLogprob, openai_finish_reason
-from minigpt.tokenizer import EOT_ID
+from minigpt.tokenizer import stop_token_ids
 
 __all__ = ["EngineConfig", "EngineRequest", "LLMEngine", "RunnerFactory", "quantized"]
 
@@ -111,13 +111,15 @@ class LLMEngine(EngineBase):
         self._last_batch = (0, 0)
 
     @classmethod
-    def from_checkpoint(cls, name: str = "target", config: EngineConfig = EngineConfig(), **kwargs: object) -> "LLMEngine":
-        """A course checkpoint ("target", "draft" or a .safetensors path) with the course tokenizer."""
+    def from_checkpoint(cls, name: str = "target", config: EngineConfig = EngineConfig(), *,
+                        max_model_len: int | None = None, **kwargs: object) -> "LLMEngine":
+        """A course checkpoint ("target", "draft", a .safetensors path) with the course tokenizer, or a Hugging Face
+        folder with its own tokenizer.json; `max_model_len` caps the context (kwargs go to the constructor)."""
         from minigpt.checkpoint import load_model
-        from minigpt.tokenizer import load_tokenizer
-        kwargs.setdefault("tokenizer", load_tokenizer())
+        from minigpt.tokenizer import tokenizer_for
+        kwargs.setdefault("tokenizer", tokenizer_for(name))
         kwargs.setdefault("model_name", str(name))
-        return cls(load_model(name), config, **kwargs)
+        return cls(load_model(name, max_seq_len=max_model_len), config, **kwargs)
 
     # --- EngineBase ---------------------------------------------------------------------------------
 
@@ -133,8 +135,8 @@ class LLMEngine(EngineBase):
 
     def _enqueue(self, request_id: Hashable, prompt: list[int], max_tokens: int, sampling: SamplingParams,
                  stop: tuple[str, ...], adapter: int, arrival_time: float) -> None:
-        request = EngineRequest(request_id, tuple(prompt), max_tokens, sampling, arrival_time, (EOT_ID,), stop,
-                                self.tokenizer if stop else None, adapter=adapter)
+        request = EngineRequest(request_id, tuple(prompt), max_tokens, sampling, arrival_time,
+                                stop_token_ids(self.tokenizer), stop, self.tokenizer if stop else None, adapter=adapter)
         seq = self.scheduler.add_request(request)    # ValueError (nothing changed) if it could never fit the pool
         if self.model.device.type != "cpu":          # sample with a generator on the logits' device
             seq.generator = make_generator(sampling, self.model.device)

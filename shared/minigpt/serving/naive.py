@@ -22,7 +22,7 @@ from minigpt.model import GPT
 from minigpt.sampling import SamplingParams, make_generator, sample_next, token_logprobs
 from minigpt.serving.base import EngineBase
 from minigpt.serving.outputs import EngineStats, RequestOutput, TokenLogprob, openai_finish_reason
-from minigpt.tokenizer import EOT_ID
+from minigpt.tokenizer import stop_token_ids
 
 __all__ = ["NaiveEngine"]
 
@@ -51,16 +51,17 @@ class NaiveEngine(EngineBase):
         self.current: _Job | None = None
 
     @classmethod
-    def from_checkpoint(cls, name: str = "target", **kwargs: object) -> "NaiveEngine":
+    def from_checkpoint(cls, name: str = "target", *, max_model_len: int | None = None, **kwargs: object) -> "NaiveEngine":
+        """A course checkpoint or a Hugging Face folder, as `LLMEngine.from_checkpoint`."""
         from minigpt.checkpoint import load_model
-        from minigpt.tokenizer import load_tokenizer
-        kwargs.setdefault("tokenizer", load_tokenizer())
+        from minigpt.tokenizer import tokenizer_for
+        kwargs.setdefault("tokenizer", tokenizer_for(name))
         kwargs.setdefault("model_name", str(name))
-        return cls(load_model(name), **kwargs)
+        return cls(load_model(name, max_seq_len=max_model_len), **kwargs)
 
     def _enqueue(self, request_id: Hashable, prompt: list[int], max_tokens: int, sampling: SamplingParams,
                  stop: tuple[str, ...], adapter: int, arrival_time: float) -> None:
-        rule = StopRule(max_tokens, (EOT_ID,), stop, self.tokenizer if stop else None)
+        rule = StopRule(max_tokens, stop_token_ids(self.tokenizer), stop, self.tokenizer if stop else None)
         self.queue.append(_Job(request_id, prompt, sampling, rule, make_generator(sampling, self.model.device), adapter))
 
     def _abort(self, request_id: Hashable) -> None:

@@ -11,7 +11,6 @@ from minigpt.serving.api.generation import ChoiceResult, Generation, collect, er
 from minigpt.serving.api.logprobs import chat_logprobs
 from minigpt.serving.api.schema import sse_content
 from minigpt.serving.api.state import server_state
-from minigpt.serving.chat_template import CHAT_STOP, render_chat
 from minigpt.serving.outputs import RequestOutput
 from minigpt.serving.protocol import ChatCompletionRequest, ChatCompletionResponse
 
@@ -28,7 +27,7 @@ router = APIRouter(tags=["chat"])
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     state = server_state(request)
     try:
-        prompt = render_chat(body.messages)
+        prompt = state.chat_template.render(body.messages)
     except ValueError as err:
         raise BadRequest(str(err), "messages") from None
     context = state.core.max_model_len
@@ -38,8 +37,9 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
             return body.token_budget
         return max(1, min(DEFAULT_CHAT_MAX_TOKENS, context - len(ids)))
 
-    gen = await start_generation(state, body, [prompt], max_tokens, [*body.stop_list, CHAT_STOP],
-                                 "chatcmpl", candidates=body.num_choices, logprobs=body.num_logprobs)
+    stop = [*body.stop_list, *state.chat_template.stop_strings]
+    gen = await start_generation(state, body, [prompt], max_tokens, stop, "chatcmpl", candidates=body.num_choices,
+                                 logprobs=body.num_logprobs)
     tokenizer = state.core.tokenizer
 
     def envelope(obj: str, choices: list[dict], usage: dict | None = None) -> dict:

@@ -11,6 +11,7 @@ from fastapi import Request
 from minigpt.serving.admission import AdmissionSlots
 from minigpt.serving.async_engine import AsyncLLMEngine
 from minigpt.serving.base import EngineBase
+from minigpt.serving.chat_template import PLAIN_CHAT, ChatTemplate
 from minigpt.serving.outputs import RequestOutput
 from minigpt.serving.prometheus_metrics import ServingMetrics
 
@@ -25,7 +26,8 @@ Admission = Callable[[AdmissionSlots, float], Any]
 class ServerState:
     """engine: the async engine (its `.engine` is the core one); slots: admission (at most `capacity` requests held);
     stream_handler / admission: the lab's two learner pieces; disconnect_poll_s: how often a non-streaming request
-    checks that its client is still there."""
+    checks that its client is still there; chat_template: the model's own (an imported HF model's) or the course's
+    plain transcript."""
 
     engine: AsyncLLMEngine
     slots: AdmissionSlots
@@ -35,6 +37,7 @@ class ServerState:
     retry_after_s: float = 1.0
     disconnect_poll_s: float = 0.2
     counter: itertools.count = field(default_factory=itertools.count)
+    chat_template: ChatTemplate = PLAIN_CHAT
 
     @property
     def core(self) -> EngineBase:
