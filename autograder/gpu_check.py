@@ -15,7 +15,8 @@ On a machine with a CUDA GPU it runs, part by part, and writes after each part
     tests      `pytest -m gpu`
     notebooks  the GPU-tier cells of the solution notebooks, executed
 
-A part that finished is not run again: a second `make gpu-check` resumes with the first part that did not finish
+Every `check_speedup` call also appends its figures to `gpu_check.<device class>.measurements.jsonl`, copied into the
+report. A part that finished is not run again: a second `make gpu-check` resumes with the first part that did not finish
 (crashed, timed out, or was killed), `--fresh` starts over. Each graded check runs with its calibrated threshold;
 where the GPU class has none (or the calibration found the reference and slow implementations overlapping) the
 check's figures are still measured and the row says "uncalibrated ...; run `make calibrate`".
@@ -379,7 +380,11 @@ def main(repo: Path = REPO_ROOT, out_dir: Path | None = None, *, calibrate: bool
         report.get("parts", {}).pop("calibrate", None)          # asked for: always run again
         parts = {"calibrate": part_calibrate, **parts}
     ctx = {"repo": repo, "device_class": dc, "peaks": report.get("parts", {}).get("machine", {}).get("details")}
+    log = out_dir / f"gpu_check.{dc}.measurements.jsonl"             # every check_speedup call appends one line
+    os.environ["COURSE_CALIBRATION_LOG"] = str(log)                   # (inherited by pytest and notebook kernels)
     run_parts(parts, report, path, ctx)
+    report["speed_measurements"] = read_measurements(log)
+    _write_json(path, report)
     print(markdown(report))
     print(f"wrote {path} and {path.with_suffix('.md')}")
     failed = [n for n, p in report["parts"].items() if p.get("status") != "done"]

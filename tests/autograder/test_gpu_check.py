@@ -144,3 +144,26 @@ def test_benchmarks_run_on_the_cpu_on_small_shapes():
                                                 n_kv_heads=1, d_ff=64), requests=3, prompt_len=4, max_tokens=4,
                                     device="cpu", dtype=torch.bfloat16, bandwidth_GBps=10.0)
     assert r["batch_tokens_per_s"] > 0 and 0 < r["alone_fraction_of_roofline"] < 1
+
+
+def test_main_resumes_and_calibrates_when_asked(tmp_path, monkeypatch):
+    """main() on a pretend GPU with fake parts: report files written, finished parts skipped on the second run,
+    calibration run first only when asked."""
+    import autograder.calibrate as calibrate_mod
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Pretend GPU")
+    monkeypatch.setattr("minigpt.timing.device_class", lambda device=None: "cuda-sm00")
+    monkeypatch.setattr(calibrate_mod, "versions", lambda device: {"torch": torch.__version__})
+    monkeypatch.setattr(calibrate_mod, "main", lambda **kw: calls.append(("calibrate", kw)) or 0)
+    monkeypatch.setattr(gpu_check, "PART_FUNCTIONS", _parts(calls, fail={"lab04"}))
+    monkeypatch.setattr(gpu_check, "PARTS", ["machine", "lab01", "lab04"])
+    assert gpu_check.main(tmp_path, tmp_path) == 1                        # lab04 failed
+    assert calls == ["machine", "lab01", "lab04"]
+    assert (tmp_path / "gpu_check.cuda-sm00.md").read_text().count("| lab04 | FAILED") == 1
+    calls.clear()
+    monkeypatch.setattr(gpu_check, "PART_FUNCTIONS", _parts(calls))
+    assert gpu_check.main(tmp_path, tmp_path, calibrate=True) == 0
+    assert calls == [("calibrate", {"device": "cuda"}), "lab04"]
+    report = json.loads((tmp_path / "gpu_check.cuda-sm00.json").read_text())
+    assert report["device_name"] == "Pretend GPU" and list(report["parts"]) == ["machine", "lab01", "lab04", "calibrate"]

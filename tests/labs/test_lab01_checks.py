@@ -286,6 +286,7 @@ def test_graphed_decode_refuses_without_gpu(monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.calibrated(lab01.GRAPH_SPEED_CHECK)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_graphed_decode_reference_passes():
     from minigpt.engine.cuda_graph import GraphedDecodeStep
@@ -293,6 +294,7 @@ def test_graphed_decode_reference_passes():
 
 
 @pytest.mark.gpu
+@pytest.mark.calibrated(lab01.GRAPH_SPEED_CHECK)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_graphed_decode_eager_fails():
     """The fixed-shape step run eagerly (no graph) is correct but not faster."""

@@ -294,6 +294,8 @@ def test_questions_reject_wrong_answers(check, answer, diagnosis):
 
 # --- GPU tier ------------------------------------------------------------------------------------------------
 
+@pytest.mark.gpu
+@pytest.mark.calibrated(lab04.FLASH_SPEED_CHECK, lab04.DECODE_SPEED_CHECK, lab04.MEMORY_CHECK)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_gpu_checks_pass_with_the_reference():
     lab04.check_flash_speed(flash_reference)
