@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from minigpt.serving.admission import QueueFull
 from minigpt.serving.protocol import ErrorResponse, error_body
 
-__all__ = ["APIError", "BadRequest", "ModelNotFound", "error_response", "install_error_handlers", "ERROR_RESPONSES"]
+__all__ = ["APIError", "BadRequest", "ModelNotFound", "EngineUnavailable", "error_response", "install_error_handlers", "ERROR_RESPONSES"]
 
 _UNION_MEMBERS = {"system", "developer", "user", "assistant", "tool"}      # tags of the chat message union
 
@@ -41,6 +41,11 @@ class ModelNotFound(APIError):
     def __init__(self, model: str, served: list[str]) -> None:
         super().__init__(f"the model {model!r} does not exist; this server serves {served}", "model",
                          "model_not_found")
+
+
+class EngineUnavailable(APIError):
+    status = 503
+    type = "server_error"
 
 
 def error_response(status: int, message: str, type_: str, param: str | None = None, code: str | None = None,

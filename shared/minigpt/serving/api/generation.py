@@ -26,7 +26,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from minigpt.sampling import SamplingParams
-from minigpt.serving.api.errors import BadRequest, ModelNotFound, error_response
+from minigpt.serving.api.errors import BadRequest, EngineUnavailable, ModelNotFound, error_response
 from minigpt.serving.api.state import ServerState
 from minigpt.serving.outputs import RequestOutput, TokenLogprob
 from minigpt.serving.protocol import error_body
@@ -154,10 +154,11 @@ async def start_generation(state: ServerState, body: Any, prompts: Sequence[str 
     try:
         for rid, ids, budget, sampling in jobs:
             state.engine.stream(rid, ids, budget, sampling, stop=stop, adapter=adapter, queue=queue)
-    except BaseException:
-        stream.remaining = {rid for rid, *_ in jobs}
+    except BaseException as err:
         stream.abort_unfinished()
         await stack.aclose()
+        if isinstance(err, RuntimeError) and not state.engine.is_running:
+            raise EngineUnavailable("the engine loop is not running", None, "engine_not_running") from None
         raise
     return Generation(request_id, int(time.time()), [rid for rid, *_ in jobs], candidates, stream, stack, logprobs,
                       prompt_lengths)
