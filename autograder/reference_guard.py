@@ -1,0 +1,154 @@
+"""The package's reference is not an answer: a check refuses it, however it is handed in.
+
+The package keeps the reference of every exercise (later labs build on it), so a learner could pass a check by
+handing it in. Three ways are refused here, each with a message that says so:
+
+    own_work(answer, reference, what="Exercise 3 (kv_cache_bytes)")
+        # the reference object itself (or a functools.partial / bound method / staticmethod of it), a function or
+        # class whose code lives in the course's package or an installed library rather than in the notebook
+    own_work(MyScheduler, Scheduler, what="Exercise 2 (the scheduler)", methods=("schedule",))
+        # a subclass of the reference that does not define each method the exercise asks for (it inherits them)
+    with no_calls_into(Scheduler, what="Exercise 2 (the scheduler)"):
+        run_the_scenario(MyScheduler(...))
+        # a thin wrapper: the reference's own code is entered while the learner's code runs (super().schedule(),
+        # minigpt.cache.BlockPool.allocate(self, n), ...)
+
+Copying the reference's source into a cell stays possible (the package is open); `python -m autograder
+similarity` reports that to the instructor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import sys
+import threading
+from pathlib import Path
+from types import CodeType, FunctionType
+from typing import Any, Iterable, Iterator
+
+__all__ = ["own_work", "no_calls_into", "ReferenceHandedIn"]
+
+_PACKAGE_ROOTS = (Path(__file__).resolve().parents[1] / "shared", Path(__file__).resolve().parent)
+
+
+class ReferenceHandedIn(AssertionError):
+    """The answer is (or only calls) the package's reference."""
+
+
+def _unwrap(obj: Any) -> Any:
+    """The function behind a partial, a bound method, a staticmethod/classmethod or a functools.wraps wrapper."""
+    for _ in range(10):
+        if isinstance(obj, functools.partial):
+            obj = obj.func
+        elif isinstance(obj, (staticmethod, classmethod)):
+            obj = obj.__func__
+        elif inspect.ismethod(obj):
+            obj = obj.__func__
+        elif getattr(obj, "__wrapped__", None) is not None:
+            obj = obj.__wrapped__
+        else:
+            return obj
+    return obj
+
+
+def _code_file(obj: Any) -> str | None:
+    code = getattr(_unwrap(obj), "__code__", None)
+    return code.co_filename if isinstance(code, CodeType) else None
+
+
+def _outside_notebook(filename: str) -> bool:
+    """True for code in the course's package or an installed library (not a notebook cell)."""
+    try:
+        resolved = Path(filename).resolve()
+    except (OSError, ValueError):
+        return False
+    if any(resolved.is_relative_to(root) for root in _PACKAGE_ROOTS):
+        return True
+    return any(part in ("site-packages", "dist-packages") for part in resolved.parts)
+
+
+def _own_functions(cls: type) -> dict[str, Any]:
+    """Functions a class defines itself (not inherited)."""
+    return {name: value for name, value in vars(cls).items()
+            if isinstance(value, (FunctionType, staticmethod, classmethod, property))}
+
+
+def own_work(answer: Any, reference: Any | Iterable[Any], *, what: str, methods: Iterable[str] = ()) -> None:
+    """Raise ReferenceHandedIn when `answer` is the reference, comes from the package, or (a class) inherits the
+    methods the exercise asks for from the reference instead of defining them."""
+    refs = list(reference) if isinstance(reference, (list, tuple, set)) else [reference]
+    target = _unwrap(answer)
+    for ref in refs:
+        if target is _unwrap(ref):
+            raise ReferenceHandedIn(f"{what}: this is the course's reference ({_name(ref)}), not your own "
+                                    "implementation. Write it in the exercise's cell.")
+    if inspect.isclass(answer):
+        for ref in refs:
+            if inspect.isclass(ref) and issubclass(answer, ref):
+                missing = [m for m in methods if m not in _own_functions(answer)]
+                if missing:
+                    raise ReferenceHandedIn(
+                        f"{what}: {answer.__name__} inherits {', '.join(missing)} from the course's reference "
+                        f"{_name(ref)} instead of implementing {'it' if len(missing) == 1 else 'them'}.")
+        for name, value in _own_functions(answer).items():
+            filename = _code_file(value.fget if isinstance(value, property) else value)
+            if filename and _outside_notebook(filename):
+                raise ReferenceHandedIn(f"{what}: {answer.__name__}.{name} comes from {Path(filename).name}, not "
+                                        "from your notebook.")
+        return
+    filename = _code_file(answer)
+    if filename and _outside_notebook(filename):
+        raise ReferenceHandedIn(f"{what}: {getattr(target, '__qualname__', answer)!s} is defined in "
+                                f"{Path(filename).name}, not in your notebook. Write your own in the exercise's cell.")
+
+
+def _name(obj: Any) -> str:
+    obj = _unwrap(obj)
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', getattr(obj, '__name__', repr(obj)))}"
+
+
+def _code_objects(references: Iterable[Any]) -> dict[CodeType, str]:
+    """The code objects of reference functions, and of every function a reference class defines."""
+    out: dict[CodeType, str] = {}
+    for ref in references:
+        if inspect.isclass(ref):
+            for klass in ref.__mro__:
+                module_file = getattr(sys.modules.get(klass.__module__), "__file__", None)
+                if klass is object or not module_file or not _outside_notebook(module_file):
+                    continue
+                for name, value in vars(klass).items():
+                    fn = _unwrap(value.fget if isinstance(value, property) else value)
+                    if isinstance(getattr(fn, "__code__", None), CodeType):
+                        out[fn.__code__] = f"{klass.__qualname__}.{name}"
+        else:
+            fn = _unwrap(ref)
+            if isinstance(getattr(fn, "__code__", None), CodeType):
+                out[fn.__code__] = getattr(fn, "__qualname__", repr(fn))
+    return out
+
+
+@contextlib.contextmanager
+def no_calls_into(*references: Any, what: str, allow: Iterable[str] = ()) -> Iterator[None]:
+    """Inside the block, entering the code of a reference function (or of a method a reference class defines)
+    raises ReferenceHandedIn at the end of the block. `allow`: qualified names that may be called (e.g. a
+    constructor the exercise's API requires: "BlockPool.__init__")."""
+    watched = {code: name for code, name in _code_objects(references).items() if name not in set(allow)}
+    entered: list[str] = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code in watched and not entered:
+            entered.append(watched[frame.f_code])
+
+    previous, previous_threading = sys.getprofile(), threading.getprofile()
+    sys.setprofile(profile)
+    threading.setprofile(profile)
+    try:
+        yield
+    finally:
+        sys.setprofile(previous)
+        threading.setprofile(previous_threading)
+    if entered:
+        raise ReferenceHandedIn(f"{what}: your code calls the course's reference ({entered[0]}) instead of doing "
+                                "the work itself.")
