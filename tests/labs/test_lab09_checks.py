@@ -1,7 +1,7 @@
 """Lab 09 checks: the reference (as a learner would write it) passes; the stub, the package's own reference handed
 in, and each plausible wrong implementation fail with a message that names the mistake.
 
-Costs about 10 s on 2 cores (the ring-attention checks start gloo processes twice)."""
+Costs about 25 s on the shared 2-core machine (the ring-attention checks start gloo processes)."""
 
 from __future__ import annotations
 

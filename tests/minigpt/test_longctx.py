@@ -1,6 +1,6 @@
 """minigpt.longctx: RoPE scaling, the ring-buffer cache, eviction, ring attention and the serving cost model.
 
-Each test uses a tiny seeded model or seeded tensors; together about 5 s on 2 cores."""
+Each test uses a tiny seeded model or seeded tensors; together about 11 s on the shared 2-core machine."""
 
 from __future__ import annotations
 
