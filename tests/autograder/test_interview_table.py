@@ -34,9 +34,9 @@ def _graded_ids(repo_root, lab: str) -> set[str] | None:
     return ids
 
 
-def test_the_table_has_the_fifteen_questions(repo_root):
+def test_the_table_has_the_sixteen_questions(repo_root):
     rows = _rows((repo_root / "README.md").read_text())
-    assert [int(r[0]) for r in rows] == list(range(1, 16)), "README's interview table must list questions 1..15"
+    assert [int(r[0]) for r in rows] == list(range(1, 17)), "README's interview table must list questions 1..16"
 
 
 def test_every_named_cell_is_graded_and_existing_labs_name_theirs(repo_root):

@@ -1,0 +1,374 @@
+"""Checks for Lab 09, long context: RoPE scaling, a ring-buffer KV cache with sinks, KV compression, eviction,
+and ring attention on ranks.
+
+Each check takes the learner's function or class, runs it on seeded inputs or a tiny seeded model, compares
+with the package's reference (`minigpt.longctx`) and raises AssertionError saying what is wrong.
+
+CPU tier (correctness):
+    check_scaled_inv_freq(fn)        frequencies of none/pi/ntk/yarn for two shapes, and the perplexity they give
+    check_ring_cache(cls)            window only: fixed memory, absolute positions after wrap-around, logits equal
+                                     to masked sliding-window attention, bad input refused with the cache unchanged
+    check_sink_cache(cls)            sinks kept for ever and rotated next to the window: equal to the masked form
+    check_kv_bytes(fn)               MHA/GQA/MQA/MLA bytes per token for published layouts; unknown kinds refused
+    check_snapkv_keep(fn)            the kept positions per KV head, on random attention scores
+    check_ring_attention(fn)         causal attention split over 2 gloo ranks and 1, 3, 4 thread ranks, equal to one
+                                     process; K/V passed n-1 times per rank
+    check_ring_bytes(fn)             the bytes-per-rank formula, exact against the counted ring passes
+Interview questions: check_q1_yarn_pairs ... check_q4_ring_overlap (the numbers are in the notebook's cells).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+
+from autograder.harness import call_learner, check_answer, quiet
+from minigpt.attention import naive_attention
+from minigpt.config import ModelConfig
+from minigpt.longctx import kv_compression as kvc
+from minigpt.longctx.eviction import snapkv_keep
+from minigpt.longctx.long_forward import long_logits, position_nll
+from minigpt.longctx.ring_attention import ring_attention, ring_bytes_per_rank, ring_worker
+from minigpt.longctx.rope_scaling import METHODS, base_inv_freq, rotations_in_context, scaled_inv_freq
+from minigpt.longctx.sliding_window import cached_logits, streaming_attention
+from minigpt.model import GPT
+from minigpt.parallel.launch import RankError, run_ranks
+from minigpt.teaching.hardware import ACCELERATORS
+from minigpt.timing import fixed_threads
+
+__all__ = ["check_scaled_inv_freq", "check_ring_cache", "check_sink_cache", "check_kv_bytes", "check_snapkv_keep",
+           "check_ring_attention", "check_ring_bytes", "check_q1_yarn_pairs", "check_q2_window_streams",
+           "check_q3_mla_factor", "check_q4_ring_overlap", "TINY"]
+
+TINY = ModelConfig(vocab_size=64, max_seq_len=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48)
+ATOL = 1e-4
+
+
+def _own(fn: Any, what: str) -> None:
+    """Refuse the package's reference handed in as the answer (the lab asks for the learner's own code)."""
+    module = getattr(fn, "__module__", "") or ""
+    if module.startswith("minigpt.") or module.startswith("autograder."):
+        raise AssertionError(f"{what}: this is {module}.{getattr(fn, '__name__', '?')}, the package's reference; "
+                             "hand in your own implementation (the reference is there to continue with if you are stuck)")
+
+
+def _tiny_model(seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(TINY).eval()
+
+
+def _tokens(T: int, seed: int = 1, vocab: int = 64) -> torch.Tensor:
+    return torch.randint(0, vocab, (1, T), generator=torch.Generator().manual_seed(seed))
+
+
+# ---------------------------------------------------------------------------------------------------
+# 1. RoPE scaling
+# ---------------------------------------------------------------------------------------------------
+
+def check_scaled_inv_freq(fn: Callable) -> None:
+    """fn(head_dim, theta, factor, method, original_max_len) -> (head_dim/2,) frequencies, for every method."""
+    _own(fn, "scaled_inv_freq")
+    cases = [(64, 10_000.0, 8.0, 512), (64, 10_000.0, 2.0, 512), (128, 500_000.0, 16.0, 8192)]
+    for head_dim, theta, factor, L in cases:
+        base = base_inv_freq(head_dim, theta)
+        for method in METHODS:
+            what = f"head_dim={head_dim}, theta={theta:g}, factor={factor:g}, method={method!r}, trained length {L}"
+            got = call_learner("scaled_inv_freq", fn, head_dim, theta, factor, method, L, context=what)
+            want = scaled_inv_freq(head_dim, theta, factor, method, L)
+            if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+                shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+                raise AssertionError(f"{what}: expected a tensor of shape {tuple(want.shape)} (one frequency per "
+                                     f"pair), got {shape}")
+            got = got.double()
+            if torch.allclose(got, want, rtol=1e-5, atol=0):
+                continue
+            raise AssertionError(f"{what}: frequencies differ from the reference by up to "
+                                 f"{((got - want).abs() / want).max().item():.3g} (relative). "
+                                 + _freq_hint(got, base, want, factor, method, L))
+    _check_freq_perplexity(fn)
+
+
+def _freq_hint(got: torch.Tensor, base: torch.Tensor, want: torch.Tensor, s: float, method: str, L: int) -> str:
+    fast_kept, slow_divided = math.isclose(got[0], base[0], rel_tol=1e-6), math.isclose(got[-1], base[-1] / s, rel_tol=1e-6)
+    if method == "none":
+        return "method 'none' returns theta^(-2i/D) unchanged."
+    if method == "pi":
+        return "position interpolation divides EVERY frequency by the factor."
+    if not fast_kept and math.isclose(got[0], base[0] / s, rel_tol=1e-6):
+        return ("pair 0 (the fastest, i = 0) must stay unchanged and the slowest pairs be divided by the factor: "
+                "the transform is applied to the wrong half of the dimensions.")
+    if method == "ntk":
+        return "NTK-aware scaling raises the base: theta' = theta * s^(D/(D-2)), then theta'^(-2i/D)."
+    turns = rotations_in_context(base, L)
+    n_kept = int((turns >= 32).sum())
+    return (f"YaRN keeps pairs that turn >= beta=32 times in the trained {L} tokens ({n_kept} here) and divides those "
+            "that turn <= alpha=1 times by s, a linear ramp between: g = clamp((turns - 1) / 31, 0, 1), "
+            f"f' = (1 - g) f / s + g f. Fastest pair kept: {fast_kept}; slowest divided by s: {slow_divided}.")
+
+
+def _check_freq_perplexity(fn: Callable) -> None:
+    """The learner's yarn frequencies give the reference's perplexity on a tiny model at 4x its length."""
+    model, tokens = _tiny_model(), _tokens(128)
+    for method in ("ntk", "yarn"):
+        with quiet():
+            mine = fn(TINY.head_dim, TINY.rope_theta, 4.0, method, TINY.max_seq_len)
+        got = float(position_nll(model, tokens, mine.double()).mean().exp())
+        want = float(position_nll(model, tokens, scaled_inv_freq(TINY.head_dim, TINY.rope_theta, 4.0, method,
+                                                                 TINY.max_seq_len)).mean().exp())
+        if not math.isclose(got, want, rel_tol=1e-4):
+            raise AssertionError(f"{method}: perplexity at 4x the trained length is {got:.4f} with your frequencies, "
+                                 f"{want:.4f} with the reference's")
+
+
+# ---------------------------------------------------------------------------------------------------
+# 2-3. The ring-buffer cache, without and with sinks
+# ---------------------------------------------------------------------------------------------------
+
+def _stream_check(cls: type, window: int, n_sinks: int, T: int, prefill: int, what: str) -> list:
+    model, tokens = _tiny_model(), _tokens(T, seed=window + n_sinks)
+    f = base_inv_freq(TINY.head_dim, TINY.rope_theta)
+    caches = [call_learner(f"{cls.__name__}(...)", cls, 1, TINY.n_kv_heads, TINY.head_dim, window, n_sinks, f,
+                           context=what) for _ in range(TINY.n_layers)]
+    nbytes0 = caches[0].nbytes
+    want = long_logits(model, tokens, f, attention=streaming_attention(window, n_sinks, f, block=16))
+    got = call_learner("streaming through your cache", cached_logits, model, tokens, caches, f, prefill=prefill,
+                       context=what)
+    err = (got - want).abs().amax(-1)[0]
+    bad = (err > ATOL).nonzero()
+    if len(bad):
+        p = int(bad[0])
+        seen = caches[0].length if hasattr(caches[0], "length") else "?"
+        raise AssertionError(f"{what}: logits differ from masked sliding-window attention from position {p} on "
+                             f"(by up to {err.max().item():.3g}; {seen} tokens seen). " + _stream_hint(p, window, n_sinks))
+    expected_bytes = 2 * (n_sinks + window) * TINY.n_kv_heads * TINY.head_dim * 4
+    if nbytes0 != expected_bytes or caches[0].nbytes != expected_bytes:
+        raise AssertionError(f"{what}: the cache holds {nbytes0} bytes before and {caches[0].nbytes} after {T} tokens; "
+                             f"a ring of {n_sinks} + {window} slots (float32, K and V) is {expected_bytes} bytes, fixed")
+    return caches
+
+
+def _stream_hint(p: int, window: int, n_sinks: int) -> str:
+    if p < n_sinks + window:
+        return "Nothing is evicted yet: the cache must return every token so far, oldest first."
+    if p == n_sinks + window:
+        return ("This is the first token after the ring is full (the first wrap-around). Positions keep counting "
+                "(next_positions gives length..length+n-1, never a slot number); the new token overwrites the "
+                "OLDEST window slot" + (", never a sink" if n_sinks else "") + "; read() returns oldest first.")
+    return ("Check the positions after wrap-around and the order read() returns"
+            + (", and that the sinks are rotated on by shift = length - window - n_sinks." if n_sinks else "."))
+
+
+def _refuses_big_update(cls: type, what: str) -> None:
+    f = base_inv_freq(TINY.head_dim, TINY.rope_theta)
+    cache = cls(1, TINY.n_kv_heads, TINY.head_dim, 4, 0, f)
+    g = torch.Generator().manual_seed(5)
+    k = torch.randn(1, 3, TINY.n_kv_heads, TINY.head_dim, generator=g)
+    with quiet():
+        cache.update(k, k.clone())
+        before = cache.read()[0].clone()
+    try:
+        with quiet():
+            cache.update(torch.cat([k, k], 1), torch.cat([k, k], 1))
+    except ValueError:
+        after = cache.read()[0]
+        if cache.length != 3 or not torch.equal(before, after):
+            raise AssertionError(f"{what}: after refusing the update the cache changed (length {cache.length}, "
+                                 "expected 3): check before writing anything") from None
+        return
+    except NotImplementedError:
+        raise AssertionError(f"{cls.__name__}.update is not implemented yet (NotImplementedError)") from None
+    raise AssertionError(f"{what}: 6 tokens at once into a window of 4 holding 3 would evict tokens that earlier "
+                         "queries of the same chunk still need; update must raise ValueError")
+
+
+def check_ring_cache(cls: type) -> None:
+    """cls(batch, n_kv_heads, head_dim, window, n_sinks, inv_freq) with n_sinks=0: a sliding-window cache."""
+    _own(cls, "RingKVCache")
+    for window, T, prefill in ((8, 40, 5), (5, 23, 1), (16, 16, 16)):
+        _stream_check(cls, window, 0, T, prefill, f"window={window}, no sinks, {T} tokens, prefill {prefill}")
+    _refuses_big_update(cls, "window=4")
+
+
+def check_sink_cache(cls: type) -> None:
+    """The same class with n_sinks > 0: sinks never evicted, rotated to sit just before the window."""
+    _own(cls, "RingKVCache")
+    for window, sinks, T, prefill in ((8, 2, 40, 6), (5, 4, 30, 1), (6, 1, 25, 7)):
+        _stream_check(cls, window, sinks, T, prefill, f"window={window}, n_sinks={sinks}, {T} tokens, prefill {prefill}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# 4. KV bytes per token
+# ---------------------------------------------------------------------------------------------------
+
+def check_kv_bytes(fn: Callable) -> None:
+    """fn(kind, n_layers, n_heads, n_kv_heads, head_dim, bytes_per_element, kv_lora_rank, rope_dim) -> int bytes."""
+    _own(fn, "kv_bytes_per_token")
+    for layout in kvc.LAYOUTS.values():
+        for bpe in (2, 1):
+            what = f"{layout.name}, {bpe} byte(s) per element"
+            got = call_learner("kv_bytes_per_token", fn, layout.kind, layout.n_layers, layout.n_heads,
+                               layout.n_kv_heads, layout.head_dim, bpe, layout.kv_lora_rank, layout.rope_dim,
+                               context=what)
+            want = layout.bytes_per_token(bpe)
+            L, per = layout.n_layers * bpe, layout.head_dim
+            mistakes = [(want // 2, "K and V are both cached: twice the elements."),
+                        (L * 2 * layout.n_heads * per, "GQA/MQA cache n_kv_heads heads, not one per query head.")]
+            if layout.kind == "MLA":
+                mistakes += [(L * layout.kv_lora_rank, "MLA also caches the decoupled RoPE key (rope_dim per token)."),
+                             (L * 2 * (layout.kv_lora_rank + layout.rope_dim),
+                              "MLA caches ONE latent c_KV (keys and values are both projected up from it), not two.")]
+            check_answer(got, want, what, mistakes, unit="bytes", reveal=True)
+    try:
+        with quiet():
+            fn("XYZ", 1, 1, 1, 1, 2, 0, 0)
+    except ValueError:
+        return
+    except Exception as err:
+        raise AssertionError(f"an unknown kind 'XYZ' must raise ValueError, got {type(err).__name__}: {err}") from None
+    raise AssertionError("an unknown kind 'XYZ' must raise ValueError, it returned a value")
+
+
+# ---------------------------------------------------------------------------------------------------
+# 5. SnapKV selection
+# ---------------------------------------------------------------------------------------------------
+
+def check_snapkv_keep(fn: Callable) -> None:
+    """fn(obs_scores (Hkv, w, N), budget, obs_window) -> (Hkv, budget) ascending kept positions."""
+    _own(fn, "snapkv_keep")
+    g = torch.Generator().manual_seed(9)
+    for H, w, N, budget in ((2, 4, 40, 12), (3, 8, 100, 8), (1, 2, 10, 10)):
+        scores = torch.rand(H, w, N, generator=g).softmax(-1)
+        what = f"obs_scores {(H, w, N)}, budget={budget}, obs_window={w}"
+        got = call_learner("snapkv_keep", fn, scores.clone(), budget, w, context=what)
+        want = snapkv_keep(scores, budget, w)
+        if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+            shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+            raise AssertionError(f"{what}: expected kept positions of shape {tuple(want.shape)}, got {shape}")
+        if torch.equal(got.long(), want):
+            continue
+        if torch.equal(got.long().sort(-1).values, want):
+            raise AssertionError(f"{what}: the right positions, not in ascending order (sort them: the kept keys keep "
+                                 "their order in the cache)")
+        missing = sorted(set(range(N - w, N)) - set(got[0].tolist()))
+        hint = (f"the observation window itself ({missing[:4]}...) must always be kept" if missing else
+                "the others are the top budget - w positions of 0..N-w-1 by attention summed over the w queries")
+        raise AssertionError(f"{what}: kept {got[0].tolist()[:12]} for head 0, expected {want[0].tolist()[:12]}; {hint}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# 6-7. Ring attention on ranks
+# ---------------------------------------------------------------------------------------------------
+
+def _ring_run(fn: Callable, n: int, q, k, v, backend: str) -> list:
+    try:
+        with quiet(), fixed_threads(1):
+            return run_ranks(ring_worker, n, fn, q, k, v, backend=backend, timeout_s=90, collective_timeout_s=20)
+    except RankError as err:
+        msg = str(err)
+        if "NotImplementedError" in msg:
+            raise AssertionError("not implemented yet (NotImplementedError) on the ranks:\n" + msg) from None
+        raise AssertionError(f"ring attention failed on {n} {backend} ranks:\n{msg}") from None
+
+
+def check_ring_attention(fn: Callable) -> None:
+    """fn(comm, q, k, v) -> this rank's block of causal attention (float32), using ring_pass and merge_partials."""
+    _own(fn, "ring_attention")
+    g = torch.Generator().manual_seed(11)
+    for n, backend, T in ((2, "gloo", 12), (4, "threads", 16), (3, "threads", 12), (1, "threads", 6)):
+        q = torch.randn(1, 4, T, 8, generator=g) * 2
+        k, v = torch.randn(1, 2, T, 8, generator=g) * 2, torch.randn(1, 2, T, 8, generator=g)
+        want = naive_attention(q, k, v)
+        outs = _ring_run(fn, n, q, k, v, backend)
+        what = f"{n} {backend} ranks, q {tuple(q.shape)}, k/v {tuple(k.shape)} (GQA)"
+        for rank, (out, calls, nbytes) in enumerate(outs):
+            block = want.chunk(n, dim=2)[rank]
+            if not isinstance(out, torch.Tensor) or out.shape != block.shape:
+                shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+                raise AssertionError(f"{what}: rank {rank} returned {shape}, expected its query block {tuple(block.shape)}")
+            err = (out.float() - block).abs().max().item()
+            if err > 1e-4:
+                raise AssertionError(f"{what}: rank {rank}'s output differs from full causal attention by {err:.3g}. "
+                                     + _ring_hint(rank, n, out.float(), q, k, v))
+            if calls.get("ring_send", 0) != 2 * (n - 1):
+                raise AssertionError(f"{what}: rank {rank} called ring_pass {calls.get('ring_send', 0)} times; the K "
+                                     f"and V blocks go around once: 2 (n - 1) = {2 * (n - 1)} passes")
+
+
+def _ring_hint(rank: int, n: int, out, q, k, v) -> str:
+    from minigpt.longctx.ring_attention import block_attention, split_blocks
+    qs, ks, vs = (split_blocks(x, n, rank) for x in (q, k, v))
+    parts = [block_attention(qs, split_blocks(k, n, s), split_blocks(v, n, s), causal=s == rank) for s in range(rank + 1)]
+    if torch.allclose(out, torch.stack([o for o, _ in parts]).mean(0), atol=1e-4):
+        return "The partials were averaged: weight each by exp(lse_s - logsumexp(lse)) (merge_partials)."
+    return ("Rank r sees K/V blocks src = (r - step) mod n: src < r fully, src == r with the causal mask inside, "
+            "src > r not at all (the future); check which blocks are skipped and which one is masked.")
+
+
+def check_ring_bytes(fn: Callable) -> None:
+    """fn(seq_len, world_size, batch, n_kv_heads, head_dim, bytes_per_element) -> bytes each rank sends."""
+    _own(fn, "ring_bytes_per_rank")
+    g = torch.Generator().manual_seed(12)
+    for n, T, B, Hkv, D in ((4, 16, 1, 2, 8), (3, 12, 2, 1, 4)):
+        q, k, v = torch.randn(B, 4, T, D, generator=g), torch.randn(B, Hkv, T, D, generator=g), \
+            torch.randn(B, Hkv, T, D, generator=g)
+        counted = _ring_run(ring_attention, n, q, k, v, "threads")[0][2]["ring_send"]
+        what = f"seq_len={T}, world_size={n}, batch={B}, n_kv_heads={Hkv}, head_dim={D}, float32"
+        got = call_learner("ring_bytes_per_rank", fn, T, n, B, Hkv, D, 4, context=what)
+        per_pass = B * Hkv * (T // n) * D * 4
+        check_answer(got, counted, what,
+                     [(counted // 2, "K AND V travel: two blocks per step."),
+                      (counted * n // (n - 1), "n - 1 steps, not n: the last block is never passed on."),
+                      (per_pass * 2 * (n - 1) * n, "the block is T/n tokens, not T.")],
+                     unit="bytes", reveal=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Interview questions
+# ---------------------------------------------------------------------------------------------------
+
+def check_q1_yarn_pairs(answer: Any) -> None:
+    """Llama-3-8B (head_dim 128, theta 500000, trained 8192): pairs YaRN (alpha 1, beta 32) leaves unchanged."""
+    turns = rotations_in_context(base_inv_freq(128, 500_000.0), 8192)
+    want = int((turns >= 32).sum())
+    check_answer(answer, want, "Q1 (frequency pairs YaRN keeps unchanged)",
+                 {int((turns <= 1).sum()): "that is the number of pairs fully interpolated (<= 1 turn).",
+                  64 - want: "that counts the pairs that are changed, not kept."},
+                 unit="pairs", hint="A pair is kept when it turns at least beta = 32 times in the trained context: "
+                                    "8192 * f_i / (2 pi) >= 32.")
+
+
+def check_q2_window_streams(answer: Any) -> None:
+    """Mistral-7B-style: 32 layers, 8 KV heads of 128, bf16, window 4096 + 4 sinks: 128k streams in 40 GiB."""
+    per_stream = 2 * 32 * 8 * 128 * 2 * (4096 + 4)
+    want = 40 * 2**30 // per_stream
+    full = 40 * 2**30 // (2 * 32 * 8 * 128 * 2 * 131072)
+    check_answer(answer, want, "Q2 (128k-token streams in 40 GiB with a 4096-token window and 4 sinks)",
+                 {full: "that is with full caches; the ring buffer holds only window + sinks tokens per stream.",
+                  40 * 10**9 // per_stream: "40 GiB is 40 * 2**30 bytes, not 40e9.",
+                  40 * 2**30 // (2 * 32 * 8 * 128 * 2 * 4096): "the 4 sinks take slots too."},
+                 unit="streams", hint="Bytes per stream = 2 * layers * kv_heads * head_dim * 2 bytes * (window + sinks).")
+
+
+def check_q3_mla_factor(answer: Any) -> None:
+    """DeepSeek-V2: KV bytes per token of its MHA form (128 heads of 128) over its MLA form (512 latent + 64 RoPE)."""
+    want = 2 * 128 * 128 / (512 + 64)
+    check_answer(answer, want, "Q3 (how many times smaller MLA's cache is)",
+                 {2 * 128 * 128 / 512: "the decoupled RoPE key (64 per token) is cached too.",
+                  128 * 128 / 576: "the MHA cache holds keys AND values: 2 * heads * head_dim.",
+                  2 * 128 * 192 / 576: "MHA here means head_dim 128 for keys and values."},
+                 unit="x (ratio)", rel=1e-3, hint="Per layer: MHA 2 * n_heads * head_dim elements, MLA kv_lora_rank + rope_dim.")
+
+
+def check_q4_ring_overlap(answer: Any) -> None:
+    """Llama-3-8B prefill with ring attention on H100s over NVLink (450 GB/s): the block size (tokens per GPU)
+    above which passing one K/V block takes no longer than the attention over it (bf16 dense peak)."""
+    h100 = ACCELERATORS["H100-SXM"]
+    want = 2 * 8 * 2 * h100.peak("bf16") / (4 * 32 * 450e9)
+    check_answer(answer, want, "Q4 (smallest block that hides the ring transfer)",
+                 {want / 2: "the block holds K AND V.",
+                  want * 2: "attention of c queries over c keys is 4 * n_heads * head_dim * c^2 FLOPs per layer "
+                            "(QK^T and PV, 2 FLOPs per multiply-add)."},
+                 unit="tokens", rel=0.01,
+                 hint="Per layer: time to send 2 * Hkv * c * D * 2 bytes = time for 4 * Hq * D * c^2 FLOPs; solve for c.")

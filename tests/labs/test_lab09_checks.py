@@ -1,0 +1,251 @@
+"""Lab 09 checks: the reference (as a learner would write it) passes; the stub, the package's own reference handed
+in, and each plausible wrong implementation fail with a message that names the mistake.
+
+Costs about 25 s on the shared 2-core machine (the ring-attention checks start gloo processes)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autograder import lab09
+from minigpt.kernels.paged_decode import merge_partials
+from minigpt.longctx import kv_compression as kvc
+from minigpt.longctx.eviction import snapkv_keep
+from minigpt.longctx.ring_attention import block_attention, ring_attention, ring_bytes_per_rank, ring_pass
+from minigpt.longctx.rope_scaling import base_inv_freq, rotations_in_context, scaled_inv_freq
+from minigpt.longctx.sliding_window import RingKVCache, kept_positions
+
+
+# --- the reference, as a learner would write it (defined here, so not the package's own objects) ----------
+
+def my_scaled_inv_freq(head_dim, theta, factor, method, original_max_len):
+    return scaled_inv_freq(head_dim, theta, factor, method, original_max_len)
+
+
+class MyRingKVCache(RingKVCache):
+    pass
+
+
+def my_kv_bytes(kind, n_layers, n_heads, n_kv_heads, head_dim, bytes_per_element, kv_lora_rank=0, rope_dim=0):
+    return kvc.kv_bytes_per_token(kind, n_layers, n_heads, n_kv_heads, head_dim, bytes_per_element, kv_lora_rank,
+                                  rope_dim)
+
+
+def my_snapkv_keep(obs_scores, budget, obs_window):
+    return snapkv_keep(obs_scores, budget, obs_window)
+
+
+def my_ring_attention(comm, q, k, v):
+    return ring_attention(comm, q, k, v)
+
+
+def my_ring_bytes(seq_len, world_size, batch, n_kv_heads, head_dim, bytes_per_element):
+    return ring_bytes_per_rank(seq_len, world_size, batch, n_kv_heads, head_dim, bytes_per_element)
+
+
+def stub(*args, **kwargs):
+    raise NotImplementedError
+
+
+def test_reference_passes() -> None:
+    lab09.check_scaled_inv_freq(my_scaled_inv_freq)
+    lab09.check_ring_cache(MyRingKVCache)
+    lab09.check_sink_cache(MyRingKVCache)
+    lab09.check_kv_bytes(my_kv_bytes)
+    lab09.check_snapkv_keep(my_snapkv_keep)
+    lab09.check_ring_attention(my_ring_attention)
+    lab09.check_ring_bytes(my_ring_bytes)
+
+
+@pytest.mark.parametrize("check, fn", [
+    (lab09.check_scaled_inv_freq, scaled_inv_freq), (lab09.check_ring_cache, RingKVCache),
+    (lab09.check_kv_bytes, kvc.kv_bytes_per_token), (lab09.check_snapkv_keep, snapkv_keep),
+    (lab09.check_ring_attention, ring_attention), (lab09.check_ring_bytes, ring_bytes_per_rank)])
+def test_the_package_reference_handed_in_is_refused(check, fn) -> None:
+    with pytest.raises(AssertionError, match="package's reference"):
+        check(fn)
+
+
+@pytest.mark.parametrize("check", [lab09.check_scaled_inv_freq, lab09.check_kv_bytes, lab09.check_snapkv_keep,
+                                   lab09.check_ring_attention, lab09.check_ring_bytes])
+def test_stub_fails(check) -> None:
+    with pytest.raises(AssertionError, match="not implemented"):
+        check(stub)
+
+
+# --- 1. RoPE scaling ---------------------------------------------------------------------------------------
+
+def yarn_on_the_wrong_half(head_dim, theta, factor, method, original_max_len):
+    """The ramp reversed: the fast pairs interpolated, the slow ones kept."""
+    if method != "yarn":
+        return scaled_inv_freq(head_dim, theta, factor, method, original_max_len)
+    f = base_inv_freq(head_dim, theta)
+    g = ((rotations_in_context(f, original_max_len) - 1) / 31).clamp(0, 1)
+    return g * f / factor + (1 - g) * f
+
+
+def ntk_without_the_exponent(head_dim, theta, factor, method, original_max_len):
+    if method != "ntk":
+        return scaled_inv_freq(head_dim, theta, factor, method, original_max_len)
+    return base_inv_freq(head_dim, theta * factor)
+
+
+@pytest.mark.parametrize("wrong, message", [(yarn_on_the_wrong_half, "wrong half of the dimensions"),
+                                            (ntk_without_the_exponent, "theta' = theta")])
+def test_wrong_frequency_transforms_fail(wrong, message) -> None:
+    with pytest.raises(AssertionError, match=message):
+        lab09.check_scaled_inv_freq(wrong)
+
+
+# --- 2-3. The ring-buffer cache ----------------------------------------------------------------------------
+
+class ReusesPositionsAfterWrap(RingKVCache):
+    """Hands out slot numbers as positions: after the first wrap-around they start again from the sinks."""
+
+    def next_positions(self, n):
+        return torch.tensor([self.slot(p) for p in range(self.length, self.length + n)])
+
+
+class EvictsSinksWithTheWindow(RingKVCache):
+    """A plain ring of n_sinks + window slots: the first tokens are overwritten like any other."""
+
+    def slot(self, position):
+        return position % self.capacity
+
+    def read(self):
+        n, cap = self.length, self.capacity
+        positions = list(range(max(0, n - cap), n))
+        return self.k[:, [self.slot(p) for p in positions]], self.v[:, [self.slot(p) for p in positions]]
+
+
+class GrowsWithTheStream(RingKVCache):
+    """Correct logits, but reallocates a bigger buffer on every token: memory is not fixed."""
+
+    def update(self, k, v):
+        out = super().update(k, v)
+        self.k = torch.cat([self.k, torch.zeros_like(self.k[:, :1])], 1)
+        self.v = torch.cat([self.v, torch.zeros_like(self.v[:, :1])], 1)
+        return out
+
+
+class AcceptsAnyChunk(RingKVCache):
+    def update(self, k, v):
+        for t in range(k.shape[1]):
+            out = super().update(k[:, t:t + 1], v[:, t:t + 1])
+        return out
+
+
+def test_positions_reused_after_wrap_around_fail() -> None:
+    with pytest.raises(AssertionError, match="first wrap-around"):
+        lab09.check_ring_cache(ReusesPositionsAfterWrap)
+
+
+def test_sinks_evicted_with_the_window_fail() -> None:
+    lab09.check_ring_cache(EvictsSinksWithTheWindow)            # without sinks it is a correct window cache
+    with pytest.raises(AssertionError, match="never a sink"):
+        lab09.check_sink_cache(EvictsSinksWithTheWindow)
+
+
+def test_a_growing_cache_fails() -> None:
+    with pytest.raises(AssertionError, match="fixed"):
+        lab09.check_ring_cache(GrowsWithTheStream)
+
+
+def test_a_chunk_that_would_evict_must_be_refused() -> None:
+    with pytest.raises(AssertionError, match="must raise ValueError"):
+        lab09.check_ring_cache(AcceptsAnyChunk)
+
+
+class SinksNotRotated(RingKVCache):
+    def read(self):
+        slots = [self.slot(p) for p in kept_positions(self.length, self.window, self.n_sinks)]
+        return self.k[:, slots], self.v[:, slots]
+
+
+def test_sinks_left_at_their_old_positions_fail() -> None:
+    with pytest.raises(AssertionError, match="rotated on by shift"):
+        lab09.check_sink_cache(SinksNotRotated)
+
+
+# --- 4-5. KV bytes and SnapKV --------------------------------------------------------------------------
+
+def mla_caches_two_latents(kind, n_layers, n_heads, n_kv_heads, head_dim, bpe, kv_lora_rank=0, rope_dim=0):
+    if kind == "MLA":
+        return n_layers * bpe * 2 * (kv_lora_rank + rope_dim)
+    return my_kv_bytes(kind, n_layers, n_heads, n_kv_heads, head_dim, bpe)
+
+
+def test_mla_with_two_latents_fails() -> None:
+    with pytest.raises(AssertionError, match="ONE latent"):
+        lab09.check_kv_bytes(mla_caches_two_latents)
+
+
+def snapkv_forgets_the_observation_window(obs_scores, budget, obs_window):
+    return obs_scores.sum(1).topk(budget, -1).indices.sort(-1).values
+
+
+def test_snapkv_without_the_observation_window_fails() -> None:
+    with pytest.raises(AssertionError, match="observation window itself"):
+        lab09.check_snapkv_keep(snapkv_forgets_the_observation_window)
+
+
+# --- 6-7. Ring attention -----------------------------------------------------------------------------------
+
+def merge_without_lse(comm, q, k, v):
+    n, r = comm.world_size, comm.rank
+    outs = []
+    for step in range(n):
+        src = (r - step) % n
+        if src <= r:
+            outs.append(block_attention(q, k, v, causal=src == r)[0])
+        if step < n - 1:
+            k, v = ring_pass(comm, k), ring_pass(comm, v)
+    return torch.stack(outs).mean(0)
+
+
+def causal_skip_on_the_wrong_ranks(comm, q, k, v):
+    n, r = comm.world_size, comm.rank
+    outs, lses = [], []
+    for step in range(n):
+        src = (r - step) % n
+        if src >= r:                                       # keeps the future, drops the past
+            o, lse = block_attention(q, k, v, causal=src == r)
+            outs.append(o)
+            lses.append(lse)
+        if step < n - 1:
+            k, v = ring_pass(comm, k), ring_pass(comm, v)
+    return merge_partials(torch.stack(outs, -2), torch.stack(lses, -1))
+
+
+def test_merging_without_lse_weights_fails() -> None:
+    with pytest.raises(AssertionError, match="averaged"):
+        lab09.check_ring_attention(merge_without_lse)
+
+
+def test_causal_block_skipped_on_the_wrong_ranks_fails() -> None:
+    with pytest.raises(AssertionError, match="src > r not at all"):
+        lab09.check_ring_attention(causal_skip_on_the_wrong_ranks)
+
+
+def ring_bytes_n_steps(seq_len, world_size, batch, n_kv_heads, head_dim, bpe):
+    return world_size * 2 * batch * n_kv_heads * (seq_len // world_size) * head_dim * bpe
+
+
+def test_ring_bytes_with_n_steps_fails() -> None:
+    with pytest.raises(AssertionError, match="n - 1 steps"):
+        lab09.check_ring_bytes(ring_bytes_n_steps)
+
+
+# --- interview questions -----------------------------------------------------------------------------------
+
+def test_interview_answers() -> None:
+    turns = rotations_in_context(base_inv_freq(128, 500_000.0), 8192)
+    lab09.check_q1_yarn_pairs(int((turns >= 32).sum()))
+    lab09.check_q2_window_streams(40 * 2**30 // (2 * 32 * 8 * 128 * 2 * 4100))
+    lab09.check_q3_mla_factor(2 * 128 * 128 / 576)
+    lab09.check_q4_ring_overlap(2 * 8 * 2 * 989.5e12 / (4 * 32 * 450e9))
+    with pytest.raises(AssertionError, match="full caches"):
+        lab09.check_q2_window_streams(2)
+    with pytest.raises(AssertionError, match="decoupled RoPE"):
+        lab09.check_q3_mla_factor(64.0)
