@@ -68,36 +68,7 @@ def _fmt(x: float) -> str:
     return f"{x:g}"
 
 
-# ----------------------------------------------------------------------------- nbgrader preprocessor
-
-def _limit_output_size_class():
-    from nbgrader.preprocessors import NbGraderPreprocessor
-    from traitlets import Integer
-
-    class LimitOutputSize(NbGraderPreprocessor):
-        """Cut any single output above max_chars characters (nbgrader's LimitOutput only counts lines)."""
-
-        max_chars = Integer(100_000, help="maximum characters per output (-1: no limit)").tag(config=True)
-
-        def _cut(self, text: str) -> str:
-            return text[: self.max_chars] + "\n... Output truncated ..." if len(text) > self.max_chars else text
-
-        def preprocess_cell(self, cell, resources, cell_index):
-            if cell.cell_type != "code" or self.max_chars < 0:
-                return cell, resources
-            for out in cell.outputs:
-                if out.output_type == "stream":
-                    out.text = self._cut(out.text)
-                elif out.output_type in ("execute_result", "display_data"):
-                    for mime, value in list(out.get("data", {}).items()):
-                        if isinstance(value, str) and (mime.startswith("text/") or mime.endswith("json")):
-                            out.data[mime] = self._cut(value)
-            return cell, resources
-
-    return LimitOutputSize
-
-
-LimitOutputSize = _limit_output_size_class()
+from autograder.preprocessors import LimitOutputSize  # noqa: E402,F401  (nbgrader_config.py of older courses)
 
 
 # ----------------------------------------------------------------------------- nbgrader subprocesses
@@ -389,64 +360,45 @@ def submissions(course_root: Path, assignment: str) -> list[str]:
 
 
 def autograde(course_root: Path = REPO_ROOT, assignment_ids: list[str] | None = None,
-              students: list[str] | None = None, *, db: Path | str | None = None,
-              timeout: float = SUBMISSION_TIMEOUT_S, env: dict[str, str] | None = None,
-              log=tqdm.write, progress: bool = True) -> list[SubmissionResult]:
-    """Instructor batch: autograde every submission under submitted/ (or the chosen ones), with a
-    progress bar over all submissions (on stderr) and one status line per submission (on stdout).
+              students: list[str] | None = None, **kwargs) -> list[SubmissionResult]:
+    """Instructor batch: every submission graded in its own sandbox, in parallel; see autograder.batch."""
+    from autograder import batch
 
-    The assignment's cells are (re)registered in the gradebook by generating it into a temporary
-    folder, so labs/ is not touched.
-    """
-    course_root = Path(course_root).resolve()
-    db = db or course_root / "gradebook.db"
-    plan = [(a, students or submissions(course_root, a)) for a in assignment_ids or assignments(course_root)]
-    plan = [(a, who) for a, who in plan if who]
-    results = []
-    with tqdm(total=sum(len(who) for _, who in plan), desc="autograde", unit="submission",
-              disable=not progress) as bar:
-        for a, who in plan:
-            with tempfile.TemporaryDirectory(prefix="release-") as tmp:
-                released = generate_assignment(course_root, a, db=db, release_dir=Path(tmp), env=env)
-                for s in who:
-                    bar.set_postfix_str(f"{a}/{s}")
-                    r = autograde_one(course_root, a, s, db=db, released=released, timeout=timeout, env=env)
-                    log(r.line())
-                    results.append(r)
-                    bar.update()
-    return results
+    return batch.autograde(course_root, assignment_ids, students, **kwargs)
 
 
 def grade_notebook(path: Path, *, assignment: str | None = None, course_root: Path = REPO_ROOT,
                    student: str = DEFAULT_STUDENT, timeout: float = SUBMISSION_TIMEOUT_S,
-                   env: dict[str, str] | None = None, keep: Path | None = None) -> SubmissionResult:
-    """Grade one notebook as `nbgrader autograde` would, in a temporary course folder.
+                   env: dict[str, str] | None = None, keep: Path | None = None, sandboxed: bool | None = None,
+                   log=None) -> SubmissionResult:
+    """Grade one notebook as `nbgrader autograde` would, in a temporary course folder (its own gradebook).
 
+    sandboxed: True requires the bubblewrap sandbox, False runs the kernel without it, None (default) uses it
+    where it can start (a learner grading their own notebook on a laptop without one still gets a grade).
     keep: if given, the temporary course folder is copied there (autograded notebook, gradebook).
     """
+    from autograder import batch, sandbox
+
     path = Path(path).resolve()
     if not path.exists():
         raise GradingError(f"no such notebook: {path}")
     course_root = Path(course_root).resolve()
     assignment = assignment or find_assignment(path, course_root)
+    if sandboxed is None:
+        sandboxed = sandbox.probe() is None
     with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
         course = make_temp_course(course_root, assignment, Path(tmp) / "course")
-        db = Path(tmp) / "gradebook.db"
-        released = generate_assignment(course, assignment, db=db, env=env)
         sub_dir = course / "submitted" / student / assignment
         sub_dir.mkdir(parents=True)
-        shutil.copy(path, sub_dir / _notebook_name(path, released))
-        result = autograde_one(course, assignment, student, db=db, released=released, timeout=timeout, env=env)
+        names = sorted(p.name for p in (course / "solutions" / assignment).glob("*.ipynb"))
+        name = path.name if path.name in names or len(names) != 1 else names[0]
+        shutil.copy(path, sub_dir / name)
+        results = batch.autograde(course, [assignment], [student], db=Path(tmp) / "gradebook.db", timeout=timeout,
+                                  env=env, log=log or (lambda line: None), progress=False, jobs=1,
+                                  unsafe=not sandboxed, backup=False)
         if keep is not None:
             shutil.copytree(tmp, keep, dirs_exist_ok=True)
-    return result
-
-
-def _notebook_name(path: Path, released: Path) -> str:
-    names = sorted(p.name for p in released.glob("*.ipynb"))
-    if path.name in names or len(names) != 1:
-        return path.name
-    return names[0]          # e.g. "01_kv_cache (copy).ipynb" is graded as the assignment's only notebook
+    return results[0]
 
 
 # ----------------------------------------------------------------------------- feedback and export
