@@ -29,10 +29,14 @@ PYTEST_TIMEOUT ?= 900
 LAB_ARGS ?=
 SERVE_ARGS ?=
 CHROMIUM ?= /usr/bin/chromium
+BWRAP ?= /usr/bin/bwrap
+# make autograde JOBS=8 | AUTOGRADE_ARGS="--scheduler tcp://host:8786" | AUTOGRADE_ARGS=--unsafe (no sandbox)
+JOBS ?=
+AUTOGRADE_ARGS ?=
 NB ?=
 CPYTHON_LIB ?=
 
-.PHONY: serve help setup lab test browser-deps release grade autograde feedback export doctor gpu-check models data normalize check-normalized
+.PHONY: serve help setup lab test browser-deps sandbox-deps release grade autograde feedback export doctor gpu-check models data normalize check-normalized
 
 help:
 	@sed -n '1,6p' Makefile | sed 's/^# \{0,1\}//'
@@ -59,11 +63,19 @@ browser-deps:
 	  $$SUDO apt-get update && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y chromium; \
 	fi
 
+# The grading sandbox: Debian's bubblewrap (one namespace sandbox per submission, no daemon).
+sandbox-deps:
+	@if [ ! -x "$(BWRAP)" ]; then \
+	  echo "installing Debian's bubblewrap (the sandbox submissions are graded in)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y bubblewrap; \
+	fi
+
 # ---------------------------------------------------------------- learner
 lab: setup
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir=labs $(ALLOW_ROOT) $(LAB_ARGS)
 
-test: setup browser-deps
+test: setup browser-deps sandbox-deps
 	@rc=0; OMP_NUM_THREADS=$(TEST_THREADS) OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest --timeout=$(PYTEST_TIMEOUT) -n $(PYTEST_WORKERS) --dist loadscope --durations=25 $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests; that is a failure"; fi; \
 	exit $$rc
@@ -71,6 +83,7 @@ test: setup browser-deps
 serve: setup
 	$(PY) -m minigpt.serving $(SERVE_ARGS)
 
+# In the bubblewrap sandbox where it can start (installed by `make sandbox-deps`), without it elsewhere.
 grade: setup
 	@test -n "$(NB)" || { echo "usage: make grade NB=path/to/notebook.ipynb"; exit 2; }
 	$(PY) -m autograder grade "$(NB)"
@@ -79,8 +92,8 @@ grade: setup
 release: setup
 	$(PY) -m autograder release
 
-autograde: setup
-	$(PY) -m autograder autograde
+autograde: setup sandbox-deps
+	$(PY) -m autograder autograde $(if $(JOBS),--jobs $(JOBS)) $(AUTOGRADE_ARGS)
 
 feedback: setup
 	$(PY) -m autograder feedback

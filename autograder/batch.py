@@ -14,9 +14,12 @@ Around each record the `Guard` checks the gradebook (autograder/gradebook_guard.
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import sys
 import tempfile
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -197,6 +200,10 @@ def read_executed(text: str) -> _Reading:
         gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
         label = gid or f"cell {i + 1}"
         for out in cell.get("outputs", []):
+            shown = f"{out.get('ename', '')} {out.get('evalue', '')} {out.get('text', '')}"
+            for sign, what in _LIMIT_SIGNS:       # the sandbox's limits, as the cell ran into them
+                if sign in shown and f"{what} ({label})" not in limits:
+                    limits.append(f"{what} ({label})")
             if out.output_type == "error":
                 evalue = out.get("evalue") or ""
                 if out.ename == preprocessors.NOT_RUN_ENAME:
@@ -217,10 +224,6 @@ def read_executed(text: str) -> _Reading:
                 else:
                     first = evalue.strip().splitlines()
                     msg = f"{out.ename}: {first[0][:160]}" if first else out.ename
-                    text_ = f"{out.ename} {evalue}"
-                    for sign, what in _LIMIT_SIGNS:
-                        if sign in text_ and f"{what} ({label})" not in limits:
-                            limits.append(f"{what} ({label})")
                 if gid:
                     r.errors.setdefault(gid, msg)
             elif out.output_type == "stream":
@@ -233,7 +236,7 @@ def read_executed(text: str) -> _Reading:
     if truncated:
         r.notes.append("output truncated in: " + ", ".join(truncated))
     if limits:
-        r.notes.append("sandbox stopped: " + ", ".join(limits))
+        r.notes.append("ran into the sandbox: " + ", ".join(limits))
     return r
 
 
@@ -245,6 +248,24 @@ def _source_files(course_root: Path, assignment: str) -> dict[str, bytes]:
     return {str(p.relative_to(src)): p.read_bytes() for p in sorted(src.rglob("*"))
             if p.is_file() and not p.is_symlink() and p.suffix != ".ipynb" and p.suffix != ".pyc"
             and not skip & set(p.relative_to(src).parts)}
+
+
+def _template_gradebook(db: Path, dest: Path) -> Path:
+    """A copy of the gradebook with no students (assignments and their cells only) for the workers."""
+    import sqlite3
+
+    from nbgrader.api import Gradebook
+
+    gradebook_guard.backup(db, dest)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with Gradebook(db_url_for(dest)) as gb:
+            for student in list(gb.students):
+                gb.remove_student(student.id)
+    con = sqlite3.connect(dest)
+    con.execute("VACUUM")                 # no deleted pages with other students' rows travel either
+    con.close()
+    return dest
 
 
 def _files_of(folder: Path) -> dict[str, bytes]:
@@ -276,6 +297,9 @@ def autograde(course_root: Path = REPO_ROOT, assignment_ids: list[str] | None = 
     """Grade every submission under submitted/ (or the chosen ones); one status line each, in the order
     they finish; returns the results sorted by assignment and student."""
     course_root = Path(course_root).resolve()
+    bindir = str(Path(sys.executable).parent)        # nbgrader's Gradebook, used here too, runs `alembic`
+    if bindir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
     db_path = Path(db if db is not None and not isinstance(db, str) else course_root / "gradebook.db").resolve()
     db_url = db_url_for(db_path)
     policy = policy or sandbox.SandboxPolicy(cpu_seconds=int(timeout) + 5)
@@ -299,8 +323,7 @@ def autograde(course_root: Path = REPO_ROOT, assignment_ids: list[str] | None = 
             for a, who in plan:
                 work = Path(tmp) / a
                 released = generate_assignment(course_root, a, db=db_path, release_dir=work / "release", env=env)
-                template = work / "template.db"
-                generate_assignment(course_root, a, db=template, release_dir=work / "release-template", env=env)
+                template = _template_gradebook(db_path, work / "template.db")
                 released_nbs = {p.name: nbformat.read(str(p), as_version=4) for p in released.glob("*.ipynb")}
                 base = dict(assignment=a, gradebook=template.read_bytes(), config=config,
                             source_files=_source_files(course_root, a), timeout=timeout,
@@ -392,7 +415,13 @@ def _finish(outcome: JobOutcome, api, guard: gradebook_guard.Guard, db_url: str,
             reading.errors.update(r.errors)
             if reading.status == "ok":
                 reading.status = r.status
-        res = api.autograde(a, s, force=True, create=True)
+        left = re.search(re.escape(sandbox.LEFTOVER_MARK) + r" (\d+)", outcome.log_tail)
+        if left:
+            reading.notes.append(f"{left.group(1)} process(es) it started were still running when grading "
+                                 "ended; killed with the sandbox")
+        with warnings.catch_warnings():     # nbgrader's SQLAlchemy session warnings, harmless here
+            warnings.simplefilter("ignore")
+            res = api.autograde(a, s, force=True, create=True)
         if not res.get("success"):
             reading.status = "error"
             reading.notes.append("recording failed: " + (res.get("error") or "").strip().splitlines()[-1:][0]
@@ -412,8 +441,10 @@ def _finish(outcome: JobOutcome, api, guard: gradebook_guard.Guard, db_url: str,
         guard.restore()
         tampered = True
         notes += problems + ["gradebook restored"]
-    else:
-        guard.accept()
+    if tampered:               # no points until the instructor has looked at it
+        _record_zero(db_url, a, s)
+        notes.append("recorded with zero points: review this submission")
+    guard.accept()
     total, max_total, cells = read_scores(db_url, a, s)
     for c in cells:
         if c.grade_id in reading.errors and not c.note:

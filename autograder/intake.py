@@ -58,23 +58,41 @@ def _released_cells(released_nb) -> dict[str, dict]:
             for c in released_nb.cells if "grade_id" in c.get("metadata", {}).get("nbgrader", {})}
 
 
-def neutralise_notebook(text: str, released_nb) -> str:
-    """The submitted notebook with everything but the learner's cell sources taken from the release."""
+def neutralise_notebook(text: str, released_nb, notes: list[str] | None = None) -> str:
+    """The submitted notebook with everything but the learner's cell sources taken from the release.
+
+    What was dropped is appended to notes (tags, another kernelspec, unknown or duplicated grade ids).
+    """
+    notes = [] if notes is None else notes
     nb = nbformat.reads(text, as_version=4)
     allowed = _released_cells(released_nb)
     seen: set[str] = set()
+    tags, unknown, dupes = 0, [], []
     for cell in nb.cells:
         meta = cell.get("metadata", {}).get("nbgrader", {})
         gid = meta.get("grade_id") if isinstance(meta, dict) else None
+        tags += bool(cell.get("metadata", {}).get("tags"))
         cell.metadata = nbformat.NotebookNode()
         if isinstance(gid, str) and gid in allowed and gid not in seen:
             cell.metadata["nbgrader"] = nbformat.from_dict(allowed[gid])
             seen.add(gid)
+        elif gid is not None:
+            (dupes if gid in seen else unknown).append(str(gid)[:40])
         cell["id"] = uuid.uuid4().hex[:12]
         if cell.cell_type == "code":
             cell.outputs = []
             cell.execution_count = None
         cell.pop("attachments", None) if cell.cell_type != "markdown" else None
+    asked = nb.metadata.get("kernelspec", {}).get("name") if isinstance(nb.metadata.get("kernelspec"), dict) else None
+    wanted = released_nb.metadata.get("kernelspec", {}).get("name")
+    if asked != wanted:
+        notes.append(f"kernelspec {str(asked)[:40]!r} ignored (graded with the course's sandboxed kernel)")
+    if tags:
+        notes.append(f"cell tags dropped from {tags} cell(s)")
+    if unknown:
+        notes.append("grade cells not in the assignment ignored: " + ", ".join(unknown))
+    if dupes:
+        notes.append("duplicated grade cells ignored: " + ", ".join(dupes))
     nb.metadata = nbformat.from_dict(json.loads(json.dumps(released_nb.metadata)))
     nb.nbformat, nb.nbformat_minor = 4, 5
     nbformat.validate(nb)
@@ -127,7 +145,7 @@ def stage_submission(src: Path, dest: Path, released: dict[str, object]) -> list
                 continue
             if depth == 0 and entry.name in released:
                 try:
-                    data = neutralise_notebook(data.decode("utf-8"), released[entry.name]).encode("utf-8")
+                    data = neutralise_notebook(data.decode("utf-8"), released[entry.name], notes).encode("utf-8")
                 except Exception:
                     pass                  # invalid: left as submitted, reported by precheck
             if depth == 0 and entry.name == "timestamp.txt":

@@ -38,6 +38,7 @@ from jupyter_client.manager import AsyncKernelManager
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]        # holds shared/ and autograder/
 BWRAP = shutil.which("bwrap") or "/usr/bin/bwrap"
 ENV_VAR = "COURSE_SANDBOX"
+LEFTOVER_MARK = "processes still running in the sandbox when the kernel stopped (killed with it):"
 GiB = 1 << 30
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "hosts", "mime.types", "fonts",
              "alternatives", "ssl/openssl.cnf")
@@ -165,9 +166,19 @@ def sandbox_uid() -> int:
     return 200_000 + secrets.randbelow(800_000)
 
 
+_probed: dict[str, str | None] = {}
+
+
 def probe(policy: SandboxPolicy | None = None, timeout: float = 60) -> str | None:
     """None if a sandbox starts here (and the course package imports inside it), else why not."""
     policy = policy or SandboxPolicy()
+    key = policy.to_env()
+    if key not in _probed:
+        _probed[key] = _probe(policy, timeout)
+    return _probed[key]
+
+
+def _probe(policy: SandboxPolicy, timeout: float) -> str | None:
     if not Path(BWRAP).exists():
         return f"bubblewrap is not installed ({BWRAP} missing; `make sandbox-deps` installs Debian's)"
     with tempfile.TemporaryDirectory(prefix="sandbox-probe-") as sock:
@@ -184,6 +195,14 @@ def probe(policy: SandboxPolicy | None = None, timeout: float = 60) -> str | Non
         why = (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
         return f"bubblewrap could not start a sandbox here (user namespaces disabled?): {why}"
     return None
+
+
+def _make_readable(folder: Path) -> None:
+    """o+r files, o+rx folders under folder (nbgrader's working copy of one submission), links untouched."""
+    folder.chmod(folder.stat().st_mode | 0o005)
+    for p in folder.rglob("*"):
+        if not p.is_symlink():
+            p.chmod(p.stat().st_mode | (0o005 if p.is_dir() else 0o004))
 
 
 class SandboxedKernelManager(AsyncKernelManager):
@@ -216,6 +235,8 @@ class SandboxedKernelManager(AsyncKernelManager):
             os.chown(self._socket_dir, self._uid, self._uid)
             os.chown(self.connection_file, self._uid, self._uid)
         cwd = (self._launch_args or {}).get("cwd")
+        if cwd and os.geteuid() == 0:   # the kernel's own uid copies the submission: let it read the copy
+            _make_readable(Path(cwd))
         extra = {"NBGRADER_EXECUTION": os.environ.get("NBGRADER_EXECUTION", "autograde")}
         return bwrap_argv(self.policy, cmd, submission_dir=str(cwd) if cwd else None,
                           socket_dir=self._socket_dir, extra_env=extra, uid=self._uid)
@@ -228,6 +249,21 @@ class SandboxedKernelManager(AsyncKernelManager):
                          if k in ("PATH", "LANG", "PYTHONPATH", "OMP_NUM_THREADS", "NBGRADER_EXECUTION",
                                   "OMP_WAIT_POLICY", "MINIGPT_DATA_DIR")}
         await super()._async_launch_kernel(kernel_cmd, **kw)
+
+    async def shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:
+        self._report_leftovers()
+        await super().shutdown_kernel(now=now, restart=restart)
+
+    def _report_leftovers(self) -> None:
+        """Log how many processes besides the kernel are still in the sandbox (they die with it)."""
+        from autograder.grading import _descendants
+
+        process = getattr(self.provisioner, "process", None)
+        if not self.policy.enabled or process is None or process.poll() is not None:
+            return
+        extra = len(_descendants(process.pid)) - 2          # bwrap's init (PID 1 inside) and the kernel
+        if extra > 0:
+            self.log.warning("%s %d", LEFTOVER_MARK, extra)
 
     async def _async_cleanup_resources(self, restart: bool = False) -> None:
         await super()._async_cleanup_resources(restart=restart)
