@@ -13,6 +13,7 @@ Around each record the `Guard` checks the gradebook (autograder/gradebook_guard.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shutil
@@ -330,19 +331,21 @@ def autograde(course_root: Path = REPO_ROOT, assignment_ids: list[str] | None = 
                             policy=asdict(policy), env=_job_env(env))
                 guard = gradebook_guard.Guard(db_path)
                 api = _record_api(course_root, db_url, work / "record")
-                pending, early, meta = {}, [], {}
+                pending, early, meta = [], [], {}   # pending: (job, student)
                 for s in who:
                     status, notes, staged = _prepare(course_root, a, s, released, work / "staged" / s, released_nbs)
                     meta[s] = (status, notes)
                     if staged is None:
                         early.append(JobOutcome(s, a, 0, "", {}))
                     else:
-                        pending[pool.submit(run_job, GradingJob(student=s, files=_files_of(staged), **base))] = s
-                for outcome in early:
-                    results.append(_finish(outcome, api, guard, db_url, work, meta, log, bar))
-                for fut in pool.as_completed(list(pending)):
-                    outcome = _safe_result(fut, a, pending[fut])
-                    results.append(_finish(outcome, api, guard, db_url, work, meta, log, bar))
+                        pending.append((GradingJob(student=s, files=_files_of(staged), **base), s))
+                if unsafe:      # strictly one after the other: a change to the gradebook names its submission
+                    finished = (_safe_result(pool.submit(run_job, job), a, s) for job, s in pending)
+                else:
+                    futures = {pool.submit(run_job, job): s for job, s in pending}
+                    finished = (_safe_result(f, a, futures[f]) for f in pool.as_completed(list(futures)))
+                for outcome in itertools.chain(early, finished):     # recorded as each one finishes
+                    results.append(_finish_or_error(outcome, api, guard, db_url, work, meta, log, bar))
                 guard.close()
     finally:
         pool.close()
@@ -387,10 +390,26 @@ def _prepare(course_root: Path, a: str, s: str, released: Path, staged: Path,
     return status, notes, staged if gradable else None
 
 
+def _finish_or_error(outcome: JobOutcome, api, guard: gradebook_guard.Guard, db_url: str, work: Path,
+                     meta: dict, log: Callable[[str], None], bar) -> SubmissionResult:
+    """_finish, and if recording itself fails, an `error` line: the batch goes on."""
+    try:
+        return _finish(outcome, api, guard, db_url, work, meta, log, bar)
+    except Exception as exc:
+        if not guard.intact():
+            guard.restore()
+        result = SubmissionResult(outcome.student, outcome.assignment, 0.0, 0.0, "error",
+                                  [f"recording failed: {type(exc).__name__}: {str(exc)[:200]}"])
+        log(result.line())
+        bar.update()
+        return result
+
+
 def _finish(outcome: JobOutcome, api, guard: gradebook_guard.Guard, db_url: str, work: Path,
             meta: dict, log: Callable[[str], None], bar) -> SubmissionResult:
     """Record one finished job in the instructor's gradebook (guarded) and report its status line."""
     a, s = outcome.assignment, outcome.student
+    started = time.perf_counter()
     status, notes = meta.get(s, ("ok", []))
     notes = list(notes)
     tampered = False
@@ -452,7 +471,8 @@ def _finish(outcome: JobOutcome, api, guard: gradebook_guard.Guard, db_url: str,
         if c.score < c.max_score and not c.note:
             c.note = "failed" if outcome.notebooks else "not graded"
     final = "tampered" if tampered else (status if status != "ok" else reading.status)
-    result = SubmissionResult(s, a, total, max_total, final, notes + reading.notes, cells)
+    result = SubmissionResult(s, a, total, max_total, final, notes + reading.notes, cells, outcome.seconds,
+                              time.perf_counter() - started)
     log(result.line())
     bar.update()
     return result

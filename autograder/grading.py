@@ -1,13 +1,14 @@
-"""Grading with real nbgrader: release, autograde (one submission at a time), feedback, export.
+"""Grading with real nbgrader: release, autograde, feedback, export.
 
 Everything runs `nbgrader` in a subprocess inside a *course root* (a folder holding
 nbgrader_config.py, `solutions/<assignment>/` and, for instructors, `submitted/<student>/<assignment>/`).
 
 * `grade_notebook(path)` grades one notebook the way `nbgrader autograde` would, in a throwaway
-  course folder with a throwaway sqlite gradebook: the instructor's files are never touched.
-* `autograde(course_root, ...)` grades every submission under submitted/, one nbgrader process per
-  submission (with a wall-clock limit), so a broken notebook (invalid JSON, kernel crash, endless
-  loop) is recorded with zero points and a status line, and the batch goes on.
+  course folder with a throwaway sqlite gradebook (sandboxed where bubblewrap works): the instructor's
+  files are never touched.
+* `autograde(course_root, ...)` grades every submission under submitted/, each in its own sandbox,
+  several at a time, and records grades in the parent (autograder/batch.py); a broken notebook (invalid
+  JSON, kernel crash, endless loop, an attack) gets a status line and the batch goes on.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ class SubmissionResult:
     status: str                       # "ok", "invalid-notebook", "kernel-died", "timeout", "error"
     notes: list[str] = field(default_factory=list)
     cells: list[CellScore] = field(default_factory=list)
+    seconds: float = 0.0              # wall time of grading it (its job), recording not included
+    record_seconds: float = 0.0       # wall time of recording it into the gradebook (in the parent)
 
     def line(self) -> str:
         """One status line for the instructor's batch report."""
@@ -61,7 +64,8 @@ class SubmissionResult:
     def to_dict(self) -> dict:
         return {"student": self.student, "assignment": self.assignment, "score": self.score,
                 "max_score": self.max_score, "status": self.status, "notes": self.notes,
-                "cells": [c.__dict__ for c in self.cells]}
+                "cells": [c.__dict__ for c in self.cells], "seconds": round(self.seconds, 2),
+                "record_seconds": round(self.record_seconds, 3)}
 
 
 def _fmt(x: float) -> str:
@@ -250,43 +254,6 @@ def precheck(submission: Path, released: Path, source: Path | None = None) -> tu
     return "ok", notes
 
 
-@dataclass
-class _RunNotes:
-    errors: dict[str, str] = field(default_factory=dict)   # grade_id -> "AssertionError: ..." / "timed out"
-    timed_out: list[str] = field(default_factory=list)     # cells (grade_id or "cell N") that hit the timeout
-    truncated: list[str] = field(default_factory=list)     # cells whose output LimitOutput cut
-
-
-def _cell_notes(autograded: Path) -> _RunNotes:
-    """What went wrong, cell by cell, in an autograded notebook."""
-    notes = _RunNotes()
-    try:
-        nb = nbformat.read(str(autograded), as_version=4)
-    except Exception:
-        return notes
-    for i, cell in enumerate(nb.cells):
-        if cell.cell_type != "code":
-            continue
-        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-        label = gid or f"cell {i + 1}"
-        for out in cell.get("outputs", []):
-            if out.output_type == "error":
-                if out.ename == "CellTimeoutError":
-                    msg = "timed out"
-                    notes.timed_out.append(label)
-                else:
-                    first = (out.get("evalue") or "").strip().splitlines()
-                    msg = f"{out.ename}: {first[0][:160]}" if first else out.ename
-                if gid:
-                    notes.errors.setdefault(gid, msg)
-            elif out.output_type == "stream":
-                if "... Output truncated ..." in out.get("text", "") and label not in notes.truncated:
-                    notes.truncated.append(label)
-                if out.name == "stderr" and gid:
-                    notes.errors.setdefault(gid, "wrote to stderr (nbgrader fails a test cell that does)")
-    return notes
-
-
 def read_scores(db: Path | str, assignment: str, student: str) -> tuple[float, float, list[CellScore]]:
     """Total and per-cell scores of one submission from the gradebook."""
     from nbgrader.api import Gradebook, MissingEntry
@@ -309,7 +276,9 @@ def read_scores(db: Path | str, assignment: str, student: str) -> tuple[float, f
 def autograde_one(course_root: Path, assignment: str, student: str, *, db: Path | str,
                   released: Path, timeout: float = SUBMISSION_TIMEOUT_S,
                   env: dict[str, str] | None = None) -> SubmissionResult:
-    """Autograde submitted/<student>/<assignment>/ with nbgrader; never raises for a bad submission."""
+    """Autograde submitted/<student>/<assignment>/ with nbgrader, in place, kernel NOT sandboxed (the course's
+    own notebooks in tests/test_notebooks.py); never raises for a bad submission. Learners' submissions go
+    through `autograde` (autograder.batch): sandboxed, neutralised, recorded by the parent."""
     course_root = Path(course_root)
     sub_dir = course_root / "submitted" / student / assignment
     url = db if isinstance(db, str) else db_url_for(db)
@@ -338,12 +307,16 @@ def autograde_one(course_root: Path, assignment: str, student: str, *, db: Path 
             notes.append("nbgrader failed: " + (last[-1].strip()[:200] if last else f"exit {rc}"))
     total, max_total, cells = read_scores(url, assignment, student)
     if rc == 0:
+        from autograder.batch import read_executed
+
         for nb_path in sorted(Path(released).glob("*.ipynb")):
-            rn = _cell_notes(course_root / "autograded" / student / assignment / nb_path.name)
-            if rn.timed_out:
-                notes.append("timed out: " + ", ".join(rn.timed_out))
-            if rn.truncated:
-                notes.append("output truncated in: " + ", ".join(rn.truncated))
+            done = course_root / "autograded" / student / assignment / nb_path.name
+            if not done.exists():
+                continue
+            rn = read_executed(done.read_text(encoding="utf-8"))
+            notes += rn.notes
+            if status == "ok":
+                status = rn.status
             for c in cells:
                 if c.grade_id in rn.errors and not c.note:
                     c.note = rn.errors[c.grade_id]

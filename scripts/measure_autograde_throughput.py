@@ -45,6 +45,8 @@ def main() -> None:
             print(json.dumps({"jobs": jobs, "submissions": len(results), "seconds": round(dt, 1),
                               "per_minute": round(60 * len(results) / dt, 2),
                               "seconds_per_submission": round(dt / len(results), 1),
+                              "job_seconds": sorted(round(r.seconds, 1) for r in results),
+                              "record_seconds": sorted(round(r.record_seconds, 2) for r in results),
                               "statuses": sorted({r.status for r in results}),
                               "scores": sorted({r.score for r in results})}), flush=True)
 

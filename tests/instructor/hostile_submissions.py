@@ -99,8 +99,8 @@ _MEMORY = '''try:
     block = bytearray(3 << 30)              # 3 GiB, zero-filled: every page touched
     block[::4096] = b"x" * len(block[::4096])
     answer = 4
-except MemoryError:
-    print("no 3 GiB for me")
+except MemoryError as exc:
+    print("refused:", repr(exc))
     answer = 0
 '''
 

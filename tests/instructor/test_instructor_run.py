@@ -1,8 +1,11 @@
 """End to end instructor run on the tiny fixture course (tests/fixtures/course, 3 exercises, 4 points).
 
-release -> a fake class of submissions -> autograde (real nbgrader, sqlite gradebook) ->
+release -> a fake class of submissions, honest and hostile (tests/instructor/hostile_submissions.py) ->
+autograde (real nbgrader, each kernel in the bubblewrap sandbox, two at a time, sqlite gradebook) ->
 generate_feedback -> export to CSV. Every submission is graded, bad ones included, and the batch
-completes with a status line per submission.
+completes with a status line per submission. The same fixture course is then graded with --unsafe (the
+gradebook guard must catch what the sandbox no longer stops) and on a Dask LocalCluster (same results).
+One graded class is shared by the tests (module fixtures): about 30 small submissions in all.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import grading, notebooks
+from autograder import grading, notebooks, sandbox
 
 import hostile_submissions as hostile  # noqa: E402  (tests/instructor/ is on sys.path under pytest)
 
@@ -116,13 +119,18 @@ def _survivors() -> list[int]:
     return out
 
 
-def _grade_course(root: Path, cls: dict, **kwargs):
-    """Release the fixture course in root, write a class of submissions, autograde it (real nbgrader)."""
+def _grade_course(root: Path, cls: dict, release_from: Path | None = None, **kwargs):
+    """Release the fixture course in root (or copy the labs/ of release_from), write a class of
+    submissions, autograde it (real nbgrader)."""
     course = root / "course"
     shutil.copytree(FIXTURE_COURSE, course)
     shutil.copy(REPO_ROOT / "nbgrader_config.py", course / "nbgrader_config.py")
     env = grading.nbgrader_env({"COURSE_CELL_TIMEOUT": "5"})
-    released = grading.release(course, env=env)
+    if release_from is None:
+        released = grading.release(course, env=env)
+    else:                          # the same release, one nbgrader run fewer
+        shutil.copytree(release_from / "labs", course / "labs")
+        released = [course / "labs" / ASSIGNMENT]
     lab = course / "labs" / ASSIGNMENT / NB_NAME
     for student, (spec, _, _) in cls.items():
         d = course / "submitted" / student / ASSIGNMENT
@@ -143,7 +151,9 @@ def graded_class(tmp_path_factory, listener):
     root = tmp_path_factory.mktemp("instructor")
     port, hits = listener
     cls = {**CLASS, **hostile.hostile_class(root / "course", port, GOOD)}
-    course, lab, released, env, results, lines = _grade_course(root, cls, jobs=2)
+    # a 128 MiB tmpfs (default 512 MiB) so that the 2 GiB writer hits the cap well within the 5 s cell limit
+    policy = sandbox.SandboxPolicy(tmp_bytes=128 << 20, cpu_seconds=125)
+    course, lab, released, env, results, lines = _grade_course(root, cls, jobs=2, policy=policy)
     assert released == [course / "labs" / ASSIGNMENT]
     time.sleep(2)              # a process that outlived its grading would act now
     feedback = grading.generate_feedback(course, env=env)
@@ -272,7 +282,7 @@ def test_export_csv_has_everyone(graded_class):
 
 
 def test_feedback_shows_no_test_source_or_solution(graded_class):
-    secrets = ["assert add(2, 3) == 5", "assert mean([4.0]) == 4.0", "HIDDEN TESTS", "BEGIN SOLUTION"]
+    secrets = ["assert add(2, 3) == 5", "assert mean([4.0]) == 4.0", "HIDDEN TESTS", "### BEGIN SOLUTION"]
     pages = sorted(graded_class["feedback"].rglob("*.html"))
     assert len(pages) >= 20
     for page in pages:
@@ -288,13 +298,14 @@ def test_feedback_shows_no_test_source_or_solution(graded_class):
 # ----------------------------------------------------------------------------- the same, other ways
 
 @pytest.fixture(scope="module")
-def unsafe_class(tmp_path_factory):
+def unsafe_class(tmp_path_factory, graded_class):
     """--unsafe: no sandbox; attacks on the gradebook then reach it, and the guard must catch them."""
     root = tmp_path_factory.mktemp("unsafe")
     course = root / "course"
     attacks = hostile.hostile_class(course, 0, GOOD)
     cls = {"correct": CLASS["correct"], "gb_others": attacks["gb_others"], "gb_own_manual": attacks["gb_own_manual"]}
-    course, _, _, env, first, lines = _grade_course(root, cls, unsafe=True, students=["correct"])
+    course, _, _, env, first, lines = _grade_course(root, cls, graded_class["course"], unsafe=True,
+                                                    students=["correct"])
     from nbgrader.api import Gradebook
 
     url = grading.db_url_for(course / "gradebook.db")
@@ -323,12 +334,13 @@ def test_unsafe_mode_warns_and_catches_tampering(unsafe_class):
 
 
 @pytest.fixture(scope="module")
-def dask_class(tmp_path_factory):
+def dask_class(tmp_path_factory, graded_class):
     """Three honest submissions graded on a Dask LocalCluster (one worker thread: like --jobs 1)."""
     pytest.importorskip("distributed")
     cls = {s: CLASS[s] for s in ("correct", "partial", "crashing")}
     cls = {s: (copy.deepcopy(spec), score, status) for s, (spec, score, status) in cls.items()}
-    _, _, _, _, results, _ = _grade_course(tmp_path_factory.mktemp("dask"), cls, jobs=1, scheduler="local-threads")
+    _, _, _, _, results, _ = _grade_course(tmp_path_factory.mktemp("dask"), cls, graded_class["course"], jobs=1,
+                                           scheduler="local-threads")
     return results
 
 
