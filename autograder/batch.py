@@ -301,7 +301,7 @@ def autograde(course_root: Path = REPO_ROOT, assignment_ids: list[str] | None = 
     bindir = str(Path(sys.executable).parent)        # nbgrader's Gradebook, used here too, runs `alembic`
     if bindir not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
-    db_path = Path(db if db is not None and not isinstance(db, str) else course_root / "gradebook.db").resolve()
+    db_path = _sqlite_path(db, course_root)
     db_url = db_url_for(db_path)
     policy = policy or sandbox.SandboxPolicy(cpu_seconds=int(timeout) + 5)
     policy = check_sandbox(policy, unsafe, log)
@@ -350,6 +350,18 @@ def autograde(course_root: Path = REPO_ROOT, assignment_ids: list[str] | None = 
     finally:
         pool.close()
     return sorted(results, key=lambda r: (r.assignment, r.student))
+
+
+def _sqlite_path(db: Path | str | None, course_root: Path) -> Path:
+    """The gradebook file: a path, a sqlite:/// URL, or course_root/gradebook.db. Other databases: refused
+    (the guard compares sqlite files)."""
+    if db is None:
+        return (course_root / "gradebook.db").resolve()
+    if isinstance(db, str) and "://" in db:
+        if not db.startswith("sqlite:///"):
+            raise GradingError(f"autograde guards a sqlite gradebook; {db.split('://')[0]} is not supported")
+        return Path(db[len("sqlite:///"):]).resolve()
+    return Path(db).resolve()
 
 
 def _job_env(env: dict[str, str] | None) -> dict[str, str] | None:
