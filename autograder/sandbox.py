@@ -9,7 +9,8 @@ notebook names and always starts this interpreter's ipykernel, wrapped like this
 * file system: a tmpfs root holding read-only binds of /usr (and the /bin, /lib links), a few files of /etc,
   the Python installation, the virtual environment and the course package (`shared/`, `autograder/`, `data/`),
   nothing else: no course root, gradebook.db, solutions/, other submissions, instructor's home;
-  the submission is read-only at /submission and copied into a size-capped writable tmpfs at /tmp;
+  the submission is read-only at /submission and copied into a size-capped writable tmpfs at /tmp
+  (/dev/shm is a second, 64 MiB one);
 * the kernel talks to nbgrader over jupyter_client's `ipc` transport: Unix sockets in one fresh folder
   bind-mounted into the sandbox (the sandbox's loopback is not the host's, so TCP would not reach it);
 * limits (set by `sandbox_boot.py`): RLIMIT_AS memory, RLIMIT_NPROC processes, RLIMIT_FSIZE file size,
@@ -40,6 +41,7 @@ BWRAP = shutil.which("bwrap") or "/usr/bin/bwrap"
 ENV_VAR = "COURSE_SANDBOX"
 LEFTOVER_MARK = "processes still running in the sandbox when the kernel stopped (killed with it):"
 GiB = 1 << 30
+SHM_BYTES = 64 << 20          # /dev/shm (POSIX semaphores of multiprocessing), a tmpfs of its own
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "hosts", "mime.types", "fonts",
              "alternatives", "ssl/openssl.cnf")
 
@@ -128,7 +130,8 @@ def bwrap_argv(policy: SandboxPolicy, kernel_cmd: list[str], *, submission_dir: 
         args.append("--unshare-user")
     args += _system_binds()
     args += ["--proc", "/proc", "--dev", "/dev",
-             "--perms", "1777", "--size", str(policy.tmp_bytes), "--tmpfs", "/tmp"]
+             "--perms", "1777", "--size", str(policy.tmp_bytes), "--tmpfs", "/tmp",
+             "--perms", "1777", "--size", str(min(SHM_BYTES, policy.tmp_bytes)), "--tmpfs", "/dev/shm"]
     ro_dirs = _python_dirs() + (policy.package_dirs or default_package_dirs())
     args += _parent_dirs(ro_dirs + [socket_dir])
     for d in ro_dirs:
