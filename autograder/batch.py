@@ -24,13 +24,13 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable
 
 import nbformat
 from tqdm import tqdm
 
 from autograder import gradebook_guard, intake, preprocessors, sandbox
-from autograder.grading import (CONFIG_NAME, REPO_ROOT, SUBMISSION_TIMEOUT_S, CellScore, GradingError,
+from autograder.grading import (CONFIG_NAME, REPO_ROOT, SUBMISSION_TIMEOUT_S, GradingError,
                                 SubmissionResult, assignments, db_url_for, generate_assignment, nbgrader_env,
                                 precheck, read_scores, run_nbgrader, submissions)
 

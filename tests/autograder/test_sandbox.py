@@ -88,6 +88,16 @@ except OSError as e:
     assert "mem-refused" in run.stdout and "disk-refused" in run.stdout, run.stdout + run.stderr
 
 
+def test_batch_refuses_without_a_sandbox_unless_unsafe(tmp_path, monkeypatch):
+    from autograder import batch
+
+    monkeypatch.setattr(sandbox, "probe", lambda policy=None: "user namespaces disabled (test)")
+    (tmp_path / "submitted" / "ann" / "ex_fixture").mkdir(parents=True)
+    with pytest.raises(batch.SandboxRefused, match="user namespaces disabled.*--unsafe"):
+        batch.autograde(tmp_path, ["ex_fixture"], ["ann"], log=lambda line: None, progress=False)
+    assert not (tmp_path / "gradebook.db").exists()        # refused before touching anything
+
+
 def test_no_bwrap_is_reported(monkeypatch):
     monkeypatch.setattr(sandbox, "BWRAP", "/nonexistent/bwrap")
     assert "not installed" in sandbox.probe(sandbox.SandboxPolicy(nproc=7))

@@ -22,7 +22,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import grading, notebooks, sandbox
+from autograder import batch, grading, notebooks, sandbox
 
 import hostile_submissions as hostile  # noqa: E402  (tests/instructor/ is on sys.path under pytest)
 
@@ -189,6 +189,7 @@ def test_every_submission_is_graded_with_expected_score(graded_class):
     want = {s: (float(score), status) for s, (_, score, status) in cls.items()}
     assert got == want, "\n".join(graded_class["lines"])
     assert all(r.max_score == 4 for r in results.values())
+    assert {r.status for r in results.values()} <= set(batch.STATUSES)
 
 
 def test_status_lines_say_what_happened(graded_class):
