@@ -37,10 +37,14 @@ PROGRESS_ARGS ?=
 SERVE_ARGS ?=
 INTERVIEW_ARGS ?=
 CHROMIUM ?= /usr/bin/chromium
+BWRAP ?= /usr/bin/bwrap
+# make autograde JOBS=8 | AUTOGRADE_ARGS="--scheduler tcp://host:8786" | AUTOGRADE_ARGS=--unsafe (no sandbox)
+JOBS ?=
+AUTOGRADE_ARGS ?=
 NB ?=
 CPYTHON_LIB ?=
 
-.PHONY: serve interview progress help setup lab test browser-deps release grade autograde feedback export doctor calibrate gpu-check models data normalize check-normalized
+.PHONY: serve interview progress help setup lab test browser-deps sandbox-deps release grade autograde feedback export doctor calibrate gpu-check models data normalize check-normalized
 
 help:
 	@sed -n '1,8p' Makefile | sed 's/^# \{0,1\}//'
@@ -61,19 +65,26 @@ $(STAMP): requirements.txt pyproject.toml $(LAB_OVERRIDES) $(KERNEL_CONFIG)
 
 setup: $(STAMP)
 
-# Debian's chromium for the browser tests, with apt as root or through sudo. Without either, or if apt fails,
-# `make test` says so and runs everything else (the browser tests skip); in CI ($CI set) that is an error.
-browser-deps:
-	@if [ ! -x "$(CHROMIUM)" ]; then \
+# $(call apt-install,PATH,PACKAGE,WHAT FOR,WHAT HAPPENS WITHOUT IT): Debian's PACKAGE where PATH is missing, with apt
+# as root or through sudo. Without either (or if apt fails) it says so and make goes on; in CI ($CI set) that fails.
+define apt-install
+	@if [ ! -x "$(1)" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null; then SUDO=sudo; else SUDO=none; fi; \
-	  if [ "$$SUDO" != none ] && echo "installing Debian's chromium (for the JupyterLab browser tests)" \
-	     && $$SUDO apt-get update && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y chromium; then :; \
+	  if [ "$$SUDO" != none ] && echo "installing Debian's $(2) ($(3))" \
+	     && $$SUDO apt-get update && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y $(2); then :; \
 	  else \
-	    echo "make test: could not install Debian's chromium (it needs root or sudo: apt-get install chromium)."; \
-	    if [ -n "$$CI" ]; then echo "make test: CI requires the browser tests"; exit 1; fi; \
-	    echo "make test: the browser tests (tests/browser) will be skipped; everything else runs."; \
+	    echo "make: could not install Debian's $(2) ($(3)): it needs root or sudo (apt-get install $(2))."; \
+	    if [ -n "$$CI" ]; then echo "make: CI requires it"; exit 1; fi; \
+	    echo "make: $(4)"; \
 	  fi; \
 	fi
+endef
+
+browser-deps:
+	$(call apt-install,$(CHROMIUM),chromium,for the JupyterLab browser tests,the browser tests (tests/browser) will be skipped; everything else runs.)
+
+sandbox-deps:
+	$(call apt-install,$(BWRAP),bubblewrap,the sandbox submissions are graded in,make autograde refuses to run without it (--unsafe overrides) and the sandbox tests will be skipped.)
 
 # ---------------------------------------------------------------- learner
 lab: setup
@@ -83,7 +94,7 @@ lab: setup
 progress: setup
 	@$(PY) -m autograder progress --dir "$(WORKSPACE)" $(PROGRESS_ARGS)
 
-test: setup browser-deps
+test: setup browser-deps sandbox-deps
 	@rc=0; OMP_NUM_THREADS=$(TEST_THREADS) OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest --timeout=$(PYTEST_TIMEOUT) -n $(PYTEST_WORKERS) --dist loadscope --durations=25 $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests; that is a failure"; fi; \
 	exit $$rc
@@ -94,6 +105,7 @@ serve: setup
 interview: setup
 	@$(PY) -m autograder interview $(INTERVIEW_ARGS)
 
+# In the bubblewrap sandbox where it can start (installed by `make sandbox-deps`), without it elsewhere.
 grade: setup
 	@test -n "$(NB)" || { echo "usage: make grade NB=path/to/notebook.ipynb"; exit 2; }
 	$(PY) -m autograder grade "$(NB)"
@@ -102,8 +114,8 @@ grade: setup
 release: setup
 	$(PY) -m autograder release
 
-autograde: setup
-	$(PY) -m autograder autograde
+autograde: setup sandbox-deps
+	$(PY) -m autograder autograde $(if $(JOBS),--jobs $(JOBS)) $(AUTOGRADE_ARGS)
 
 feedback: setup
 	$(PY) -m autograder feedback

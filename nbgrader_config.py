@@ -37,15 +37,20 @@ c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedE
 c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 
 # ... and a single gigantic line must not either: cut any one output above 100k characters.
+# StoppingExecute is nbgrader's Execute, except that a cell ignoring the interrupt (or killing the kernel)
+# stops the run with the points of the cells before it kept; when the grading process sets COURSE_SANDBOX,
+# it starts the kernel in the bubblewrap sandbox (autograder/sandbox.py), whatever kernel the notebook names.
+# Feedback shows a test cell's grade and failure message, never its source (HideTestSources).
 try:
-    from nbconvert.preprocessors import ClearMetadataPreprocessor
-    from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, Execute, IgnorePattern,
+    from nbconvert.preprocessors import ClearMetadataPreprocessor, CSSHTMLHeaderPreprocessor
+    from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, GetGrades, IgnorePattern,
                                         LimitOutput, SaveAutoGrades)
 
-    from autograder.grading import LimitOutputSize
+    from autograder.preprocessors import HideTestSources, LimitOutputSize, StoppingExecute
 
-    c.Autograde.autograde_preprocessors = [Execute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput,
+    c.Autograde.autograde_preprocessors = [StoppingExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput,
                                            LimitOutputSize, SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]
     c.LimitOutputSize.max_chars = 100_000
+    c.GenerateFeedback.preprocessors = [GetGrades, HideTestSources, CSSHTMLHeaderPreprocessor]
 except ImportError:  # autograder not installed (e.g. a bare nbgrader install): nbgrader's defaults apply
     pass

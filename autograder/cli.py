@@ -1,7 +1,11 @@
 """`python -m autograder COMMAND`: the course's grading and maintenance commands.
 
-    grade PATH [--assignment A]      grade one notebook as nbgrader autograde would (last line: score: X / Y)
-    autograde [--assignment A ...]   instructor: grade every submission under submitted/<student>/<assignment>/
+    grade PATH [--assignment A]      grade one notebook as nbgrader autograde would (last line: score: X / Y);
+                                     in the bubblewrap sandbox where one can start
+    autograde [--assignment A ...]   instructor: grade every submission under submitted/<student>/<assignment>/,
+              [--jobs N]             each in its own sandbox, N at a time (default: the machine's cores),
+              [--scheduler ADDR]     or on Dask workers (ADDR: tcp://host:8786, or "local" for a LocalCluster);
+              [--unsafe]             refuses where no sandbox can start, unless --unsafe
     feedback [--assignment A]        instructor: nbgrader generate_feedback (HTML under feedback/)
     export [--csv grades.csv]        instructor: gradebook to CSV
     release [--assignment A ...]     regenerate labs/ from solutions/ (nbgrader generate_assignment) and normalize
@@ -45,6 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--keep", type=Path, help="keep the temporary course folder (autograded notebook) here")
     g.add_argument("--require-full", action="store_true",
                    help="exit 1 unless the notebook scores full marks (nbgrader validate always exits 0)")
+    g.add_argument("--unsafe", action="store_true", help="run the kernel without the sandbox")
 
     a = sub.add_parser("autograde", help="grade every submission (instructor)")
     a.add_argument("--assignment", action="append", help="only this assignment (repeatable)")
@@ -52,6 +57,14 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--timeout", type=float, default=grading.SUBMISSION_TIMEOUT_S,
                    help="wall-clock seconds per submission")
     a.add_argument("--json", type=Path, help="also write all results as JSON here")
+    a.add_argument("--jobs", type=int, default=None,
+                   help="submissions graded at once, each with one torch thread (default: the machine's cores)")
+    a.add_argument("--scheduler", help="grade on Dask: a scheduler address (tcp://host:8786), or 'local' "
+                                       "for a LocalCluster of --jobs workers (pip install '.[cluster]')")
+    a.add_argument("--unsafe", action="store_true",
+                   help="grade even where no sandbox can start: learners' code then runs with your rights")
+    a.add_argument("--memory", type=float, default=3.0, help="GiB of address space per kernel (RLIMIT_AS)")
+    a.add_argument("--disk", type=float, default=0.5, help="GiB of writable tmpfs per kernel")
 
     f = sub.add_parser("feedback", help="nbgrader generate_feedback (instructor)")
     f.add_argument("--assignment")
@@ -114,8 +127,13 @@ def main(argv: list[str] | None = None) -> int:
     course = args.course.resolve()
     try:
         if args.command == "grade":
+            from autograder import sandbox
+            sandboxed = not args.unsafe
+            if sandboxed and (why := sandbox.probe()):
+                print(f"note: no sandbox here ({why}); grading your notebook without one", file=sys.stderr)
+                sandboxed = False
             res = grading.grade_notebook(args.path, assignment=args.assignment, course_root=course,
-                                         timeout=args.timeout, keep=args.keep)
+                                         timeout=args.timeout, keep=args.keep, sandboxed=sandboxed)
             print(f"{args.path}: assignment {res.assignment}, status {res.status}")
             for note in res.notes:
                 print(f"  note: {note}")
@@ -127,7 +145,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"score: {res.score:g} / {res.max_score:g}")
             return 1 if args.require_full and res.score < res.max_score else 0
         if args.command == "autograde":
-            results = grading.autograde(course, args.assignment, args.student, timeout=args.timeout)
+            from autograder import sandbox
+            policy = sandbox.SandboxPolicy(memory_bytes=int(args.memory * sandbox.GiB),
+                                           tmp_bytes=int(args.disk * sandbox.GiB), cpu_seconds=int(args.timeout) + 5)
+            results = grading.autograde(course, args.assignment, args.student, timeout=args.timeout, jobs=args.jobs,
+                                        scheduler=args.scheduler, unsafe=args.unsafe, policy=policy)
             if not results:
                 print(f"no submissions under {course / 'submitted'}/<student>/<assignment>/")
             else:

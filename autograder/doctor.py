@@ -106,6 +106,11 @@ def report(root: Path = REPO_ROOT) -> list[str]:
                  f"checkpoints: {', '.join(sorted(p.stem for p in ck.glob('*.safetensors'))) or 'MISSING (make models)'}")
     chromium = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
     lines.append(f"browser     chromium: {chromium or 'missing (make browser-deps installs it; browser tests skip)'}")
+    from autograder import sandbox
+
+    why = sandbox.probe()
+    lines.append("sandbox     " + ("bubblewrap: submissions are graded in a sandbox" if why is None else
+                                   f"NONE: {why} (make autograde refuses without --unsafe)"))
     return lines
 
 

@@ -1,13 +1,14 @@
-"""Grading with real nbgrader: release, autograde (one submission at a time), feedback, export.
+"""Grading with real nbgrader: release, autograde, feedback, export.
 
 Everything runs `nbgrader` in a subprocess inside a *course root* (a folder holding
 nbgrader_config.py, `solutions/<assignment>/` and, for instructors, `submitted/<student>/<assignment>/`).
 
 * `grade_notebook(path)` grades one notebook the way `nbgrader autograde` would, in a throwaway
-  course folder with a throwaway sqlite gradebook: the instructor's files are never touched.
-* `autograde(course_root, ...)` grades every submission under submitted/, one nbgrader process per
-  submission (with a wall-clock limit), so a broken notebook (invalid JSON, kernel crash, endless
-  loop) is recorded with zero points and a status line, and the batch goes on.
+  course folder with a throwaway sqlite gradebook (sandboxed where bubblewrap works): the instructor's
+  files are never touched.
+* `autograde(course_root, ...)` grades every submission under submitted/, each in its own sandbox,
+  several at a time, and records grades in the parent (autograder/batch.py); a broken notebook (invalid
+  JSON, kernel crash, endless loop, an attack) gets a status line and the batch goes on.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ class SubmissionResult:
     status: str                       # "ok", "invalid-notebook", "kernel-died", "timeout", "error"
     notes: list[str] = field(default_factory=list)
     cells: list[CellScore] = field(default_factory=list)
+    seconds: float = 0.0              # wall time of grading it (its job), recording not included
+    record_seconds: float = 0.0       # wall time of recording it into the gradebook (in the parent)
 
     def line(self) -> str:
         """One status line for the instructor's batch report."""
@@ -61,43 +64,15 @@ class SubmissionResult:
     def to_dict(self) -> dict:
         return {"student": self.student, "assignment": self.assignment, "score": self.score,
                 "max_score": self.max_score, "status": self.status, "notes": self.notes,
-                "cells": [c.__dict__ for c in self.cells]}
+                "cells": [c.__dict__ for c in self.cells], "seconds": round(self.seconds, 2),
+                "record_seconds": round(self.record_seconds, 3)}
 
 
 def _fmt(x: float) -> str:
     return f"{x:g}"
 
 
-# ----------------------------------------------------------------------------- nbgrader preprocessor
-
-def _limit_output_size_class():
-    from nbgrader.preprocessors import NbGraderPreprocessor
-    from traitlets import Integer
-
-    class LimitOutputSize(NbGraderPreprocessor):
-        """Cut any single output above max_chars characters (nbgrader's LimitOutput only counts lines)."""
-
-        max_chars = Integer(100_000, help="maximum characters per output (-1: no limit)").tag(config=True)
-
-        def _cut(self, text: str) -> str:
-            return text[: self.max_chars] + "\n... Output truncated ..." if len(text) > self.max_chars else text
-
-        def preprocess_cell(self, cell, resources, cell_index):
-            if cell.cell_type != "code" or self.max_chars < 0:
-                return cell, resources
-            for out in cell.outputs:
-                if out.output_type == "stream":
-                    out.text = self._cut(out.text)
-                elif out.output_type in ("execute_result", "display_data"):
-                    for mime, value in list(out.get("data", {}).items()):
-                        if isinstance(value, str) and (mime.startswith("text/") or mime.endswith("json")):
-                            out.data[mime] = self._cut(value)
-            return cell, resources
-
-    return LimitOutputSize
-
-
-LimitOutputSize = _limit_output_size_class()
+from autograder.preprocessors import LimitOutputSize  # noqa: E402,F401  (nbgrader_config.py of older courses)
 
 
 # ----------------------------------------------------------------------------- nbgrader subprocesses
@@ -279,43 +254,6 @@ def precheck(submission: Path, released: Path, source: Path | None = None) -> tu
     return "ok", notes
 
 
-@dataclass
-class _RunNotes:
-    errors: dict[str, str] = field(default_factory=dict)   # grade_id -> "AssertionError: ..." / "timed out"
-    timed_out: list[str] = field(default_factory=list)     # cells (grade_id or "cell N") that hit the timeout
-    truncated: list[str] = field(default_factory=list)     # cells whose output LimitOutput cut
-
-
-def _cell_notes(autograded: Path) -> _RunNotes:
-    """What went wrong, cell by cell, in an autograded notebook."""
-    notes = _RunNotes()
-    try:
-        nb = nbformat.read(str(autograded), as_version=4)
-    except Exception:
-        return notes
-    for i, cell in enumerate(nb.cells):
-        if cell.cell_type != "code":
-            continue
-        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-        label = gid or f"cell {i + 1}"
-        for out in cell.get("outputs", []):
-            if out.output_type == "error":
-                if out.ename == "CellTimeoutError":
-                    msg = "timed out"
-                    notes.timed_out.append(label)
-                else:
-                    first = (out.get("evalue") or "").strip().splitlines()
-                    msg = f"{out.ename}: {first[0][:160]}" if first else out.ename
-                if gid:
-                    notes.errors.setdefault(gid, msg)
-            elif out.output_type == "stream":
-                if "... Output truncated ..." in out.get("text", "") and label not in notes.truncated:
-                    notes.truncated.append(label)
-                if out.name == "stderr" and gid:
-                    notes.errors.setdefault(gid, "wrote to stderr (nbgrader fails a test cell that does)")
-    return notes
-
-
 def read_scores(db: Path | str, assignment: str, student: str) -> tuple[float, float, list[CellScore]]:
     """Total and per-cell scores of one submission from the gradebook."""
     from nbgrader.api import Gradebook, MissingEntry
@@ -338,7 +276,9 @@ def read_scores(db: Path | str, assignment: str, student: str) -> tuple[float, f
 def autograde_one(course_root: Path, assignment: str, student: str, *, db: Path | str,
                   released: Path, timeout: float = SUBMISSION_TIMEOUT_S,
                   env: dict[str, str] | None = None) -> SubmissionResult:
-    """Autograde submitted/<student>/<assignment>/ with nbgrader; never raises for a bad submission."""
+    """Autograde submitted/<student>/<assignment>/ with nbgrader, in place, kernel NOT sandboxed (the course's
+    own notebooks in tests/test_notebooks.py); never raises for a bad submission. Learners' submissions go
+    through `autograde` (autograder.batch): sandboxed, neutralised, recorded by the parent."""
     course_root = Path(course_root)
     sub_dir = course_root / "submitted" / student / assignment
     url = db if isinstance(db, str) else db_url_for(db)
@@ -367,12 +307,16 @@ def autograde_one(course_root: Path, assignment: str, student: str, *, db: Path 
             notes.append("nbgrader failed: " + (last[-1].strip()[:200] if last else f"exit {rc}"))
     total, max_total, cells = read_scores(url, assignment, student)
     if rc == 0:
+        from autograder.batch import read_executed
+
         for nb_path in sorted(Path(released).glob("*.ipynb")):
-            rn = _cell_notes(course_root / "autograded" / student / assignment / nb_path.name)
-            if rn.timed_out:
-                notes.append("timed out: " + ", ".join(rn.timed_out))
-            if rn.truncated:
-                notes.append("output truncated in: " + ", ".join(rn.truncated))
+            done = course_root / "autograded" / student / assignment / nb_path.name
+            if not done.exists():
+                continue
+            rn = read_executed(done.read_text(encoding="utf-8"))
+            notes += rn.notes
+            if status == "ok":
+                status = rn.status
             for c in cells:
                 if c.grade_id in rn.errors and not c.note:
                     c.note = rn.errors[c.grade_id]
@@ -389,64 +333,45 @@ def submissions(course_root: Path, assignment: str) -> list[str]:
 
 
 def autograde(course_root: Path = REPO_ROOT, assignment_ids: list[str] | None = None,
-              students: list[str] | None = None, *, db: Path | str | None = None,
-              timeout: float = SUBMISSION_TIMEOUT_S, env: dict[str, str] | None = None,
-              log=tqdm.write, progress: bool = True) -> list[SubmissionResult]:
-    """Instructor batch: autograde every submission under submitted/ (or the chosen ones), with a
-    progress bar over all submissions (on stderr) and one status line per submission (on stdout).
+              students: list[str] | None = None, **kwargs) -> list[SubmissionResult]:
+    """Instructor batch: every submission graded in its own sandbox, in parallel; see autograder.batch."""
+    from autograder import batch
 
-    The assignment's cells are (re)registered in the gradebook by generating it into a temporary
-    folder, so labs/ is not touched.
-    """
-    course_root = Path(course_root).resolve()
-    db = db or course_root / "gradebook.db"
-    plan = [(a, students or submissions(course_root, a)) for a in assignment_ids or assignments(course_root)]
-    plan = [(a, who) for a, who in plan if who]
-    results = []
-    with tqdm(total=sum(len(who) for _, who in plan), desc="autograde", unit="submission",
-              disable=not progress) as bar:
-        for a, who in plan:
-            with tempfile.TemporaryDirectory(prefix="release-") as tmp:
-                released = generate_assignment(course_root, a, db=db, release_dir=Path(tmp), env=env)
-                for s in who:
-                    bar.set_postfix_str(f"{a}/{s}")
-                    r = autograde_one(course_root, a, s, db=db, released=released, timeout=timeout, env=env)
-                    log(r.line())
-                    results.append(r)
-                    bar.update()
-    return results
+    return batch.autograde(course_root, assignment_ids, students, **kwargs)
 
 
 def grade_notebook(path: Path, *, assignment: str | None = None, course_root: Path = REPO_ROOT,
                    student: str = DEFAULT_STUDENT, timeout: float = SUBMISSION_TIMEOUT_S,
-                   env: dict[str, str] | None = None, keep: Path | None = None) -> SubmissionResult:
-    """Grade one notebook as `nbgrader autograde` would, in a temporary course folder.
+                   env: dict[str, str] | None = None, keep: Path | None = None, sandboxed: bool | None = None,
+                   log=None) -> SubmissionResult:
+    """Grade one notebook as `nbgrader autograde` would, in a temporary course folder (its own gradebook).
 
+    sandboxed: True requires the bubblewrap sandbox, False runs the kernel without it, None (default) uses it
+    where it can start (a learner grading their own notebook on a laptop without one still gets a grade).
     keep: if given, the temporary course folder is copied there (autograded notebook, gradebook).
     """
+    from autograder import batch, sandbox
+
     path = Path(path).resolve()
     if not path.exists():
         raise GradingError(f"no such notebook: {path}")
     course_root = Path(course_root).resolve()
     assignment = assignment or find_assignment(path, course_root)
+    if sandboxed is None:
+        sandboxed = sandbox.probe() is None
     with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
         course = make_temp_course(course_root, assignment, Path(tmp) / "course")
-        db = Path(tmp) / "gradebook.db"
-        released = generate_assignment(course, assignment, db=db, env=env)
         sub_dir = course / "submitted" / student / assignment
         sub_dir.mkdir(parents=True)
-        shutil.copy(path, sub_dir / _notebook_name(path, released))
-        result = autograde_one(course, assignment, student, db=db, released=released, timeout=timeout, env=env)
+        names = sorted(p.name for p in (course / "solutions" / assignment).glob("*.ipynb"))
+        name = path.name if path.name in names or len(names) != 1 else names[0]
+        shutil.copy(path, sub_dir / name)
+        results = batch.autograde(course, [assignment], [student], db=Path(tmp) / "gradebook.db", timeout=timeout,
+                                  env=env, log=log or (lambda line: None), progress=False, jobs=1,
+                                  unsafe=not sandboxed, backup=False)
         if keep is not None:
             shutil.copytree(tmp, keep, dirs_exist_ok=True)
-    return result
-
-
-def _notebook_name(path: Path, released: Path) -> str:
-    names = sorted(p.name for p in released.glob("*.ipynb"))
-    if path.name in names or len(names) != 1:
-        return path.name
-    return names[0]          # e.g. "01_kv_cache (copy).ipynb" is graded as the assignment's only notebook
+    return results[0]
 
 
 # ----------------------------------------------------------------------------- feedback and export

@@ -10,7 +10,7 @@ from autograder import doctor
 
 def test_report_lines():
     text = "\n".join(doctor.report())
-    for key in ("python", "cpu", "torch", "gpu", "triton", "device class", "tiers", "data"):
+    for key in ("python", "cpu", "torch", "gpu", "triton", "device class", "tiers", "data", "sandbox"):
         assert key in text
     import torch
     if not torch.cuda.is_available():

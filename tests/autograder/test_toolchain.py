@@ -40,6 +40,7 @@ def test_makefile_targets_and_ci():
                    "models", "data", "setup"):
         assert re.search(rf"^{re.escape(target)}:", make, re.M), f"no make target {target}"
     assert re.search(r"^test: .*browser-deps", make, re.M)
+    assert re.search(r"^test: .*sandbox-deps", make, re.M) and re.search(r"^sandbox-deps:", make, re.M)
     ci = (REPO_ROOT / ".ci" / "run").read_text().strip().splitlines()
     assert ci[-1].strip() == "make test"
     assert (REPO_ROOT / ".ci" / "run").stat().st_mode & 0o111

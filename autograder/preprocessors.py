@@ -1,0 +1,128 @@
+"""nbgrader preprocessors of the course (named in nbgrader_config.py).
+
+* `LimitOutputSize`  cut any single output above max_chars (nbgrader's LimitOutput only counts lines).
+* `StoppingExecute`  nbgrader's Execute, except that a cell which ignores the interrupt after its time
+  limit (or kills the kernel) ends the run *for the cells after it*: they are marked as not run, and the
+  points of the cells before it stand. nbgrader's own Execute raises, which loses every point.
+* `HideTestSources`  for feedback: a test cell shows its grade and failure message, not its source, its
+  traceback (whose frames quote hidden test lines) or what learner code printed from inside it.
+"""
+
+from __future__ import annotations
+
+from nbclient.exceptions import CellTimeoutError, DeadKernelError
+from nbformat.notebooknode import NotebookNode
+from nbgrader.preprocessors import Execute, NbGraderPreprocessor
+from traitlets import Integer
+
+STUCK_ENAME = "CellTimeoutError"
+STUCK_NOTE = "ran past its time limit and did not stop when interrupted (SIGINT ignored?)"
+DEAD_ENAME = "DeadKernelError"
+NOT_RUN_ENAME = "CellNotRun"
+HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
+
+
+def error_output(ename: str, evalue: str) -> NotebookNode:
+    return NotebookNode(output_type="error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
+
+
+class LimitOutputSize(NbGraderPreprocessor):
+    """Cut any single output above max_chars characters (nbgrader's LimitOutput only counts lines)."""
+
+    max_chars = Integer(100_000, help="maximum characters per output (-1: no limit)").tag(config=True)
+
+    def _cut(self, text: str) -> str:
+        return text[: self.max_chars] + "\n... Output truncated ..." if len(text) > self.max_chars else text
+
+    def preprocess_cell(self, cell, resources, cell_index):
+        if cell.cell_type != "code" or self.max_chars < 0:
+            return cell, resources
+        for out in cell.outputs:
+            if out.output_type == "stream":
+                out.text = self._cut(out.text)
+            elif out.output_type in ("execute_result", "display_data"):
+                for mime, value in list(out.get("data", {}).items()):
+                    if isinstance(value, str) and (mime.startswith("text/") or mime.endswith("json")):
+                        out.data[mime] = self._cut(value)
+        return cell, resources
+
+
+class StoppingExecute(Execute):
+    """nbgrader's Execute; a stuck cell or a dead kernel stops the run instead of failing it."""
+
+    _stopped: str = ""
+
+    def __init__(self, *args, **kwargs):
+        import os
+
+        if os.environ.get("COURSE_SANDBOX"):
+            from autograder.sandbox import SandboxedKernelManager
+
+            kwargs.setdefault("kernel_manager_class", SandboxedKernelManager)
+        super().__init__(*args, **kwargs)
+
+    def preprocess(self, nb, resources=None, km=None):
+        self._stopped = ""
+        return super().preprocess(nb, resources, km)
+
+    def preprocess_cell(self, cell, resources, index):
+        if self._stopped:
+            if cell.cell_type == "code" and cell.source.strip():
+                cell.outputs = [error_output(NOT_RUN_ENAME, f"not run: {self._stopped}")]
+            return cell, resources
+        try:
+            return super().preprocess_cell(cell, resources, index)
+        except CellTimeoutError:
+            self._stopped = f"cell {index + 1} {STUCK_NOTE}"
+            cell.outputs.append(error_output(STUCK_ENAME, STUCK_NOTE))
+            self._kill_kernel()
+        except DeadKernelError:
+            self._stopped = f"the kernel died in cell {index + 1}"
+            cell.outputs.append(error_output(DEAD_ENAME, "the kernel died while running this cell "
+                                             "(os._exit, a crash, or a resource limit)"))
+        return cell, resources
+
+    def _kill_kernel(self) -> None:
+        from jupyter_core.utils import run_sync
+
+        try:
+            run_sync(self.km.shutdown_kernel)(now=True)
+        except Exception as exc:   # already gone
+            self.log.warning("could not stop the kernel: %s", exc)
+
+
+def hidden_test_lines(source: str) -> list[str]:
+    """The lines between BEGIN/END HIDDEN TESTS markers (stripped, non-trivial)."""
+    out, inside = [], False
+    for line in source.splitlines():
+        if HIDDEN_BEGIN in line:
+            inside = True
+        elif HIDDEN_END in line:
+            inside = False
+        elif inside and len(line.strip()) >= 6:
+            out.append(line.strip())
+    return out
+
+
+class HideTestSources(NbGraderPreprocessor):
+    """Feedback: replace a test cell's source and outputs by its failure message (if any)."""
+
+    max_message = Integer(300, help="characters of a failure message shown").tag(config=True)
+
+    def preprocess_cell(self, cell, resources, cell_index):
+        meta = cell.metadata.get("nbgrader", {})
+        if cell.cell_type != "code" or not meta.get("grade") or meta.get("solution"):
+            return cell, resources
+        hidden = hidden_test_lines(cell.source)
+        cell.source = f"# test cell {meta.get('grade_id', '')}: its code is not part of the feedback"
+        shown = []
+        for out in cell.get("outputs", []):
+            if out.output_type != "error":
+                continue
+            lines = (out.get("evalue") or "").strip().splitlines()
+            message = lines[0][: self.max_message] if lines else ""
+            if any(h in message for h in hidden):
+                message = "(message withheld: it quotes a hidden test)"
+            shown.append(error_output(out.ename, message))
+        cell.outputs = shown
+        return cell, resources

@@ -1,0 +1,180 @@
+"""The grading sandbox (bubblewrap), submission intake and the gradebook guard, without nbgrader runs.
+
+A few seconds in all: each sandbox test starts one short Python inside bwrap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from autograder import gradebook_guard, intake, sandbox
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+FIXTURE_SRC = REPO_ROOT / "tests" / "fixtures" / "course" / "solutions" / "ex_fixture" / "ex_fixture.ipynb"
+
+needs_sandbox = pytest.mark.skipif(sandbox.probe() is not None, reason=f"no sandbox here: {sandbox.probe()}")
+
+
+def _in_sandbox(code: str, policy: sandbox.SandboxPolicy | None = None, submission: Path | None = None):
+    with tempfile.TemporaryDirectory(prefix="sock-") as sock:
+        uid = sandbox.sandbox_uid()
+        if os.geteuid() == 0:
+            os.chown(sock, uid, uid)
+        cmd = sandbox.bwrap_argv(policy or sandbox.SandboxPolicy(), [sys.executable, "-c", code],
+                                 submission_dir=str(submission) if submission else None, socket_dir=sock, uid=uid)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+@needs_sandbox
+def test_sandbox_hides_the_host_and_has_no_network(tmp_path):
+    secret = tmp_path / "gradebook.db"
+    secret.write_text("secret")
+    tmp_path.chmod(0o755)             # the submission folder the sandbox copies (nbgrader's are 0755)
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    port = srv.getsockname()[1]
+    os.environ["INSTRUCTOR_TOKEN"] = "do-not-leak"
+    try:
+        code = f"""
+import json, os, socket
+out = {{"secret": os.path.exists({str(secret)!r}), "repo_solutions": os.path.exists({str(REPO_ROOT / 'solutions')!r}),
+       "env": sorted(os.environ), "uid": os.getuid(), "cwd": os.getcwd(), "pids": len(os.listdir('/proc'))}}
+try:
+    socket.create_connection(("127.0.0.1", {port}), timeout=2); out["net"] = True
+except OSError:
+    out["net"] = False
+try:
+    open("/usr/evil", "w"); out["usr_writable"] = True
+except OSError:
+    out["usr_writable"] = False
+print(json.dumps(out))
+"""
+        run = _in_sandbox(code, submission=tmp_path)
+    finally:
+        os.environ.pop("INSTRUCTOR_TOKEN")
+        srv.close()
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["secret"] is False and out["repo_solutions"] is False
+    assert out["net"] is False and out["usr_writable"] is False
+    assert "INSTRUCTOR_TOKEN" not in out["env"] and out["cwd"] == "/tmp/work"
+    assert out["uid"] != 0 or os.geteuid() != 0
+
+
+@needs_sandbox
+def test_sandbox_limits_memory_and_disk():
+    policy = sandbox.SandboxPolicy(memory_bytes=1 << 30, tmp_bytes=16 << 20)
+    code = """
+try:
+    bytearray(1 << 30); print("mem-ok")
+except MemoryError:
+    print("mem-refused")
+try:
+    open("/tmp/big", "wb").write(b"x" * (32 << 20)); print("disk-ok")
+except OSError as e:
+    print("disk-refused", e.errno)
+"""
+    run = _in_sandbox(code, policy)
+    assert "mem-refused" in run.stdout and "disk-refused" in run.stdout, run.stdout + run.stderr
+
+
+def test_batch_refuses_without_a_sandbox_unless_unsafe(tmp_path, monkeypatch):
+    from autograder import batch
+
+    monkeypatch.setattr(sandbox, "probe", lambda policy=None: "user namespaces disabled (test)")
+    (tmp_path / "submitted" / "ann" / "ex_fixture").mkdir(parents=True)
+    with pytest.raises(batch.SandboxRefused, match="user namespaces disabled.*--unsafe"):
+        batch.autograde(tmp_path, ["ex_fixture"], ["ann"], log=lambda line: None, progress=False)
+    assert not (tmp_path / "gradebook.db").exists()        # refused before touching anything
+
+
+def test_no_bwrap_is_reported(monkeypatch):
+    monkeypatch.setattr(sandbox, "BWRAP", "/nonexistent/bwrap")
+    assert "not installed" in sandbox.probe(sandbox.SandboxPolicy(nproc=7))
+
+
+def test_intake_leaves_out_links_and_neutralises_the_notebook(tmp_path):
+    released = nbformat.read(str(FIXTURE_SRC), as_version=4)
+    sub = tmp_path / "sub"
+    (sub / "data").mkdir(parents=True)
+    nb = json.loads(FIXTURE_SRC.read_text())
+    nb["metadata"]["kernelspec"]["name"] = "evil"
+    nb["cells"][2]["metadata"]["tags"] = ["skip-execution"]
+    nb["cells"][2]["metadata"]["nbgrader"]["points"] = 100
+    nb["cells"].append({"cell_type": "code", "id": "x", "metadata": {"nbgrader": {"grade": True, "grade_id": "bonus",
+                        "points": 9, "solution": False, "locked": True, "schema_version": 3}},
+                        "source": "pass", "outputs": [], "execution_count": None})
+    (sub / "ex_fixture.ipynb").write_text(json.dumps(nb))
+    (sub / "data" / "ok.txt").write_text("fine")
+    (sub / "link").symlink_to("/etc/passwd")
+    os.link(sub / "data" / "ok.txt", sub / "hard.txt")
+    (sub / "timestamp.txt").write_text("not a time")
+    os.mkfifo(sub / "pipe")
+    notes = intake.stage_submission(sub, tmp_path / "out", {"ex_fixture.ipynb": released})
+    staged = sorted(str(p.relative_to(tmp_path / "out")) for p in (tmp_path / "out").rglob("*"))
+    assert staged == ["data", "ex_fixture.ipynb"]          # data/ok.txt has a second name: left out too
+    text = " | ".join(notes)
+    for expected in ("link (a symbolic link)", "hard link", "pipe (not a plain file", "timestamp.txt",
+                     "kernelspec 'evil' ignored", "cell tags dropped", "bonus"):
+        assert expected in text, (expected, notes)
+    out = nbformat.read(str(tmp_path / "out" / "ex_fixture.ipynb"), as_version=4)
+    assert out.metadata.kernelspec.name == released.metadata.kernelspec.name
+    assert all("tags" not in c.metadata for c in out.cells)
+    points = [c.metadata.nbgrader.get("points") for c in out.cells if "nbgrader" in c.metadata]
+    assert 100 not in points and 9 not in points
+
+
+def _gradebook(path: Path) -> str:
+    from nbgrader.api import Gradebook
+
+    url = f"sqlite:///{path}"
+    with Gradebook(url) as gb:
+        gb.add_assignment("a")
+        gb.add_notebook("n", "a")
+        gb.add_grade_cell("c", "n", "a", max_score=2, cell_type="code")
+        gb.add_solution_cell("s", "n", "a")
+        for student in ("ann", "bob"):
+            gb.add_student(student)
+            gb.add_submission("a", student)
+    return url
+
+
+def test_guard_detects_restores_and_scopes_changes(tmp_path, monkeypatch):
+    import sqlite3
+
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])  # alembic
+
+    db = tmp_path / "gradebook.db"
+    _gradebook(db)
+    guard = gradebook_guard.Guard(db)
+    assert guard.intact()
+    with sqlite3.connect(db) as con:                        # someone else zeroes bob's score
+        con.execute("UPDATE grade SET manual_score = 0")
+    assert not guard.intact()
+    guard.restore()
+    assert guard.intact()
+    db.unlink()                                             # or deletes the file
+    assert not guard.intact()
+    guard.restore()
+    assert guard.intact()
+    before = gradebook_guard.manual_scores(db, "ann")
+    with sqlite3.connect(db) as con:                        # recording ann must touch only ann's rows
+        con.execute("UPDATE grade SET auto_score = 2 WHERE notebook_id IN (SELECT n.id FROM submitted_notebook n "
+                    "JOIN submitted_assignment a ON n.assignment_id = a.id WHERE a.student_id = 'ann')")
+    assert guard.check_record("ann", before) == []
+    with sqlite3.connect(db) as con:
+        con.execute("UPDATE grade SET manual_score = 2")
+    problems = guard.check_record("ann", before)
+    assert any("other students" in p for p in problems) and any("manual score" in p for p in problems)
+    assert gradebook_guard.backup(db, tmp_path / "copy.db").exists()
+    guard.close()
