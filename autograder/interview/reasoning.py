@@ -1,4 +1,4 @@
-"""The fifteen reasoning questions (README's interview table), as multiple choice with every wrong option diagnosed.
+"""The reasoning questions of README's interview table, as multiple choice with every wrong option diagnosed.
 
     q = CHOICE_QUESTIONS[4].deal(random.Random(0))   # options in a seeded order, letters A-D
     print(q.text)
@@ -16,6 +16,15 @@ import string
 from dataclasses import dataclass
 
 from autograder.interview.questions import Verdict
+from minigpt.teaching.calculators import GiB, PRESETS, attention_flops, kv_cache_bytes, prefill_flops
+from minigpt.teaching.hardware import ACCELERATORS
+
+# Question 16's figures, computed: one 128k-token request of Llama-3-8B in bf16 on one H100 SXM.
+_L3, _H100, _LONG = PRESETS["Llama-3-8B"], ACCELERATORS["H100-SXM"], 131072
+_LONG_KV_GIB = kv_cache_bytes(_L3, _LONG, 1, 2) / GiB
+_LONG_PREFILL = prefill_flops(_L3, _LONG)
+_LONG_ATTENTION_SHARE = attention_flops(_L3, _LONG * (_LONG + 1) // 2) / _LONG_PREFILL
+_LONG_PREFILL_S = _LONG_PREFILL / _H100.peak("bf16")
 
 
 @dataclass(frozen=True)
@@ -303,4 +312,22 @@ CHOICE_QUESTIONS: tuple[ChoiceQuestion, ...] = (
         "d_out) parameters per adapted matrix: megabytes against gigabytes), resident or paged in from CPU memory, "
         "and batch requests for different adapters with a gathered matmul that applies each row's adapter "
         "(BGMV/SGMV, as Punica and S-LoRA do)."),
+    ChoiceQuestion(
+        16, "Serving a 128k context", "09",
+        "One request brings a 128k-token prompt to Llama-3-8B (bf16) on one H100. What dominates its cost, and what "
+        "do serving engines do about it?",
+        "Prefill compute, quadratic in length: engines chunk it, and split it across GPUs for longer contexts",
+        (("Decode: each step re-reads the whole cache, so the first token comes quickly",
+          f"the first token waits for the whole prefill: {_LONG_PREFILL / 1e15:.1f} PFLOP, at least "
+          f"{_LONG_PREFILL_S:.1f} s at an H100's dense bf16 peak."),
+         ("Nothing special: the model supports 128k tokens, so the engine just runs it",
+          f"its KV cache alone is {_LONG_KV_GIB:.0f} GiB, which limits the batch, and an unchunked prefill of that "
+          "length stalls every other request's decode steps."),
+         ("Keep only the last 4k tokens in a sliding window, which costs nothing",
+          "that changes the model's answers unless it was trained with a window: Llama-3 attends to the whole "
+          "context.")),
+        f"Prefill of {_LONG:,} tokens is {_LONG_PREFILL / 1e15:.1f} PFLOP, {_LONG_ATTENTION_SHARE:.0%} of it "
+        f"attention (quadratic in length), at least {_LONG_PREFILL_S:.1f} s on one H100; the KV cache is "
+        f"{_LONG_KV_GIB:.0f} GiB. Engines split the prefill into chunks scheduled beside other requests' decodes, "
+        "and for longer contexts spread it over GPUs (context parallelism, ring attention)."),
 )
