@@ -5,14 +5,18 @@ saying what is wrong (which step, which request, expected vs got, likely cause).
 
 CPU tier (correctness):
     check_pack_chunks(pack_fn)                    packed (varlen) layout: positions continue across chunks
-    check_scheduler(scheduler_cls)                hypothesis: budget, max_num_seqs, blocks == running, chunk
-                                                  positions, preempted resume with their tokens, bounded finish,
-                                                  no starvation, bad input rejected
+    check_scheduler(scheduler_cls)                seeded random workloads: budget, max_num_seqs, blocks == running,
+                                                  chunk positions, preempted resume with their tokens, bounded
+                                                  finish; no starvation; first come first served; no chunking when
+                                                  chunked prefill is disabled; bad input rejected
     check_greedy_outputs(scheduler_cls, pack_fn)  every request's greedy output == generating it alone
-    check_static_batching(static_fn)              static batching output == alone (padding never attended)
+    check_static_batching(static_fn)              static batching output == alone (padding never attended), run
+                                                  in groups of batch_size (model calls counted)
     check_metrics(request_metrics_fn, goodput_fn) TTFT, TPOT, ITL, E2E, goodput on hand-made timelines
 Speed (deterministic proxy): check_continuous_speedup(scheduler_cls): model steps of static batching over the
 learner's continuous scheduler on a skewed workload, relative to the reference's, same run.
+Every check refuses the package's reference handed in as the answer (reference_guard: the object itself, a subclass
+inheriting `schedule`, a thin wrapper calling into it).
 Interview questions: check_q1_continuous_vs_static, check_q2_compute_bound_batch, check_q3_kv_memory.
 GPU tier (speed): check_continuous_speedup_gpu(scheduler_cls, pack_fn): wall time of static batching over the learner's
 continuous batching on a GPU, relative to the reference, behind autograder.harness.require_gpu.
@@ -20,18 +24,23 @@ continuous batching on a GPU, relative to the reference, behind autograder.harne
 
 from __future__ import annotations
 
+import contextlib
 import math
+import zlib
 from typing import Any, Callable, Hashable
 
 import torch
 
 from autograder.harness import call_learner, check_answer, quiet
+from autograder.reference_guard import no_calls_into, own_work
 from minigpt.cache.block_manager import BlockManager
 from minigpt.cache.paged import PagedKVCache
 from minigpt.config import ModelConfig
-from minigpt.engine.baselines import StaticBatchScheduler
+from minigpt.engine.baselines import StaticBatchScheduler, static_generate
 from minigpt.engine.cached_generation import generate_kv_cache
+from minigpt.engine.metrics import goodput, request_metrics
 from minigpt.engine.packed_batch import pack_chunks
+from minigpt.engine.prefix_scheduler import PrefixCachingScheduler
 from minigpt.engine.request import Request, SequenceStatus
 from minigpt.engine.runner import ModelRunner
 from minigpt.engine.scheduler import Scheduler, SchedulerConfig
@@ -72,7 +81,25 @@ def _rand_tokens(n: int, g: torch.Generator, vocab: int = 255) -> list[int]:
     return torch.randint(0, vocab, (n,), generator=g).tolist()
 
 
+SCHEDULER = "Exercise 2 (the scheduler)"
+# The reference's scheduling code: a learner's schedule() may use the helpers the exercise names (_reserve,
+# _preempt, _blocks_for) but not the reference's schedule() or its admission (_admit), nor another scheduler's.
+_SCHEDULING_CODE = (Scheduler.schedule, Scheduler._admit, PrefixCachingScheduler._admit, StaticBatchScheduler.schedule)
+
+
+def own_scheduler(scheduler_cls: type) -> None:
+    """Refuse the reference scheduler, or a subclass that inherits schedule() from it."""
+    own_work(scheduler_cls, (Scheduler, PrefixCachingScheduler, StaticBatchScheduler), what=SCHEDULER,
+             methods=("schedule",))
+
+
+def learner_scheduling() -> Any:
+    """A context in which entering the reference's scheduling code fails the check (super().schedule(), ...)."""
+    return no_calls_into(*_SCHEDULING_CODE, what=SCHEDULER)
+
+
 def _construct(scheduler_cls: type, manager: BlockManager, config: SchedulerConfig, max_model_len: int) -> Any:
+    own_scheduler(scheduler_cls)
     try:
         return scheduler_cls(manager, config, max_model_len=max_model_len)
     except NotImplementedError:
@@ -85,6 +112,8 @@ def _construct(scheduler_cls: type, manager: BlockManager, config: SchedulerConf
 
 def check_pack_chunks(pack_fn: Callable) -> None:
     """pack_fn(chunks, manager) with chunks (seq_id, tokens, start, slots) -> PackedBatch fields equal the reference."""
+    what_ex = "Exercise 1 (pack_chunks)"
+    own_work(pack_fn, pack_chunks, what=what_ex)
     m = BlockManager(32, 4)
     g = torch.Generator().manual_seed(0)
     a_prompt, b_prompt = _rand_tokens(11, g), _rand_tokens(5, g)
@@ -101,7 +130,8 @@ def check_pack_chunks(pack_fn: Callable) -> None:
     }
     for what, chunks in cases.items():
         want = pack_chunks(chunks, m)
-        got = call_learner(f"pack_chunks ({what})", pack_fn, chunks, m)
+        with no_calls_into(pack_chunks, what=what_ex):
+            got = call_learner(f"pack_chunks ({what})", pack_fn, chunks, m)
         for name in ("tokens", "positions", "slots", "cu_seqlens_q", "seq_lens"):
             w, x = getattr(want, name), getattr(got, name, None)
             if not isinstance(x, torch.Tensor) or x.shape != w.shape or not torch.equal(x.long().cpu(), w.long()):
@@ -124,16 +154,21 @@ def check_pack_chunks(pack_fn: Callable) -> None:
 # ---------------------------------------------------------------------------------------------------
 
 def _fake_token(seq_id: Hashable, index: int) -> int:
-    return 2 + (hash((seq_id, index)) % 50)
+    """A fixed function of (id, index), the same in every process (Python's hash() of a str is salted)."""
+    return 2 + zlib.crc32(repr((seq_id, index)).encode()) % 50
 
 
 def drive(scheduler: Any, arrivals: list[tuple[int, Request]], *, max_steps: int = 5000,
           on_step: Callable[[int, Any, Any], None] | None = None) -> dict[Hashable, Any]:
     """Run a scheduler with fake tokens (token i of a request is a fixed function of (id, i)); requests arrive at
-    given step numbers. Checks the scheduler invariants after every step; returns {id: finish step}."""
+    given step numbers. Checks the scheduler invariants after every step (budget, max_num_seqs, blocks, chunk
+    positions, no chunk when chunked prefill is disabled, first-come-first-served admission, the newest preempted);
+    returns {id: (arrival step, finish step)}."""
     sch = scheduler
     m, cfg = sch.manager, sch.config
     pending = sorted(arrivals, key=lambda x: x[0])
+    queue_order: list[Hashable] = []          # request ids in the order they were added
+    admitted: list[Hashable] = []             # request ids in the order of their first scheduled chunk
     arrived: dict[Hashable, int] = {}
     finished_at: dict[Hashable, int] = {}
     saved_outputs: dict[Hashable, list[int]] = {}
@@ -147,12 +182,15 @@ def drive(scheduler: Any, arrivals: list[tuple[int, Request]], *, max_steps: int
             _, req = pending.pop(0)
             seqs[req.request_id] = call_learner(f"add_request({req.request_id!r})", sch.add_request, req)
             arrived[req.request_id] = step
+            queue_order.append(req.request_id)
         if not sch.has_unfinished():
             step += 1
             continue
         before = {sid: (s.num_computed, list(s.output_tokens)) for sid, s in seqs.items()}
+        running_before = [s.seq_id for s in sch.running]
         out = call_learner(f"schedule() at step {step}", sch.schedule)
         where = f"step {step}"
+        _check_order(out, running_before, queue_order, admitted, where)
         n_tok = sum(len(c.tokens) for c in out.chunks)
         if n_tok > cfg.max_num_batched_tokens:
             raise AssertionError(f"{where}: {n_tok} tokens scheduled, over the budget max_num_batched_tokens="
@@ -186,6 +224,11 @@ def drive(scheduler: Any, arrivals: list[tuple[int, Request]], *, max_steps: int
             if list(c.tokens) != seq.tokens[c.start:c.start + len(c.tokens)] or not c.tokens:
                 raise AssertionError(f"{where}: the chunk of {c.seq_id!r} does not hold its tokens "
                                      f"{c.start}..{c.start + len(c.tokens) - 1}")
+            if not cfg.enable_chunked_prefill and c.start + len(c.tokens) != seq.num_tokens:
+                raise AssertionError(f"{where}: chunked prefill is disabled (enable_chunked_prefill=False), but "
+                                     f"{c.seq_id!r} got {len(c.tokens)} of its {seq.num_tokens - c.start} remaining "
+                                     "tokens: without chunking a prefill runs whole, or waits until the budget left "
+                                     "holds it")
         _check_blocks(sch, where + " after schedule()")
         sampled = {c.seq_id: _fake_token(c.seq_id, len(c.seq.output_tokens)) for c in out.chunks
                    if c.start + len(c.tokens) == c.seq.num_tokens}
@@ -203,6 +246,23 @@ def drive(scheduler: Any, arrivals: list[tuple[int, Request]], *, max_steps: int
         if sid not in finished_at:
             raise AssertionError(f"request {sid!r} never reported as finished by update()")
     return {sid: (arrived[sid], finished_at[sid]) for sid in seqs}
+
+
+def _check_order(out: Any, running_before: list[Hashable], queue_order: list[Hashable], admitted: list[Hashable],
+                 where: str) -> None:
+    """First come, first served: requests are first scheduled in the order they were added (never skipping the
+    head of the queue); a preemption takes the newest running sequences (the end of `running`)."""
+    preempted = [s.seq_id for s in getattr(out, "preempted", [])]
+    if preempted and set(preempted) != set(running_before[len(running_before) - len(preempted):]):
+        raise AssertionError(f"{where}: preempted {preempted} while {running_before} were running (oldest first): "
+                             "preempt the NEWEST running sequence (running[-1]); evicting older ones lets a request "
+                             "be preempted again and again, and starve")
+    fresh = [c.seq_id for c in out.chunks if c.seq_id not in admitted]
+    expected = queue_order[len(admitted):len(admitted) + len(fresh)]
+    if set(fresh) != set(expected):
+        raise AssertionError(f"{where}: first scheduled {fresh}, but the head of the queue is {expected} (requests in "
+                             "arrival order): admit first come, first served, never skipping the head of the queue")
+    admitted.extend(expected)
 
 
 def _check_blocks(sch: Any, where: str) -> None:
@@ -272,51 +332,65 @@ def _bad_input(scheduler_cls: type) -> None:
     drive(sch, [(0, ok)])          # the engine still serves a good request
 
 
+def _random_workload(seed: int) -> tuple[list[tuple[int, Request]], dict, SchedulerConfig, int, int]:
+    """One seeded random workload: up to 10 requests (arrival step 0..12, prompt 1..24, 1..12 new tokens) on a pool of
+    4..16 blocks of 2 or 4 tokens, 1..4 sequences and a budget of max_num_seqs + 0..12 tokens; one in four with
+    chunked prefill disabled (requests whose prefill cannot fit the budget left out)."""
+    g = torch.Generator().manual_seed(seed)
+    draw = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=g))      # noqa: E731
+    num_blocks, block_size, max_seqs = draw(4, 16), (2, 4)[draw(0, 1)], draw(1, 4)
+    budget = max_seqs + draw(0, 12)
+    chunked = seed % 4 != 3
+    cfg = SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, enable_chunked_prefill=chunked)
+    capacity = num_blocks * block_size
+    reqs, arrivals = {}, []
+    for i in range(draw(1, 10)):
+        arr, p, n = draw(0, 12), draw(1, 24), draw(1, 12)
+        p = max(1, min(p, capacity - n))             # fits the pool on its own
+        if p + n - 1 > capacity or (not chunked and p + n - 1 > budget):
+            continue
+        reqs[i] = _request(i, p, n, g)
+        arrivals.append((arr, reqs[i]))
+    return arrivals, reqs, cfg, num_blocks, block_size
+
+
+def _chunking_disabled_case(scheduler_cls: type) -> None:
+    """Three requests decode (3 tokens a step of a budget of 8) when a 7-token prompt arrives: without chunked
+    prefill it must wait for a step with 7 tokens of budget left, not run in pieces."""
+    g = torch.Generator().manual_seed(7)
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=8, enable_chunked_prefill=False)
+    sch = _construct(scheduler_cls, BlockManager(64, 4), cfg, 64)
+    arrivals = [(0, _request(f"decode{i}", 2, 6, g)) for i in range(3)] + [(2, _request("prompt", 7, 2, g))]
+    drive(sch, arrivals)
+
+
 def check_scheduler(scheduler_cls: type, *, max_examples: int = 60) -> None:
-    """Scheduler invariants on random workloads (hypothesis), a starvation case and bad input."""
-    from hypothesis import HealthCheck, given, settings, strategies as st
-
-    with quiet():
-        _bad_input(scheduler_cls)
-
-    workload = st.lists(st.tuples(st.integers(0, 12), st.integers(1, 24), st.integers(1, 12)), min_size=1, max_size=10)
+    """Scheduler invariants (see `drive`) on `max_examples` seeded random workloads (the same in every process), a
+    starvation case, a case with chunked prefill disabled, and bad input."""
+    own_scheduler(scheduler_cls)
     seen = {"preempted": 0, "chunked": 0}
 
-    @settings(max_examples=max_examples, deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))
-    @given(workload, st.integers(4, 16), st.sampled_from([2, 4]), st.integers(1, 4), st.integers(0, 12))
-    def run(items: list, num_blocks: int, block_size: int, max_seqs: int, extra_budget: int) -> None:
-        g = torch.Generator().manual_seed(len(items))
-        budget = max_seqs + extra_budget
-        cfg = SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget)
-        capacity = num_blocks * block_size
-        reqs = {}
-        arrivals = []
-        for i, (arr, p, n) in enumerate(items):
-            p = max(1, min(p, capacity - n))            # fits the pool on its own
-            if p + n - 1 > capacity:
+    def count(step: int, s: Any, out: Any) -> None:
+        seen["preempted"] += len(getattr(out, "preempted", []))
+        seen["chunked"] += any(c.start > 0 and len(c.tokens) > 1 for c in out.chunks)
+
+    with quiet(), learner_scheduling():
+        _bad_input(scheduler_cls)
+        for example in range(max_examples):
+            arrivals, reqs, cfg, num_blocks, block_size = _random_workload(example)
+            if not arrivals:
                 continue
-            reqs[i] = _request(i, p, n, g)
-            arrivals.append((arr, reqs[i]))
-        if not arrivals:
-            return
-        sch = _construct(scheduler_cls, BlockManager(num_blocks, block_size), cfg, 64)
-
-        def count(step: int, s: Any, out: Any) -> None:
-            seen["preempted"] += len(getattr(out, "preempted", []))
-            seen["chunked"] += any(c.start > 0 and len(c.tokens) > 1 for c in out.chunks)
-
-        what = (f"workload {[(a, len(r.prompt), r.max_new_tokens) for a, r in arrivals]} (arrival step, prompt, new "
-                f"tokens), {num_blocks} blocks of {block_size}, max_num_seqs={max_seqs}, budget={budget}")
-        try:
-            times = drive(sch, arrivals, on_step=count)
-            _bound_ok(times, reqs, "random workload")
-        except AssertionError as err:
-            raise AssertionError(f"{what}: {err}") from None
-
-    with quiet():
-        run()
+            sch = _construct(scheduler_cls, BlockManager(num_blocks, block_size), cfg, 64)
+            what = (f"workload {[(a, len(r.prompt), r.max_new_tokens) for a, r in arrivals]} (arrival step, prompt, "
+                    f"new tokens), {num_blocks} blocks of {block_size}, max_num_seqs={cfg.max_num_seqs}, budget="
+                    f"{cfg.max_num_batched_tokens}, chunked prefill {'on' if cfg.enable_chunked_prefill else 'off'}")
+            try:
+                times = drive(sch, arrivals, on_step=count)
+                _bound_ok(times, reqs, "random workload")
+            except AssertionError as err:
+                raise AssertionError(f"{what}: {err}") from None
         _starvation_case(scheduler_cls)
+        _chunking_disabled_case(scheduler_cls)
     if not seen["preempted"]:
         raise AssertionError("no workload triggered a preemption, although small pools ran out of blocks: when a "
                              "running sequence needs a block and none is free, preempt the newest running sequence")
@@ -349,6 +423,9 @@ def check_greedy_outputs(scheduler_cls: type = Scheduler, pack_fn: Callable | No
     (and packing function) on a small random model: each greedy output must equal generate_kv_cache alone."""
     import minigpt.engine.runner as runner_mod
 
+    own_scheduler(scheduler_cls)
+    if pack_fn is not None:
+        own_work(pack_fn, pack_chunks, what="Exercise 1 (pack_chunks)")
     model = _model()
     g = torch.Generator().manual_seed(11)
     reqs = [Request(i, _rand_tokens(int(torch.randint(2, 40, (1,), generator=g)), g),
@@ -366,7 +443,7 @@ def check_greedy_outputs(scheduler_cls: type = Scheduler, pack_fn: Callable | No
                 what = f"10 requests, {num_blocks} blocks of 4 tokens, budget {budget} tokens/step, {layout} layout"
                 cache = PagedKVCache.for_model(model, num_blocks, 4)
                 sch = _construct(scheduler_cls, cache.manager, SchedulerConfig(4, budget), SMALL_CONFIG.max_seq_len)
-                with quiet():
+                with quiet(), learner_scheduling(), no_calls_into(pack_chunks, what="Exercise 1 (pack_chunks)"):
                     res = call_learner(what, serve, reqs, sch, ModelRunner(model, cache, layout).execute)
                 for seq in res.sequences:
                     bad = _first_real_divergence(model, seq.request, list(seq.output_tokens), want[seq.seq_id])
@@ -384,13 +461,22 @@ def check_greedy_outputs(scheduler_cls: type = Scheduler, pack_fn: Callable | No
 
 def check_static_batching(static_fn: Callable) -> None:
     """static_fn(model, prompts, max_new_tokens, batch_size) -> list of token lists (stop tokens disabled): each must
-    equal generate_kv_cache on that prompt alone; prompts of very different lengths share a batch."""
+    equal generate_kv_cache on that prompt alone; prompts of very different lengths share a batch. The method: the
+    model runs each group of batch_size prompts together (at most batch_size rows per call, 9 + 7 calls for groups
+    whose longest answers are 9 and 7 tokens), not one prompt at a time."""
+    what = "Exercise 3 (static batching)"
+    own_work(static_fn, static_generate, what=what)
     model = _model(1)
     g = torch.Generator().manual_seed(12)
     prompts = [_rand_tokens(n, g) for n in (3, 17, 9, 30, 5)]
     new = [6, 2, 9, 4, 7]
-    with fixed_threads(1):
-        got = call_learner("static batching", static_fn, model, prompts, new, 3)
+    rows: list[int] = []
+    hook = model.tok_emb.register_forward_pre_hook(lambda module, args: rows.append(int(args[0].shape[0])))
+    try:
+        with fixed_threads(1), no_calls_into(static_generate, StaticBatchScheduler, what=what):
+            got = call_learner("static batching", static_fn, model, prompts, new, 3)
+    finally:
+        hook.remove()
     if not isinstance(got, (list, tuple)) or len(got) != len(prompts):
         raise AssertionError(f"static batching should return {len(prompts)} token lists, got {got!r:.200}")
     for i, (p, n) in enumerate(zip(prompts, new)):
@@ -399,6 +485,11 @@ def check_static_batching(static_fn: Callable) -> None:
         if bad:
             raise AssertionError(f"prompt {i} ({len(p)} tokens, batched with prompts of {[len(q) for q in prompts]} "
                                  f"tokens): {bad}. Padding must never be attended to (or written to the cache).")
+    if max(rows, default=0) > 3 or max(rows, default=0) < 2 or len(rows) != 9 + 7:
+        raise AssertionError(f"the model ran {len(rows)} times with batches of {sorted(set(rows))} rows; static batching "
+                             "in groups of 3 runs each group together until its longest answer ends: 9 + 7 = 16 calls "
+                             "with up to 3 rows (one prefill and the decode steps). Generating each prompt alone "
+                             "(or all at once) is not static batching.")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -412,6 +503,16 @@ class _Timeline:
 
 
 def check_metrics(request_metrics_fn: Callable, goodput_fn: Callable) -> None:
+    """TTFT, TPOT, ITLs, E2E (to the finish time, which may come after the last token) and goodput on hand-made
+    timelines; goodput of no requests is 0."""
+    what = "Exercise 4 (metrics)"
+    own_work(request_metrics_fn, request_metrics, what=what)
+    own_work(goodput_fn, goodput, what=what)
+    with no_calls_into(request_metrics, goodput, what=what):
+        _metrics_cases(request_metrics_fn, goodput_fn)
+
+
+def _metrics_cases(request_metrics_fn: Callable, goodput_fn: Callable) -> None:
     a = _Timeline("a", 1.0, [1.5, 1.6, 1.8, 2.1])
     b = _Timeline("b", 0.0, [0.2])
     c = _Timeline("c", 0.5, [3.5, 3.55, 3.6], finish=3.7)
@@ -429,13 +530,21 @@ def check_metrics(request_metrics_fn: Callable, goodput_fn: Callable) -> None:
     one = call_learner("request_metrics", request_metrics_fn, b)
     if getattr(one, "tpot", None) != 0.0:
         raise AssertionError(f"a one-token output has TPOT 0 (no gap between tokens), got {getattr(one, 'tpot', None)!r}")
-    ms = [got, one, call_learner("request_metrics", request_metrics_fn, c)]        # TTFT 0.5 / 0.2 / 3.0, TPOT 0.2 / 0 / 0.05
+    late = call_learner("request_metrics", request_metrics_fn, c)
+    if not isinstance(getattr(late, "e2e", None), (int, float)) or not math.isclose(late.e2e, 3.2, rel_tol=1e-9):
+        raise AssertionError(f"a request arriving at 0.5 s whose last token comes at 3.6 s and that finishes at 3.7 s "
+                             f"has E2E 3.2 s, got {getattr(late, 'e2e', None)!r}: E2E runs from the arrival to the "
+                             "FINISH time (seq.finish_time), not to the last token")
+    ms = [got, one, late]        # TTFT 0.5 / 0.2 / 3.0, TPOT 0.2 / 0 / 0.05
     for (ttft, tpot), want in {(1.0, 0.1): 1 / 3, (0.5, 0.25): 2 / 3, (5.0, 0.3): 1.0, (0.1, 1.0): 0.0}.items():
         val = call_learner("goodput", goodput_fn, ms, ttft, tpot)
         if not isinstance(val, (int, float)) or not math.isclose(val, want, rel_tol=1e-9):
             raise AssertionError(f"goodput with TTFT <= {ttft} s and TPOT <= {tpot} s over requests with (TTFT, TPOT) = "
                                  f"(0.5, 0.2), (0.2, 0), (3.0, 0.05) should be {want:.4g}, got {val!r}: a request counts "
                                  "only if it meets BOTH limits (<=), as a share of all requests")
+    empty = call_learner("goodput of no requests", goodput_fn, [], 1.0, 1.0)
+    if empty != 0:
+        raise AssertionError(f"goodput of an empty list of requests should be 0, got {empty!r}")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -477,7 +586,9 @@ def check_continuous_speedup(scheduler_cls: type) -> dict[str, float]:
     static = _steps(lambda m: StaticBatchScheduler(m, 8, max_model_len=96), arrivals)
     with quiet():
         ref = _steps(lambda m: Scheduler(m, cfg, max_model_len=96), arrivals)
-        learner = call_learner("the skewed workload", _steps, lambda m: _construct(scheduler_cls, m, cfg, 96), arrivals)
+        with learner_scheduling():
+            learner = call_learner("the skewed workload", _steps, lambda m: _construct(scheduler_cls, m, cfg, 96),
+                                   arrivals)
     ref_ratio, ratio = static / ref, static / learner
     if ratio < SPEED_MIN_FRACTION * ref_ratio:
         raise AssertionError(f"static batching needs {static} steps, your scheduler {learner} ({ratio:.2f}x fewer), the "
@@ -487,18 +598,24 @@ def check_continuous_speedup(scheduler_cls: type) -> dict[str, float]:
 
 
 def check_continuous_speedup_gpu(scheduler_cls: type, pack_fn: Callable | None = None, *,
-                                 device: str = "cuda", repeats: int = 3, config: ModelConfig | None = None
-                                 ) -> dict[str, float]:
+                                 device: str = "cuda", repeats: int = 3, config: ModelConfig | None = None,
+                                 allow_reference: bool = False) -> dict[str, float]:
     """Wall time to serve the skewed workload of `check_continuous_speedup` with the target model's shape (random
     weights) on a GPU: static batching (padded) over the learner's continuous batching (packed), relative to the
     reference scheduler and packing, timed interleaved (harness.check_speedup). `device="cpu"` and a small `config`
-    run the same code on the CPU (for tests); grading uses the GPU and the target shape."""
+    run the same code on the CPU (for tests); grading uses the GPU and the target shape. `allow_reference=True` (for
+    `make calibrate` and gpu-check, which time the reference and slow variants built on it) lifts the refusal of
+    the package's reference."""
     import minigpt.engine.runner as runner_mod
     from autograder.harness import check_speedup
     from minigpt.config import TARGET_CONFIG
 
     if device == "cuda" and not torch.cuda.is_available():
         raise AssertionError("check_continuous_speedup_gpu needs a CUDA GPU; gate it with autograder.harness.require_gpu")
+    if not allow_reference:
+        own_scheduler(scheduler_cls)
+        if pack_fn is not None:
+            own_work(pack_fn, pack_chunks, what="Exercise 1 (pack_chunks)")
     torch.manual_seed(0)
     model = GPT(config or TARGET_CONFIG).to(device).eval()
     reqs = [r for _, r in _skewed_requests()]
@@ -516,9 +633,13 @@ def check_continuous_speedup_gpu(scheduler_cls: type, pack_fn: Callable | None =
         return go
 
     static = serving(lambda m: StaticBatchScheduler(m, 8, max_model_len=96), "padded", None)
-    learner = serving(lambda m: _construct(scheduler_cls, m, cfg, 96), "packed", pack_fn)
+    learner = serving(lambda m: scheduler_cls(m, cfg, max_model_len=96), "packed", pack_fn)
     reference = serving(lambda m: Scheduler(m, cfg, max_model_len=96), "packed", None)
-    got, want = learner().outputs(), reference().outputs()
+    guard = contextlib.nullcontext() if allow_reference else \
+        no_calls_into(*_SCHEDULING_CODE, pack_chunks, what="Exercises 1 and 2 (pack_chunks, the scheduler)")
+    with guard:
+        got = learner().outputs()
+    want = reference().outputs()
     if got != want:
         raise AssertionError("on this device your scheduler's outputs differ from the reference's; pass the CPU checks first")
     with quiet():
