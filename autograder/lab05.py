@@ -15,6 +15,10 @@ CPU tier (correctness):
     check_dequant_gemv(fn)              the Triton GEMV (interpreter on CPU) against the dequantized product
     check_int4_cpu_linear(make)         PyTorch's CPU INT4 kernel: right values, speed relative to the reference
 Interview questions: check_q1_e4m3_max ... check_q5_gptq_hessian_bytes.
+Edge inputs: an all-zero row / group / token / tensor (scale 0 must not give NaN), bf16 / fp16 inputs, a dead
+activation channel and a dead input channel of the Hessian. Every check refuses the package's reference handed in
+(reference_guard: minigpt.quant.* itself, a subclass inheriting update(), a thin wrapper calling it, the package's
+Triton kernel behind the notebook's launcher).
 GPU tier (speed): check_gemv_speed(fn) behind autograder.harness.require_gpu.
 """
 
@@ -27,13 +31,17 @@ import torch
 import torch.nn.functional as F
 
 from autograder.harness import call_learner, check_answer, check_speedup, quiet
+from autograder.reference_guard import no_calls_into, own_work
 from minigpt.config import TARGET_CONFIG, ModelConfig
 from minigpt.model import GPT
-from minigpt.quant.awq import AWQ_GROUPS
+from minigpt.quant import formats
+from minigpt.quant.awq import AWQ_GROUPS, apply_awq_scales, awq_model
 from minigpt.quant.cpu_kernels import Int4WeightOnlyLinear
 from minigpt.quant.formats import dequantize, fp8_format, quantize, unpack_int4
-from minigpt.quant.gptq import gptq_quantize, hessian
-from minigpt.quant.smoothquant import smoothing_factors
+from minigpt.quant.gptq import gptq_model, gptq_quantize, hessian
+from minigpt.quant.kv_cache import QuantizedLayerKVCache, dequantize_kv, quantize_kv
+from minigpt.quant.linear import WeightOnlyLinear
+from minigpt.quant.smoothquant import smooth_model, smoothing_factors
 
 __all__ = ["check_quantize_symmetric", "check_int4_model_perplexity", "check_int4_packing", "check_quantize_fp8", "check_gptq", "check_awq_fold",
            "check_smoothing_factors", "check_quantized_kv_cache", "check_dequant_gemv", "check_int4_cpu_linear",
@@ -50,6 +58,26 @@ INT4_CPU_SPEED_CHECK = "lab05_int4_cpu_linear"
 GEMV_SPEED_CHECKS = {8: "lab05_dequant_gemv_int8", 4: "lab05_dequant_gemv_int4"}
 
 TINY_CONFIG = ModelConfig(vocab_size=128, max_seq_len=32, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128)
+
+
+# The package's code a learner's answer must not be (nor call), per exercise.
+_INT_QUANT = (formats.quantize, formats.fake_quantize, formats.QuantizedTensor, WeightOnlyLinear.from_weight,
+              gptq_quantize, quantize_kv)
+_PACKING = (formats.pack_int4, formats.unpack_int4)
+_FP8 = (formats.quantize_fp8, quantize_kv)
+_GPTQ = (gptq_quantize, gptq_model)
+_AWQ = (apply_awq_scales, awq_model)
+_SMOOTH = (smoothing_factors, smooth_model)
+_KV = (QuantizedLayerKVCache.update, quantize_kv, dequantize_kv)
+
+
+EX1 = "Exercise 1 (quantize_symmetric)"
+
+
+def _call(references: tuple, exercise: str, what: str, fn: Callable, *args: Any) -> Any:
+    """call_learner, refusing a call into the exercise's reference code while the learner's code runs."""
+    with no_calls_into(*references, what=exercise):
+        return call_learner(what, fn, *args)
 
 
 def _randn(*shape: int, seed: int = 0) -> torch.Tensor:
@@ -78,16 +106,26 @@ def _expect_value_error(fn: Callable, what: str, *args: Any, **kwargs: Any) -> N
 def check_quantize_symmetric(fn: Callable) -> None:
     """fn(w (out, in), bits, group_size=None) -> (q int8 (out, in), scale float (out, n_groups)) with
     s = max|w_group| / (2^(bits-1) - 1) and q = clamp(round(w / s), -qmax, qmax); n_groups = 1 when group_size is None."""
-    cases = [(8, None, (12, 64)), (8, 16, (12, 64)), (4, None, (10, 32)), (4, 8, (6, 48)), (4, 16, (16, 64))]
-    for i, (bits, group, shape) in enumerate(cases):
-        w = _randn(*shape, seed=i) * (1 + torch.arange(shape[0])[:, None])      # rows of different ranges
-        what = f"quantize_symmetric(w {shape}, bits={bits}, group_size={group})"
-        out = call_learner(what, fn, w.clone(), bits, group)
+    own_work(fn, _INT_QUANT, what=EX1)
+    cases = [(8, None, (12, 64), torch.float32), (8, 16, (12, 64), torch.float32), (4, None, (10, 32), torch.float32),
+             (4, 8, (6, 48), torch.float32), (4, 16, (16, 64), torch.float32), (8, 16, (8, 64), torch.bfloat16),
+             (4, None, (6, 32), torch.float16)]
+    for i, (bits, group, shape, dtype) in enumerate(cases):
+        w = (_randn(*shape, seed=i) * (1 + torch.arange(shape[0])[:, None])).to(dtype)  # rows of different ranges
+        w[1] = 0                                    # a dead output channel: scale 0 must not make NaN codes
+        w[2, :group or shape[1]] = 0                # ... and a dead group
+        what = f"quantize_symmetric(w {shape} {str(dtype)[6:]} with an all-zero row, bits={bits}, group_size={group})"
+        out = _call(_INT_QUANT, EX1, what, fn, w.clone(), bits, group)
         if not (isinstance(out, tuple) and len(out) == 2):
             raise AssertionError(f"{what} must return a tuple (q, scale), got {type(out).__name__}")
         q, scale = out
         ref = quantize(w, bits, group_size=group)
         qmax = 2 ** (bits - 1) - 1
+        if isinstance(scale, torch.Tensor) and (not torch.isfinite(scale).all() or (isinstance(q, torch.Tensor) and
+                                                                                  q.is_floating_point() and
+                                                                                  not torch.isfinite(q).all())):
+            raise AssertionError(f"{what}: non-finite scales or codes: an all-zero row (or group) has max|w| = 0; "
+                                 "clamp the scale to a tiny positive value (e.g. 1e-12) so its codes are 0")
         if not isinstance(q, torch.Tensor) or tuple(q.shape) != shape:
             raise AssertionError(f"{what}: q must be a tensor of the weight's shape {shape}, got "
                                  f"{tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}")
@@ -101,6 +139,9 @@ def check_quantize_symmetric(fn: Callable) -> None:
         if int(q.min()) < -qmax or int(q.max()) > qmax:
             raise AssertionError(f"{what}: codes must lie in [-{qmax}, {qmax}], got [{int(q.min())}, {int(q.max())}]. "
                                  f"Symmetric quantization does not use -{qmax + 1}: the grid is symmetric around 0.")
+        if scale.dtype != torch.float32:
+            raise AssertionError(f"{what}: scales must be float32 whatever the weight's dtype, got {scale.dtype}: "
+                                 "compute them from w.float()")
         if not torch.allclose(scale.float(), ref.scale, rtol=1e-5, atol=1e-12):
             r = (scale.float() / ref.scale).median().item()
             hint = ""
@@ -132,12 +173,13 @@ def check_int4_model_perplexity(fn: Callable, *, n_windows: int = 2, seq_len: in
     from minigpt.quant.quality import perplexity, validation_subset
 
     def make(name: str, w: torch.Tensor) -> torch.nn.Module:
-        q, scale = call_learner(f"quantize_symmetric({name}, bits=4, group_size=128)", fn, w.clone(), 4, 128)
+        q, scale = _call(_INT_QUANT, EX1, f"quantize_symmetric({name}, bits=4, group_size=128)", fn, w.clone(), 4, 128)
         lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
         with torch.no_grad():
             lin.weight.copy_((q.float().view(w.shape[0], -1, 128) * scale.float()[..., None]).view(w.shape))
         return lin
 
+    own_work(fn, _INT_QUANT, what=EX1)
     with quiet():
         model = load_model("target").eval()
     learner_model = quantize_linears(model, make)            # the learner's function runs first: a stub fails fast
@@ -156,9 +198,12 @@ def check_int4_model_perplexity(fn: Callable, *, n_windows: int = 2, seq_len: in
 def check_int4_packing(pack: Callable, unpack: Callable) -> None:
     """pack(q int8 (..., n) in [-8, 7]) -> uint8 (..., n/2), element 2j in the low nibble, 2j+1 in the high;
     unpack(packed) -> int8 (..., n), sign-extended."""
+    ex = "Exercise 2 (pack_int4, unpack_int4)"
+    own_work(pack, _PACKING, what=ex)
+    own_work(unpack, _PACKING, what=ex)
     q = torch.randint(-8, 8, (5, 16), generator=torch.Generator().manual_seed(0), dtype=torch.int64).to(torch.int8)
     q[0, :4] = torch.tensor([1, 2, -1, -8], dtype=torch.int8)
-    packed = call_learner("pack_int4", pack, q.clone())
+    packed = _call(_PACKING, ex, "pack_int4", pack, q.clone())
     if not isinstance(packed, torch.Tensor) or packed.dtype != torch.uint8 or tuple(packed.shape) != (5, 8):
         got = f"{packed.dtype} {tuple(packed.shape)}" if isinstance(packed, torch.Tensor) else type(packed).__name__
         raise AssertionError(f"pack_int4 of int8 (5, 16) must return uint8 (5, 8), two codes per byte; got {got}")
@@ -170,10 +215,9 @@ def check_int4_packing(pack: Callable, unpack: Callable) -> None:
     if int(packed[0, 1]) != 0x8F:
         raise AssertionError(f"pack_int4([.., .., -1, -8]) must give byte 0x8f (-1 -> 0xf low, -8 -> 0x8 high), "
                              f"got {int(packed[0, 1]):#04x}: store each code's two's-complement low nibble (q & 0xF)")
-    from minigpt.quant.formats import pack_int4 as ref_pack
     if not torch.equal(unpack_int4(packed), q):
         raise AssertionError("your packed bytes do not unpack to the original codes with the reference layout")
-    out = call_learner("unpack_int4", unpack, ref_pack(q))
+    out = _call(_PACKING, ex, "unpack_int4", unpack, formats.pack_int4(q))
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (5, 16):
         raise AssertionError(f"unpack_int4 of uint8 (5, 8) must return (5, 16) codes, got "
                              f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
@@ -191,12 +235,20 @@ def check_int4_packing(pack: Callable, unpack: Callable) -> None:
 def check_quantize_fp8(fn: Callable) -> None:
     """fn(x, fmt) with fmt "e4m3" or "e5m2" -> (codes in torch.float8_e4m3fn / float8_e5m2, float32 scale
     (a one-element tensor)), scale = max|x| / fp8_max, codes = (x / scale) cast; x ~ codes * scale."""
+    ex = "Exercise 3 (quantize_fp8)"
+    own_work(fn, _FP8, what=ex)
     for fmt, dtype in (("e4m3", torch.float8_e4m3fn), ("e5m2", torch.float8_e5m2)):
         info = fp8_format(fmt)
-        for magnitude in (3000.0, 1e-3):
-            x = _randn(8, 32, seed=int(magnitude)) * magnitude
-            what = f"quantize_fp8(x with max|x| = {x.abs().max().item():.3g}, '{fmt}')"
-            out = call_learner(what, fn, x.clone(), fmt)
+        zeros = _call(_FP8, ex, f"quantize_fp8(an all-zero x, '{fmt}')", fn, torch.zeros(4, 8), fmt)
+        if not (isinstance(zeros, tuple) and len(zeros) == 2 and isinstance(zeros[0], torch.Tensor)
+                and torch.isfinite(zeros[0].float()).all() and torch.isfinite(torch.as_tensor(zeros[1]).float()).all()
+                and bool((zeros[0].float() * torch.as_tensor(zeros[1]).float() == 0).all())):
+            raise AssertionError(f"quantize_fp8(an all-zero x, '{fmt}') must give zero codes and a finite scale: "
+                                 "max|x| = 0 makes scale 0 and x / scale NaN; clamp the scale to a tiny positive value")
+        for magnitude, xdtype in ((3000.0, torch.float32), (1e-3, torch.float32), (20.0, torch.bfloat16)):
+            x = (_randn(8, 32, seed=int(magnitude)) * magnitude).to(xdtype)
+            what = f"quantize_fp8(x {str(xdtype)[6:]} with max|x| = {x.abs().max().item():.3g}, '{fmt}')"
+            out = _call(_FP8, ex, what, fn, x.clone(), fmt)
             if not (isinstance(out, tuple) and len(out) == 2):
                 raise AssertionError(f"{what} must return (codes, scale)")
             codes, scale = out
@@ -205,6 +257,7 @@ def check_quantize_fp8(fn: Callable) -> None:
                                      f"{codes.dtype if isinstance(codes, torch.Tensor) else type(codes).__name__}")
             scale = torch.as_tensor(scale, dtype=torch.float32)
             back = codes.float() * scale
+            x = x.float()
             rel = ((back - x).abs() / x.abs().clamp(min=x.abs().max().item() * 1e-2)).max().item()
             if not torch.isfinite(back).all() or rel > info["eps"]:
                 hint = ""
@@ -229,12 +282,15 @@ def _output_error(w_hat: torch.Tensor, w: torch.Tensor, H: torch.Tensor) -> floa
 
 def check_gptq(fn: Callable) -> None:
     """fn(w (out, in), H (in, in), bits, group_size, block_size) -> (q (out, in) ints, scale (out, in / group_size)),
-    symmetric codes: w_hat = q * scale per group. Checked on the Hessian of correlated inputs with outlier channels."""
+    symmetric codes: w_hat = q * scale per group. Checked on the Hessian of correlated inputs with outlier channels
+    and a dead channel."""
+    own_work(fn, _GPTQ, what="Exercise 4 (gptq)")
     g = torch.Generator().manual_seed(0)
     n, d_in, d_out, group = 512, 64, 24, 16
     mix = torch.randn(d_in, d_in, generator=g) / d_in ** 0.5 + torch.eye(d_in)
     x = torch.randn(n, d_in, generator=g) @ mix
     x[:, :3] *= 8
+    x[:, 40] = 0                                    # a dead input channel: H[40, 40] = 0 (the damping keeps H invertible)
     H = hessian(x).float()
     w = torch.randn(d_out, d_in, generator=g)
     ref = gptq_quantize(w, H, 4, group, block_size=16)
@@ -244,7 +300,7 @@ def check_gptq(fn: Callable) -> None:
     results = {}
     for block in (16, 64):
         what = f"gptq(w {tuple(w.shape)}, H, bits=4, group_size={group}, block_size={block})"
-        out = call_learner(what, fn, w.clone(), H.clone(), 4, group, block)
+        out = _call(_GPTQ, "Exercise 4 (gptq)", what, fn, w.clone(), H.clone(), 4, group, block)
         if not (isinstance(out, tuple) and len(out) == 2):
             raise AssertionError(f"{what} must return (q, scale)")
         q, scale = out
@@ -299,7 +355,8 @@ def check_awq_fold(fn: Callable) -> None:
     model = _tiny_model()
     before = copy.deepcopy(model.state_dict())
     scales = _tiny_scales(model)
-    new = call_learner("fold_awq_scales", fn, model, {k: v.clone() for k, v in scales.items()})
+    own_work(fn, _AWQ, what="Exercise 5 (fold_awq_scales)")
+    new = _call(_AWQ, "Exercise 5 (fold_awq_scales)", "fold_awq_scales", fn, model, {k: v.clone() for k, v in scales.items()})
     if not isinstance(new, GPT):
         raise AssertionError(f"fold_awq_scales must return a GPT, got {type(new).__name__}")
     if any(not torch.equal(v, model.state_dict()[k]) for k, v in before.items()):
@@ -321,13 +378,22 @@ def check_awq_fold(fn: Callable) -> None:
 
 def check_smoothing_factors(fn: Callable) -> None:
     """fn(act_absmax (in,), weights [W (out_i, in)], alpha) -> s (in,) = act^alpha / max|W[:, j]|^(1 - alpha)."""
+    ex = "Exercise 6 (smoothing_factors)"
+    own_work(fn, _SMOOTH, what=ex)
     g = torch.Generator().manual_seed(0)
     act = torch.rand(32, generator=g) * 10 + 0.1
     act[3] = 80.0
     weights = [torch.randn(16, 32, generator=g), torch.randn(8, 32, generator=g) * 1.5]
+    dead_act = act.clone()
+    dead_act[7] = 0.0                               # a dead activation channel (never fires on the calibration set)
+    s = _call(_SMOOTH, ex, "smoothing_factors with a dead channel", fn, dead_act, [w.clone() for w in weights], 0.5)
+    if not isinstance(s, torch.Tensor) or not torch.isfinite(s).all() or not bool((s > 0).all()):
+        raise AssertionError("smoothing_factors with a dead activation channel (max|x_7| = 0) must still give finite, "
+                             f"positive factors (x is divided by s), got s[7] = {s[7] if isinstance(s, torch.Tensor) else s!r}"
+                             ": clamp both maxima to a small positive value (1e-5) before the powers")
     for alpha in (0.5, 0.8, 0.2):
         what = f"smoothing_factors(alpha={alpha})"
-        s = call_learner(what, fn, act.clone(), [w.clone() for w in weights], alpha)
+        s = _call(_SMOOTH, ex, what, fn, act.clone(), [w.clone() for w in weights], alpha)
         want = smoothing_factors(act, weights, alpha)
         if not isinstance(s, torch.Tensor) or s.shape != want.shape:
             raise AssertionError(f"{what}: expected a tensor of shape {tuple(want.shape)} (one factor per input channel)")
@@ -344,8 +410,11 @@ def check_smoothing_factors(fn: Callable) -> None:
 
 def check_quantized_kv_cache(cache_cls: type) -> None:
     """cache_cls(batch_size, max_seq_len, n_kv_heads, head_dim) storing int8 codes .k, .v (B, S, Hkv, D) with a
-    scale per token and head; update(k, v) returns all positions so far, dequantized to float32."""
-    B, S, H, D = 2, 8, 3, 16
+    scale per token and head; update(k, v) returns all positions so far, dequantized to float32. The last write is
+    bfloat16 and holds an all-zero token."""
+    ex = "Exercise 7 (the INT8 KV cache)"
+    own_work(cache_cls, (QuantizedLayerKVCache,), what=ex, methods=("__init__", "update"))
+    B, S, H, D = 2, 10, 3, 16
     try:
         with quiet():
             cache = cache_cls(B, S, H, D)
@@ -361,19 +430,27 @@ def check_quantized_kv_cache(cache_cls: type) -> None:
     g = torch.Generator().manual_seed(0)
     magnitudes = torch.tensor([100.0, 1.0, 0.01])[None, None, :, None]      # heads differ by orders of magnitude
     ks, vs = [], []
-    for step, T in enumerate((5, 1, 2)):
+    for step, T in enumerate((5, 1, 2, 2)):
         k = torch.randn(B, T, H, D, generator=g) * magnitudes
         v = torch.randn(B, T, H, D, generator=g) * magnitudes.flip(2)
-        ks.append(k)
-        vs.append(v)
         what = f"write #{step + 1} of {T} position(s)"
-        out = call_learner(f"{what}: update(k, v)", cache.update, k.clone(), v.clone())
+        if step == 3:
+            k, v = k.bfloat16(), v.bfloat16()
+            k[0, 1] = 0
+            v[1, 0] = 0
+            what += " in bfloat16, one token all zeros"
+        ks.append(k.float())
+        vs.append(v.float())
+        out = _call(_KV, ex, f"{what}: update(k, v)", cache.update, k.clone(), v.clone())
         if not (isinstance(out, tuple) and len(out) == 2):
             raise AssertionError(f"{what}: update must return (k_all, v_all)")
         want_k, want_v = torch.cat(ks, 1), torch.cat(vs, 1)
         for got, want, name in ((out[0], want_k, "keys"), (out[1], want_v, "values")):
             if tuple(got.shape) != tuple(want.shape):
                 raise AssertionError(f"{what}: returned {name} of shape {tuple(got.shape)}, expected {tuple(want.shape)}")
+            if not torch.isfinite(got.float()).all():
+                raise AssertionError(f"{what}: returned {name} hold NaN or inf: an all-zero token has max|x| = 0, so "
+                                     "its scale must be clamped to a tiny positive value (its codes are then 0)")
             bound = want.abs().amax(-1, keepdim=True) / 254 * 1.01 + 1e-12          # half a step per (token, head)
             if ((got.float() - want).abs() > bound).any():
                 worst = ((got.float() - want).abs() / bound).amax(dim=(0, 1, 3))
@@ -401,11 +478,19 @@ def _gemv_case(bits: int, N: int, K: int, group: int, seed: int) -> tuple[torch.
 def check_dequant_gemv(fn: Callable) -> None:
     """fn(x (K,), qweight, scale (N, K / group_size), bits, group_size) -> y (N,) = dequantized W @ x, with qweight
     int8 (N, K) or uint8 (N, K / 2) packed low nibble first (minigpt.quant.formats.pack_int4)."""
-    from minigpt.kernels.dequant_gemv import dequant_gemv_reference
+    from autograder.lab04 import count_triton_launches, own_kernels
+    from minigpt.kernels.dequant_gemv import dequant_gemv, dequant_gemv_reference
+    ex = "Exercise 9 (the dequantizing GEMV kernel)"
+    own_work(fn, (dequant_gemv, dequant_gemv_reference), what=ex)
     for bits, N, K, group, seed in ((8, 20, 64, 32, 0), (4, 20, 64, 32, 1), (4, 33, 128, 64, 2)):
         x, qw, scale = _gemv_case(bits, N, K, group, seed)
         what = f"dequant_gemv(INT{bits}, N={N}, K={K}, group_size={group})"
-        y = call_learner(what, fn, x.clone(), qw.clone(), scale.clone(), bits, group)
+        with count_triton_launches() as launches:
+            y = _call((dequant_gemv, dequant_gemv_reference), ex, what, fn, x.clone(), qw.clone(), scale.clone(), bits,
+                      group)
+        if not launches[0]:
+            raise AssertionError(f"{what}: no Triton kernel was launched; write the GEMV as a @triton.jit kernel")
+        own_kernels(launches, ex)
         want = dequant_gemv_reference(x, qw, scale, bits, group)
         if not isinstance(y, torch.Tensor) or tuple(y.shape) != (N,):
             raise AssertionError(f"{what}: expected y of shape ({N},), got "
@@ -423,15 +508,19 @@ def check_dequant_gemv(fn: Callable) -> None:
 
 
 def check_int4_cpu_linear(make: Callable, *, K: int = 4096, N: int = 4096, group_size: int = 128,
-                          repeats: int = 5) -> dict[str, float]:
+                          repeats: int = 5, allow_reference: bool = False) -> dict[str, float]:
     """make(weight (N, K), group_size) -> f with f(x (1, K)) ~= x @ W_hat^T, W_hat the asymmetric INT4 weight
     (per group scale and min), computed by PyTorch's CPU INT4 kernel. Correct values first, then the speedup
     over an fp32 matmul must reach the calibrated fraction (INT4_CPU_SPEED_CHECK) of the reference's, timed in the same
-    run."""
+    run. `allow_reference=True` (make calibrate) lifts the refusal of the package's Int4WeightOnlyLinear."""
+    ex = "Exercise 8 (make_int4_linear)"
+    refs = () if allow_reference else (Int4WeightOnlyLinear, WeightOnlyLinear.from_weight, WeightOnlyLinear.forward)
+    if refs:
+        own_work(make, refs, what=ex)
     w = _randn(192, 256, seed=0) * 0.05
     x = _randn(3, 256, seed=1)
-    f = call_learner("make_int4_linear(w (192, 256), 64)", make, w.clone(), 64)
-    y = call_learner("the INT4 linear on x (3, 256)", f, x.clone())
+    f = _call(refs, ex, "make_int4_linear(w (192, 256), 64)", make, w.clone(), 64)
+    y = _call(refs, ex, "the INT4 linear on x (3, 256)", f, x.clone())
     wg = w.view(192, -1, 64)
     lo, hi = wg.amin(-1, keepdim=True), wg.amax(-1, keepdim=True)
     s = (hi - lo) / 15
