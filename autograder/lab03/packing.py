@@ -51,3 +51,11 @@ def check_pack_chunks(pack_fn: Callable) -> None:
             need = math.ceil((start + len(toks)) / 4)
             if bt is None or bt[b, :need].tolist() != m.table(seq_id).blocks[:need]:
                 raise AssertionError(f"{what}: block_tables row {b} should start with {m.table(seq_id).blocks}")
+
+
+def refuse_thin_pack(pack_fn: Callable) -> None:
+    """A cheap probe before a model run: pack_fn on one chunk while entering the reference's pack_chunks fails."""
+    m = BlockManager(8, 4)
+    r = m.add_sequence("a", [1, 2, 3])
+    with no_calls_into(pack_chunks, what="Exercise 1 (pack_chunks)"):
+        call_learner("pack_chunks (one chunk)", pack_fn, [("a", [1, 2, 3], 0, r.slots)], m)

@@ -256,3 +256,14 @@ def scheduler_invariants(scheduler_cls: type, *, max_examples: int = 60) -> None
     if not seen["chunked"]:
         raise AssertionError("no prompt was ever split into chunks: with chunked prefill a prompt longer than the "
                              "budget left must run over several steps")
+
+
+def refuse_thin_wrapper(scheduler_cls: type) -> None:
+    """A cheap probe before a costly run (a model, a long workload): three requests driven with fake tokens while
+    entering the reference's scheduling code fails, so a schedule() that only calls super().schedule() is refused
+    without profiling the whole run."""
+    own_scheduler(scheduler_cls)
+    g = torch.Generator().manual_seed(9)
+    sch = construct(scheduler_cls, BlockManager(16, 4), SchedulerConfig(2, 6), 64, guard=False)
+    with quiet(), learner_scheduling():
+        drive(sch, [(0, _request("a", 9, 3, g)), (0, _request("b", 3, 4, g)), (1, _request("c", 2, 2, g))])

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Callable
 
 import torch
 
 from autograder.harness import call_learner, quiet
-from autograder.lab03.common import (GPU_SPEED_CHECK, SPEED_MIN_FRACTION, _SCHEDULING_CODE, _fake_token, _request,
-                                     construct, learner_scheduling, own_scheduler)
-from autograder.reference_guard import no_calls_into, own_work
+from autograder.lab03.common import GPU_SPEED_CHECK, SPEED_MIN_FRACTION, _fake_token, _request, construct
+from autograder.lab03.packing import refuse_thin_pack
+from autograder.lab03.scheduler import refuse_thin_wrapper
+from autograder.reference_guard import own_work
 from minigpt.cache.block_manager import BlockManager
 from minigpt.cache.paged import PagedKVCache
 from minigpt.config import ModelConfig
@@ -58,9 +58,8 @@ def check_continuous_speedup(scheduler_cls: type) -> dict[str, float]:
     static = _steps(lambda m: StaticBatchScheduler(m, 8, max_model_len=96), arrivals)
     with quiet():
         ref = _steps(lambda m: Scheduler(m, cfg, max_model_len=96), arrivals)
-        with learner_scheduling():
-            learner = call_learner("the skewed workload", _steps, lambda m: construct(scheduler_cls, m, cfg, 96),
-                                   arrivals)
+        refuse_thin_wrapper(scheduler_cls)
+        learner = call_learner("the skewed workload", _steps, lambda m: construct(scheduler_cls, m, cfg, 96), arrivals)
     ref_ratio, ratio = static / ref, static / learner
     if ratio < SPEED_MIN_FRACTION * ref_ratio:
         raise AssertionError(f"static batching needs {static} steps, your scheduler {learner} ({ratio:.2f}x fewer), the "
@@ -85,9 +84,10 @@ def check_continuous_speedup_gpu(scheduler_cls: type, pack_fn: Callable | None =
     if device == "cuda" and not torch.cuda.is_available():
         raise AssertionError("check_continuous_speedup_gpu needs a CUDA GPU; gate it with autograder.harness.require_gpu")
     if not allow_reference:
-        own_scheduler(scheduler_cls)
+        refuse_thin_wrapper(scheduler_cls)
         if pack_fn is not None:
             own_work(pack_fn, pack_chunks, what="Exercise 1 (pack_chunks)")
+            refuse_thin_pack(pack_fn)
     torch.manual_seed(0)
     model = GPT(config or TARGET_CONFIG).to(device).eval()
     reqs = [r for _, r in _skewed_requests()]
@@ -107,10 +107,7 @@ def check_continuous_speedup_gpu(scheduler_cls: type, pack_fn: Callable | None =
     static = serving(lambda m: StaticBatchScheduler(m, 8, max_model_len=96), "padded", None)
     learner = serving(lambda m: scheduler_cls(m, cfg, max_model_len=96), "packed", pack_fn)
     reference = serving(lambda m: Scheduler(m, cfg, max_model_len=96), "packed", None)
-    guard = contextlib.nullcontext() if allow_reference else \
-        no_calls_into(*_SCHEDULING_CODE, pack_chunks, what="Exercises 1 and 2 (pack_chunks, the scheduler)")
-    with guard:
-        got = learner().outputs()
+    got = learner().outputs()
     want = reference().outputs()
     if got != want:
         raise AssertionError("on this device your scheduler's outputs differ from the reference's; pass the CPU checks first")
