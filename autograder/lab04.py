@@ -3,14 +3,19 @@
 Each check takes the learner's function, runs it on small seeded inputs (Triton kernels in the interpreter
 on a CPU) and raises AssertionError saying what is wrong (which shape, how far off, the likely cause).
 
-CPU tier (correctness):
-    check_online_softmax(fn)          fn(x (..., N), block_size) -> softmax(x) read block by block
-    check_tiled_attention(fn)         fn(q, k, v, causal, block_k) -> (out, lse), PyTorch, tiled over keys
-    check_tiled_backward(fn)          fn(q, k, v, out, lse, d_out, causal) -> (dq, dk, dv) from the saved LSE
+CPU tier (correctness, and the method where the exercise teaches one):
+    check_online_softmax(fn)          fn(x (..., N), block_size) -> softmax(x); every reduction (max, sum, softmax)
+                                      sees at most block_size columns; fp16 input, very negative rows
+    check_tiled_attention(fn)         fn(q, k, v, causal, block_k) -> (out, lse), PyTorch, tiled over keys: no
+                                      (Tq x Tk) tensor ever held, no fused attention call
+    check_tiled_backward(fn)          fn(q, k, v, out, lse, d_out, causal) -> (dq, dk, dv) from the saved LSE: no
+                                      (Tq x Tk) tensor held (key tiles of at most 16), no autograd
     check_flash_forward(fn)           fn(q, k, v, causal) -> (out, lse), must launch a Triton kernel
     check_merge_partials(fn)          fn(o_part (..., S, D), lse_part (..., S)) -> (..., D)
     check_paged_decode(fn)            fn(q, k_pool, v_pool, block_tables, seq_lens) -> (B, Hq, D), Triton
 Interview questions: check_q1_online_state, check_q2_naive_hbm_bytes, check_q3_hbm_ratio.
+Every check refuses the package's reference handed in (reference_guard: minigpt.kernels.* itself, a thin wrapper
+calling it, or, for the Triton checks, a launch of one of the package's kernels).
 GPU tier (speed, memory; behind autograder.harness.require_gpu):
     check_flash_speed(fn), check_paged_decode_speed(fn), check_flash_memory(fn)
 """
@@ -25,10 +30,16 @@ import torch
 
 import minigpt.kernels  # noqa: F401  (on a CPU: TRITON_INTERPRET=1 before any kernel is built)
 from autograder.harness import call_learner, check_answer, quiet
+from autograder.reference_guard import no_calls_into, own_work
+from autograder.tensor_trace import TensorTrace
+from minigpt.attention import naive_attention
 from minigpt.cache.paged_attention import paged_decode_attention
-from minigpt.kernels.flash_attention import flash_attention_forward
-from minigpt.kernels.paged_decode import gather_then_sdpa, paged_decode, random_paged_inputs
-from minigpt.kernels.tiled_attention import attention_lse
+from minigpt.kernels import online_softmax as ref_online
+from minigpt.kernels.flash_attention import FlashAttentionFunction, flash_attention, flash_attention_forward
+from minigpt.kernels.paged_decode import (gather_then_sdpa, merge_partials, paged_decode, paged_decode_partials,
+                                          random_paged_inputs)
+from minigpt.kernels.tiled_attention import (attention_lse, tiled_attention, tiled_attention_backward,
+                                             tiled_attention_forward)
 
 __all__ = ["check_online_softmax", "check_tiled_attention", "check_tiled_backward", "check_flash_forward",
            "check_merge_partials", "check_paged_decode", "check_q1_online_state", "check_q2_naive_hbm_bytes",
@@ -95,23 +106,47 @@ def _err(got: torch.Tensor, want: torch.Tensor) -> str:
 # Online softmax on a vector
 # ---------------------------------------------------------------------------------------------------
 
+ONLINE_SOFTMAX = "Exercise 1 (online_softmax)"
+# Reductions a block-by-block pass may only apply to one block (at most block_size columns) at a time.
+_REDUCTIONS = ("amax", "max", "sum", "nansum", "mean", "logsumexp", "softmax", "log_softmax", "special_logsumexp",
+               "cumsum", "sort", "topk", "amin", "min", "norm", "prod")
+
+
 def check_online_softmax(fn: Callable) -> None:
-    """fn(x (..., N), block_size) -> softmax(x, -1), computed with the running max / denominator."""
+    """fn(x (..., N), block_size) -> softmax(x, -1), computed with the running max / denominator: every reduction
+    (max, sum, softmax, logsumexp, ...) it applies sees at most block_size columns."""
+    own_work(fn, ref_online.online_softmax, what=ONLINE_SOFTMAX)
     g = torch.Generator().manual_seed(1)
     cases = [((4, 10), 3, 1.0, "N = 10 in blocks of 3 (short last block)"),
              ((2, 64), 16, 1.0, "N = 64 in blocks of 16"),
              ((3, 1), 4, 1.0, "N = 1"),
              ((2, 33), 8, 100.0, "large scores (|x| up to ~300): exp overflows without the running max"),
-             ((1, 12), 4, 1.0, "increasing scores: the max changes in every block")]
+             ((1, 12), 4, 1.0, "increasing scores: the max changes in every block"),
+             ((2, 40), 8, 1.0, "very negative scores (about -1e4): exp underflows to 0 without the running max"),
+             ((3, 24), 8, 1.0, "float16 input: the result in float16")]
     for shape, block, scale, what in cases:
         x = torch.randn(*shape, generator=g) * scale
         if what.startswith("increasing"):
             x = torch.arange(12.0)[None] * 2
-        got = call_learner("online_softmax", fn, x.clone(), block, context=what)
+        if what.startswith("very negative"):
+            x = x - 1e4
+        if what.startswith("float16"):
+            x = x.half()
+        with TensorTrace() as trace, no_calls_into(ref_online.online_softmax, ref_online.OnlineSoftmaxState,
+                                                   ref_online.online_softmax_trace, what=ONLINE_SOFTMAX):
+            got = call_learner("online_softmax", fn, x.clone(), block, context=what)
         want = torch.softmax(x.double(), -1)
         if not isinstance(got, torch.Tensor):
             raise AssertionError(f"{what}: expected a tensor, got {type(got).__name__}")
-        if not _close(got, want, 1e-5):
+        if got.dtype != x.dtype:
+            raise AssertionError(f"{what}: the result must be in the input's dtype {x.dtype}, got {got.dtype}")
+        whole = [c for c in trace.calls_named(*_REDUCTIONS) if c.inputs and c.inputs[0] and c.inputs[0][-1] > block]
+        if whole:
+            raise AssertionError(f"{what}: {whole[0].name} ran on a tensor of shape {whole[0].inputs[0]}, wider than one "
+                                 f"block ({block} columns): the online softmax reads x one block at a time, keeping "
+                                 "only the running max m and denominator l between blocks (torch.softmax, or a max "
+                                 "over the whole row, is the two-pass method the exercise replaces)")
+        if not _close(got, want, 1e-5 if x.dtype == torch.float32 else 1e-3):
             hint = ""
             if not torch.isfinite(got).all():
                 hint = " Subtract the running max before exp (m_new = max(m_old, max(block)))."
@@ -126,12 +161,45 @@ def check_online_softmax(fn: Callable) -> None:
 # Tiled attention forward (PyTorch)
 # ---------------------------------------------------------------------------------------------------
 
+TILED_FORWARD = "Exercise 2 (tiled_attention)"
+TILED_BACKWARD = "Exercise 3 (tiled_backward)"
+BACKWARD_TILE = 16       # the backward's key tiles: at most this many keys (the check's sequences have up to 40)
+# Attention done for the learner (a fused kernel, or the reference's own functions): refused in the tiled exercises.
+_FUSED = ("scaled_dot_product_attention", "flash_attention", "efficient_attention")
+_ATTENTION_REFERENCES = (tiled_attention_forward, tiled_attention, attention_lse, tiled_attention_backward,
+                         FlashAttentionFunction.forward, FlashAttentionFunction.backward, flash_attention,
+                         flash_attention_forward, naive_attention)
+
+
+def _full_scores(trace: TensorTrace, Tq: int, Tk: int, tile: int) -> tuple[int, ...] | None:
+    """The first (.., Tq, Tk) or (.., Tk, Tq) tensor the traced code held, when Tk is more than one tile."""
+    if Tk <= tile:
+        return None
+    return next((s for s in trace.shapes() if len(s) >= 2 and sorted(s[-2:]) == sorted((Tq, Tk))), None)
+
+
+def _method(trace: TensorTrace, Tq: int, Tk: int, tile: int, what: str, exercise: str) -> None:
+    fused = trace.calls_named(*_FUSED)
+    if fused:
+        raise AssertionError(f"{what}: {exercise} calls {fused[0].name}: compute the attention yourself, tile by tile")
+    full = _full_scores(trace, Tq, Tk, tile)
+    if full:
+        raise AssertionError(f"{what}: {exercise} held a tensor of shape {full}, the whole ({Tq} x {Tk}) score (or "
+                             f"mask, or probability) matrix; with key tiles of {tile} no tensor ever needs more than "
+                             f"{tile} keys per query: build scores, masks and P one key tile at a time")
+
+
 def check_tiled_attention(fn: Callable) -> None:
-    """fn(q (B,Hq,Tq,D), k, v (B,Hkv,Tk,D), causal, block_k) -> (out (B,Hq,Tq,D), lse (B,Hq,Tq))."""
+    """fn(q (B,Hq,Tq,D), k, v (B,Hkv,Tk,D), causal, block_k) -> (out (B,Hq,Tq,D), lse (B,Hq,Tq)), reading keys
+    block_k at a time: no (Tq x Tk) tensor is ever held (recorded by a TorchFunctionMode), no fused attention."""
+    own_work(fn, _ATTENTION_REFERENCES, what=TILED_FORWARD)
     for B, Hq, Hkv, Tq, Tk, D, causal, what in ATTENTION_CASES:
         for block_k in (8, 16):
             q, k, v = _qkv(B, Hq, Hkv, Tq, Tk, D, seed=block_k)
-            got = call_learner("tiled_attention", fn, q.clone(), k.clone(), v.clone(), causal, block_k, context=f"{what}, block_k {block_k}")
+            with TensorTrace() as trace, no_calls_into(*_ATTENTION_REFERENCES, what=TILED_FORWARD):
+                got = call_learner("tiled_attention", fn, q.clone(), k.clone(), v.clone(), causal, block_k,
+                                   context=f"{what}, block_k {block_k}")
+            _method(trace, Tq, Tk, block_k, f"{what}, block_k = {block_k}", "tiled_attention")
             _compare_out_lse(got, q, k, v, causal, f"{what}, block_k = {block_k}", TOL[torch.float32])
 
 
@@ -143,9 +211,41 @@ def _compare_out_lse(got: Any, q, k, v, causal: bool, what: str, tol: float) -> 
     if not _close(out, want, tol):
         raise AssertionError(f"{what}: output {_err(out, want)}.{_diagnose(out, q, k, v, causal, tol)}")
     if not _close(lse, want_lse, 1e-4):
-        hint = (" The LSE is m + log(l) with m the running max of the scaled scores: log(l) alone misses the "
-                "max that l is relative to.")
+        hint = _lse_mistake(lse, q, k, causal)
         raise AssertionError(f"{what}: lse {_err(lse, want_lse)} against logsumexp of the masked scores.{hint}")
+
+
+def _masked_scores(q, k, causal: bool, scale: float | None = None) -> torch.Tensor:
+    group = q.shape[1] // k.shape[1]
+    s = q.double() @ k.double().repeat_interleave(group, 1).transpose(-2, -1)
+    s = s * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    if causal:
+        Tq, Tk = q.shape[2], k.shape[2]
+        s = s.masked_fill(~torch.ones(Tq, Tk, dtype=torch.bool, device=s.device).tril(Tk - Tq), -math.inf)
+    return s
+
+
+def _lse_mistake(lse: torch.Tensor, q, k, causal: bool) -> str:
+    """Name the mistake when the output is right and the LSE is not (the known wrong variants)."""
+    s = _masked_scores(q.cpu(), k.cpu(), causal)
+    want, m = torch.logsumexp(s, -1), s.amax(-1)
+    log_l, ln2 = want - m, math.log(2)
+    variants = {
+        "log2": (want / ln2, " Your LSE is in log2 units (m2 + log2(l), as the exp2 kernel computes it): convert it "
+                             "to natural log, LSE = ln(2) * m2 + ln(l)."),
+        "max_log2": (m / ln2 + log_l, " The running max is still in log2 units (scores scaled by log2(e) / sqrt(D) "
+                                      "for exp2): LSE = ln(2) * m2 + ln(l)."),
+        "no_max": (log_l, " The LSE is m + log(l) with m the running max of the scaled scores: log(l) alone misses "
+                          "the max that l is relative to."),
+        "scale_1_over_d": (torch.logsumexp(_masked_scores(q.cpu(), k.cpu(), causal, 1 / q.shape[-1]), -1),
+                           " The LSE is of scores scaled by 1/D: the scale is 1/sqrt(D), for the LSE as for P."),
+        "unscaled": (torch.logsumexp(_masked_scores(q.cpu(), k.cpu(), causal, 1.0), -1),
+                     " The LSE is of unscaled scores q.k: scale them by 1/sqrt(D) first."),
+    }
+    for candidate, hint in variants.values():
+        if _close(lse.cpu(), candidate, 1e-4):
+            return hint
+    return " The LSE is m + log(l): the running max of the scaled, masked scores plus the log of the denominator."
 
 
 def _diagnose(out: torch.Tensor, q, k, v, causal: bool, tol: float) -> str:
@@ -154,6 +254,11 @@ def _diagnose(out: torch.Tensor, q, k, v, causal: bool, tol: float) -> str:
     group = q.shape[1] // k.shape[1]
     if out.shape != q.shape or not torch.isfinite(out).all():
         return " Mask the tail (keys past Tk) before the max, and keep -inf rows out of exp(-inf - -inf)."
+    vg = v.double().repeat_interleave(group, 1)
+    for scale, hint in ((1 / q.shape[-1], " The scores are scaled by 1/D: the scale is 1/sqrt(D)."),
+                        (1.0, " The scores are not scaled: multiply q.k by 1/sqrt(D).")):
+        if _close(out.cpu(), torch.softmax(_masked_scores(q.cpu(), k.cpu(), causal, scale), -1) @ vg.cpu(), tol):
+            return hint
     if causal and Tq < Tk:
         s = _scores(q, k.repeat_interleave(group, 1))
         tl_out = torch.softmax(s.masked_fill(~torch.ones(Tq, Tk, dtype=torch.bool).tril(), -math.inf), -1) @ \
@@ -180,7 +285,9 @@ def _scores(q, k) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------------
 
 def check_tiled_backward(fn: Callable) -> None:
-    """fn(q, k, v, out, lse, d_out, causal) -> (dq, dk, dv), equal to autograd of naive attention (float64)."""
+    """fn(q, k, v, out, lse, d_out, causal) -> (dq, dk, dv), equal to autograd of naive attention (float64), computed
+    from the saved LSE one key tile (at most BACKWARD_TILE keys) at a time: no (Tq x Tk) tensor, no autograd."""
+    own_work(fn, _ATTENTION_REFERENCES, what=TILED_BACKWARD)
     for B, Hq, Hkv, Tq, Tk, D, causal, what in ATTENTION_CASES:
         q, k, v = (t.double().requires_grad_() for t in _qkv(B, Hq, Hkv, Tq, Tk, D, seed=7))
         out, lse = _full_attention(q, k, v, causal)
@@ -188,7 +295,13 @@ def check_tiled_backward(fn: Callable) -> None:
         out.backward(d_out)
         args = (q.detach().clone(), k.detach().clone(), v.detach().clone(), out.detach().clone(),
                 lse.detach().clone(), d_out.clone(), causal)
-        got = call_learner("tiled_backward", fn, *args, context=what)
+        with TensorTrace() as trace, no_calls_into(*_ATTENTION_REFERENCES, what=TILED_BACKWARD):
+            got = call_learner("tiled_backward", fn, *args, context=what)
+        if trace.grad_used:
+            raise AssertionError(f"{what}: tiled_backward used autograd (requires_grad / backward / autograd.grad): "
+                                 "the exercise is the backward pass by hand, dV = P^T dO, dS = P * (dP - delta), "
+                                 "dQ = dS K / sqrt(D), dK = dS^T Q / sqrt(D), with P recomputed from the LSE")
+        _method(trace, Tq, Tk, BACKWARD_TILE, what, "tiled_backward")
         if not (isinstance(got, tuple) and len(got) == 3):
             raise AssertionError(f"{what}: return a tuple (dq, dk, dv), got {type(got).__name__}")
         for name, g_, t in zip(("dq", "dk", "dv"), got, (q, k, v)):
@@ -204,18 +317,29 @@ def check_tiled_backward(fn: Callable) -> None:
 # Triton: the forward kernel and the paged decode kernel
 # ---------------------------------------------------------------------------------------------------
 
+class Launches(list):
+    """[number of Triton launches]; `.kernels`: the Python function of each kernel launched."""
+
+    def __init__(self) -> None:
+        super().__init__([0])
+        self.kernels: list[Callable] = []
+
+
 @contextlib.contextmanager
-def count_triton_launches() -> Iterator[list[int]]:
-    """Count Triton kernel launches (compiled or interpreted) inside the block: yields a one-item list."""
+def count_triton_launches() -> Iterator[Launches]:
+    """Count Triton kernel launches (compiled or interpreted) inside the block: yields a one-item list, whose
+    `.kernels` names the kernels launched."""
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
-    counter = [0]
+    counter = Launches()
     originals = {cls: cls.run for cls in (InterpretedFunction, JITFunction)}
 
     def wrap(original):
         def run(self, *args, **kwargs):
             counter[0] += 1
+            if getattr(self, "fn", None) is not None and self.fn not in counter.kernels:
+                counter.kernels.append(self.fn)
             return original(self, *args, **kwargs)
         return run
 
@@ -228,17 +352,37 @@ def count_triton_launches() -> Iterator[list[int]]:
             cls.run = original
 
 
+def own_kernels(launches: Launches, what: str) -> None:
+    """Refuse a launch of one of the package's Triton kernels (the reference's kernel behind your launcher)."""
+    for kernel in launches.kernels:
+        own_work(kernel, (), what=what)
+
+
+FLASH_FORWARD = "Exercise 4 (the forward kernel)"
+_PAGED_REFERENCES = (paged_decode, paged_decode_partials, paged_decode_attention, gather_then_sdpa)
+PAGED_DECODE = "Exercise 6 (the paged decode kernel)"
+MERGE = "Exercise 5 (merge_partials)"
+
+
 def check_flash_forward(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16)) -> None:
-    """fn(q, k, v, causal) -> (out, lse) through a Triton kernel; CPU tensors run in the interpreter."""
+    """fn(q, k, v, causal) -> (out, lse) through a Triton kernel of the notebook's (not the package's); CPU tensors
+    run in the interpreter."""
+    own_work(fn, _ATTENTION_REFERENCES, what=FLASH_FORWARD)
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    first = True
     for dtype in dtypes:
         for B, Hq, Hkv, Tq, Tk, D, causal, what in ATTENTION_CASES:
             q, k, v = (t.to(device) for t in _qkv(B, Hq, Hkv, Tq, Tk, D, dtype=dtype, seed=3))
-            with count_triton_launches() as launches:
+            # the first case also refuses a call into the reference (profiling every case in the interpreter would
+            # double the check's time); every launch is checked to be the notebook's kernel
+            guard = no_calls_into(*_ATTENTION_REFERENCES, what=FLASH_FORWARD) if first else contextlib.nullcontext()
+            with count_triton_launches() as launches, guard:
                 got = call_learner("flash_forward", fn, q, k, v, causal, context=f"{what}, {dtype}")
+            first = False
             if not launches[0]:
                 raise AssertionError(f"{what}: flash_forward launched no Triton kernel; write the forward pass as "
                                      "a @triton.jit kernel and launch it over a grid")
+            own_kernels(launches, FLASH_FORWARD)
             if isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], torch.Tensor) and got[0].dtype != dtype:
                 raise AssertionError(f"{what}: the output must be in the input dtype {dtype}, got {got[0].dtype}")
             _compare_out_lse(tuple(t.cpu() for t in got) if isinstance(got, tuple) else got,
@@ -247,6 +391,7 @@ def check_flash_forward(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.f
 
 def check_merge_partials(fn: Callable) -> None:
     """fn(o_part (..., S, D), lse_part (..., S)) -> (..., D): the per-split results merged with LSE weights."""
+    own_work(fn, merge_partials, what=MERGE)
     g = torch.Generator().manual_seed(5)
     for shape, what in (((2, 3, 4, 8), "4 splits"), ((1, 2, 1, 8), "a single split"),
                         ((2, 2, 5, 4), "5 splits, some empty (lse = -inf)")):
@@ -262,7 +407,8 @@ def check_merge_partials(fn: Callable) -> None:
         o_part = (p.unsqueeze(-1) * values).sum(-2)
         flat = scores.flatten(-2)
         want = (torch.softmax(flat, -1).unsqueeze(-1) * values.flatten(-3, -2)).sum(-2)
-        got = call_learner("merge_partials", fn, o_part.float(), lse_part.float(), context=what)
+        with no_calls_into(merge_partials, what=MERGE):
+            got = call_learner("merge_partials", fn, o_part.float(), lse_part.float(), context=what)
         if not isinstance(got, torch.Tensor) or not _close(got, want, 1e-5):
             err = _err(got, want) if isinstance(got, torch.Tensor) else type(got).__name__
             raise AssertionError(f"{what}: merged output {err}. Weight split s by exp(lse_s - logsumexp(lse)): "
@@ -277,15 +423,20 @@ def _paged(B, Hq, Hkv, D, block_size, lens, dtype=torch.float32, device="cpu"):
 
 def check_paged_decode(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16)) -> None:
     """fn(q (B,Hq,D), k_pool, v_pool (num_blocks, block_size, Hkv, D), block_tables (B, max_blocks) int32,
-    seq_lens (B,) int32) -> (B, Hq, D), through Triton, equal to gather-then-attend."""
+    seq_lens (B,) int32) -> (B, Hq, D), through a Triton kernel of the notebook's, equal to gather-then-attend."""
+    own_work(fn, _PAGED_REFERENCES, what=PAGED_DECODE)
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    first = True
     for dtype in dtypes:
         for B, Hq, Hkv, D, bs, lens, what in PAGED_CASES:
             args = _paged(B, Hq, Hkv, D, bs, lens, dtype, device=device)
-            with count_triton_launches() as launches:
+            guard = no_calls_into(*_PAGED_REFERENCES, what=PAGED_DECODE) if first else contextlib.nullcontext()
+            with count_triton_launches() as launches, guard:          # the first case only, as in check_flash_forward
                 got = call_learner("paged_decode", fn, *(a.clone() for a in args), context=f"{what}, {dtype}")
+            first = False
             if not launches[0]:
                 raise AssertionError(f"{what}: paged_decode launched no Triton kernel")
+            own_kernels(launches, PAGED_DECODE)
             cpu = [a.cpu() for a in args]
             want = paged_decode_attention(*(a.double() if a.is_floating_point() else a for a in cpu))
             if not isinstance(got, torch.Tensor) or not _close(got.cpu(), want, TOL[dtype]):

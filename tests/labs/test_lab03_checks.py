@@ -1,4 +1,5 @@
-"""Lab 03 checks: the reference passes, the stub and each plausible wrong implementation fail."""
+"""Lab 03 checks: the solution notebook's answers pass; the stub, each plausible wrong implementation and the package's
+reference handed in (itself, a subclass inheriting schedule(), a thin wrapper) fail."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import pytest
 import torch
 
 from autograder import lab03
+from autograder.reference_guard import ReferenceHandedIn
 from autograder.slow_implementations import RefillOnlyWhenEmpty   # also measured by `make calibrate`
 from minigpt.engine.baselines import static_generate
 from minigpt.engine.cached_generation import generate_kv_cache
@@ -13,8 +15,20 @@ from minigpt.engine.metrics import goodput, request_metrics
 from minigpt.engine.packed_batch import pack_chunks
 from minigpt.engine.scheduler import Scheduler, SchedulerOutput
 from minigpt.cache.block_table import blocks_needed
+from minigpt.engine.request import SequenceStatus
+from tests.labs.notebook_solutions import solution_cells
 
 EXAMPLES = 40
+SOLUTION = solution_cells("03_continuous_batching", "ex1_code", "ex2_code", "ex3_code", "ex4_code", preamble="""
+import torch
+from minigpt.cache.block_table import blocks_needed
+from minigpt.engine.packed_batch import PackedBatch
+from minigpt.engine.paged_generation import generate_paged_batch
+from minigpt.engine.request import SequenceStatus
+from minigpt.engine.scheduler import Scheduler, SchedulerOutput
+from minigpt.engine import metrics as ref_metrics
+""")
+Solution = SOLUTION["MyScheduler"]          # the notebook's scheduler: its own schedule(), the reference's helpers
 
 
 class StubScheduler(Scheduler):
@@ -28,7 +42,7 @@ def _stub(*args, **kwargs):
 
 # --- wrong schedulers --------------------------------------------------------------------------------
 
-class NoFreeOnFinish(Scheduler):
+class NoFreeOnFinish(Solution):
     """Finished sequences leave the batch but keep their blocks."""
     def _finish(self, seq, reason, now):
         manager_free = self.manager.free
@@ -39,14 +53,14 @@ class NoFreeOnFinish(Scheduler):
             self.manager.free = manager_free
 
 
-class LosesTokensOnPreempt(Scheduler):
+class LosesTokensOnPreempt(Solution):
     """Preemption drops the generated tokens: the request starts over from its prompt."""
     def _preempt(self, seq):
         super()._preempt(seq)
         seq.stop.tokens.clear()
 
 
-class OverBudget(Scheduler):
+class OverBudget(Solution):
     """Prefills run whole: a long prompt blows the token budget."""
     def schedule(self):
         saved = self.config
@@ -63,7 +77,7 @@ class OverBudget(Scheduler):
         return out
 
 
-class RestartsChunkAtZero(Scheduler):
+class RestartsChunkAtZero(Solution):
     """The second chunk of a prompt is scheduled at position 0 again."""
     def _reserve(self, seq, n):
         chunk = super()._reserve(seq, n)
@@ -72,7 +86,7 @@ class RestartsChunkAtZero(Scheduler):
         return chunk
 
 
-class LifoAdmission(Scheduler):
+class LifoAdmission(Solution):
     """Newest waiting request first: under a steady stream of arrivals the oldest waits."""
     def schedule(self):
         fresh = [s for s in self.waiting if not s.num_preemptions]
@@ -83,16 +97,91 @@ class LifoAdmission(Scheduler):
         return out
 
 
+class ChunksWhenDisabled(Solution):
+    """Chunks prompts even when chunked prefill is disabled."""
+    def schedule(self):
+        saved = self.config
+        self.config = type(saved)(saved.max_num_seqs, saved.max_num_batched_tokens, True)
+        try:
+            return super().schedule()
+        finally:
+            self.config = saved
+
+
+class PreemptsOldest(Solution):
+    """Preempts the oldest running sequence instead of the newest."""
+    def schedule(self):
+        original = self.running
+        class Oldest(list):
+            def __getitem__(self, i):
+                return list.__getitem__(self, 0 if i == -1 else i)
+        self.running = Oldest(original)
+        try:
+            return super().schedule()
+        finally:
+            self.running = list(self.running)
+
+
+class SkipsBlockedHead(Solution):
+    """Admits a later request when the head of the queue does not fit the budget (skips the head)."""
+    def schedule(self):
+        out = super().schedule()
+        budget = self.config.max_num_batched_tokens - out.num_batched_tokens
+        if not out.preempted and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            for seq in list(self.waiting)[1:]:
+                if seq.num_remaining <= budget and blocks_needed(seq.num_remaining, self.manager.block_size) <= \
+                        self.manager.pool.num_free:
+                    self.waiting.remove(seq)
+                    seq.status = SequenceStatus.RUNNING
+                    self.running.append(seq)
+                    out.chunks.append(self._reserve(seq, seq.num_remaining))
+                    break
+        return out
+
+
+class InheritsSchedule(Scheduler):
+    """The reference's schedule(), inherited."""
+    def update(self, output, sampled, now):
+        return super().update(output, sampled, now)
+
+
+class CallsSuperSchedule(Scheduler):
+    """A thin wrapper: its own schedule() that only calls the reference's."""
+    def schedule(self):
+        return super().schedule()
+
+
+def pack_wrapper(chunks, manager, device="cpu"):
+    return pack_chunks(chunks, manager, device)
+
+
+def static_wrapper(model, prompts, max_new_tokens, batch_size):
+    return static_generate(model, prompts, max_new_tokens, batch_size)
+
+
+def static_one_at_a_time(model, prompts, max_new_tokens, batch_size):
+    """Right outputs, no batching: each prompt alone."""
+    return [generate_kv_cache(model, list(p), n, stop_token_ids=()).tokens for p, n in zip(prompts, max_new_tokens)]
+
+
+def metrics_wrapper(seq):
+    return request_metrics(seq)
+
+
+def goodput_wrapper(ms, ttft_limit, tpot_limit):
+    return goodput(ms, ttft_limit, tpot_limit)
+
+
 # --- wrong packing, static batching and metrics ------------------------------------------------------
 
 def pack_positions_from_zero(chunks, manager, device="cpu"):
-    batch = pack_chunks(chunks, manager, device)
+    batch = SOLUTION["pack_chunks"](chunks, manager, device)
     batch.positions = torch.cat([torch.arange(len(t)) for _, t, _, _ in chunks])[None]
     return batch
 
 
 def pack_wrong_seq_lens(chunks, manager, device="cpu"):
-    batch = pack_chunks(chunks, manager, device)
+    batch = SOLUTION["pack_chunks"](chunks, manager, device)
     batch.seq_lens = torch.tensor([len(t) for _, t, _, _ in chunks])
     return batch
 
@@ -101,17 +190,26 @@ def static_attends_to_padding(model, prompts, max_new_tokens, batch_size):
     """Left-pads prompts with token 0 to the longest and treats the padding as part of the prompt."""
     longest = max(len(p) for p in prompts)
     padded = [[0] * (longest - len(p)) + list(p) for p in prompts]
-    return static_generate(model, padded, max_new_tokens, batch_size)
+    return SOLUTION["static_generate"](model, padded, max_new_tokens, batch_size)
 
 
 def metrics_tpot_over_n(seq):
-    m = request_metrics(seq)
+    m = SOLUTION["request_metrics"](seq)
     n = m.num_output_tokens
     return type(m)(m.request_id, m.ttft, m.tpot * (n - 1) / n if n > 1 else 0.0, m.itls, m.e2e, n)
 
 
+def metrics_e2e_to_last_token(seq):
+    m = SOLUTION["request_metrics"](seq)
+    return type(m)(m.request_id, m.ttft, m.tpot, m.itls, seq.token_times[-1] - seq.arrival_time, m.num_output_tokens)
+
+
+def goodput_empty_nan(ms, ttft_limit, tpot_limit):
+    return sum(m.ttft <= ttft_limit and m.tpot <= tpot_limit for m in ms) / max(len(ms), 1) if ms else float("nan")
+
+
 def metrics_ttft_from_start(seq):
-    m = request_metrics(seq)
+    m = SOLUTION["request_metrics"](seq)
     return type(m)(m.request_id, m.ttft - 0.0 if False else seq.first_token_time - 0.0, m.tpot, m.itls, m.e2e,
                    m.num_output_tokens)
 
@@ -126,21 +224,49 @@ def goodput_count(ms, ttft_limit, tpot_limit):
 
 # --- tests --------------------------------------------------------------------------------------------
 
-def test_reference_passes_every_check():
-    lab03.check_pack_chunks(pack_chunks)
-    lab03.check_scheduler(Scheduler, max_examples=EXAMPLES)
-    lab03.check_greedy_outputs(Scheduler, pack_chunks)
-    lab03.check_static_batching(static_generate)
-    lab03.check_metrics(request_metrics, goodput)
-    result = lab03.check_continuous_speedup(Scheduler)
+def test_solution_passes_every_check():
+    lab03.check_pack_chunks(SOLUTION["pack_chunks"])
+    lab03.check_scheduler(Solution, max_examples=EXAMPLES)
+    lab03.check_greedy_outputs(Solution, SOLUTION["pack_chunks"])
+    lab03.check_static_batching(SOLUTION["static_generate"])
+    lab03.check_metrics(SOLUTION["request_metrics"], SOLUTION["goodput"])
+    result = lab03.check_continuous_speedup(Solution)
     assert result["ratio"] == result["reference_ratio"] > 2
 
 
 @pytest.mark.parametrize("wrong", [StubScheduler, NoFreeOnFinish, LosesTokensOnPreempt, OverBudget, RestartsChunkAtZero,
-                                   LifoAdmission])
+                                   LifoAdmission, ChunksWhenDisabled, PreemptsOldest, SkipsBlockedHead])
 def test_scheduler_check_rejects(wrong):
     with pytest.raises(AssertionError):
         lab03.check_scheduler(wrong, max_examples=EXAMPLES)
+
+
+@pytest.mark.parametrize("wrong, message", [(ChunksWhenDisabled, "chunked prefill is disabled"),
+                                            (PreemptsOldest, "preempt the NEWEST"),
+                                            (SkipsBlockedHead, "first come, first served")])
+def test_scheduler_check_names_the_mistake(wrong, message):
+    with pytest.raises(AssertionError, match=message):
+        lab03.check_scheduler(wrong, max_examples=EXAMPLES)
+
+
+@pytest.mark.parametrize("reference", [Scheduler, InheritsSchedule, CallsSuperSchedule])
+def test_scheduler_checks_refuse_the_reference(reference):
+    for check in (lambda: lab03.check_scheduler(reference, max_examples=2), lambda: lab03.check_greedy_outputs(reference),
+                  lambda: lab03.check_continuous_speedup(reference)):
+        with pytest.raises(ReferenceHandedIn):
+            check()
+
+
+@pytest.mark.parametrize("check, answers", [
+    (lab03.check_pack_chunks, [(pack_chunks,), (pack_wrapper,)]),
+    (lab03.check_static_batching, [(static_generate,), (static_wrapper,)]),
+    (lab03.check_metrics, [(request_metrics, goodput), (metrics_wrapper, SOLUTION["goodput"]),
+                           (SOLUTION["request_metrics"], goodput_wrapper)]),
+])
+def test_function_checks_refuse_the_reference(check, answers):
+    for args in answers:
+        with pytest.raises(ReferenceHandedIn):
+            check(*args)
 
 
 @pytest.mark.parametrize("wrong", [StubScheduler, RestartsChunkAtZero])
@@ -157,18 +283,25 @@ def test_pack_check_rejects(wrong):
 
 def test_greedy_check_rejects_positions_restarting_at_zero():
     with pytest.raises(AssertionError, match="differs from generating it alone"):
-        lab03.check_greedy_outputs(Scheduler, pack_positions_from_zero)
+        lab03.check_greedy_outputs(Solution, pack_positions_from_zero)
 
 
-@pytest.mark.parametrize("wrong", [_stub, static_attends_to_padding])
+@pytest.mark.parametrize("wrong", [_stub, static_attends_to_padding, static_one_at_a_time])
 def test_static_check_rejects(wrong):
     with pytest.raises(AssertionError):
         lab03.check_static_batching(wrong)
 
 
-@pytest.mark.parametrize("metrics_fn, goodput_fn", [(_stub, goodput), (metrics_tpot_over_n, goodput),
-                                                    (metrics_ttft_from_start, goodput), (request_metrics, _stub),
-                                                    (request_metrics, goodput_either), (request_metrics, goodput_count)])
+def test_static_check_names_one_at_a_time():
+    with pytest.raises(AssertionError, match="not static batching"):
+        lab03.check_static_batching(static_one_at_a_time)
+
+
+@pytest.mark.parametrize("metrics_fn, goodput_fn", [
+    (_stub, SOLUTION["goodput"]), (metrics_tpot_over_n, SOLUTION["goodput"]),
+    (metrics_ttft_from_start, SOLUTION["goodput"]), (metrics_e2e_to_last_token, SOLUTION["goodput"]),
+    (SOLUTION["request_metrics"], _stub), (SOLUTION["request_metrics"], goodput_either),
+    (SOLUTION["request_metrics"], goodput_count), (SOLUTION["request_metrics"], goodput_empty_nan)])
 def test_metrics_check_rejects(metrics_fn, goodput_fn):
     with pytest.raises(AssertionError):
         lab03.check_metrics(metrics_fn, goodput_fn)
@@ -178,6 +311,12 @@ def test_metrics_check_rejects(metrics_fn, goodput_fn):
 def test_speed_check_rejects(wrong):
     with pytest.raises(AssertionError):
         lab03.check_continuous_speedup(wrong)
+
+
+def test_fake_tokens_do_not_depend_on_the_process():
+    """Python's hash() of a str changes with PYTHONHASHSEED; the driver's fake tokens must not."""
+    assert [lab03._fake_token("short3", i) for i in range(3)] == [
+        2 + __import__("zlib").crc32(repr(("short3", i)).encode()) % 50 for i in range(3)]
 
 
 def test_interview_questions():
@@ -196,11 +335,11 @@ def test_gpu_speed_check_code_path_on_cpu():
     from autograder.thresholds import fixed
     from minigpt.timing import fixed_threads
     with fixed_threads(1), fixed(0.5):
-        res = lab03.check_continuous_speedup_gpu(Scheduler, pack_chunks, device="cpu", repeats=1,
+        res = lab03.check_continuous_speedup_gpu(Solution, SOLUTION["pack_chunks"], device="cpu", repeats=1,
                                                  config=lab03.SMALL_CONFIG)
     assert res["reference_speedup"] > 0 and res["threshold"] == 0.5 * res["reference_speedup"]
     with pytest.raises(AssertionError, match="needs a CUDA GPU"):
         if not torch.cuda.is_available():
-            lab03.check_continuous_speedup_gpu(Scheduler)
+            lab03.check_continuous_speedup_gpu(Solution)
         else:
             raise AssertionError("needs a CUDA GPU (skipped: this machine has one)")

@@ -1,8 +1,10 @@
-"""Lab 04 checks: the reference passes, the stub and each plausible wrong implementation fail.
+"""Lab 04 checks: the solution notebook's answers pass; the stub, each plausible wrong implementation, the wrong
+method (torch.softmax, full T x T attention, autograd) and the package's reference handed in (itself, a thin
+wrapper, its Triton kernel behind the notebook's launcher) fail.
 
-Wrong Triton kernels are built by feeding the reference kernel the inputs a bug would effectively read
+Wrong Triton kernels are built by feeding the solution's kernel the inputs a bug would effectively read
 (K/V heads repeated with h % Hkv, keys cut at the queries for a top-left mask, garbage past the tail), so
-they launch a real kernel and only their numbers are wrong.
+they launch a real kernel of the notebook and only their numbers are wrong.
 """
 
 from __future__ import annotations
@@ -14,10 +16,30 @@ import pytest
 import torch
 
 from autograder import lab04
+from autograder.reference_guard import ReferenceHandedIn
 from minigpt.kernels.flash_attention import flash_attention_forward
 from minigpt.kernels.online_softmax import online_softmax
-from minigpt.kernels.paged_decode import merge_partials, paged_decode, paged_decode_partials
+from minigpt.kernels.paged_decode import merge_partials, paged_decode
 from minigpt.kernels.tiled_attention import tiled_attention_backward, tiled_attention_forward
+from tests.labs.notebook_solutions import solution_cells
+
+_PREAMBLE = """
+import math
+import torch
+import minigpt.kernels
+import triton
+import triton.language as tl
+"""
+_CELLS = ("ex1_code", "ex2_code", "ex3_code", "ex4_code", "ex5_code", "ex6_code")
+SOLUTION = solution_cells("04_flash_attention", *_CELLS, preamble=_PREAMBLE)
+SOL_FLASH, SOL_PAGED = SOLUTION["flash_forward"], SOLUTION["paged_decode"]
+MEAN_MERGE = solution_cells("04_flash_attention", *_CELLS, preamble=_PREAMBLE)     # the same kernels, a wrong merge
+MEAN_MERGE["merge_partials"] = lambda o_part, lse_part: (
+    (o_part * torch.isfinite(lse_part).unsqueeze(-1)).sum(-2) / torch.isfinite(lse_part).sum(-1, keepdim=True))
+
+
+def sol_backward(q, k, v, out, lse, d_out, causal):
+    return SOLUTION["tiled_backward"](q, k, v, out, lse, d_out, causal)
 
 
 def _stub(*args, **kwargs):
@@ -46,18 +68,59 @@ def softmax_no_max(x, block_size):
 def softmax_full_blocks_only(x, block_size):
     """Drops the short last block from the denominator."""
     n = max(block_size, x.shape[-1] - x.shape[-1] % block_size)
-    return online_softmax(x[..., :n], block_size) if n == x.shape[-1] else torch.exp(x - x.amax(-1, keepdim=True)) / \
-        torch.exp(x[..., :n] - x.amax(-1, keepdim=True)).sum(-1, keepdim=True)
+    xs = x[..., :n]
+    m = torch.full(x.shape[:-1] + (1,), -math.inf)
+    l = torch.zeros_like(m)
+    for s in range(0, n, block_size):
+        b = xs[..., s:s + block_size].float()
+        m_new = torch.maximum(m, b.amax(-1, keepdim=True))
+        l = l * torch.exp(m - m_new) + torch.exp(b - m_new).sum(-1, keepdim=True)
+        m = m_new
+    return (torch.exp(x.float() - m) / l).to(x.dtype)
 
 
-def test_online_softmax_reference_passes():
-    lab04.check_online_softmax(online_softmax)
+def softmax_torch(x, block_size):
+    """The right numbers by the two-pass method the exercise replaces."""
+    return torch.softmax(x, -1)
 
 
-@pytest.mark.parametrize("wrong", [_stub, softmax_no_rescale, softmax_no_max, softmax_full_blocks_only])
+def softmax_whole_row_max(x, block_size):
+    """The max taken over the whole row first, then the sum block by block: not one pass."""
+    m = x.float().amax(-1, keepdim=True)
+    l = sum(torch.exp(x[..., s:s + block_size].float() - m).sum(-1, keepdim=True) for s in range(0, x.shape[-1], block_size))
+    return (torch.exp(x.float() - m) / l).to(x.dtype)
+
+
+def softmax_float32_out(x, block_size):
+    """Right values, returned in float32 whatever the input's dtype."""
+    return SOLUTION["online_softmax"](x.float(), block_size)
+
+
+def softmax_wrapper(x, block_size):
+    return online_softmax(x, block_size)
+
+
+def test_online_softmax_solution_passes():
+    lab04.check_online_softmax(SOLUTION["online_softmax"])
+
+
+@pytest.mark.parametrize("wrong", [_stub, softmax_no_rescale, softmax_no_max, softmax_full_blocks_only, softmax_torch,
+                                   softmax_whole_row_max, softmax_float32_out])
 def test_online_softmax_rejects(wrong):
     with pytest.raises(AssertionError):
         lab04.check_online_softmax(wrong)
+
+
+@pytest.mark.parametrize("wrong", [softmax_torch, softmax_whole_row_max])
+def test_online_softmax_names_the_whole_row(wrong):
+    with pytest.raises(AssertionError, match="one block at a time"):
+        lab04.check_online_softmax(wrong)
+
+
+@pytest.mark.parametrize("reference", [online_softmax, softmax_wrapper])
+def test_online_softmax_refuses_the_reference(reference):
+    with pytest.raises(ReferenceHandedIn):
+        lab04.check_online_softmax(reference)
 
 
 # --- tiled attention forward ------------------------------------------------------------------------
@@ -75,8 +138,9 @@ def _tiled(q, k, v, causal, block_k, bug=None):
     l = torch.zeros((B, Hq, Tq, 1))
     acc = torch.zeros((B, Hq, Tq, D))
     offset = 0 if bug == "top-left" else Tk - Tq
+    scale = 1 / D if bug == "scale 1/D" else 1 / math.sqrt(D)
     for s in range(0, Tk, block_k):
-        sc = q @ k[:, :, s:s + block_k].transpose(-2, -1) / math.sqrt(D)
+        sc = q @ k[:, :, s:s + block_k].transpose(-2, -1) * scale
         if causal:
             i = torch.arange(Tq)[:, None]
             j = torch.arange(s, min(s + block_k, Tk))[None, :]
@@ -98,19 +162,62 @@ def _tiled(q, k, v, causal, block_k, bug=None):
     return out, lse.squeeze(-1)
 
 
-def test_tiled_reference_passes():
-    lab04.check_tiled_attention(lambda q, k, v, causal, block_k: tiled_attention_forward(q, k, v, causal=causal,
-                                                                                          block_k=block_k))
+def tiled_log2_lse(q, k, v, causal, block_k):
+    """Right output; the LSE left in log2 units (m2 + log2 l), as an exp2 kernel computes it."""
+    out, lse = _tiled(q, k, v, causal, block_k)
+    return out, lse / math.log(2)
+
+
+def tiled_full_attention(q, k, v, causal, block_k):
+    """Right numbers from the whole (Tq x Tk) score matrix: not tiled."""
+    group = q.shape[1] // k.shape[1]
+    s = q @ k.repeat_interleave(group, 1).transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if causal:
+        s = s.masked_fill(~torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).tril(k.shape[2] - q.shape[2]), -math.inf)
+    return torch.softmax(s, -1) @ v.repeat_interleave(group, 1), torch.logsumexp(s, -1)
+
+
+def tiled_sdpa(q, k, v, causal, block_k):
+    """The output from PyTorch's fused attention, the LSE tiled."""
+    group = q.shape[1] // k.shape[1]
+    kk, vv = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).tril(k.shape[2] - q.shape[2]) if causal else None
+    return torch.nn.functional.scaled_dot_product_attention(q, kk, vv, attn_mask=mask), _tiled(q, k, v, causal, block_k)[1]
+
+
+def tiled_wrapper(q, k, v, causal, block_k):
+    return tiled_attention_forward(q, k, v, causal=causal, block_k=block_k)
+
+
+def test_tiled_solution_passes():
+    lab04.check_tiled_attention(SOLUTION["tiled_attention"])
     lab04.check_tiled_attention(lambda q, k, v, causal, block_k: _tiled(q, k, v, causal, block_k))
 
 
-@pytest.mark.parametrize("bug", ["no rescale", "divide in loop", "top-left", "lse without max", "h % Hkv"])
+@pytest.mark.parametrize("bug", ["no rescale", "divide in loop", "top-left", "lse without max", "h % Hkv", "scale 1/D"])
 def test_tiled_rejects(bug):
     with pytest.raises(AssertionError) as info:
         lab04.check_tiled_attention(lambda q, k, v, causal, block_k: _tiled(q, k, v, causal, block_k, bug))
-    hint = {"top-left": "top-left", "h % Hkv": "h // ", "lse without max": "running max"}.get(bug)
+    hint = {"top-left": "top-left", "h % Hkv": "h // ", "lse without max": "running max", "scale 1/D": "1/D"}.get(bug)
     if hint:
         assert hint in str(info.value)
+
+
+def test_tiled_names_an_lse_in_log2_units():
+    with pytest.raises(AssertionError, match="log2 units"):
+        lab04.check_tiled_attention(tiled_log2_lse)
+
+
+@pytest.mark.parametrize("wrong, message", [(tiled_full_attention, "whole"), (tiled_sdpa, "scaled_dot_product")])
+def test_tiled_rejects_untiled_methods(wrong, message):
+    with pytest.raises(AssertionError, match=message):
+        lab04.check_tiled_attention(wrong)
+
+
+@pytest.mark.parametrize("reference", [tiled_attention_forward, tiled_wrapper])
+def test_tiled_refuses_the_reference(reference):
+    with pytest.raises(ReferenceHandedIn):
+        lab04.check_tiled_attention(reference)
 
 
 def test_tiled_rejects_stub():
@@ -122,51 +229,85 @@ def test_tiled_rejects_stub():
 
 def backward_no_delta(q, k, v, out, lse, d_out, causal):
     """dS = P * dP, forgetting the rowsum(dO * O) term."""
-    return tiled_attention_backward(q, k, v, torch.zeros_like(out), lse, d_out, causal=causal)
+    return sol_backward(q, k, v, torch.zeros_like(out), lse, d_out, causal)
 
 
 def backward_unnormalised_p(q, k, v, out, lse, d_out, causal):
-    """Recomputes P = exp(s - max) instead of exp(s - lse): the LSE is what normalises P."""
-    s = q @ k.repeat_interleave(q.shape[1] // k.shape[1], 1).transpose(-2, -1) / math.sqrt(q.shape[-1])
-    return tiled_attention_backward(q, k, v, out, s.amax(-1), d_out, causal=causal)
+    """Recomputes P = exp(s - max) instead of exp(s - lse): the LSE is what normalises P (the row max computed
+    tile by tile)."""
+    kk = k.repeat_interleave(q.shape[1] // k.shape[1], 1)
+    s = torch.stack([(q @ kk[:, :, i:i + 8].transpose(-2, -1)).amax(-1) for i in range(0, k.shape[2], 8)], -1)
+    s = s.amax(-1, keepdim=True).squeeze(-1) / math.sqrt(q.shape[-1])
+    return sol_backward(q, k, v, out, s.amax(-1), d_out, causal)
 
 
 def backward_first_head_of_group(q, k, v, out, lse, d_out, causal):
     """dK, dV taken from one query head per group instead of summed over the group."""
     group = q.shape[1] // k.shape[1]
-    dq, dk, dv = tiled_attention_backward(q, k, v, out, lse, d_out, causal=causal)
+    dq, dk, dv = sol_backward(q, k, v, out, lse, d_out, causal)
     if group == 1:
         return dq, dk, dv
     return dq, dk / group, dv / group
 
 
-def test_backward_reference_passes():
-    lab04.check_tiled_backward(lambda q, k, v, out, lse, d_out, causal:
-                               tiled_attention_backward(q, k, v, out, lse, d_out, causal=causal))
+def backward_autograd(q, k, v, out, lse, d_out, causal):
+    """Right gradients from autograd of naive attention: not the backward pass by hand."""
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    with torch.enable_grad():
+        o, _ = tiled_full_attention(q, k, v, causal, k.shape[2])
+        return torch.autograd.grad(o, (q, k, v), d_out)
 
 
-@pytest.mark.parametrize("wrong", [_stub, backward_no_delta, backward_unnormalised_p, backward_first_head_of_group])
+def backward_full_p(q, k, v, out, lse, d_out, causal):
+    """Right gradients with the whole (Tq x Tk) P recomputed at once: not tiled."""
+    return SOLUTION["tiled_backward"](q, k, v, out, lse, d_out, causal, block_k=k.shape[2])
+
+
+def backward_wrapper(q, k, v, out, lse, d_out, causal):
+    return tiled_attention_backward(q, k, v, out, lse, d_out, causal=causal)
+
+
+def test_backward_solution_passes():
+    lab04.check_tiled_backward(SOLUTION["tiled_backward"])
+
+
+@pytest.mark.parametrize("wrong", [_stub, backward_no_delta, backward_unnormalised_p, backward_first_head_of_group,
+                                   backward_autograd, backward_full_p])
 def test_backward_rejects(wrong):
     with pytest.raises(AssertionError):
         lab04.check_tiled_backward(wrong)
 
 
+@pytest.mark.parametrize("wrong, message", [(backward_autograd, "autograd"), (backward_full_p, "whole")])
+def test_backward_names_the_wrong_method(wrong, message):
+    with pytest.raises(AssertionError, match=message):
+        lab04.check_tiled_backward(wrong)
+
+
+@pytest.mark.parametrize("reference", [tiled_attention_backward, backward_wrapper])
+def test_backward_refuses_the_reference(reference):
+    with pytest.raises(ReferenceHandedIn):
+        lab04.check_tiled_backward(reference)
+
+
 # --- Triton forward ----------------------------------------------------------------------------------
 
 def flash_reference(q, k, v, causal):
+    """A thin wrapper: the package's kernel behind the notebook's signature."""
     return flash_attention_forward(q, k, v, causal=causal)
 
 
 def flash_gqa_modulo(q, k, v, causal):
     group = q.shape[1] // k.shape[1]
-    return flash_attention_forward(q, k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1), causal=causal)
+    return SOL_FLASH(q, k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1), causal)
 
 
 def flash_top_left(q, k, v, causal):
     """A top-left mask lets query i see keys 0..i only: the same as dropping keys >= Tq."""
     if causal:
-        return flash_attention_forward(q, k[:, :, :q.shape[2]], v[:, :, :q.shape[2]], causal=True)
-    return flash_attention_forward(q, k, v, causal=False)
+        return SOL_FLASH(q, k[:, :, :q.shape[2]], v[:, :, :q.shape[2]], True)
+    return SOL_FLASH(q, k, v, False)
 
 
 def flash_unmasked_tail(q, k, v, causal):
@@ -175,12 +316,12 @@ def flash_unmasked_tail(q, k, v, causal):
     g = torch.Generator().manual_seed(0)
     junk = lambda t: torch.cat([t, torch.randn(*t.shape[:2], pad, t.shape[3], generator=g).to(t)], 2)  # noqa: E731
     if causal:          # the causal mask already hides keys past the last query's position
-        return flash_attention_forward(q, k, v, causal=True)
-    return flash_attention_forward(q, junk(k), junk(v), causal=False)
+        return SOL_FLASH(q, k, v, True)
+    return SOL_FLASH(q, junk(k), junk(v), False)
 
 
 def flash_lse_without_max(q, k, v, causal):
-    out, lse = flash_attention_forward(q, k, v, causal=causal)
+    out, lse = SOL_FLASH(q, k, v, causal)
     group = q.shape[1] // k.shape[1]
     s = q.float() @ k.float().repeat_interleave(group, 1).transpose(-2, -1) / math.sqrt(q.shape[-1])
     if causal:
@@ -191,12 +332,18 @@ def flash_lse_without_max(q, k, v, causal):
 
 def flash_in_pytorch(q, k, v, causal):
     """Correct numbers, but no Triton kernel."""
-    out, lse = tiled_attention_forward(q, k, v, causal=causal)
+    out, lse = SOLUTION["tiled_attention"](q, k, v, causal, 16)
     return out, lse
 
 
-def test_flash_reference_passes():
-    lab04.check_flash_forward(flash_reference, dtypes=(torch.float16,))
+def test_flash_solution_passes():
+    lab04.check_flash_forward(SOL_FLASH, dtypes=(torch.float16,))
+
+
+@pytest.mark.parametrize("reference", [flash_attention_forward, flash_reference])
+def test_flash_refuses_the_reference(reference):
+    with pytest.raises(ReferenceHandedIn):
+        lab04.check_flash_forward(reference, dtypes=(torch.float16,))
 
 
 @pytest.mark.parametrize("wrong", [_stub, flash_gqa_modulo, flash_top_left, flash_unmasked_tail, flash_lse_without_max,
@@ -222,8 +369,18 @@ def merge_linear_lse(o_part, lse_part):
     return (w / w.sum(-1, keepdim=True)).unsqueeze(-1).mul(o_part).sum(-2)
 
 
-def test_merge_reference_passes():
-    lab04.check_merge_partials(merge_partials)
+def merge_wrapper(o_part, lse_part):
+    return merge_partials(o_part, lse_part)
+
+
+def test_merge_solution_passes():
+    lab04.check_merge_partials(SOLUTION["merge_partials"])
+
+
+@pytest.mark.parametrize("reference", [merge_partials, merge_wrapper])
+def test_merge_refuses_the_reference(reference):
+    with pytest.raises(ReferenceHandedIn):
+        lab04.check_merge_partials(reference)
 
 
 @pytest.mark.parametrize("wrong", [_stub, merge_mean, merge_unnormalised, merge_linear_lse])
@@ -233,30 +390,38 @@ def test_merge_rejects(wrong):
 
 
 def paged_merge_without_weights(q, k_pool, v_pool, tables, lens):
-    o_part, lse_part = paged_decode_partials(q, k_pool, v_pool, tables, lens, pages_per_split=1)
-    # splits past the end are empty (zeros): average only the real ones, still without the LSE weights
-    real = torch.isfinite(lse_part).unsqueeze(-1)
-    return ((o_part * real).sum(-2) / real.sum(-2)).to(q.dtype)
+    """The notebook's kernel, its splits averaged (the real ones) without the LSE weights."""
+    return MEAN_MERGE["paged_decode"](q, k_pool, v_pool, tables, lens, pages_per_split=1)
 
 
 def paged_gqa_modulo(q, k_pool, v_pool, tables, lens):
     group = q.shape[1] // k_pool.shape[2]
-    return paged_decode(q, k_pool.repeat(1, 1, group, 1), v_pool.repeat(1, 1, group, 1), tables, lens)
+    return SOL_PAGED(q, k_pool.repeat(1, 1, group, 1), v_pool.repeat(1, 1, group, 1), tables, lens)
 
 
 def paged_ignores_block_table(q, k_pool, v_pool, tables, lens):
     contiguous = torch.arange(tables.numel(), dtype=torch.int32).view_as(tables)
-    return paged_decode(q, k_pool, v_pool, contiguous, lens)
+    return SOL_PAGED(q, k_pool, v_pool, contiguous, lens)
 
 
 def paged_whole_last_page(q, k_pool, v_pool, tables, lens):
     """No mask on the last page: every slot of it is attended, past seq_len too."""
     bs = k_pool.shape[1]
-    return paged_decode(q, k_pool, v_pool, tables, ((lens + bs - 1) // bs * bs).to(torch.int32))
+    return SOL_PAGED(q, k_pool, v_pool, tables, ((lens + bs - 1) // bs * bs).to(torch.int32))
 
 
-def test_paged_reference_passes():
-    lab04.check_paged_decode(paged_decode, dtypes=(torch.float16,))
+def paged_wrapper(q, k_pool, v_pool, tables, lens):
+    return paged_decode(q, k_pool, v_pool, tables, lens)
+
+
+def test_paged_solution_passes():
+    lab04.check_paged_decode(SOL_PAGED, dtypes=(torch.float16,))
+
+
+@pytest.mark.parametrize("reference", [paged_decode, paged_wrapper])
+def test_paged_refuses_the_reference(reference):
+    with pytest.raises(ReferenceHandedIn):
+        lab04.check_paged_decode(reference, dtypes=(torch.float16,))
 
 
 @pytest.mark.parametrize("wrong", [_stub, paged_merge_without_weights, paged_gqa_modulo, paged_ignores_block_table,

@@ -1,4 +1,6 @@
-"""Lab 05 checks: the reference passes, the stub and each plausible wrong implementation fail."""
+"""Lab 05 checks: the solution notebook's answers pass; the stub, each plausible wrong implementation (edge inputs:
+all-zero rows and tokens, bf16, a dead activation channel) and the package's reference handed in (itself, a thin
+wrapper, a subclass inheriting update(), its Triton kernel) fail."""
 
 from __future__ import annotations
 
@@ -17,6 +19,18 @@ from minigpt.quant.formats import pack_int4, quantize, quantize_fp8, unpack_int4
 from minigpt.quant.gptq import gptq_quantize
 from minigpt.quant.kv_cache import QuantizedLayerKVCache
 from minigpt.quant.smoothquant import smoothing_factors
+from autograder.reference_guard import ReferenceHandedIn
+from tests.labs.notebook_solutions import solution_cells
+
+SOLUTION = solution_cells("05_quantization", "ex1_code", "ex2_code", "ex3_code", "ex4_code", "ex5_code", "ex6_code",
+                          "ex7_code", "ex8_code", "ex9_code", preamble="""
+import copy
+import math
+import torch
+import torch.nn.functional as F
+from minigpt.quant.awq import AWQ_GROUPS
+""")
+SolutionCache = SOLUTION["Int8LayerKVCache"]
 
 
 def _stub(*args, **kwargs):
@@ -31,8 +45,31 @@ class StubCache:
 # --- integer quantization ------------------------------------------------------------------------
 
 def ref_quantize(w, bits, group_size=None):
+    """The solution notebook's quantize_symmetric."""
+    return SOLUTION["quantize_symmetric"](w, bits, group_size)
+
+
+def wrapper_quantize(w, bits, group_size=None):
+    """A thin wrapper around the package's quantize."""
     qt = quantize(w, bits, group_size=group_size)
     return qt.q, qt.scale
+
+
+def unclamped_quantize(w, bits, group_size=None):
+    """No floor on the scale: an all-zero row divides 0 by 0."""
+    qmax = 2 ** (bits - 1) - 1
+    g = _groups(w.float(), group_size)
+    scale = g.abs().amax(-1) / qmax
+    q = g / scale[..., None]
+    return torch.round(q).clamp(-qmax, qmax).reshape(w.shape), scale
+
+
+def low_precision_scale_quantize(w, bits, group_size=None):
+    """Scales computed (and returned) in the weight's own dtype: bf16 scales are off by up to 0.4%."""
+    qmax = 2 ** (bits - 1) - 1
+    g = _groups(w, group_size)
+    scale = (g.abs().amax(-1) / qmax).clamp(min=1e-12)
+    return torch.round(g.float() / scale.float()[..., None]).clamp(-qmax, qmax).to(torch.int8).reshape(w.shape), scale
 
 
 def _groups(w, group_size):
@@ -72,8 +109,16 @@ def no_validation_quantize(w, bits, group_size=None):
     return ref_quantize(w, bits, group_size)
 
 
-def test_quantize_symmetric_reference_passes():
+def test_quantize_symmetric_solution_passes():
     lab05.check_quantize_symmetric(ref_quantize)
+
+
+@pytest.mark.parametrize("fn", [wrapper_quantize, lambda w, bits, g=None: quantize(w, bits, group_size=g)])
+def test_quantize_symmetric_refuses_the_reference(fn):
+    with pytest.raises(ReferenceHandedIn):
+        lab05.check_quantize_symmetric(fn)
+    with pytest.raises(ReferenceHandedIn):
+        lab05.check_int4_model_perplexity(fn)
 
 
 @pytest.mark.parametrize("fn, match", [
@@ -82,6 +127,8 @@ def test_quantize_symmetric_reference_passes():
     (clamp128_quantize, "does not use -128|Divide by"),
     (wrong_axis_quantize, "codes differ|scale"),
     (no_validation_quantize, "NaN"),
+    (unclamped_quantize, "all-zero row|integers"),
+    (low_precision_scale_quantize, "float32"),
 ])
 def test_quantize_symmetric_rejects(fn, match):
     with pytest.raises(AssertionError, match=match):
@@ -115,15 +162,25 @@ def unsigned_unpack(p):
     return torch.stack([(p & 0xF).to(torch.int8), (p >> 4).to(torch.int8)], -1).flatten(-2)
 
 
-def test_int4_packing_reference_passes():
-    lab05.check_int4_packing(pack_int4, unpack_int4)
+SOL_PACK, SOL_UNPACK = SOLUTION["pack_int4"], SOLUTION["unpack_int4"]
+
+
+def test_int4_packing_solution_passes():
+    lab05.check_int4_packing(SOL_PACK, SOL_UNPACK)
+
+
+@pytest.mark.parametrize("pack, unpack", [(pack_int4, SOL_UNPACK), (SOL_PACK, unpack_int4),
+                                          (lambda q: pack_int4(q), SOL_UNPACK), (SOL_PACK, lambda p: unpack_int4(p))])
+def test_int4_packing_refuses_the_reference(pack, unpack):
+    with pytest.raises(ReferenceHandedIn):
+        lab05.check_int4_packing(pack, unpack)
 
 
 @pytest.mark.parametrize("pack, unpack, match", [
-    (_stub, unpack_int4, "not implemented"),
-    (pack_int4, _stub, "not implemented"),
+    (_stub, SOL_UNPACK, "not implemented"),
+    (SOL_PACK, _stub, "not implemented"),
     (swapped_pack, swapped_unpack, "wrong order"),
-    (pack_int4, unsigned_unpack, "sign-extend"),
+    (SOL_PACK, unsigned_unpack, "sign-extend"),
 ])
 def test_int4_packing_rejects(pack, unpack, match):
     with pytest.raises(AssertionError, match=match):
@@ -133,7 +190,18 @@ def test_int4_packing_rejects(pack, unpack, match):
 # --- FP8 -----------------------------------------------------------------------------------------
 
 def ref_fp8(x, fmt):
+    return SOLUTION["quantize_fp8"](x, fmt)
+
+
+def wrapper_fp8(x, fmt):
     return quantize_fp8(x, fmt, per_channel=False)
+
+
+def unclamped_fp8(x, fmt):
+    """No floor on the scale: an all-zero tensor gives 0 / 0."""
+    dtype = torch.float8_e4m3fn if fmt == "e4m3" else torch.float8_e5m2
+    scale = x.float().abs().max() / torch.finfo(dtype).max
+    return (x.float() / scale).to(dtype), scale
 
 
 def unscaled_fp8(x, fmt):
@@ -142,11 +210,17 @@ def unscaled_fp8(x, fmt):
     return x.to(dtype), torch.tensor(1.0)
 
 
-def test_fp8_reference_passes():
+def test_fp8_solution_passes():
     lab05.check_quantize_fp8(ref_fp8)
 
 
-@pytest.mark.parametrize("fn, match", [(_stub, "not implemented"), (unscaled_fp8, "scale is 1")])
+def test_fp8_refuses_the_reference():
+    with pytest.raises(ReferenceHandedIn):
+        lab05.check_quantize_fp8(wrapper_fp8)
+
+
+@pytest.mark.parametrize("fn, match", [(_stub, "not implemented"), (unscaled_fp8, "scale is 1|all-zero"),
+                                       (unclamped_fp8, "all-zero")])
 def test_fp8_rejects(fn, match):
     with pytest.raises(AssertionError, match=match):
         lab05.check_quantize_fp8(fn)
@@ -155,6 +229,10 @@ def test_fp8_rejects(fn, match):
 # --- GPTQ ----------------------------------------------------------------------------------------
 
 def ref_gptq(w, H, bits, group_size, block_size):
+    return SOLUTION["gptq"](w, H, bits, group_size, block_size)
+
+
+def wrapper_gptq(w, H, bits, group_size, block_size):
     qt = gptq_quantize(w, H, bits, group_size, block_size=block_size)
     return qt.q, qt.scale
 
@@ -184,8 +262,13 @@ def no_lazy_update_gptq(w, H, bits, group_size, block_size):
     return Q.to(torch.int8), scales.float()
 
 
-def test_gptq_reference_passes():
+def test_gptq_solution_passes():
     lab05.check_gptq(ref_gptq)
+
+
+def test_gptq_refuses_the_reference():
+    with pytest.raises(ReferenceHandedIn):
+        lab05.check_gptq(wrapper_gptq)
 
 
 @pytest.mark.parametrize("fn, match", [
@@ -214,13 +297,19 @@ def unfolded_awq(model, scales):
 @torch.no_grad()
 def in_place_awq(model, scales):
     """Right folding, but on the caller's model."""
-    new = apply_awq_scales(model, scales)
+    new = SOLUTION["fold_awq_scales"](model, scales)
     model.load_state_dict(new.state_dict())
     return model
 
 
-def test_awq_fold_reference_passes():
-    lab05.check_awq_fold(apply_awq_scales)
+def test_awq_fold_solution_passes():
+    lab05.check_awq_fold(SOLUTION["fold_awq_scales"])
+
+
+@pytest.mark.parametrize("fn", [apply_awq_scales, lambda model, scales: apply_awq_scales(model, scales)])
+def test_awq_fold_refuses_the_reference(fn):
+    with pytest.raises(ReferenceHandedIn):
+        lab05.check_awq_fold(fn)
 
 
 @pytest.mark.parametrize("fn, match", [
@@ -234,21 +323,34 @@ def test_awq_fold_rejects(fn, match):
 
 
 def swapped_alpha(act, weights, alpha):
-    return smoothing_factors(act, weights, 1 - alpha)
+    return SOLUTION["smoothing_factors"](act, weights, 1 - alpha)
 
 
 def first_weight_only(act, weights, alpha):
-    return smoothing_factors(act, weights[:1], alpha)
+    return SOLUTION["smoothing_factors"](act, weights[:1], alpha)
 
 
-def test_smoothing_reference_passes():
-    lab05.check_smoothing_factors(smoothing_factors)
+def unclamped_smoothing(act, weights, alpha):
+    """No floor on the maxima: a dead channel gets s = 0 (and x / s = inf)."""
+    w_absmax = torch.cat([w.float().abs() for w in weights]).amax(0)
+    return act.float().pow(alpha) / w_absmax.pow(1 - alpha)
+
+
+def test_smoothing_solution_passes():
+    lab05.check_smoothing_factors(SOLUTION["smoothing_factors"])
+
+
+@pytest.mark.parametrize("fn", [smoothing_factors, lambda a, w, alpha: smoothing_factors(a, w, alpha)])
+def test_smoothing_refuses_the_reference(fn):
+    with pytest.raises(ReferenceHandedIn):
+        lab05.check_smoothing_factors(fn)
 
 
 @pytest.mark.parametrize("fn, match", [
     (_stub, "not implemented"),
     (swapped_alpha, "exponent"),
     (first_weight_only, "ALL the weights"),
+    (unclamped_smoothing, "dead activation channel"),
 ])
 def test_smoothing_rejects(fn, match):
     with pytest.raises(AssertionError, match=match):
@@ -257,7 +359,7 @@ def test_smoothing_rejects(fn, match):
 
 # --- KV cache ------------------------------------------------------------------------------------
 
-class SharedScaleCache(QuantizedLayerKVCache):
+class SharedScaleCache(SolutionCache):
     """One scale per token shared by all KV heads: the small heads lose their precision."""
 
     def update(self, k, v):
@@ -271,7 +373,7 @@ class SharedScaleCache(QuantizedLayerKVCache):
                 self.v[:, :end].float() * self.v_scale[:, :end, :, None])
 
 
-class Float32Cache(QuantizedLayerKVCache):
+class Float32Cache(SolutionCache):
     """Keeps float32 buffers: no memory saved."""
 
     def __init__(self, *args, **kwargs):
@@ -279,8 +381,26 @@ class Float32Cache(QuantizedLayerKVCache):
         self.k, self.v = self.k.float(), self.v.float()
 
 
-def test_kv_cache_reference_passes():
-    lab05.check_quantized_kv_cache(QuantizedLayerKVCache)
+class InheritsUpdate(QuantizedLayerKVCache):
+    """The reference's cache, renamed."""
+
+
+class CallsSuperUpdate(QuantizedLayerKVCache):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+
+    def update(self, k, v):
+        return super().update(k, v)
+
+
+def test_kv_cache_solution_passes():
+    lab05.check_quantized_kv_cache(SolutionCache)
+
+
+@pytest.mark.parametrize("cls", [QuantizedLayerKVCache, InheritsUpdate, CallsSuperUpdate])
+def test_kv_cache_refuses_the_reference(cls):
+    with pytest.raises(ReferenceHandedIn):
+        lab05.check_quantized_kv_cache(cls)
 
 
 @pytest.mark.parametrize("cls, match", [
@@ -295,27 +415,41 @@ def test_kv_cache_rejects(cls, match):
 
 # --- Triton GEMV and the CPU INT4 kernel ------------------------------------------------------------
 
+SOL_GEMV = SOLUTION["triton_dequant_gemv"]
+
+
 def swapped_nibble_gemv(x, qw, scale, bits, group_size):
     if bits == 4:
         qw = ((qw >> 4) | (qw << 4)).to(torch.uint8)
-    return dequant_gemv_reference(x, qw, scale, bits, group_size)
+    return SOL_GEMV(x, qw, scale, bits, group_size)
 
 
 def first_group_scale_gemv(x, qw, scale, bits, group_size):
     """Applies each row's first group scale to all its columns (per-channel instead of per-group)."""
-    q = unpack_int4(qw) if bits == 4 else qw
-    return (q.float() * scale[:, :1]) @ x
+    return SOL_GEMV(x, qw, scale[:, :1].expand_as(scale).contiguous(), bits, group_size)
 
 
-def test_dequant_gemv_reference_passes():
-    lab05.check_dequant_gemv(dequant_gemv)
-    lab05.check_dequant_gemv(dequant_gemv_reference)
+def pytorch_gemv(x, qw, scale, bits, group_size):
+    """Right numbers, no Triton kernel."""
+    q = SOL_UNPACK(qw) if bits == 4 else qw
+    return (q.float().view(q.shape[0], -1, group_size) * scale[..., None]).view(q.shape[0], -1) @ x
+
+
+def test_dequant_gemv_solution_passes():
+    lab05.check_dequant_gemv(SOL_GEMV)
+
+
+@pytest.mark.parametrize("fn", [dequant_gemv, lambda *a: dequant_gemv(*a), dequant_gemv_reference])
+def test_dequant_gemv_refuses_the_reference(fn):
+    with pytest.raises(ReferenceHandedIn):
+        lab05.check_dequant_gemv(fn)
 
 
 @pytest.mark.parametrize("fn, match", [
     (_stub, "not implemented"),
     (swapped_nibble_gemv, "swapped"),
     (first_group_scale_gemv, "differs"),
+    (pytorch_gemv, "no Triton kernel"),
 ])
 def test_dequant_gemv_rejects(fn, match):
     with pytest.raises(AssertionError, match=match):
@@ -326,15 +460,26 @@ def full_precision_linear(w, group_size):
     return lambda x: F.linear(x, w)
 
 
-def test_int4_cpu_linear_reference_passes():
-    result = lab05.check_int4_cpu_linear(Int4WeightOnlyLinear, repeats=3)      # the calibrated shape, 4096 x 4096
+def slow_int4_linear(w, group_size):
+    """`make calibrate`'s slow implementation (its module is the course's, so the check would refuse it as such)."""
+    return dequantize_every_call(w, group_size)
+
+
+def test_int4_cpu_linear_solution_passes():
+    result = lab05.check_int4_cpu_linear(SOLUTION["make_int4_linear"], repeats=3)   # the calibrated shape, 4096 x 4096
     assert result["speedup"] >= result["threshold"]
+
+
+@pytest.mark.parametrize("fn", [Int4WeightOnlyLinear, lambda w, g: Int4WeightOnlyLinear(w, g)])
+def test_int4_cpu_linear_refuses_the_reference(fn):
+    with pytest.raises(ReferenceHandedIn):
+        lab05.check_int4_cpu_linear(fn, repeats=1)
 
 
 @pytest.mark.parametrize("fn, match", [
     (_stub, "not implemented"),
     (full_precision_linear, "full-precision weight"),
-    (dequantize_every_call, "speedup"),
+    (slow_int4_linear, "speedup"),
 ])
 def test_int4_cpu_linear_rejects(fn, match):
     with pytest.raises(AssertionError, match=match):

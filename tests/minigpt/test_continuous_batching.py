@@ -35,8 +35,8 @@ def _requests(n, seed=0, max_prompt=40, max_new=20, **kw):
                     int(torch.randint(1, max_new, (1,), generator=g)), stop_token_ids=(), **kw) for i in range(n)]
 
 
-def test_scheduler_invariants_hypothesis():
-    lab03.check_scheduler(Scheduler, max_examples=150)
+def test_scheduler_invariants_on_seeded_workloads():
+    lab03.scheduler_invariants(Scheduler, max_examples=150)
 
 
 def test_packed_step_equals_padded_step_and_wastes_nothing(model):
@@ -148,7 +148,7 @@ def test_static_scheduler_waits_for_a_full_batch():
 
 
 def test_metrics():
-    lab03.check_metrics(request_metrics, goodput)
+    lab03.metrics_cases(request_metrics, goodput)
     assert percentile([1, 2, 3, 4], 50) == 2.5
     with pytest.raises(ValueError):
         percentile([], 50)

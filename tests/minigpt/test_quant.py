@@ -169,7 +169,7 @@ def test_smoothquant_folding_and_w8a8(tiny_model):
         q = smoothquant_model(tiny_model, calib)
         assert isinstance(q.layers[0].mlp.w_down, W8A8Linear)
         assert (q(calib) - tiny_model(calib)).abs().max() < 0.5
-    x = torch.randn(3, 5, 16)
+    x = torch.randn(3, 5, 16, generator=torch.Generator().manual_seed(2))
     codes, scale = quantize_per_token(x)
     assert scale.shape == (3, 5, 1) and int(codes.abs().max()) == 127
 
@@ -199,7 +199,7 @@ def test_quantized_kv_cache_matches_the_float_cache(tiny_model, fmt):
 
 def test_quantized_kv_cache_scales_are_per_head():
     cache = QuantizedLayerKVCache(1, 4, 2, 8)
-    k = torch.randn(1, 2, 2, 8)
+    k = torch.randn(1, 2, 2, 8, generator=torch.Generator().manual_seed(4))
     k[:, :, 0] *= 1000                                   # head 0 is huge, head 1 small
     k_all, _ = cache.update(k, k)
     assert torch.allclose(k_all[:, :, 1], k[:, :, 1], rtol=0, atol=k[:, :, 1].abs().max().item() / 254 + 1e-6)
@@ -211,9 +211,12 @@ def test_quantized_kv_cache_scales_are_per_head():
 
 
 def test_cpu_kernels_match_dequantized_products():
-    w, x = _w(64, 256) * 0.05, torch.randn(3, 256)
+    """Own generator for x: drawn from the global RNG, its data (and the INT8 error) depended on the tests before it."""
+    w, x = _w(64, 256) * 0.05, torch.randn(3, 256, generator=torch.Generator().manual_seed(1))
     ref = x @ w.T
-    for f, tol in ((Int8DynamicLinear(w), 0.03), (Int8WeightOnlyLinear(w), 0.02), (Int4WeightOnlyLinear(w, 64), 0.15)):
+    # Int8DynamicLinear also quantizes x per tensor at run time: over seeds 1..7 of x its relative error spans
+    # 0.019..0.048 (0.025 for this seed), so 0.06 bounds the method, not one lucky draw.
+    for f, tol in ((Int8DynamicLinear(w), 0.06), (Int8WeightOnlyLinear(w), 0.02), (Int4WeightOnlyLinear(w, 64), 0.15)):
         y = f(x).float()
         assert ((y - ref).norm() / ref.norm()) < tol, type(f).__name__
 

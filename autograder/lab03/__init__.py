@@ -1,0 +1,42 @@
+"""Checks for Lab 03, continuous batching (a package: one file per exercise group, each check re-exported here).
+
+Each check takes the learner's object, runs it on small seeded workloads and raises AssertionError
+saying what is wrong (which step, which request, expected vs got, likely cause).
+
+CPU tier (correctness):
+    check_pack_chunks(pack_fn)                    packed (varlen) layout: positions continue across chunks
+    check_scheduler(scheduler_cls)                seeded random workloads: budget, max_num_seqs, blocks == running,
+                                                  chunk positions, preempted resume with their tokens, bounded
+                                                  finish; no starvation; first come first served; no chunking when
+                                                  chunked prefill is disabled; bad input rejected
+    check_greedy_outputs(scheduler_cls, pack_fn)  every request's greedy output == generating it alone
+    check_static_batching(static_fn)              static batching output == alone (padding never attended), run
+                                                  in groups of batch_size (model calls counted)
+    check_metrics(request_metrics_fn, goodput_fn) TTFT, TPOT, ITL, E2E, goodput on hand-made timelines
+Speed (deterministic proxy): check_continuous_speedup(scheduler_cls): model steps of static batching over the
+learner's continuous scheduler on a skewed workload, relative to the reference's, same run.
+Files: common.py (shared helpers, the refusal of the reference scheduler), packing.py (Exercise 1), scheduler.py
+(Exercise 2: drive, the invariants, scheduler_invariants for the package's own tests), outputs.py (Exercises 2 and 3
+on a model), metrics.py (Exercise 4), speed.py, questions.py.
+Every check refuses the package's reference handed in as the answer (reference_guard: the object itself, a subclass
+inheriting `schedule`, a thin wrapper calling into it).
+Interview questions: check_q1_continuous_vs_static, check_q2_compute_bound_batch, check_q3_kv_memory.
+GPU tier (speed): check_continuous_speedup_gpu(scheduler_cls, pack_fn): wall time of static batching over the learner's
+continuous batching on a GPU, relative to the reference, behind autograder.harness.require_gpu.
+"""
+
+from autograder.lab03.common import (GPU_SPEED_CHECK, NEAR_TIE, SCHEDULER, SMALL_CONFIG, SPEED_MIN_FRACTION, _fake_token,
+                                     _model, _rand_tokens, _request, construct, learner_scheduling, own_scheduler)
+from autograder.lab03.metrics import check_metrics, metrics_cases
+from autograder.lab03.outputs import check_greedy_outputs, check_static_batching
+from autograder.lab03.packing import check_pack_chunks
+from autograder.lab03.questions import (_q2_numbers, check_q1_continuous_vs_static, check_q2_compute_bound_batch,
+                                        check_q3_kv_memory)
+from autograder.lab03.scheduler import check_scheduler, drive, scheduler_invariants
+from autograder.lab03.speed import check_continuous_speedup, check_continuous_speedup_gpu
+
+__all__ = ["check_pack_chunks", "check_scheduler", "check_greedy_outputs", "check_static_batching", "check_metrics",
+           "check_continuous_speedup", "check_q1_continuous_vs_static", "check_q2_compute_bound_batch",
+           "check_q3_kv_memory", "check_continuous_speedup_gpu", "GPU_SPEED_CHECK", "SMALL_CONFIG", "NEAR_TIE",
+           "SPEED_MIN_FRACTION", "drive", "scheduler_invariants", "metrics_cases", "own_scheduler",
+           "learner_scheduling", "construct", "SCHEDULER"]

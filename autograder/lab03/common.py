@@ -1,0 +1,83 @@
+"""What the lab 03 checks share: the small model, seeded tokens and requests, the driver's fake tokens, and the
+refusal of the reference scheduler (own_scheduler, learner_scheduling, construct)."""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any, Hashable
+
+import torch
+
+from autograder.reference_guard import no_calls_into, own_work
+from minigpt.cache.block_manager import BlockManager
+from minigpt.config import ModelConfig
+from minigpt.engine.baselines import StaticBatchScheduler
+from minigpt.engine.prefix_scheduler import PrefixCachingScheduler
+from minigpt.engine.request import Request
+from minigpt.engine.scheduler import Scheduler, SchedulerConfig
+from minigpt.model import GPT
+
+SMALL_CONFIG = ModelConfig(vocab_size=256, max_seq_len=96, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128)
+NEAR_TIE = 1e-3          # top-2 logit gap below which batched float sums may flip the greedy choice
+# The learner's continuous scheduler must save at least this fraction of the reference's step reduction over
+# static batching (a deterministic count: no timing noise). The reference needs about 2.6x fewer steps (145 vs 56) on
+# the skewed workload below; a scheduler that only refills when the batch empties gets 1x.
+SPEED_MIN_FRACTION = 0.8
+# GPU tier: wall time, threshold calibrated per GPU class by `make calibrate` (autograder/calibrate.py) between the
+# reference's ratio and that of a scheduler that refills only when the batch empties (static batching in disguise).
+GPU_SPEED_CHECK = "lab03_continuous_speedup_gpu"
+
+
+def _model(seed: int = 0, config: ModelConfig = SMALL_CONFIG, scale: float = 6.0) -> GPT:
+    """A small random model whose matrices are scaled (x6 by default): at the usual init a random model repeats its
+    last token whatever the context, so a wrong position or an attended padding token would go unnoticed."""
+    torch.manual_seed(seed)
+    model = GPT(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 2:
+                p.mul_(scale)
+    return model
+
+
+def _rand_tokens(n: int, g: torch.Generator, vocab: int = 255) -> list[int]:
+    return torch.randint(0, vocab, (n,), generator=g).tolist()
+
+
+SCHEDULER = "Exercise 2 (the scheduler)"
+# The reference's scheduling code: a learner's schedule() may use the helpers the exercise names (_reserve,
+# _preempt, _blocks_for) but not the reference's schedule() or its admission (_admit), nor another scheduler's.
+_SCHEDULING_CODE = (Scheduler.schedule, Scheduler._admit, PrefixCachingScheduler._admit, StaticBatchScheduler.schedule)
+
+
+def own_scheduler(scheduler_cls: type) -> None:
+    """Refuse the reference scheduler, or a subclass that inherits schedule() from it."""
+    own_work(scheduler_cls, (Scheduler, PrefixCachingScheduler, StaticBatchScheduler), what=SCHEDULER,
+             methods=("schedule",))
+
+
+def learner_scheduling() -> Any:
+    """A context in which entering the reference's scheduling code fails the check (super().schedule(), ...)."""
+    return no_calls_into(*_SCHEDULING_CODE, what=SCHEDULER)
+
+
+def construct(scheduler_cls: type, manager: BlockManager, config: SchedulerConfig, max_model_len: int, *,
+              guard: bool = True) -> Any:
+    """scheduler_cls(manager, config, max_model_len=...), refusing the reference first (unless guard=False)."""
+    if guard:
+        own_scheduler(scheduler_cls)
+    try:
+        return scheduler_cls(manager, config, max_model_len=max_model_len)
+    except NotImplementedError:
+        raise AssertionError("the scheduler is not implemented yet (NotImplementedError)") from None
+
+
+def _fake_token(seq_id: Hashable, index: int) -> int:
+    """A fixed function of (id, index), the same in every process (Python's hash() of a str is salted)."""
+    return 2 + zlib.crc32(repr((seq_id, index)).encode()) % 50
+
+
+def _request(rid: Hashable, prompt_len: int, new: int, g: torch.Generator) -> Request:
+    return Request(rid, _rand_tokens(prompt_len, g), new, stop_token_ids=())
+
+

@@ -1,0 +1,62 @@
+"""Exercise 4: TTFT, TPOT, inter-token latencies, E2E and goodput on hand-made timelines."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from autograder.harness import call_learner
+from autograder.reference_guard import no_calls_into, own_work
+from minigpt.engine.metrics import goodput, request_metrics
+
+
+class _Timeline:
+    def __init__(self, rid: str, arrival: float, times: list[float], finish: float | None = None) -> None:
+        self.seq_id, self.arrival_time, self.token_times = rid, arrival, times
+        self.first_token_time, self.finish_time = times[0], finish if finish is not None else times[-1]
+
+
+def check_metrics(request_metrics_fn: Callable, goodput_fn: Callable) -> None:
+    """TTFT, TPOT, ITLs, E2E (to the finish time, which may come after the last token) and goodput on hand-made
+    timelines; goodput of no requests is 0."""
+    what = "Exercise 4 (metrics)"
+    own_work(request_metrics_fn, request_metrics, what=what)
+    own_work(goodput_fn, goodput, what=what)
+    with no_calls_into(request_metrics, goodput, what=what):
+        metrics_cases(request_metrics_fn, goodput_fn)
+
+
+def metrics_cases(request_metrics_fn: Callable, goodput_fn: Callable) -> None:
+    """The cases of check_metrics without the refusal of the reference (the package's tests run it on the reference)."""
+    a = _Timeline("a", 1.0, [1.5, 1.6, 1.8, 2.1])
+    b = _Timeline("b", 0.0, [0.2])
+    c = _Timeline("c", 0.5, [3.5, 3.55, 3.6], finish=3.7)
+    got = call_learner("request_metrics", request_metrics_fn, a)
+    for name, want in {"ttft": 0.5, "tpot": 0.2, "e2e": 1.1, "num_output_tokens": 4}.items():
+        val = getattr(got, name, None)
+        if not isinstance(val, (int, float)) or not math.isclose(val, want, rel_tol=1e-9, abs_tol=1e-12):
+            hint = {"tpot": " TPOT = (last token time - first token time) / (n - 1): the first token is TTFT's.",
+                    "ttft": " TTFT counts from the ARRIVAL (queueing included)."}.get(name, "")
+            raise AssertionError(f"tokens at 1.5, 1.6, 1.8, 2.1 s for a request arriving at 1.0 s: {name} should be "
+                                 f"{want}, got {val!r}.{hint}")
+    itls = [round(x, 9) for x in getattr(got, "itls", ())]
+    if itls != [0.1, 0.2, 0.3]:
+        raise AssertionError(f"inter-token latencies should be [0.1, 0.2, 0.3], got {list(getattr(got, 'itls', ()))}")
+    one = call_learner("request_metrics", request_metrics_fn, b)
+    if getattr(one, "tpot", None) != 0.0:
+        raise AssertionError(f"a one-token output has TPOT 0 (no gap between tokens), got {getattr(one, 'tpot', None)!r}")
+    late = call_learner("request_metrics", request_metrics_fn, c)
+    if not isinstance(getattr(late, "e2e", None), (int, float)) or not math.isclose(late.e2e, 3.2, rel_tol=1e-9):
+        raise AssertionError(f"a request arriving at 0.5 s whose last token comes at 3.6 s and that finishes at 3.7 s "
+                             f"has E2E 3.2 s, got {getattr(late, 'e2e', None)!r}: E2E runs from the arrival to the "
+                             "FINISH time (seq.finish_time), not to the last token")
+    ms = [got, one, late]        # TTFT 0.5 / 0.2 / 3.0, TPOT 0.2 / 0 / 0.05
+    for (ttft, tpot), want in {(1.0, 0.1): 1 / 3, (0.5, 0.25): 2 / 3, (5.0, 0.3): 1.0, (0.1, 1.0): 0.0}.items():
+        val = call_learner("goodput", goodput_fn, ms, ttft, tpot)
+        if not isinstance(val, (int, float)) or not math.isclose(val, want, rel_tol=1e-9):
+            raise AssertionError(f"goodput with TTFT <= {ttft} s and TPOT <= {tpot} s over requests with (TTFT, TPOT) = "
+                                 f"(0.5, 0.2), (0.2, 0), (3.0, 0.05) should be {want:.4g}, got {val!r}: a request counts "
+                                 "only if it meets BOTH limits (<=), as a share of all requests")
+    empty = call_learner("goodput of no requests", goodput_fn, [], 1.0, 1.0)
+    if empty != 0:
+        raise AssertionError(f"goodput of an empty list of requests should be 0, got {empty!r}")

@@ -1,0 +1,109 @@
+"""Exercises 2 and 3 on a model: greedy outputs of continuous batching and of static batching equal generating alone."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from autograder.harness import call_learner, quiet
+from autograder.lab03.common import NEAR_TIE, SMALL_CONFIG, _model, _rand_tokens, construct
+from autograder.lab03.packing import refuse_thin_pack
+from autograder.lab03.scheduler import refuse_thin_wrapper
+from autograder.reference_guard import no_calls_into, own_work
+from minigpt.cache.paged import PagedKVCache
+from minigpt.engine.baselines import StaticBatchScheduler, static_generate
+from minigpt.engine.cached_generation import generate_kv_cache
+from minigpt.engine.packed_batch import pack_chunks
+from minigpt.engine.request import Request
+from minigpt.engine.runner import ModelRunner
+from minigpt.engine.scheduler import Scheduler, SchedulerConfig
+from minigpt.engine.serving_loop import serve
+from minigpt.model import GPT
+from minigpt.timing import fixed_threads
+
+
+def _first_real_divergence(model: GPT, req: Request, got: list[int], want: list[int]) -> str | None:
+    """None if got == want up to a near-tie; else a description of the first real divergence."""
+    for i, (a, b) in enumerate(zip(got, want)):
+        if a != b:
+            ids = torch.tensor([list(req.prompt) + want[:i]])
+            with torch.inference_mode():
+                top = model(ids)[0, -1].float().topk(2).values
+            if (top[0] - top[1]).item() < NEAR_TIE:
+                return None
+            return f"token {i}: got {a}, alone it is {b} (top-2 logit gap {(top[0] - top[1]).item():.3g}, not a near-tie)"
+    if len(got) != len(want):
+        return f"{len(got)} tokens, alone it makes {len(want)}"
+    return None
+
+
+def check_greedy_outputs(scheduler_cls: type = Scheduler, pack_fn: Callable | None = None) -> None:
+    """Serve seeded workloads (chunked prefill; a pool small enough to force preemption) with the learner's scheduler
+    (and packing function) on a small random model: each greedy output must equal generate_kv_cache alone."""
+    import minigpt.engine.runner as runner_mod
+
+    refuse_thin_wrapper(scheduler_cls)         # a cheap probe: profiling the model run would double its cost
+    if pack_fn is not None:
+        own_work(pack_fn, pack_chunks, what="Exercise 1 (pack_chunks)")
+        refuse_thin_pack(pack_fn)
+    model = _model()
+    g = torch.Generator().manual_seed(11)
+    reqs = [Request(i, _rand_tokens(int(torch.randint(2, 40, (1,), generator=g)), g),
+                    int(torch.randint(1, 24, (1,), generator=g)), arrival_time=0.0, stop_token_ids=())
+            for i in range(10)]
+    with fixed_threads(1):
+        want = {r.request_id: generate_kv_cache(model, list(r.prompt), r.max_new_tokens, stop_token_ids=()).tokens
+                for r in reqs}
+    saved = runner_mod.pack_chunks
+    if pack_fn is not None:
+        runner_mod.pack_chunks = pack_fn
+    try:
+        with fixed_threads(1):         # tiny matmuls: one thread is fastest and robust on a busy machine
+            for num_blocks, budget, layout in [(64, 12, "packed"), (16, 16, "packed"), (16, 12, "padded")]:
+                what = f"10 requests, {num_blocks} blocks of 4 tokens, budget {budget} tokens/step, {layout} layout"
+                cache = PagedKVCache.for_model(model, num_blocks, 4)
+                sch = construct(scheduler_cls, cache.manager, SchedulerConfig(4, budget), SMALL_CONFIG.max_seq_len)
+                with quiet():
+                    res = call_learner(what, serve, reqs, sch, ModelRunner(model, cache, layout).execute)
+                for seq in res.sequences:
+                    bad = _first_real_divergence(model, seq.request, list(seq.output_tokens), want[seq.seq_id])
+                    if bad:
+                        raise AssertionError(f"{what}: request {seq.seq_id} (prompt {len(seq.prompt)} tokens, preempted "
+                                             f"{seq.num_preemptions}x) differs from generating it alone at {bad}. Check "
+                                             "chunk positions, that preemption keeps the output, and the KV slots.")
+    finally:
+        runner_mod.pack_chunks = saved
+
+
+def check_static_batching(static_fn: Callable) -> None:
+    """static_fn(model, prompts, max_new_tokens, batch_size) -> list of token lists (stop tokens disabled): each must
+    equal generate_kv_cache on that prompt alone; prompts of very different lengths share a batch. The method: the
+    model runs each group of batch_size prompts together (at most batch_size rows per call, 9 + 7 calls for groups
+    whose longest answers are 9 and 7 tokens), not one prompt at a time."""
+    what = "Exercise 3 (static batching)"
+    own_work(static_fn, static_generate, what=what)
+    model = _model(1)
+    g = torch.Generator().manual_seed(12)
+    prompts = [_rand_tokens(n, g) for n in (3, 17, 9, 30, 5)]
+    new = [6, 2, 9, 4, 7]
+    rows: list[int] = []
+    hook = model.tok_emb.register_forward_pre_hook(lambda module, args: rows.append(int(args[0].shape[0])))
+    try:
+        with fixed_threads(1), no_calls_into(static_generate, StaticBatchScheduler, what=what):
+            got = call_learner("static batching", static_fn, model, prompts, new, 3)
+    finally:
+        hook.remove()
+    if not isinstance(got, (list, tuple)) or len(got) != len(prompts):
+        raise AssertionError(f"static batching should return {len(prompts)} token lists, got {got!r:.200}")
+    for i, (p, n) in enumerate(zip(prompts, new)):
+        want = generate_kv_cache(model, p, n, stop_token_ids=()).tokens
+        bad = _first_real_divergence(model, Request(i, p, n), list(got[i]), want)
+        if bad:
+            raise AssertionError(f"prompt {i} ({len(p)} tokens, batched with prompts of {[len(q) for q in prompts]} "
+                                 f"tokens): {bad}. Padding must never be attended to (or written to the cache).")
+    if max(rows, default=0) > 3 or max(rows, default=0) < 2 or len(rows) != 9 + 7:
+        raise AssertionError(f"the model ran {len(rows)} times with batches of {sorted(set(rows))} rows; static batching "
+                             "in groups of 3 runs each group together until its longest answer ends: 9 + 7 = 16 calls "
+                             "with up to 3 rows (one prefill and the decode steps). Generating each prompt alone "
+                             "(or all at once) is not static batching.")

@@ -1,0 +1,62 @@
+"""Exercise 4: GPTQ, error propagation through the Cholesky factor of H^-1, lazy blocks."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from autograder.lab05.common import _GPTQ, _call
+from autograder.reference_guard import own_work
+from minigpt.quant.formats import dequantize, quantize
+from minigpt.quant.gptq import gptq_quantize, hessian
+
+
+def _output_error(w_hat: torch.Tensor, w: torch.Tensor, H: torch.Tensor) -> float:
+    d = (w_hat.double() - w.double())
+    return torch.einsum("oi,ij,oj->", d, H.double(), d).item() / w.shape[0]
+
+
+def check_gptq(fn: Callable) -> None:
+    """fn(w (out, in), H (in, in), bits, group_size, block_size) -> (q (out, in) ints, scale (out, in / group_size)),
+    symmetric codes: w_hat = q * scale per group. Checked on the Hessian of correlated inputs with outlier channels
+    and a dead channel."""
+    own_work(fn, _GPTQ, what="Exercise 4 (gptq)")
+    g = torch.Generator().manual_seed(0)
+    n, d_in, d_out, group = 512, 64, 24, 16
+    mix = torch.randn(d_in, d_in, generator=g) / d_in ** 0.5 + torch.eye(d_in)
+    x = torch.randn(n, d_in, generator=g) @ mix
+    x[:, :3] *= 8
+    x[:, 40] = 0                                    # a dead input channel: H[40, 40] = 0 (the damping keeps H invertible)
+    H = hessian(x).float()
+    w = torch.randn(d_out, d_in, generator=g)
+    ref = gptq_quantize(w, H, 4, group, block_size=16)
+    err_ref = _output_error(dequantize(ref), w, H)
+    rtn = quantize(w, 4, group_size=group)
+    err_rtn = _output_error(dequantize(rtn), w, H)
+    results = {}
+    for block in (16, 64):
+        what = f"gptq(w {tuple(w.shape)}, H, bits=4, group_size={group}, block_size={block})"
+        out = _call(_GPTQ, "Exercise 4 (gptq)", what, fn, w.clone(), H.clone(), 4, group, block)
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise AssertionError(f"{what} must return (q, scale)")
+        q, scale = out
+        if tuple(q.shape) != tuple(w.shape) or tuple(scale.shape) != (d_out, d_in // group):
+            raise AssertionError(f"{what}: expected q {tuple(w.shape)} and scale {(d_out, d_in // group)}, got "
+                                 f"{tuple(q.shape)} and {tuple(scale.shape)}")
+        if int(q.min()) < -7 or int(q.max()) > 7:
+            raise AssertionError(f"{what}: 4-bit symmetric codes must lie in [-7, 7], got [{int(q.min())}, {int(q.max())}]")
+        w_hat = (q.float().view(d_out, -1, group) * scale.float()[..., None]).view(d_out, d_in)
+        err = _output_error(w_hat, w, H)
+        results[block] = w_hat
+        if abs(err - err_rtn) <= 1e-6 * err_rtn or torch.equal(q.to(torch.int16), rtn.q.to(torch.int16)):
+            raise AssertionError(f"{what}: your codes are plain round-to-nearest (output error {err:.4g}, the same as RTN). "
+                                 "After quantizing column i, spread its error err = (w_i - q_i) / U[i, i] over the "
+                                 "remaining columns: w[:, j] -= err * U[i, j] for j > i (U = cholesky(H^-1), upper).")
+        if err > 1.05 * err_ref:
+            raise AssertionError(f"{what}: output error tr(dW H dW^T)/out = {err:.4g}; GPTQ reaches {err_ref:.4g} and "
+                                 f"round-to-nearest {err_rtn:.4g}. Check the damping (1% of mean diag H), the upper "
+                                 "Cholesky factor of H^-1, and that group scales come from the already-updated weights.")
+    if not torch.allclose(results[16], results[64], atol=1e-4 * w.abs().max().item()):
+        raise AssertionError("block_size=16 and block_size=64 give different weights: the lazy block update is only a "
+                             "reordering of the same arithmetic. After each block apply W[:, end:] -= Err @ U[start:end, end:].")

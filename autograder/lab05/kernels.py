@@ -1,0 +1,134 @@
+"""Exercises 8 and 9: PyTorch's CPU INT4 kernel and the Triton dequantizing GEMV, with their speed checks."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from autograder.harness import call_learner, check_speedup, quiet
+from autograder.lab05.common import GEMV_SPEED_CHECKS, INT4_CPU_SPEED_CHECK, _call, _randn
+from autograder.reference_guard import own_work
+from minigpt.quant.cpu_kernels import Int4WeightOnlyLinear
+from minigpt.quant.formats import quantize
+from minigpt.quant.linear import WeightOnlyLinear
+
+
+def _gemv_case(bits: int, N: int, K: int, group: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from minigpt.quant.formats import pack_int4
+    w, x = _randn(N, K, seed=seed), _randn(K, seed=seed + 1)
+    qt = quantize(w, bits, group_size=group)
+    return x, (pack_int4(qt.q) if bits == 4 else qt.q), qt.scale
+
+
+def check_dequant_gemv(fn: Callable) -> None:
+    """fn(x (K,), qweight, scale (N, K / group_size), bits, group_size) -> y (N,) = dequantized W @ x, with qweight
+    int8 (N, K) or uint8 (N, K / 2) packed low nibble first (minigpt.quant.formats.pack_int4)."""
+    from autograder.lab04 import count_triton_launches, own_kernels
+    from minigpt.kernels.dequant_gemv import dequant_gemv, dequant_gemv_reference
+    ex = "Exercise 9 (the dequantizing GEMV kernel)"
+    own_work(fn, (dequant_gemv, dequant_gemv_reference), what=ex)
+    for bits, N, K, group, seed in ((8, 20, 64, 32, 0), (4, 20, 64, 32, 1), (4, 33, 128, 64, 2)):
+        x, qw, scale = _gemv_case(bits, N, K, group, seed)
+        what = f"dequant_gemv(INT{bits}, N={N}, K={K}, group_size={group})"
+        with count_triton_launches() as launches:
+            y = _call((dequant_gemv, dequant_gemv_reference), ex, what, fn, x.clone(), qw.clone(), scale.clone(), bits,
+                      group)
+        if not launches[0]:
+            raise AssertionError(f"{what}: no Triton kernel was launched; write the GEMV as a @triton.jit kernel")
+        own_kernels(launches, ex)
+        want = dequant_gemv_reference(x, qw, scale, bits, group)
+        if not isinstance(y, torch.Tensor) or tuple(y.shape) != (N,):
+            raise AssertionError(f"{what}: expected y of shape ({N},), got "
+                                 f"{tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__}")
+        if not torch.allclose(y.float().cpu(), want, atol=1e-3, rtol=1e-3):
+            hint = ""
+            if bits == 4:
+                swapped = ((qw >> 4) | (qw << 4)).to(torch.uint8)
+                if torch.allclose(y.float().cpu(), dequant_gemv_reference(x, swapped, scale, bits, group), atol=1e-3, rtol=1e-3):
+                    hint = " The nibbles are swapped: column 2j is the LOW nibble (b & 15), 2j+1 the high one (b >> 4)."
+                else:
+                    hint = " Sign-extend each nibble ((n ^ 8) - 8) and multiply by the scale of group (column // group_size)."
+            err = (y.float().cpu() - want).abs().max().item()
+            raise AssertionError(f"{what}: differs from the dequantized product by up to {err:.3g}.{hint}")
+
+
+def check_int4_cpu_linear(make: Callable, *, K: int = 4096, N: int = 4096, group_size: int = 128,
+                          repeats: int = 5, allow_reference: bool = False) -> dict[str, float]:
+    """make(weight (N, K), group_size) -> f with f(x (1, K)) ~= x @ W_hat^T, W_hat the asymmetric INT4 weight
+    (per group scale and min), computed by PyTorch's CPU INT4 kernel. Correct values first, then the speedup
+    over an fp32 matmul must reach the calibrated fraction (INT4_CPU_SPEED_CHECK) of the reference's, timed in the same
+    run. `allow_reference=True` (make calibrate) lifts the refusal of the package's Int4WeightOnlyLinear."""
+    ex = "Exercise 8 (make_int4_linear)"
+    refs = () if allow_reference else (Int4WeightOnlyLinear, WeightOnlyLinear.from_weight, WeightOnlyLinear.forward)
+    if refs:
+        own_work(make, refs, what=ex)
+    w = _randn(192, 256, seed=0) * 0.05
+    x = _randn(3, 256, seed=1)
+    f = _call(refs, ex, "make_int4_linear(w (192, 256), 64)", make, w.clone(), 64)
+    y = _call(refs, ex, "the INT4 linear on x (3, 256)", f, x.clone())
+    wg = w.view(192, -1, 64)
+    lo, hi = wg.amin(-1, keepdim=True), wg.amax(-1, keepdim=True)
+    s = (hi - lo) / 15
+    w_hat = (torch.round((wg - lo) / s).clamp(0, 15) * s + lo).view(192, 256)
+    want, exact = x @ w_hat.T, x @ w.T
+    if not isinstance(y, torch.Tensor) or tuple(y.shape) != (3, 192):
+        raise AssertionError(f"the INT4 linear must return (3, 192) for x (3, 256), got "
+                             f"{tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__}")
+    rel = ((y.float() - want).norm() / want.norm()).item()
+    if rel > 0.01:
+        hint = (" Your output matches the full-precision weight, not its INT4 version: quantize it."
+                if ((y.float() - exact).norm() / exact.norm()).item() < 0.01 else
+                " The kernel computes (q - 8) * scale + zero per group, so pass zero = min + 8 * scale, "
+                "and scales_and_zeros as (n_groups, N, 2) in bf16.")
+        raise AssertionError(f"the INT4 linear differs from x @ W_hat^T by {rel:.3g} (relative).{hint}")
+    W = _randn(N, K, seed=2) * 0.02
+    xb = _randn(1, K, seed=3)
+    with quiet():
+        learner = make(W, group_size)
+        reference = Int4WeightOnlyLinear(W, group_size)
+    return check_speedup(lambda: learner(xb), lambda: F.linear(xb, W), lambda: reference(xb),
+                         what=f"INT4 GEMV {N}x{K} against fp32", check=INT4_CPU_SPEED_CHECK, repeats=repeats)
+
+
+def check_gemv_speed(fn: Callable, *, N: int = 8192, K: int = 8192, group_size: int = 128, bits: tuple[int, ...] = (8, 4),
+                     device: str = "cuda", rounds: int = 5) -> dict[str, Any]:
+    """GPU tier: fn as in check_dequant_gemv, INT8 and INT4 at 8192 x 8192, batch 1, against a bf16 matmul, timed in
+    interleaved rounds with the reference kernel; each width's speedup must reach its calibrated fraction
+    (GEMV_SPEED_CHECKS) of the reference's. `device="cpu"` (float32, small N, K) runs the same code in the
+    interpreter, for tests."""
+    from autograder.thresholds import threshold
+    from minigpt.kernels.dequant_gemv import dequant_gemv
+    from minigpt.timing import bench_interleaved, device_class
+
+    fractions = {b: threshold(GEMV_SPEED_CHECKS[b], device_class(device)) for b in bits}
+    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    out: dict[str, Any] = {}
+    for b in bits:
+        x, qw, scale = _gemv_case(b, N, K, group_size, 0)
+        x, qw, scale = x.to(device, dtype), qw.to(device), scale.to(device)
+        w_dense = _randn(N, K, seed=5).to(device, dtype)
+        with quiet():
+            want = dequant_gemv(x, qw, scale, b, group_size).float()
+            got = call_learner(f"your INT{b} GEMV at {N}x{K}", fn, x, qw, scale, b, group_size)
+        if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+            raise AssertionError(f"INT{b} GEMV at {N}x{K}: expected y of shape ({N},), got {getattr(got, 'shape', got)!r}")
+        if not torch.allclose(got.float(), want, atol=1e-1, rtol=2e-2):
+            raise AssertionError(f"INT{b} GEMV at {N}x{K}: differs from the reference kernel by "
+                                 f"{(got.float() - want).abs().max().item():.3g}")
+        with quiet():
+            times = bench_interleaved({"dense": lambda: torch.matmul(w_dense, x),
+                                       "learner": lambda: fn(x, qw, scale, b, group_size),
+                                       "reference": lambda: dequant_gemv(x, qw, scale, b, group_size)},
+                                      rounds=rounds, device=device)
+        speed, ref = times["dense"] / times["learner"], times["dense"] / times["reference"]
+        need = fractions[b] * ref
+        weight_bytes = qw.nbytes + scale.nbytes
+        out[f"int{b}"] = {"speedup": speed, "reference_speedup": ref, "threshold": need,
+                          "GB/s": weight_bytes / times["learner"] / 1e9}
+        if speed < need:
+            raise AssertionError(f"INT{b} GEMV: {speed:.2f}x over a {str(dtype)[6:]} matmul, the reference reaches "
+                                 f"{ref:.2f}x; at least {need:.2f}x is needed. Dequantize in registers on the way to "
+                                 "the multiply: never write a dequantized copy of W to memory.")
+    return out
