@@ -23,6 +23,7 @@ Each result goes to autograder/calibration/<check>.<device class>.json with the 
 from __future__ import annotations
 
 import datetime
+import importlib.metadata
 import json
 import math
 import os
@@ -240,10 +241,9 @@ def versions(device: str) -> dict[str, Any]:
 
     out: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
                            "cuda": torch.version.cuda, "cpu_count": os.cpu_count()}
-    try:
-        import triton
-        out["triton"] = triton.__version__
-    except ImportError:
+    try:        # the installed version, without importing triton (an import before minigpt.kernels decides
+        out["triton"] = importlib.metadata.version("triton")      # TRITON_INTERPRET would fix it to "compile")
+    except importlib.metadata.PackageNotFoundError:
         out["triton"] = None
     if device == "cuda":
         out["driver"] = _driver_version()

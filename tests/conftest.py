@@ -7,6 +7,11 @@ from pathlib import Path
 
 import pytest
 
+# Before anything imports triton: on a machine without a GPU, minigpt.kernels sets TRITON_INTERPRET=1, which
+# triton reads when its language module is built. A test that imported triton first would leave the interpreter
+# unable to call triton.language's own jit functions (tl.cdiv) in every later test of that worker.
+import minigpt.kernels  # noqa: E402,F401
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURE_COURSE = REPO_ROOT / "tests" / "fixtures" / "course"
 
