@@ -28,12 +28,14 @@ import torch
 from torch import Tensor, nn
 
 from autograder.harness import call_learner, check_answer, check_speedup, quiet
+from autograder.reference_guard import no_calls_into, own_work
 from minigpt.cache.contiguous import KVCache
+from minigpt.cache.rollback import truncate_cache
 from minigpt.checkpoint import load_model
 from minigpt.config import ModelConfig
 from minigpt.engine.cached_generation import generate_kv_cache
 from minigpt.engine.ngram_draft import ngram_propose
-from minigpt.engine.speculative import generate_speculative, sampling_probs
+from minigpt.engine.speculative import generate_speculative, sampling_probs, verify_draft
 from minigpt.generate import Generation
 from minigpt.model import GPT
 from minigpt.sampling import SamplingParams
@@ -52,7 +54,9 @@ SIGNIFICANCE = 1e-3          # reject "same distribution" when the p-value is be
 VERIFY_SAMPLES = 1500        # emulated sequences for check_verify_draft's test
 ENGINE_SAMPLES = 1000        # generate_speculative calls for the end-to-end test
 TOY_VOCAB = 6
-TOY_SAMPLING = SamplingParams(temperature=0.4, top_k=4)     # far from T = 1: a temperature bug shows
+# Far from T = 1 (a temperature bug shows) and a top-k that drops 27% of the target's mass after the prompt's last
+# token (a target distribution that ignores top-k shows; top_k=4 at T = 0.4 dropped 0.0%).
+TOY_SAMPLING = SamplingParams(temperature=3.0, top_k=3)
 
 # The learner's speedup over generate_kv_cache must reach a fraction of the reference's speedup measured in the same
 # run, calibrated per device class by `make calibrate` (autograder/calibrate.py) between the reference's ratio and that
@@ -67,6 +71,13 @@ SPEED_CHECK = "lab06_speculative_speedup"
 def check_truncate_cache(truncate_fn: Callable) -> None:
     """truncate_fn(cache: KVCache, length) keeps positions [0, length) in every layer; the next write lands at
     `length`; a length outside [0, cache.length] raises ValueError and changes nothing."""
+    what = "Exercise 1 (truncate_cache)"
+    own_work(truncate_fn, truncate_cache, what=what)
+    with no_calls_into(truncate_cache, what=what):
+        _check_truncate_cache(truncate_fn)
+
+
+def _check_truncate_cache(truncate_fn: Callable) -> None:
     cfg = ModelConfig(vocab_size=32, max_seq_len=16, d_model=16, n_layers=3, n_heads=2, n_kv_heads=1, d_ff=32)
     cache = KVCache.for_model(cfg)
     g = torch.Generator().manual_seed(0)
@@ -119,6 +130,21 @@ def check_truncate_cache(truncate_fn: Callable) -> None:
 
 def check_sampling_probs(probs_fn: Callable) -> None:
     """probs_fn(logits (N, V), sampling) -> the (N, V) float distribution sample_next draws from."""
+    what = "Exercise 2 (sampling_probs)"
+    own_work(probs_fn, sampling_probs, what=what)
+    _check_sampling_probs(_watched(probs_fn, (sampling_probs,), what))
+
+
+def _watched(fn: Callable, references: tuple, what: str) -> Callable:
+    """fn, refusing (ReferenceHandedIn) a call that enters the reference's code while fn runs (the check's own calls
+    of the reference, between the learner's calls, are not watched)."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with no_calls_into(*references, what=what):
+            return fn(*args, **kwargs)
+    return call
+
+
+def _check_sampling_probs(probs_fn: Callable) -> None:
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(4, 50, generator=g) * 3
     cases = [SamplingParams(), SamplingParams(temperature=1.0), SamplingParams(temperature=0.6),
@@ -185,11 +211,14 @@ def _chi2_report(res: ChiSquareResult, what: str) -> str:
     return f"{what}: chi-square {res.statistic:.1f} on {res.dof} degrees of freedom, p-value {res.p_value:.2g}, n = {res.n}"
 
 
-def _exact_two(table: Tensor, first: int, sampling: SamplingParams) -> tuple[Tensor, Tensor]:
-    """Exact target distributions of the first token and of the first two tokens after a context ending in `first`."""
+def _exact_three(table: Tensor, first: int, sampling: SamplingParams) -> tuple[Tensor, Tensor, Tensor]:
+    """Exact target distributions after a context ending in `first`: of the first token, of the first two tokens,
+    and of the second and third tokens (the third is a round's bonus token when both k = 2 drafts are accepted)."""
     P = sampling_probs(table, sampling)                 # (V, V): row a = p(. | last token a)
     p1 = P[first]
-    return p1, (p1[:, None] * P).flatten()             # joint p(x1) p(x2 | x1)
+    p12 = p1[:, None] * P                               # joint p(x1) p(x2 | x1)
+    p2 = p12.sum(0)
+    return p1, p12.flatten(), (p2[:, None] * P).flatten()      # p(x2) p(x3 | x2)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -197,9 +226,10 @@ def _exact_two(table: Tensor, first: int, sampling: SamplingParams) -> tuple[Ten
 # ---------------------------------------------------------------------------------------------------
 
 def verify_distribution_test(verify_fn: Callable, n: int = VERIFY_SAMPLES, k: int = 2, seed: int = 0
-                             ) -> tuple[ChiSquareResult, ChiSquareResult]:
+                             ) -> tuple[ChiSquareResult, ChiSquareResult, ChiSquareResult]:
     """Emulate speculative sampling on the bigram toy with verify_fn as the accept/resample rule, n times, and
-    test the first emitted token and the first two against the target's exact distribution."""
+    test the first emitted token, the first two, and the second and third (the first round's bonus token when
+    both drafts are accepted) against the target's exact distribution."""
     t_table, d_table = _toy_tables(seed)
     s = SamplingParams(temperature=1.0)
     P, Q = sampling_probs(t_table, s), sampling_probs(d_table, s)
@@ -208,9 +238,10 @@ def verify_distribution_test(verify_fn: Callable, n: int = VERIFY_SAMPLES, k: in
     g = torch.Generator().manual_seed(1000 + seed)
     first = torch.zeros(V, dtype=torch.long)
     pairs = torch.zeros(V * V, dtype=torch.long)
+    later = torch.zeros(V * V, dtype=torch.long)
     for _ in range(n):
         context = [start]
-        while len(context) < 3:
+        while len(context) < 4:
             last = context[-1]
             drafted, q_rows = [], []
             for _ in range(k):
@@ -229,18 +260,51 @@ def verify_distribution_test(verify_fn: Callable, n: int = VERIFY_SAMPLES, k: in
             context += emitted
         first[context[1]] += 1
         pairs[context[1] * V + context[2]] += 1
-    p1, p12 = _exact_two(t_table, start, s)
-    return chi_square_test(first, p1), chi_square_test(pairs, p12)
+        later[context[2] * V + context[3]] += 1
+    p1, p12, p23 = _exact_three(t_table, start, s)
+    return chi_square_test(first, p1), chi_square_test(pairs, p12), chi_square_test(later, p23)
 
 
 def check_verify_draft(verify_fn: Callable) -> None:
     """verify_fn(draft_tokens (k ints), q (k, V), p (k + 1, V), generator) -> (emitted tokens, accept_probs (k,))."""
+    what = "Exercise 3 (verify_draft)"
+    own_work(verify_fn, verify_draft, what=what)
+    with no_calls_into(verify_draft, what=what):
+        _check_verify_draft(verify_fn)
+
+
+def _residual_hint(err: BaseException) -> str | None:
+    """torch's multinomial error on a negative or zero-sum row, as the mistake that causes it here."""
+    text = str(err)
+    if "probability tensor contains" in text or "invalid multinomial distribution" in text:
+        return ("verify_draft drew from a row that is not a distribution (torch: " + text.splitlines()[0][:120] + "). "
+                "At a rejection draw from the residual max(0, p - q), clipped at 0 (p - q alone has negative "
+                "entries), divided by its sum.")
+    return None
+
+
+def _verify_call(verify_fn: Callable, what: str, *args: Any) -> Any:
+    try:
+        with quiet():
+            return verify_fn(*args)
+    except NotImplementedError:
+        raise AssertionError("verify_draft is not implemented yet (NotImplementedError)") from None
+    except AssertionError:
+        raise
+    except Exception as err:
+        hint = _residual_hint(err)
+        if hint is None:
+            raise AssertionError(f"{what} raised {type(err).__name__}: {str(err)[:300]}") from None
+        raise AssertionError(f"{what}: {hint}") from None
+
+
+def _check_verify_draft(verify_fn: Callable) -> None:
     g = torch.Generator().manual_seed(5)
     # 1. p == q: every draft is accepted, and a bonus token follows.
     V, k = 7, 3
     probs = torch.softmax(torch.randn(k + 1, V, generator=g), -1)
     drafted = [int(torch.multinomial(probs[i], 1, generator=g)) for i in range(k)]
-    out = call_learner("verify_draft", verify_fn, drafted, probs[:k].clone(), probs.clone(), g)
+    out = _verify_call(verify_fn, "verify_draft", drafted, probs[:k].clone(), probs.clone(), g)
     if not (isinstance(out, tuple) and len(out) == 2):
         raise AssertionError(f"verify_draft must return a tuple (emitted_tokens, accept_probs), got {type(out).__name__}")
     emitted, accept = out
@@ -257,7 +321,7 @@ def check_verify_draft(verify_fn: Callable) -> None:
     # 2. accept_probs = min(1, p/q): clipped.
     q = torch.tensor([[0.1, 0.6, 0.3], [0.5, 0.25, 0.25]])
     p = torch.tensor([[0.4, 0.3, 0.3], [0.2, 0.6, 0.2], [0.3, 0.3, 0.4]])
-    _, accept = call_learner("verify_draft", verify_fn, [0, 1], q.clone(), p.clone(), torch.Generator().manual_seed(0))
+    _, accept = _verify_call(verify_fn, "verify_draft", [0, 1], q.clone(), p.clone(), torch.Generator().manual_seed(0))
     accept = torch.as_tensor(accept, dtype=torch.float32).flatten().tolist()
     want = [1.0, 1.0]
     if len(accept) != 2 or any(abs(a - b) > 1e-6 for a, b in zip(accept, want)):
@@ -268,32 +332,51 @@ def check_verify_draft(verify_fn: Callable) -> None:
             hint = " You used q/p: the ratio is target over draft, p/q."
         raise AssertionError(f"draft tokens [0, 1] with p(t)/q(t) = 0.4/0.1 and 0.6/0.25: accept_probs should be "
                              f"min(1, p/q) = {want}, got {accept}.{hint}")
-    _, accept = call_learner("verify_draft", verify_fn, [1, 0], q.clone(), p.clone(), torch.Generator().manual_seed(0))
+    _, accept = _verify_call(verify_fn, "verify_draft", [1, 0], q.clone(), p.clone(), torch.Generator().manual_seed(0))
     accept = torch.as_tensor(accept, dtype=torch.float32).flatten().tolist()
     want = [0.5, 0.4]
     if len(accept) != 2 or any(abs(a - b) > 1e-6 for a, b in zip(accept, want)):
         raise AssertionError(f"draft tokens [1, 0] with p/q = 0.3/0.6 and 0.2/0.5: accept_probs should be {want}, got {accept}")
     # 3. Greedy: one-hot p and q.
     eye = torch.eye(5)
-    out = call_learner("verify_draft", verify_fn, [1, 2, 3], eye[[1, 2, 3]], eye[[1, 4, 0, 0]], torch.Generator().manual_seed(0))
+    out = _verify_call(verify_fn, "verify_draft", [1, 2, 3], eye[[1, 2, 3]], eye[[1, 4, 0, 0]], torch.Generator().manual_seed(0))
     if [int(t) for t in out[0]] != [1, 4]:
         raise AssertionError(f"greedy (one-hot p and q): drafts [1, 2, 3], target argmaxes [1, 4, 0, 0]: the first draft "
                              f"matches, the second does not and is replaced by the target's argmax 4, so [1, 4] is emitted; "
                              f"got {[int(t) for t in out[0]]}")
     # 4. k = 0: one token from p[0].
-    out = call_learner("verify_draft with no drafts", verify_fn, [], torch.zeros(0, 5), eye[[3]], torch.Generator().manual_seed(0))
+    out = _verify_call(verify_fn, "verify_draft with no drafts", [], torch.zeros(0, 5), eye[[3]], torch.Generator().manual_seed(0))
     if [int(t) for t in out[0]] != [3]:
         raise AssertionError(f"with no draft tokens verify_draft should return one token drawn from p[0] (here one-hot on "
                              f"3), got {out[0]}")
-    # 5. The distribution.
-    r1, r2 = call_learner("verify_draft", verify_distribution_test, verify_fn, context="in the distribution test")
-    for res, what in ((r1, "first emitted token"), (r2, "first two emitted tokens")):
+    # 5. The same generator state gives the same tokens (every draw from the generator passed in).
+    p_rows, q_rows = torch.full((3, 4), 0.25), torch.tensor([[0.7, 0.1, 0.1, 0.1], [0.1, 0.7, 0.1, 0.1]])
+    runs = [_verify_call(verify_fn, "verify_draft", [0, 1], q_rows.clone(), p_rows.clone(),
+                         torch.Generator().manual_seed(s)) for s in (11, 11)]
+    tokens = [[int(t) for t in out[0]] for out in runs]
+    if tokens[0] != tokens[1]:
+        raise AssertionError(f"verify_draft called twice with generators seeded alike gave {tokens[0]} and {tokens[1]}: draw "
+                             "every random number (the acceptance test and the residual sample) from the `generator` "
+                             "argument, e.g. torch.rand(1, generator=generator)")
+    # 6. The distribution.
+    r1, r2, r3 = call_learner("verify_draft", verify_distribution_test, _explained(verify_fn),
+                              context="in the distribution test")
+    for res, what in ((r1, "first emitted token"), (r2, "first two emitted tokens"),
+                      (r3, "second and third emitted tokens (the third is the bonus token when both drafts are accepted)")):
         if not res.p_value >= SIGNIFICANCE:
             raise AssertionError(
                 f"the {what} do not follow the target's distribution ({_chi2_report(res, what)}, below the significance "
                 f"{SIGNIFICANCE}). Accept t with probability min(1, p(t)/q(t)) (target over draft); at the first rejection "
                 "draw from the residual max(0, p - q) normalised to sum 1 (not from p); verify draft i with p[i], the "
-                "target's distribution at the SAME position.")
+                "target's distribution at the SAME position; draw the bonus token from p[k], the position after the "
+                "last draft.")
+
+
+def _explained(verify_fn: Callable) -> Callable:
+    """verify_fn, with torch's multinomial error on a bad residual turned into the mistake's name."""
+    def call(*args: Any) -> Any:
+        return _verify_call(verify_fn, "verify_draft (in the distribution test)", *args)
+    return call
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -364,14 +447,17 @@ def _gen(fn: Callable, what: str, *args: Any, **kwargs: Any) -> Generation:
 
 
 def engine_distribution_test(generate_fn: Callable, n: int = ENGINE_SAMPLES, k: int = 2, seed: int = 0,
-                             sampling: SamplingParams = TOY_SAMPLING) -> tuple[ChiSquareResult, ChiSquareResult]:
+                             sampling: SamplingParams = TOY_SAMPLING
+                             ) -> tuple[ChiSquareResult, ChiSquareResult, ChiSquareResult]:
     """n seeded runs of generate_fn(target, draft, prompt, 3, sampling, k=k) on the bigram toy pair: chi-square tests
-    of the first token and the first two tokens against the target's exact distribution."""
+    of the first token, the first two, and the second and third (the first round's bonus token when both drafts are
+    accepted) against the target's exact distribution."""
     target, draft = toy_pair(seed)
     prompt = [1, 4, 2]
     V = TOY_VOCAB
     first = torch.zeros(V, dtype=torch.long)
     pairs = torch.zeros(V * V, dtype=torch.long)
+    later = torch.zeros(V * V, dtype=torch.long)
     for i in range(n):
         s = SamplingParams(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, seed=seed * 100_000 + i)
         out = generate_fn(target, draft, list(prompt), 3, s, k=k, stop_token_ids=())   # 3: the first round drafts k = 2
@@ -379,16 +465,18 @@ def engine_distribution_test(generate_fn: Callable, n: int = ENGINE_SAMPLES, k: 
             raise AssertionError(f"asked for 3 new tokens (no stop token), got {len(out.tokens)}: {out.tokens}")
         first[out.tokens[0]] += 1
         pairs[out.tokens[0] * V + out.tokens[1]] += 1
-    p1, p12 = _exact_two(target.table, prompt[-1], sampling)
-    return chi_square_test(first, p1), chi_square_test(pairs, p12)
+        later[out.tokens[1] * V + out.tokens[2]] += 1
+    p1, p12, p23 = _exact_three(target.table, prompt[-1], sampling)
+    return chi_square_test(first, p1), chi_square_test(pairs, p12), chi_square_test(later, p23)
 
 
 def _tiny_pair() -> tuple[GPT, GPT]:
     """Two small random GPTs with peaked logits that agree on roughly 60% of greedy drafts."""
     cfg = ModelConfig(vocab_size=48, max_seq_len=128, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64,
                       tie_embeddings=False)
-    torch.manual_seed(0)
-    target = GPT(cfg).eval()
+    with torch.random.fork_rng(devices=[]):         # the global RNG is left as it was
+        torch.manual_seed(0)
+        target = GPT(cfg).eval()
     with torch.no_grad():
         target.lm_head.weight.mul_(30)
         draft = copy.deepcopy(target)
@@ -408,7 +496,9 @@ def check_generate_speculative(generate_fn: Callable, *, n_prompts: int = 4, new
     """generate_fn(target, draft, prompt, max_new_tokens, sampling, *, k, stop_token_ids, ...) -> Generation:
     greedy output equal to the target's on the trained pair; caches rolled back; a bonus token when every draft
     is accepted; stop tokens; and the output distribution (chi-square test on the bigram toy pair)."""
-    with fixed_threads(1):                  # small models: one thread is fast enough and immune to a busy machine
+    what = "Exercise 4 (generate_speculative)"
+    own_work(generate_fn, generate_speculative, what=what)
+    with fixed_threads(1), no_calls_into(generate_speculative, what=what):                  # small models: one thread is fast enough and immune to a busy machine
         _check_greedy_trained(generate_fn, n_prompts, new_tokens)
         _check_generate(generate_fn)
 
@@ -484,16 +574,26 @@ def _check_generate(generate_fn: Callable) -> None:
         raise AssertionError(f"greedy with stop_token_ids=({stop},): expected {want.tokens} ({want.finish_reason!r}), got "
                              f"{got.tokens} ({got.finish_reason!r}); feed every emitted token to minigpt.generate.StopRule "
                              "and stop at the first one that ends generation")
-    # 5. The distribution, end to end (sampling with temperature and top-k).
-    r1, r2 = call_learner("generate_speculative", engine_distribution_test, generate_fn,
-                          context="in the distribution test")
-    for res, what in ((r1, "first token"), (r2, "first two tokens")):
+    # 5. The same seed twice gives the same tokens; another seed other tokens.
+    params = SamplingParams(temperature=1.0, seed=7)
+    runs = [_gen(generate_fn, f"sampling with {p}", tiny_target, tiny_draft, [5, 9, 2, 7, 1], 20, p, k=3,
+                 stop_token_ids=()).tokens for p in (params, params)]
+    if runs[0] != runs[1]:
+        raise AssertionError(f"two runs with the same {params} gave different tokens ({runs[0][:8]}... and "
+                             f"{runs[1][:8]}...): draw every random number (drafts, acceptance, residual, bonus) from the "
+                             "generator made from sampling.seed (minigpt.sampling.make_generator), never the global RNG")
+    # 6. The distribution, end to end (sampling with temperature and top-k).
+    r1, r2, r3 = call_learner("generate_speculative", engine_distribution_test, generate_fn,
+                              context="in the distribution test")
+    for res, what in ((r1, "first token"), (r2, "first two tokens"),
+                      (r3, "second and third tokens (the third is the bonus token when both drafts are accepted)")):
         if not res.p_value >= SIGNIFICANCE:
             raise AssertionError(
                 f"sampling with {TOY_SAMPLING}: the {what} do not follow the target's distribution ({_chi2_report(res, what)}, "
                 f"below the significance {SIGNIFICANCE}). Apply the same temperature / top-k / top-p to the draft's logits "
                 "(the q in min(1, p/q) must be the distribution the draft token was drawn from) and to the target's; "
-                "verify draft i with the target logits at the position that predicts it.")
+                "verify draft i with the target logits at the position that predicts it; draw the bonus token from the "
+                "target's distribution after the last draft.")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -515,6 +615,9 @@ _NGRAM_CASES: list[tuple[list[int], int, int, str]] = [
 def check_ngram_propose(propose_fn: Callable) -> None:
     """propose_fn(context, k, max_n=3) -> up to k tokens that followed the most recent earlier occurrence of the
     longest suffix (n = max_n down to 1) of the context."""
+    what = "Exercise 5 (ngram_propose)"
+    own_work(propose_fn, ngram_propose, what=what)
+    propose_fn = _watched(propose_fn, (ngram_propose,), what)
     for context, k, max_n, why in _NGRAM_CASES:
         got = call_learner(f"ngram_propose({context}, k={k}, max_n={max_n})", propose_fn, list(context), k, max_n)
         want = ngram_propose(context, k, max_n)
@@ -529,6 +632,11 @@ def check_ngram_propose(propose_fn: Callable) -> None:
 
 def check_acceptance_stats(rate_fn: Callable, tokens_fn: Callable) -> None:
     """rate_fn(p, q) -> (...) acceptance probability sum_x min(p, q); tokens_fn(alpha, k) -> (1 - a^(k+1)) / (1 - a)."""
+    what = "Exercise 6 (acceptance_rate, expected_tokens_per_round)"
+    own_work(rate_fn, acceptance_rate, what=what)
+    own_work(tokens_fn, expected_tokens_per_round, what=what)
+    rate_fn = _watched(rate_fn, (acceptance_rate, expected_tokens_per_round), what)
+    tokens_fn = _watched(tokens_fn, (acceptance_rate, expected_tokens_per_round), what)
     g = torch.Generator().manual_seed(9)
     p = torch.softmax(torch.randn(5, 11, generator=g) * 2, -1)
     q = torch.softmax(torch.randn(5, 11, generator=g) * 2, -1)
@@ -571,12 +679,14 @@ def code_edit_prompts() -> list[list[int]]:
 def check_speculative_speedup(generate_fn: Callable, *, new_tokens: int = 24, k: int = 3, repeats: int = 5) -> dict[str, float]:
     """Greedy speculative generation with the trained draft must beat lab 01's generate_kv_cache by at least
     the calibrated fraction (SPEED_CHECK) of the reference's speedup, timed in this process."""
+    own_work(generate_fn, generate_speculative, what="the speed check (generate_speculative)")
     with quiet():
         target, draft = load_model("target"), load_model("draft")
     prompt = code_edit_prompts()[0]
     kw = {"stop_token_ids": ()}
     want = generate_kv_cache(target, prompt, new_tokens, **kw)
-    got = _gen(generate_fn, "speed check run", target, draft, list(prompt), new_tokens, SamplingParams(), k=k, **kw)
+    got = _gen(_watched(generate_fn, (generate_speculative,), "the speed check (generate_speculative)"),
+               "speed check run", target, draft, list(prompt), new_tokens, SamplingParams(), k=k, **kw)
     if got.tokens != want.tokens:
         raise AssertionError("your generator's greedy output differs from generate_kv_cache's, so its speed does not count; "
                              "pass check_generate_speculative first")
