@@ -61,6 +61,7 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
 from autograder.harness import call_learner, check_answer, quiet
+from autograder.reference_guard import no_calls_into, own_work
 from autograder.lab03 import NEAR_TIE, SMALL_CONFIG
 from autograder.lab03 import _model as lab03_model
 from minigpt.cache.paged import PagedKVCache
@@ -77,11 +78,13 @@ from minigpt.serving.async_engine import AsyncLLMEngine
 from minigpt.serving.client_metrics import RequestRecord, request_goodput
 from minigpt.serving.engine import EngineConfig, LLMEngine
 from minigpt.serving.launch import serve_in_thread
-from minigpt.serving.lora import LoRAAdapters, merge_adapter, with_lora
+from minigpt.serving.lora import LoRAAdapters, lora_delta, merge_adapter, with_lora
 from minigpt.serving.lora_bench import adapter_bytes
 from minigpt.serving.lora_runner import LoRAModelRunner
 from minigpt.serving.outputs import RequestOutput
 from minigpt.serving.replicas import read_metrics
+from minigpt.serving.routing import HashRing, prefix_key
+from minigpt.serving.routing import route as reference_route
 from minigpt.serving.streaming import sse_stream
 from minigpt.teaching.calculators import PRESETS, weight_bytes
 from minigpt.timing import fixed_threads
@@ -238,6 +241,31 @@ def _check_sse_unit(fn: Callable) -> None:
                              f"disconnected): the request must be aborted exactly once, got {len(aborts)} call(s). "
                              "A `try/finally` around the loop catches cancellation too.")
 
+    # 4. The engine fails in the middle of the stream: the client must not see a clean end.
+    aborts.clear()
+
+    async def failing_outputs() -> AsyncIterator[RequestOutput]:
+        yield _outputs(texts)[0]
+        raise RuntimeError("the engine failed mid-stream")
+
+    async def broken() -> tuple[list[str], BaseException | None]:
+        events: list[str] = []
+        try:
+            async for e in fn(failing_outputs(), _chunk, lambda: aborts.append(1)):
+                events.append(e)
+        except Exception as err:                  # what the server sees: the response ends without [DONE]
+            return events, err
+        return events, None
+    events, error = call_learner("sse_stream (the engine fails mid-stream)", run_sync, broken())
+    if error is None and events and events[-1] == "data: [DONE]\n\n":
+        raise AssertionError("the outputs iterator raised after the first output (the engine failed), and your stream "
+                             "still ended with 'data: [DONE]\\n\\n': the client takes a truncated text for a complete "
+                             "one. Let the error propagate (do not catch it), so the response ends without [DONE] and "
+                             "the client sees the failure.")
+    if aborts != [1]:
+        raise AssertionError(f"the engine failed mid-stream: the request must be aborted exactly once (its blocks "
+                             f"freed), got {len(aborts)} abort call(s); the `finally` covers errors too.")
+
 
 def _check_sse_server(fn: Callable) -> None:
     import openai
@@ -304,7 +332,9 @@ def _check_sse_server(fn: Callable) -> None:
 
 def check_sse_stream(sse_stream_fn: Callable) -> None:
     """The learner's `sse_stream(outputs, make_chunks, abort)`: scripted cases, then the server with the openai client."""
-    with quiet():
+    what = "Exercise 1 (sse_stream)"
+    own_work(sse_stream_fn, sse_stream, what=what)
+    with quiet(), no_calls_into(sse_stream, what=what):
         _check_sse_unit(sse_stream_fn)
         _check_sse_server(sse_stream_fn)
 
@@ -426,7 +456,9 @@ def _check_admission_server(fn: Callable) -> None:
 
 def check_admission(admitted_fn: Callable) -> None:
     """The learner's `admitted(slots, retry_after_s)`: scripted cases, then 429 + Retry-After through the server."""
-    with quiet():
+    what = "Exercise 2 (admitted)"
+    own_work(admitted_fn, admitted, what=what)
+    with quiet(), no_calls_into(admitted, what=what):
         _check_admission_unit(admitted_fn)
         _check_admission_server(admitted_fn)
 
@@ -499,6 +531,9 @@ def _goodput_mistakes(records: list[RequestRecord], ttft: float, tpot: float) ->
 
 def check_goodput(goodput_fn: Callable[[Sequence[RequestRecord], float, float], float]) -> None:
     """goodput_fn(records, ttft_limit, tpot_limit) equals the reference (requests/s) on hand-made benchmarks."""
+    what = "Exercise 3 (request_goodput)"
+    own_work(goodput_fn, request_goodput, what=what)
+    goodput_fn = _watched(goodput_fn, (request_goodput,), what)
     for what, (records, ttft, tpot) in goodput_cases().items():
         expected = request_goodput(records, ttft, tpot)
         shuffled = list(records)
@@ -517,6 +552,48 @@ def check_goodput(goodput_fn: Callable[[Sequence[RequestRecord], float, float], 
 # The routing function
 # ---------------------------------------------------------------------------------------------------
 
+def _watched(fn: Callable, references: tuple, what: str) -> Callable:
+    """fn, refusing (ReferenceHandedIn) a call that enters the reference's code while fn runs (the check's own calls
+    of the reference, between the learner's calls, are not watched)."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with no_calls_into(*references, what=what):
+            return fn(*args, **kwargs)
+    return call
+
+
+ROUTE_REFERENCES = (reference_route, prefix_key, HashRing)
+
+
+@contextmanager
+def _another_hash_seed() -> Iterator[None]:
+    """builtins.hash salted differently, as in a process started with another PYTHONHASHSEED (str and bytes hashes
+    change between processes; a router restarted with a different salt would send every prefix elsewhere)."""
+    import builtins
+    original = builtins.hash
+    builtins.hash = lambda obj: original(("another process", obj))
+    try:
+        yield
+    finally:
+        builtins.hash = original
+
+
+def _by_position_diagnosis(route_fn: Callable, prompts: list[list[int]], before: list[str]) -> str:
+    """Why keys moved: replicas placed by their position in the list (a ring of f'{i}#{v}' points) or a modulo."""
+    renamed = [f"http://10.9.9.{i}:7000" for i in range(1, 5)]
+    by_index = [REPLICAS4.index(b) for b in before] == [renamed.index(_call_route(route_fn, p, renamed))
+                                                         for p in prompts]
+    if by_index:
+        grown = renamed + ["http://10.9.9.5:7000"]
+        moved = [_call_route(route_fn, p, grown) for p in prompts]
+        if all(m in (renamed[REPLICAS4.index(b)], grown[-1]) for m, b in zip(moved, before)):
+            return ("The replicas' names do not matter to your routing, only their positions in the list: the ring's "
+                    "points are named by the replica's INDEX (f'{i}#{v}'), so removing one renames the points of every "
+                    "replica after it. Name the points by the replica itself: ring_hash(f'{replica}#{v}').")
+    return ("hash % len(replicas) remaps about 3/4 of all keys when the count changes. Use a hash ring: sorted "
+            "points named by each replica (ring_hash(f'{replica}#{v}')), the first point at or after the key, "
+            "wrapping around.")
+
+
 def _prompt(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(4096) for _ in range(n)]
 
@@ -532,6 +609,12 @@ def _call_route(route_fn: Callable, prompt: list[int], replicas: list[str], bloc
 
 def check_route(route_fn: Callable[..., Any]) -> None:
     """Prefix-aware consistent-hashing routing on token lists (no server)."""
+    what = "Exercise 5 (route)"
+    own_work(route_fn, ROUTE_REFERENCES, what=what)
+    _check_route(_watched(route_fn, ROUTE_REFERENCES, what))
+
+
+def _check_route(route_fn: Callable[..., Any]) -> None:
     rng = random.Random(0)
     two = REPLICAS4[:2]
     # 1. affinity: equal first prefix_blocks blocks -> one replica, whatever follows (longer, shorter, partial blocks)
@@ -589,15 +672,24 @@ def check_route(route_fn: Callable[..., Any]) -> None:
     if moved:
         raise AssertionError(
             f"removing one of 4 replicas moved {moved} of {sum(b != removed for b in before)} prompts that were on "
-            "the OTHER replicas: with consistent hashing only the removed replica's keys move (hash % len(replicas) "
-            "remaps about 3/4 of all keys when the count changes). Use a hash ring: sorted points, the first at or "
-            "after the key, wrapping around")
+            "the OTHER replicas: with consistent hashing only the removed replica's keys move. "
+            + _by_position_diagnosis(route_fn, prompts, before))
     added = REPLICAS4 + ["http://127.0.0.1:8005"]
     grown = [_call_route(route_fn, p, added) for p in prompts]
     moved = sum(g != b and g != added[-1] for b, g in zip(before, grown))
     if moved:
         raise AssertionError(f"adding a fifth replica moved {moved} prompts between the OLD replicas; only keys "
                              "taken by the new replica may move")
+    # 6. the same in every process: nothing may depend on Python's salted hash() of strings
+    with _another_hash_seed():
+        elsewhere = [_call_route(route_fn, p, REPLICAS4) for p in prompts[:100]]
+    if elsewhere != before[:100]:
+        changed = sum(a != b for a, b in zip(elsewhere, before))
+        raise AssertionError(
+            f"with Python's hash() salted as in another process (PYTHONHASHSEED), {changed} of 100 prompts went to "
+            "another replica: your ring points or key use the built-in hash(), which is salted per process for "
+            "strings, so a restarted router would send every prefix elsewhere (and two routers would disagree). Use a "
+            "stable hash: ring_hash (SHA-256) for the points, the chained block hashes for the key")
     shuffled = [REPLICAS4[i] for i in (2, 0, 3, 1)]
     if [_call_route(route_fn, p, shuffled) for p in prompts] != before:
         raise AssertionError("the same prompts went elsewhere when the replica list was given in another order: "
@@ -627,6 +719,9 @@ def check_router(route_fn: Callable[..., Any], *, num_prefixes: int = 12, questi
 
     from minigpt.serving.load_generator import shared_prefix_prompts
 
+    what = "Exercise 5 (route, inside the router)"
+    own_work(route_fn, ROUTE_REFERENCES, what=what)
+    route_fn = _watched(route_fn, ROUTE_REFERENCES, what)
     work = shared_prefix_prompts(num_prefixes, questions, seed=0)
     _call_route(route_fn, list(range(70)), REPLICAS4[:2])          # a clear message if it is not implemented yet
     served: dict[int, set[str]] = {}
@@ -782,6 +877,13 @@ def _diagnose(got: Tensor, x: Tensor, A: Tensor, B: Tensor, idx: Tensor, s: floa
     return "its delta is neither this row's adapter's, another adapter's, nor zero."
 
 
+def _own_lora(lora_delta_fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """Refuse the reference handed in; the returned function refuses a wrapper that calls it, in any thread."""
+    what = "Exercise 4 (lora_delta)"
+    own_work(lora_delta_fn, lora_delta, what=what)
+    return _watched(lora_delta_fn, (lora_delta,), what)
+
+
 def check_lora_delta(lora_delta_fn: Callable[..., Tensor]) -> None:
     """lora_delta_fn(x (N, d_in), A (n, r, d_in), B (n, d_out, r), adapter_idx (N,), scaling) -> (N, d_out).
 
@@ -789,6 +891,7 @@ def check_lora_delta(lora_delta_fn: Callable[..., Tensor]) -> None:
     the MERGED weight W + s B_a A_a (W alone for -1); the inputs must be left unchanged; and the number of torch
     calls must not grow with the number of rows (gather + batched matmuls, no Python loop over rows).
     """
+    lora_delta_fn = _own_lora(lora_delta_fn)
     for case, (d_in, d_out, r, n, rows) in enumerate(_DELTA_CASES):
         x, A, B, idx = _delta_inputs(d_in, d_out, r, n, rows, seed=case)
         s = 2.0 / r if r != 2 else 0.75                  # never 1: a missing scaling shows
@@ -851,6 +954,7 @@ def check_lora_engine(lora_delta_fn: Callable[..., Tensor], *, layout: str = "pa
     """Serve 9 requests of 3 adapters and the base model (the same prompt under several adapters among them) with
     lab 03's scheduler and the LoRA runner using `lora_delta_fn`: each greedy output must equal generating that
     prompt alone with its adapter merged into the weights. Returns {"steps", "mixed_steps"}."""
+    lora_delta_fn = _own_lora(lora_delta_fn)
     model = small_model()
     adapters = LoRAAdapters.random(model, ["sql", "poem", "chat"], rank=4, seed=1)
     g = torch.Generator().manual_seed(3)
@@ -899,6 +1003,7 @@ def check_lora_server(lora_delta_fn: Callable[..., Tensor]) -> dict[str, str]:
     """Serve the tiny model with three adapters (the learner's `lora_delta_fn` in the engine) on a free loopback port;
     five concurrent completions through the official openai client, `model` = an adapter name or the base ("tiny"):
     each text must equal greedy generation with that adapter merged; model="adapter-9" must get 404. Returns the texts."""
+    lora_delta_fn = _own_lora(lora_delta_fn)
     from concurrent.futures import ThreadPoolExecutor
 
     import openai
