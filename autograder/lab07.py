@@ -52,8 +52,9 @@ ATOL, RTOL = 1e-5, 1e-4
 
 
 def _model(name: str, seed: int = 0) -> GPT:
-    torch.manual_seed(seed)
-    return GPT(CONFIGS[name]).eval()
+    with torch.random.fork_rng(devices=[]):         # the global RNG is left as it was
+        torch.manual_seed(seed)
+        return GPT(CONFIGS[name]).eval()
 
 
 def _tokens(cfg: ModelConfig, B: int = 2, T: int = 6, seed: int = 1) -> torch.Tensor:
