@@ -77,7 +77,19 @@ def check_route(route_fn: Callable[..., Any]) -> None:
     """Prefix-aware consistent-hashing routing on token lists (no server)."""
     what = "Exercise 5 (route)"
     own_work(route_fn, ROUTE_REFERENCES, what=what)
-    _check_route(_watched(route_fn, ROUTE_REFERENCES, what))
+    _check_route(_watched_first(route_fn, ROUTE_REFERENCES, what))
+
+
+def _watched_first(fn: Callable, references: tuple, what: str, calls: int = 50) -> Callable:
+    """fn, its first `calls` calls watched for entering the reference (a wrapper enters it on every call; watching
+    all ~2,800 calls of check_route under a profile function tripled its time)."""
+    watched = _watched(fn, references, what)
+    count = [0]
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        count[0] += 1
+        return (watched if count[0] <= calls else fn)(*args, **kwargs)
+    return call
 
 
 def _check_route(route_fn: Callable[..., Any]) -> None:
