@@ -10,6 +10,9 @@ CPU tier (correctness):
     check_vocab_parallel_logits(vocab_parallel_logits)     gathered, not all-reduced
     check_tp_kv_cache(make_tp_cache)                        each rank caches only its KV heads; generation identical
     check_allreduce_bytes(allreduce_bytes_per_token)       the formula, exact against counted collectives
+Every check first refuses the package's reference handed in as the answer (the object, a subclass inheriting
+the asked-for methods, a thin wrapper that calls it: autograder.reference_guard); thread ranks run under the same
+watch, so a wrapper is caught on the ranks too.
 Interview questions (Llama-3-70B, bf16, batch 1, 8 GPUs over PCIe Gen5 x16): check_q1 ... check_q4.
 """
 
@@ -20,13 +23,16 @@ from typing import Any, Callable
 import torch
 
 from autograder.harness import call_learner, check_answer, quiet
+from autograder.reference_guard import no_calls_into, own_work
 from minigpt.config import ModelConfig
 from minigpt.engine.cached_generation import generate_kv_cache
 from minigpt.model import GPT
 from minigpt.parallel import sharding
 from minigpt.parallel.comm import CountingComm
 from minigpt.parallel.launch import RankError, run_ranks
+from minigpt.parallel.linears import ColumnParallelLinear, RowParallelLinear
 from minigpt.parallel.tp_model import build_tp_model, tp_kv_cache
+from minigpt.parallel.vocab_parallel import vocab_parallel_logits
 from minigpt.teaching.calculators import PRESETS
 from minigpt.teaching.parallel_cost import (INTERCONNECTS, pipeline_bubble_fraction, ring_allreduce_time,
                                             tp_allreduce_bytes_per_token)
@@ -46,8 +52,9 @@ ATOL, RTOL = 1e-5, 1e-4
 
 
 def _model(name: str, seed: int = 0) -> GPT:
-    torch.manual_seed(seed)
-    return GPT(CONFIGS[name]).eval()
+    with torch.random.fork_rng(devices=[]):         # the global RNG is left as it was
+        torch.manual_seed(seed)
+        return GPT(CONFIGS[name]).eval()
 
 
 def _tokens(cfg: ModelConfig, B: int = 2, T: int = 6, seed: int = 1) -> torch.Tensor:
@@ -71,6 +78,20 @@ def _run(worker: Callable, tp: int, *args: Any, backend: str = "threads") -> lis
 
 def check_shard_weight(shard_weight: Callable) -> None:
     """shard_weight(name, full, cfg, tp, rank) -> rank's piece of the full parameter `name` (a GPT state_dict key)."""
+    what = "Exercise 1 (shard_weight)"
+    own_work(shard_weight, [sharding.shard_parameter, sharding.shard_state_dict], what=what)
+    _check_shard_weight(_watched(shard_weight, (sharding.shard_parameter, sharding.shard_state_dict), what))
+
+
+def _watched(fn: Callable, references: tuple, what: str) -> Callable:
+    """fn, refusing (ReferenceHandedIn) a call that enters the reference's code while fn runs."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with no_calls_into(*references, what=what):
+            return fn(*args, **kwargs)
+    return call
+
+
+def _check_shard_weight(shard_weight: Callable) -> None:
     cases = [("GQA 4q/2kv", 2), ("GQA 8q/4kv", 2), ("GQA 4q/2kv", 4), ("MQA 4q/1kv", 4), ("MHA 4q/4kv", 4),
              ("GQA 4q/2kv", 1)]
     for name, tp in cases:
@@ -146,6 +167,14 @@ def check_parallel_linears(column_cls: type, row_cls: type) -> None:
     """column_cls(in_features, out_local, comm), row_cls(in_local, out_features, comm): nn.Modules with a `weight`
     of shape (out_local, in) / (out, in_local); a TP model built from them matches one process, and each layer
     calls exactly two all-reduces (after wo and after w_down), nothing else."""
+    what = "Exercise 2 (the parallel linears)"
+    own_work(column_cls, ColumnParallelLinear, what=what, methods=("__init__", "forward"))
+    own_work(row_cls, RowParallelLinear, what=what, methods=("__init__", "forward"))
+    with no_calls_into(ColumnParallelLinear, RowParallelLinear, what=what):
+        _check_parallel_linears(column_cls, row_cls)
+
+
+def _check_parallel_linears(column_cls: type, row_cls: type) -> None:
     for name, tp, backend in (("GQA 4q/2kv", 2, "gloo"), ("MQA 4q/1kv", 4, "threads"), ("GQA 8q/4kv", 2, "threads")):
         cfg = CONFIGS[name]
         full = _model(name)
@@ -189,6 +218,13 @@ def _vocab_worker(comm: CountingComm, fn: Callable, x: torch.Tensor, weight: tor
 
 def check_vocab_parallel_logits(fn: Callable) -> None:
     """fn(x (..., d_model), weight_shard (V/tp, d_model), comm) -> full logits (..., V), identical on every rank."""
+    what = "Exercise 3 (vocab_parallel_logits)"
+    own_work(fn, vocab_parallel_logits, what=what)
+    with no_calls_into(vocab_parallel_logits, what=what):
+        _check_vocab_parallel_logits(fn)
+
+
+def _check_vocab_parallel_logits(fn: Callable) -> None:
     g = torch.Generator().manual_seed(3)
     x, weight = torch.randn(2, 3, 32, generator=g), torch.randn(64, 32, generator=g)
     want = x @ weight.t()
@@ -223,6 +259,13 @@ def _cache_worker(comm: CountingComm, make_cache: Callable, name: str, full_stat
 def check_tp_kv_cache(make_cache: Callable) -> None:
     """make_cache(cfg, tp, rank, max_seq_len) -> a minigpt.cache.contiguous.KVCache holding only this rank's KV
     heads; lab 01's generate_kv_cache on the TP ranks is token-identical to one process."""
+    what = "Exercise 4 (make_tp_cache)"
+    own_work(make_cache, tp_kv_cache, what=what)
+    with no_calls_into(tp_kv_cache, what=what):
+        _check_tp_kv_cache(make_cache)
+
+
+def _check_tp_kv_cache(make_cache: Callable) -> None:
     prompt, n = [3, 14, 15, 9, 26, 5], 10
     for name, tp in (("GQA 4q/2kv", 2), ("MQA 4q/1kv", 2)):
         cfg = CONFIGS[name]
@@ -260,22 +303,48 @@ def _count_worker(comm: CountingComm, name: str, full_state: dict):
 
 def check_allreduce_bytes(fn: Callable) -> None:
     """fn(cfg, tp, bytes_per_element, wire) -> bytes of the all-reduces for one decode token: the payload
-    (wire=False) or what each rank sends in a ring (wire=True); checked exactly against counted collectives."""
+    (wire=False) or what each rank sends in a ring (wire=True); checked exactly against counted collectives
+    (float32 runs), for 4-byte and 2-byte (bf16/fp16) elements, at tp = 2 (ring factor 1) and tp = 4 (1.5)."""
+    what = "Exercise 5 (allreduce_bytes_per_token)"
+    own_work(fn, tp_allreduce_bytes_per_token, what=what)
+    with no_calls_into(tp_allreduce_bytes_per_token, what=what):
+        _check_allreduce_bytes(fn)
+
+
+def _byte_mistakes(payload: float, wire: float, tp: int, flag: bool, element: int) -> list[tuple[float, str]]:
+    """Wrong answers and their diagnoses; the wire-factor mistakes first, since at tp = 2 some of them coincide with
+    'one all-reduce per layer' (payload (n-1)/n = payload / 2 there)."""
+    mistakes: list[tuple[float, str]] = []
+    if flag:
+        mistakes += [(payload, "forgot the ring factor 2(n-1)/n: each rank sends payload * 2(n-1)/n."),
+                     (payload * (tp - 1) / tp, "(n-1)/n is an all-GATHER; an all-reduce is a reduce-scatter plus an "
+                                               "all-gather: 2(n-1)/n."),
+                     (payload * 2 * (tp - 1), "2(n-1) chunks are sent, but each chunk is payload / n: the ring factor is "
+                                              "2(n-1)/n, not 2(n-1).")]
+    measured = wire if flag else payload
+    if element != 4:
+        mistakes.append((measured * 4 / element, f"that is the float32 figure: use bytes_per_element ({element} here), "
+                                                 "not 4."))
+    if all(abs(measured / 2 - v) > 1e-9 for v, _ in mistakes):
+        mistakes.append((measured / 2, "one all-reduce per layer? There are two: after attention's wo and after "
+                                       "w_down."))
+    return [(v, m) for v, m in mistakes if abs(v - measured) > 1e-9]
+
+
+def _check_allreduce_bytes(fn: Callable) -> None:
     for name, tp in (("GQA 4q/2kv", 2), ("MQA 4q/1kv", 4)):
         cfg = CONFIGS[name]
-        payload, wire = _run(_count_worker, tp, name, _model(name).state_dict())[0]
+        payload32, wire32 = _run(_count_worker, tp, name, _model(name).state_dict())[0]
         ring = 2 * (tp - 1) / tp
-        for flag, measured in ((False, payload), (True, wire)):
-            what = f"model {name}, tp={tp}, float32, wire={flag}"
-            got = call_learner("allreduce_bytes_per_token", fn, cfg, tp, 4, flag, context=what)
-            mistakes = [(measured / 2, "one all-reduce per layer? There are two: after attention's wo and after w_down.")]
-            if flag:
-                mistakes += [(payload, "forgot the ring factor 2(n-1)/n."),
-                             (payload * (tp - 1) / tp, "(n-1)/n is an all-GATHER; an all-reduce is a reduce-scatter "
-                                                       "plus an all-gather: 2(n-1)/n.")]
-            check_answer(got, float(measured), what, mistakes,
-                         unit="bytes", rel=1e-9, reveal=True,
-                         hint=f"payload = 2 all-reduces * n_layers * d_model * bytes; wire = payload * {ring:g}.")
+        for element, dtype in ((4, "float32"), (2, "bf16/fp16")):
+            payload, wire = payload32 * element // 4, wire32 * element / 4
+            for flag, measured in ((False, payload), (True, wire)):
+                what = f"model {name}, tp={tp}, {dtype} ({element}-byte elements), wire={flag}"
+                got = call_learner("allreduce_bytes_per_token", fn, cfg, tp, element, flag, context=what)
+                check_answer(got, float(measured), what, _byte_mistakes(payload, wire, tp, flag, element),
+                             unit="bytes", rel=1e-9, reveal=True,
+                             hint=f"payload = 2 all-reduces * n_layers * d_model * bytes_per_element; wire = payload "
+                                  f"* 2(n-1)/n = payload * {ring:g} here.")
     with quiet():
         one = fn(CONFIGS["GQA 4q/2kv"], 1, 4, True)
     check_answer(one, 0.0, "tp=1, wire=True (a single rank sends nothing)", unit="bytes", rel=1e-9, reveal=True)
@@ -295,8 +364,10 @@ def check_q1_tp_bytes(answer: Any) -> None:
     payload = 2 * 80 * 8192 * 2
     check_answer(answer, want, "Q1 (TP=8 bytes sent per GPU per token)",
                  {payload: "that is the payload; a ring all-reduce sends 2(n-1)/n of it from each GPU.",
-                  payload // 2 * 7 // 4: "one all-reduce per layer? There are two.",
-                  payload * 7 // 8: "(n-1)/n is an all-gather; an all-reduce sends 2(n-1)/n."},
+                  payload * 7 // 8: "(n-1)/n is an all-gather; an all-reduce sends 2(n-1)/n (or you counted one "
+                                    "all-reduce per layer; there are two: it gives the same number here).",
+                  want * 2: "bf16 elements are 2 bytes, not 4.",
+                  payload * 2 * 7: "each of the 2(n-1) steps sends a chunk of payload / n, not the whole payload."},
                  unit="bytes", hint="2 all-reduces per layer * 80 layers * d_model 8192 * 2 bytes, times 2(n-1)/n.")
 
 

@@ -69,6 +69,14 @@ def _outside_notebook(filename: str) -> bool:
     return any(part in ("site-packages", "dist-packages") for part in resolved.parts)
 
 
+def _in_course_package(filename: str) -> bool:
+    """True for code in the course's package (not an installed library such as torch)."""
+    try:
+        return any(Path(filename).resolve().is_relative_to(root) for root in _PACKAGE_ROOTS)
+    except (OSError, ValueError):
+        return False
+
+
 def _own_functions(cls: type) -> dict[str, Any]:
     """Functions a class defines itself (not inherited)."""
     return {name: value for name, value in vars(cls).items()
@@ -116,8 +124,8 @@ def _code_objects(references: Iterable[Any]) -> dict[CodeType, str]:
         if inspect.isclass(ref):
             for klass in ref.__mro__:
                 module_file = getattr(sys.modules.get(klass.__module__), "__file__", None)
-                if klass is object or not module_file or not _outside_notebook(module_file):
-                    continue
+                if klass is object or not module_file or not _in_course_package(module_file):
+                    continue        # a library base class (torch.nn.Module...): calling it is not delegation
                 for name, value in vars(klass).items():
                     fn = _unwrap(value.fget if isinstance(value, property) else value)
                     if isinstance(getattr(fn, "__code__", None), CodeType):

@@ -57,12 +57,11 @@ def main() -> None:
     print(f"target step {costs['step'] * 1e3:.2f} ms; draft step {costs['draft'] * 1e3:.2f} ms "
           f"({costs['draft'] / costs['step']:.2f} steps); verify: " +
           ", ".join(f"{k + 1} pos {v * 1e3:.2f} ms" for k, v in costs["verify"].items()))
-    r1, r2 = verify_distribution_test(verify_draft)
-    e1, e2 = engine_distribution_test(generate_speculative)
-    print(f"distribution tests (significance {SIGNIFICANCE}): verify_draft n={VERIFY_SAMPLES}: chi2 {r1.statistic:.1f}/dof {r1.dof} "
-          f"(p {r1.p_value:.3g}), pairs {r2.statistic:.1f}/dof {r2.dof} (p {r2.p_value:.3g}); generate_speculative "
-          f"n={ENGINE_SAMPLES}: {e1.statistic:.1f}/dof {e1.dof} (p {e1.p_value:.3g}), pairs {e2.statistic:.1f}/dof {e2.dof} "
-          f"(p {e2.p_value:.3g})")
+    for name, n, results in (("verify_draft", VERIFY_SAMPLES, verify_distribution_test(verify_draft)),
+                             ("generate_speculative", ENGINE_SAMPLES, engine_distribution_test(generate_speculative))):
+        print(f"distribution tests (significance {SIGNIFICANCE}), {name} n={n}: " + "; ".join(
+            f"{what} chi2 {r.statistic:.1f}/dof {r.dof} (p {r.p_value:.3g})"
+            for what, r in zip(("first token", "first two", "second and third"), results)))
     val = load_tokens("val")
     rounds = []
     for i in range(12):

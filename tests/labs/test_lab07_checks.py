@@ -1,4 +1,5 @@
-"""Lab 07 checks: the reference passes, the stub and each plausible wrong implementation fail."""
+"""Lab 07 checks: a learner's own code passes, the stub, the package's reference handed in (itself, a subclass, a
+thin wrapper) and each plausible wrong implementation fail."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import torch
 from torch import nn
 
 from autograder import lab07
+from autograder.reference_guard import ReferenceHandedIn
 from minigpt.cache.contiguous import KVCache, LayerKVCache
 from minigpt.parallel import sharding
 from minigpt.parallel.linears import ColumnParallelLinear, RowParallelLinear
@@ -26,14 +28,58 @@ class StubLinear(nn.Module):
         raise NotImplementedError()
 
 
-# --- the reference, as a learner would write it ---------------------------------------------------
+# --- the reference, as a learner would write it (own code: the notebook's solution) ---------------
 
 def ref_shard_weight(name, full, cfg, tp, rank):
-    return sharding.shard_parameter(name, full, cfg, tp, rank)
+    if cfg.n_heads % tp or (cfg.n_kv_heads % tp and tp % cfg.n_kv_heads) or cfg.d_ff % tp:
+        raise ValueError(f"tp={tp} cannot split {cfg.n_heads} query heads / {cfg.n_kv_heads} KV heads")
+    hd, q = cfg.head_dim, cfg.n_heads // tp
+    q0, q1 = rank * q, (rank + 1) * q
+    group = cfg.n_heads // cfg.n_kv_heads
+    kv0, kv1 = q0 // group, (q1 - 1) // group + 1
+    f0, f1 = rank * (cfg.d_ff // tp), (rank + 1) * (cfg.d_ff // tp)
+    if name.endswith("attn.wq.weight"):
+        piece = full[q0 * hd:q1 * hd]
+    elif name.endswith(("attn.wk.weight", "attn.wv.weight")):
+        piece = full[kv0 * hd:kv1 * hd]
+    elif name.endswith(("mlp.w_gate.weight", "mlp.w_up.weight")):
+        piece = full[f0:f1]
+    elif name.endswith("attn.wo.weight"):
+        piece = full[:, q0 * hd:q1 * hd]
+    elif name.endswith("mlp.w_down.weight"):
+        piece = full[:, f0:f1]
+    else:
+        piece = full
+    return piece.contiguous().clone()
+
+
+class OwnColumn(nn.Module):
+    def __init__(self, in_features, out_local, comm):
+        super().__init__()
+        self.comm = comm
+        self.weight = nn.Parameter(torch.zeros(out_local, in_features))
+
+    def forward(self, x):
+        return x @ self.weight.t()
+
+
+class OwnRow(nn.Module):
+    def __init__(self, in_local, out_features, comm):
+        super().__init__()
+        self.comm = comm
+        self.weight = nn.Parameter(torch.zeros(out_features, in_local))
+
+    def forward(self, x):
+        return self.comm.all_reduce(x @ self.weight.t())
+
+
+def own_vocab_logits(x, weight_shard, comm):
+    return comm.all_gather(x @ weight_shard.t(), dim=-1)
 
 
 def ref_make_cache(cfg, tp, rank, max_seq_len):
-    return tp_kv_cache(cfg, tp, rank, max_seq_len=max_seq_len)
+    n_kv = len(sharding.kv_heads(cfg, tp, rank))
+    return KVCache([LayerKVCache(1, max_seq_len, n_kv, cfg.head_dim) for _ in range(cfg.n_layers)])
 
 
 def ref_allreduce_bytes(cfg, tp, bytes_per_element, wire):
@@ -45,10 +91,66 @@ def ref_allreduce_bytes(cfg, tp, bytes_per_element, wire):
 
 def test_reference_passes() -> None:
     lab07.check_shard_weight(ref_shard_weight)
-    lab07.check_parallel_linears(ColumnParallelLinear, RowParallelLinear)
-    lab07.check_vocab_parallel_logits(vocab_parallel_logits)
+    lab07.check_parallel_linears(OwnColumn, OwnRow)
+    lab07.check_vocab_parallel_logits(own_vocab_logits)
     lab07.check_tp_kv_cache(ref_make_cache)
     lab07.check_allreduce_bytes(ref_allreduce_bytes)
+
+
+# --- the package's reference handed in: itself, a subclass, a thin wrapper -----------------------
+
+class InheritedColumn(ColumnParallelLinear):
+    pass
+
+
+class InheritedRow(RowParallelLinear):
+    pass
+
+
+class WrapperColumn(nn.Module):
+    def __init__(self, in_features, out_local, comm):
+        super().__init__()
+        self.inner = [ColumnParallelLinear(in_features, out_local, comm)]     # a list: not a submodule
+        self.weight = self.inner[0].weight
+
+    def forward(self, x):
+        return self.inner[0](x)
+
+
+def wrap_shard(name, full, cfg, tp, rank):
+    return sharding.shard_parameter(name, full, cfg, tp, rank)
+
+
+def wrap_vocab(x, weight_shard, comm):
+    return vocab_parallel_logits(x, weight_shard, comm)
+
+
+def wrap_cache(cfg, tp, rank, max_seq_len):
+    return tp_kv_cache(cfg, tp, rank, max_seq_len=max_seq_len)
+
+
+def wrap_bytes(cfg, tp, bytes_per_element, wire):
+    return tp_allreduce_bytes_per_token(cfg, tp, bytes_per_element, wire=wire)
+
+
+@pytest.mark.parametrize("run, message", [
+    (lambda: lab07.check_shard_weight(sharding.shard_parameter), "this is the course's reference"),
+    (lambda: lab07.check_shard_weight(wrap_shard), r"calls the course's reference \(shard_parameter\)"),
+    (lambda: lab07.check_parallel_linears(ColumnParallelLinear, RowParallelLinear), "course's reference"),
+    (lambda: lab07.check_parallel_linears(InheritedColumn, OwnRow), "inherits __init__, forward"),
+    (lambda: lab07.check_parallel_linears(OwnColumn, InheritedRow), "inherits __init__, forward"),
+    (lambda: lab07.check_parallel_linears(WrapperColumn, OwnRow), r"ColumnParallelLinear\.__init__"),
+    (lambda: lab07.check_vocab_parallel_logits(vocab_parallel_logits), "course's reference"),
+    (lambda: lab07.check_vocab_parallel_logits(wrap_vocab), "calls the course's reference"),
+    (lambda: lab07.check_tp_kv_cache(tp_kv_cache), "course's reference"),
+    (lambda: lab07.check_tp_kv_cache(wrap_cache), r"calls the course's reference \(tp_kv_cache\)"),
+    (lambda: lab07.check_allreduce_bytes(tp_allreduce_bytes_per_token), "course's reference"),
+    (lambda: lab07.check_allreduce_bytes(wrap_bytes), "calls the course's reference"),
+], ids=["shard itself", "shard wrapper", "linears themselves", "column subclass", "row subclass", "column wrapper",
+        "vocab itself", "vocab wrapper", "cache itself", "cache wrapper", "bytes itself", "bytes wrapper"])
+def test_the_reference_handed_in_is_refused(run, message) -> None:
+    with pytest.raises(ReferenceHandedIn, match=message):
+        run()
 
 
 def test_stubs_fail() -> None:
@@ -58,6 +160,19 @@ def test_stubs_fail() -> None:
             check(arg)
     with pytest.raises(AssertionError, match="not implemented"):
         lab07.check_parallel_linears(StubLinear, StubLinear)
+
+
+def test_released_stub_classes_fail() -> None:
+    class Column(nn.Module):
+        def __init__(self, in_features, out_local, comm):
+            super().__init__()
+            self.comm = comm
+            raise NotImplementedError()
+
+        def forward(self, x):
+            raise NotImplementedError()
+    with pytest.raises(AssertionError, match="not implemented"):
+        lab07.check_parallel_linears(Column, Column)
 
 
 # --- wrong sharding ------------------------------------------------------------------------------
@@ -117,21 +232,21 @@ def test_wrong_sharding_is_rejected(wrong, message) -> None:
 
 # --- wrong linears -------------------------------------------------------------------------------
 
-class AllReduceColumn(ColumnParallelLinear):
+class AllReduceColumn(OwnColumn):
     """All-reduces after the column-parallel layer too."""
 
     def forward(self, x):
         return self.comm.all_reduce(x @ self.weight.t())
 
 
-class NoAllReduceRow(RowParallelLinear):
+class NoAllReduceRow(OwnRow):
     """Forgets the all-reduce after the row-parallel layer."""
 
     def forward(self, x):
         return x @ self.weight.t()
 
 
-class GatherColumn(ColumnParallelLinear):
+class GatherColumn(OwnColumn):
     """Gathers the column output back to full width: right numbers downstream is impossible (the row layer
     expects its slice), and it spends a collective per column layer."""
 
@@ -140,9 +255,9 @@ class GatherColumn(ColumnParallelLinear):
 
 
 @pytest.mark.parametrize("column, row, message", [
-    (AllReduceColumn, RowParallelLinear, "column-parallel layer must NOT all-reduce"),
-    (ColumnParallelLinear, NoAllReduceRow, "partial sum"),
-    (GatherColumn, RowParallelLinear, "differ|shape|failed"),
+    (AllReduceColumn, OwnRow, "column-parallel layer must NOT all-reduce"),
+    (OwnColumn, NoAllReduceRow, "partial sum"),
+    (GatherColumn, OwnRow, "differ|shape|failed"),
 ])
 def test_wrong_linears_are_rejected(column, row, message) -> None:
     with pytest.raises(AssertionError, match=message):
@@ -204,11 +319,31 @@ def gather_factor(cfg, tp, bpe, wire):
     return payload * (tp - 1) / tp if wire else float(payload)
 
 
+def ignores_element_size(cfg, tp, bpe, wire):
+    """Always 4-byte elements: right for float32 only."""
+    return ref_allreduce_bytes(cfg, tp, 4, wire)
+
+
+def ring_factor_without_division(cfg, tp, bpe, wire):
+    payload = 2 * cfg.n_layers * cfg.d_model * bpe
+    return float(payload * 2 * (tp - 1)) if wire else float(payload)
+
+
 @pytest.mark.parametrize("wrong, message", [(no_ring_factor, "ring factor"), (one_allreduce_per_layer, "two"),
-                                            (gather_factor, "all-GATHER")])
+                                            (gather_factor, "all-GATHER"),
+                                            (ignores_element_size, "use bytes_per_element"),
+                                            (ring_factor_without_division, "not 2\\(n-1\\)")])
 def test_wrong_byte_formulas_are_rejected(wrong, message) -> None:
     with pytest.raises(AssertionError, match=message):
         lab07.check_allreduce_bytes(wrong)
+
+
+def test_wire_factor_mistake_at_tp2_is_not_blamed_on_the_layer_count() -> None:
+    """At tp = 2 the all-gather factor (n-1)/n halves the payload, as one all-reduce per layer would: the message
+    names the factor, not the layer count."""
+    with pytest.raises(AssertionError) as err:
+        lab07.check_allreduce_bytes(gather_factor)
+    assert "all-GATHER" in str(err.value) and "per layer" not in str(err.value)
 
 
 # --- interview questions -------------------------------------------------------------------------

@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+import inspect
+import textwrap
+
 from autograder import lab08
+from autograder.reference_guard import ReferenceHandedIn
 from minigpt.serving.lora import lora_delta
 from minigpt.serving.lora_bench import hundred_adapters
 from minigpt.teaching.calculators import PRESETS
@@ -13,6 +17,29 @@ from minigpt.teaching.calculators import PRESETS
 
 def stub(x, A, B, adapter_idx, scaling):
     raise NotImplementedError()
+
+
+def learner_copy(fn):
+    """The reference's source pasted into a notebook cell: the learner's own function object."""
+    namespace = dict(fn.__globals__)
+    exec(compile(textwrap.dedent(inspect.getsource(fn)), "<learner cell>", "exec"), namespace)
+    return namespace[fn.__name__]
+
+
+own_lora = learner_copy(lora_delta)
+
+
+def lora_wrapper(x, A, B, adapter_idx, scaling):
+    return lora_delta(x, A, B, adapter_idx, scaling)
+
+
+@pytest.mark.parametrize("check", [lab08.check_lora_delta, lab08.check_lora_engine, lab08.check_lora_server])
+def test_the_reference_handed_in_is_refused(check):
+    with pytest.raises(ReferenceHandedIn, match="this is the course's reference"):
+        check(lora_delta)
+    # (behind the server the refusal happens in the engine's thread and comes back in the 500 the check reports)
+    with pytest.raises(AssertionError, match=r"calls the course's reference \(lora_delta\)"):
+        check(lora_wrapper)
 
 
 def _apply(x, A, B, idx, scaling, mask):
@@ -91,7 +118,7 @@ def loop_over_adapters(x, A, B, idx, scaling):
 
 
 def test_reference_passes():
-    lab08.check_lora_delta(lora_delta)
+    lab08.check_lora_delta(own_lora)
     lab08.check_lora_delta(loop_over_adapters)
 
 
@@ -114,7 +141,7 @@ def test_wrong_lora_delta_rejected(fn, message):
 
 
 def test_engine_check_passes_reference_and_mixes_adapters():
-    counts = lab08.check_lora_engine(lora_delta)
+    counts = lab08.check_lora_engine(own_lora)
     assert counts["mixed_steps"] >= 3
 
 
@@ -125,7 +152,7 @@ def test_engine_check_rejects(fn):
 
 
 def test_server_check_passes_reference_rejects_wrong_rows():
-    texts = lab08.check_lora_server(lora_delta)
+    texts = lab08.check_lora_server(own_lora)
     assert len(set(texts.values())) >= 3
     with pytest.raises(AssertionError, match="answered"):
         lab08.check_lora_server(first_row_adapter)

@@ -1,4 +1,5 @@
-"""Lab 08 (load testing, routing) checks: the reference passes, the stub and each plausible wrong implementation fail."""
+"""Lab 08 (load testing, routing) checks: a learner's own code passes; the stub, the package's reference handed in
+(itself, a thin wrapper) and each plausible wrong implementation fail."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import hashlib
 import pytest
 
 from autograder import lab08
+from autograder.reference_guard import ReferenceHandedIn
 from minigpt.cache.prefix_cache import block_hashes, hash_block
 from minigpt.serving.client_metrics import request_goodput
 from minigpt.serving.routing import HashRing, prefix_key, ring_hash, route
@@ -16,6 +18,28 @@ from minigpt.serving.routing import HashRing, prefix_key, ring_hash, route
 
 def _stub(*args, **kwargs):
     raise NotImplementedError()
+
+
+def own_goodput(records, ttft_limit, tpot_limit):
+    if not records:
+        return 0.0
+    span = max(r.end_time for r in records) - min(r.send_time for r in records)
+    good = sum(r.ok and r.ttft <= ttft_limit and r.tpot <= tpot_limit for r in records)
+    return good / span if span > 0 else 0.0
+
+
+def own_key(tokens, block_size=16, prefix_blocks=4):
+    """The notebook's key: the chained hash of the first prefix_blocks full blocks (the tokens if none)."""
+    hashes = block_hashes(list(tokens[:block_size * prefix_blocks]), block_size)
+    return hashes[-1] if hashes else hash_block(None, tokens)
+
+
+def own_route(prompt_token_ids, replicas, *, block_size=16, prefix_blocks=4):
+    """The notebook's solution."""
+    key = own_key(prompt_token_ids, block_size, prefix_blocks)
+    points = sorted((ring_hash(f"{r}#{v}"), r) for r in replicas for v in range(64))
+    i = bisect.bisect_left([p for p, _ in points], key) % len(points)
+    return points[i][1]
 
 
 # --- wrong goodput -----------------------------------------------------------------------------------
@@ -50,11 +74,11 @@ def share(records, ttft_limit, tpot_limit):
 
 
 def crashes_on_empty(records, ttft_limit, tpot_limit):
-    return request_goodput(records, ttft_limit, tpot_limit) if records else 1 / len(records)
+    return own_goodput(records, ttft_limit, tpot_limit) if records else 1 / len(records)
 
 
 def test_goodput_reference_passes() -> None:
-    lab08.check_goodput(request_goodput)
+    lab08.check_goodput(own_goodput)
 
 
 @pytest.mark.parametrize("wrong", [_stub, ttft_only, tpot_only, either, counts_failed, strict, duration_of_ok,
@@ -82,7 +106,7 @@ def _ring_route(key_fn, vnodes=64, point=lambda replica, v, i: f"{replica}#{v}")
         return [p for p, _ in ring], [r for _, r in ring]
 
     def route_fn(prompt_token_ids, replicas, *, block_size=16, prefix_blocks=4):
-        positions, owners = ring_of(tuple(replicas))
+        positions, owners = ring_of(tuple(replicas))         # (cached: as a learner's lru_cache would)
         key = key_fn(prompt_token_ids, block_size, prefix_blocks)
         return owners[bisect.bisect_left(positions, key) % len(positions)]
     return route_fn
@@ -115,11 +139,11 @@ def _one_block_short(tokens, bs, pb):
 
 def _default_params(tokens, bs, pb):
     """Ignores the block_size / prefix_blocks arguments."""
-    return prefix_key(tokens)
+    return own_key(tokens)
 
 
 def modulo(prompt_token_ids, replicas, *, block_size=16, prefix_blocks=4):
-    return replicas[prefix_key(prompt_token_ids, block_size=block_size, prefix_blocks=prefix_blocks) % len(replicas)]
+    return replicas[own_key(prompt_token_ids, block_size, prefix_blocks) % len(replicas)]
 
 
 def first_replica(prompt_token_ids, replicas, **kwargs):
@@ -127,9 +151,9 @@ def first_replica(prompt_token_ids, replicas, **kwargs):
 
 
 def no_wraparound(prompt_token_ids, replicas, *, block_size=16, prefix_blocks=4):
-    ring = HashRing(replicas)
-    key = prefix_key(prompt_token_ids, block_size=block_size, prefix_blocks=prefix_blocks)
-    return ring.owners[bisect.bisect_left(ring.positions, key)]           # IndexError past the last point
+    points = sorted((ring_hash(f"{r}#{v}"), r) for r in replicas for v in range(64))
+    key = own_key(prompt_token_ids, block_size, prefix_blocks)
+    return points[bisect.bisect_left([p for p, _ in points], key)][1]     # IndexError past the last point
 
 
 def python_hash_of_tuple(prompt_token_ids, replicas, *, block_size=16, prefix_blocks=4):
@@ -140,7 +164,7 @@ def python_hash_of_tuple(prompt_token_ids, replicas, *, block_size=16, prefix_bl
 def sorted_modulo(prompt_token_ids, replicas, *, block_size=16, prefix_blocks=4):
     """Order-independent, still modulo."""
     replicas = sorted(replicas)
-    return replicas[prefix_key(prompt_token_ids, block_size=block_size, prefix_blocks=prefix_blocks) % len(replicas)]
+    return replicas[own_key(prompt_token_ids, block_size, prefix_blocks) % len(replicas)]
 
 
 @functools.lru_cache(maxsize=None)
@@ -151,10 +175,18 @@ def _md5_ring(replicas):
 
 def md5_ring_by_index(prompt_token_ids, replicas, *, block_size=16, prefix_blocks=4):
     """Points named by the replica's INDEX: removing one renames the others' points."""
-    key = prefix_key(prompt_token_ids, block_size=block_size, prefix_blocks=prefix_blocks)
+    key = own_key(prompt_token_ids, block_size, prefix_blocks)
     ring = _md5_ring(tuple(replicas))
     k = bisect.bisect_left([p for p, _ in ring], key) % len(ring)
     return ring[k][1]
+
+
+def salted_ring(prompt_token_ids, replicas, *, block_size=16, prefix_blocks=4):
+    """Points from the built-in hash() of the replica's name: stable in this process, different after a restart
+    (PYTHONHASHSEED). Passes every other property."""
+    key = own_key(prompt_token_ids, block_size, prefix_blocks)
+    points = sorted((hash(f"{r}#{v}") % 2**64, r) for r in replicas for v in range(64))
+    return points[bisect.bisect_left([p for p, _ in points], key) % len(points)][1]
 
 
 WRONG_ROUTES = {
@@ -169,22 +201,66 @@ WRONG_ROUTES = {
     "sorted modulo": sorted_modulo,
     "python hash modulo": python_hash_of_tuple,
     "always the first replica": first_replica,
-    "one point per replica": _ring_route(lambda t, bs, pb: prefix_key(t, block_size=bs, prefix_blocks=pb), vnodes=1),
-    "ring points by index": _ring_route(lambda t, bs, pb: prefix_key(t, block_size=bs, prefix_blocks=pb),
-                                        point=lambda r, v, i: f"{i}#{v}"),
+    "one point per replica": _ring_route(own_key, vnodes=1),
+    "ring points by index": _ring_route(own_key, point=lambda r, v, i: f"{i}#{v}"),
+    "ring points from Python's salted hash()": salted_ring,
     "md5 ring by index": md5_ring_by_index,
     "no wraparound": no_wraparound,
 }
 
 
 def test_route_reference_passes() -> None:
-    lab08.check_route(route)
+    lab08.check_route(own_route)
 
 
 def test_a_different_correct_ring_passes() -> None:
     """Another vnode count and point naming, same idea: accepted (the check tests properties, not our hash)."""
-    lab08.check_route(_ring_route(lambda t, bs, pb: prefix_key(t, block_size=bs, prefix_blocks=pb),
-                                         vnodes=100, point=lambda r, v, i: f"{v}@{r}"))
+    lab08.check_route(_ring_route(own_key, vnodes=100, point=lambda r, v, i: f"{v}@{r}"))
+
+
+def _wrapper(reference):
+    def wrapper(*args, **kwargs):
+        return reference(*args, **kwargs)
+    return wrapper
+
+
+def ring_class_route(prompt_token_ids, replicas, *, block_size=16, prefix_blocks=4):
+    return HashRing(replicas).lookup(own_key(prompt_token_ids, block_size, prefix_blocks))
+
+
+def package_key_route(prompt_token_ids, replicas, *, block_size=16, prefix_blocks=4):
+    key = prefix_key(prompt_token_ids, block_size=block_size, prefix_blocks=prefix_blocks)
+    points = sorted((ring_hash(f"{r}#{v}"), r) for r in replicas for v in range(64))
+    return points[bisect.bisect_left([p for p, _ in points], key) % len(points)][1]
+
+
+@pytest.mark.parametrize("run, message", [
+    (lambda: lab08.check_goodput(request_goodput), "this is the course's reference"),
+    (lambda: lab08.check_goodput(_wrapper(request_goodput)), r"reference \(request_goodput\)"),
+    (lambda: lab08.check_route(route), "this is the course's reference"),
+    (lambda: lab08.check_route(_wrapper(route)), r"reference \(route\)"),
+    (lambda: lab08.check_route(ring_class_route), r"reference \(HashRing"),
+    (lambda: lab08.check_route(package_key_route), r"reference \(prefix_key\)"),
+    (lambda: lab08.check_router(route), "this is the course's reference"),
+    (lambda: lab08.check_router(_wrapper(route)), r"reference \(route\)"),
+], ids=["goodput", "goodput wrapper", "route", "route wrapper", "HashRing", "prefix_key", "router", "router wrapper"])
+def test_the_reference_handed_in_is_refused(run, message) -> None:
+    with pytest.raises(ReferenceHandedIn, match=message):
+        run()
+
+
+def test_salted_hash_ring_is_named() -> None:
+    with pytest.raises(AssertionError, match="salted per process"):
+        lab08.check_route(salted_ring)
+
+
+def test_ring_by_index_is_not_blamed_on_modulo() -> None:
+    for name in ("ring points by index", "md5 ring by index"):
+        with pytest.raises(AssertionError, match="INDEX") as err:
+            lab08.check_route(WRONG_ROUTES[name])
+        assert "hash % len" not in str(err.value)
+    with pytest.raises(AssertionError, match="hash % len"):
+        lab08.check_route(WRONG_ROUTES["modulo"])
 
 
 @pytest.mark.parametrize("name", list(WRONG_ROUTES))
@@ -203,7 +279,7 @@ def test_route_messages_teach() -> None:
 # --- the routing function inside the router ----------------------------------------------------------
 
 def test_router_check_passes_with_the_reference() -> None:
-    lab08.check_router(route)
+    lab08.check_router(own_route)
 
 
 @pytest.mark.parametrize("wrong", [_stub, WRONG_ROUTES["whole prompt"], first_replica])

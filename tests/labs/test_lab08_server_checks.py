@@ -8,7 +8,11 @@ from contextlib import asynccontextmanager
 
 import pytest
 
+import inspect
+import textwrap
+
 from autograder import lab08
+from autograder.reference_guard import ReferenceHandedIn
 from minigpt.serving.admission import QueueFull, admitted
 from minigpt.serving.streaming import DONE_EVENT, sse_event, sse_stream
 
@@ -87,8 +91,62 @@ async def sse_abort_only_on_cancel(outputs, make_chunks, abort):
         raise
 
 
+def learner_copy(fn):
+    """The reference's source pasted into a notebook cell: the learner's own function object."""
+    namespace = dict(inspect.unwrap(fn).__globals__)
+    exec(compile(textwrap.dedent(inspect.getsource(inspect.unwrap(fn))), "<learner cell>", "exec"), namespace)
+    return namespace[fn.__name__]
+
+
+own_sse, own_admitted = learner_copy(sse_stream), learner_copy(admitted)
+
+
+async def sse_done_after_failure(outputs, make_chunks, abort):
+    """Catches the engine's failure and ends the stream cleanly: the client takes a truncated text as complete."""
+    finished = False
+    try:
+        async for out in outputs:
+            for chunk in make_chunks(out):
+                yield sse_event(chunk)
+            finished = out.finished
+    except RuntimeError:
+        pass
+    finally:
+        if not finished:
+            abort()
+    yield DONE_EVENT
+
+
+async def sse_wrapper(outputs, make_chunks, abort):
+    async for event in sse_stream(outputs, make_chunks, abort):
+        yield event
+
+
+@asynccontextmanager
+async def admitted_wrapper(slots, retry_after_s):
+    async with admitted(slots, retry_after_s):
+        yield
+
+
+@pytest.mark.parametrize("run, message", [
+    (lambda: lab08.check_sse_stream(sse_stream), "this is the course's reference"),
+    (lambda: lab08.check_sse_stream(sse_wrapper), r"reference \(sse_stream\)"),
+    (lambda: lab08.check_admission(admitted), "this is the course's reference"),
+    (lambda: lab08.check_admission(admitted_wrapper), r"reference \(admitted\)"),
+], ids=["sse", "sse wrapper", "admitted", "admitted wrapper"])
+def test_the_reference_handed_in_is_refused(run, message):
+    with pytest.raises(ReferenceHandedIn, match=message):
+        run()
+    _no_stray_threads()
+
+
+def test_a_failure_mid_stream_must_not_end_with_done():
+    with pytest.raises(AssertionError, match="engine failed"):
+        lab08.check_sse_stream(sse_done_after_failure)
+
+
 def test_reference_sse_passes():
-    lab08.check_sse_stream(sse_stream)
+    lab08.check_sse_stream(own_sse)
     _no_stray_threads()
 
 
@@ -175,7 +233,7 @@ async def admit_one_past(slots, retry_after_s):
 
 
 def test_reference_admission_passes():
-    lab08.check_admission(admitted)
+    lab08.check_admission(own_admitted)
     _no_stray_threads()
 
 
@@ -233,7 +291,7 @@ def test_a_coroutine_without_yield_is_told_to_yield():
 def test_checks_run_inside_a_running_event_loop():
     """In a Jupyter kernel an event loop already runs in the main thread: the checks must not call asyncio.run there."""
     async def from_a_notebook_cell() -> None:
-        lab08.check_sse_stream(sse_stream)
-        lab08.check_admission(admitted)
+        lab08.check_sse_stream(own_sse)
+        lab08.check_admission(own_admitted)
 
     asyncio.run(from_a_notebook_cell())

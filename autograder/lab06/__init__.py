@@ -1,0 +1,51 @@
+"""Checks for Lab 06, speculative decoding.
+
+Each check takes the learner's function, runs it on seeded inputs and raises AssertionError saying what is wrong.
+Every check first refuses the package's reference handed in as the answer (the function itself, a partial of it,
+code from the package, a thin wrapper that calls it while the check runs: autograder.reference_guard).
+
+The sampler is graded statistically: chi-square goodness-of-fit tests at a fixed significance (SIGNIFICANCE) of the
+first emitted token, the first two, and the second and third (the third is the first round's bonus token when both
+drafts are accepted) against the target's exact distribution, on bigram toy models with a 6-token vocabulary. The
+sample sizes (VERIFY_SAMPLES, ENGINE_SAMPLES) are sized for the smallest bias they must see: each wrong sampler kept
+in tests/labs/test_lab06_checks.py is rejected with at least 99% power (`samples_for_power`, asserted there). A
+smaller bias needs far more: a TV distance of 0.009 moved between the target's two likeliest tokens after the toy
+prompt needs about 113,000 samples for 99% power (about 2,300 when moved into its rarest token), so the tests are
+sized per mistake, not per TV distance.
+
+CPU tier, one module per exercise group:
+    rollback.check_truncate_cache(fn)        cache rollback: lengths, kept data, clear errors, nothing changed on error
+    probabilities.check_sampling_probs(fn)   temperature / top-k / top-p / greedy distributions, exact
+    verify.check_verify_draft(fn)            accept min(1, p/q), the clipped and normalised residual (an unclipped one
+                                             is named, not left to torch's 'probability tensor contains ... < 0'),
+                                             the bonus token from p[k], same generator seed -> same tokens;
+                                             distribution test
+    generator.check_generate_speculative(fn) greedy == target greedy (trained models); cache contents after
+                                             rejections; the bonus token; stop tokens; same seed -> same tokens;
+                                             distribution test end to end (T = 3, top-k 3: a target distribution
+                                             that ignores top-k shows)
+    lookup.check_ngram_propose(fn)           prompt-lookup proposals
+    lookup.check_acceptance_stats(rate_fn, tokens_fn)   sum min(p, q) and (1 - a^(k+1)) / (1 - a)
+    speed.check_speculative_speedup(fn)      speed vs lab 01's cached generation, relative to the reference
+Interview questions (questions.py): check_q1_acceptance ... check_q4_break_even_batch.
+Shared (common.py): the sample sizes, the toy models, the chi-square power arithmetic.
+"""
+
+from autograder.lab06.common import (ENGINE_SAMPLES, SIGNIFICANCE, SPEED_CHECK, TOY_SAMPLING, VERIFY_SAMPLES, BigramLM,
+                                     _toy_tables, noncentrality_for_power, rejection_threshold, samples_for_power,
+                                     toy_pair)
+from autograder.lab06.generator import _tiny_pair, check_generate_speculative, engine_distribution_test
+from autograder.lab06.lookup import check_acceptance_stats, check_ngram_propose
+from autograder.lab06.probabilities import check_sampling_probs
+from autograder.lab06.questions import (break_even_alpha, check_q1_acceptance, check_q2_tokens_per_round,
+                                        check_q3_break_even_alpha, check_q4_break_even_batch)
+from autograder.lab06.rollback import check_truncate_cache
+from autograder.lab06.speed import check_speculative_speedup, code_edit_prompts
+from autograder.lab06.verify import check_verify_draft, verify_distribution_test
+
+__all__ = ["check_truncate_cache", "check_sampling_probs", "check_verify_draft", "check_generate_speculative",
+           "check_ngram_propose", "check_acceptance_stats", "check_speculative_speedup", "check_q1_acceptance",
+           "check_q2_tokens_per_round", "check_q3_break_even_alpha", "check_q4_break_even_batch",
+           "SIGNIFICANCE", "VERIFY_SAMPLES", "ENGINE_SAMPLES", "SPEED_CHECK", "TOY_SAMPLING", "BigramLM", "toy_pair",
+           "verify_distribution_test", "engine_distribution_test", "code_edit_prompts", "rejection_threshold",
+           "noncentrality_for_power", "samples_for_power", "break_even_alpha", "_toy_tables", "_tiny_pair"]

@@ -1,0 +1,128 @@
+"""Lab 06 checks, shared: the sample sizes and significance, the bigram toy models whose exact distributions are
+one table lookup, the chi-square power arithmetic, and the guard that watches one learner call."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+
+from autograder.reference_guard import no_calls_into
+from minigpt.config import ModelConfig
+from minigpt.engine.speculative import sampling_probs
+from minigpt.model import GPT
+from minigpt.sampling import SamplingParams
+from minigpt.teaching.goodness_of_fit import ChiSquareResult, chi2_sf
+
+
+SIGNIFICANCE = 1e-3          # reject "same distribution" when the p-value is below this
+VERIFY_SAMPLES = 1500        # emulated sequences for check_verify_draft's test
+ENGINE_SAMPLES = 1000        # generate_speculative calls for the end-to-end test
+TOY_VOCAB = 6
+# Far from T = 1 (a temperature bug shows) and a top-k that drops 27% of the target's mass after the prompt's last
+# token (a target distribution that ignores top-k shows; top_k=4 at T = 0.4 dropped 0.0%).
+TOY_SAMPLING = SamplingParams(temperature=3.0, top_k=3)
+
+# The learner's speedup over generate_kv_cache must reach a fraction of the reference's speedup measured in the same
+# run, calibrated per device class by `make calibrate` (autograder/calibrate.py) between the reference's ratio and that
+# of a generator that re-runs the whole context every step (no cache).
+SPEED_CHECK = "lab06_speculative_speedup"
+
+
+
+def _watched(fn: Callable, references: tuple, what: str) -> Callable:
+    """fn, refusing (ReferenceHandedIn) a call that enters the reference's code while fn runs (the check's own calls
+    of the reference, between the learner's calls, are not watched)."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with no_calls_into(*references, what=what):
+            return fn(*args, **kwargs)
+    return call
+
+
+# ---------------------------------------------------------------------------------------------------
+# Toy models with a 6-token vocabulary: exact distributions are cheap
+# ---------------------------------------------------------------------------------------------------
+
+def _toy_tables(seed: int = 0) -> tuple[Tensor, Tensor]:
+    """Bigram logit tables (V, V): row a = logits of the next token after token a, for a target and a draft
+    that disagree often (per-token acceptance around 0.6)."""
+    g = torch.Generator().manual_seed(seed)
+    target = torch.randn(TOY_VOCAB, TOY_VOCAB, generator=g) * 1.6
+    draft = target + torch.randn(TOY_VOCAB, TOY_VOCAB, generator=g) * 1.6
+    return target, draft
+
+
+class BigramLM(GPT):
+    """A GPT-shaped toy: logits(next | context) = table[last token], so exact distributions are one table lookup.
+
+    It speaks the model protocol (tokens, positions, kv_caches) and writes one dummy key/value per position
+    into the cache, so cache lengths and positions behave as with a real model.
+    """
+
+    def __init__(self, table: Tensor, max_seq_len: int = 64) -> None:
+        nn.Module.__init__(self)
+        V = table.shape[0]
+        self.config = ModelConfig(vocab_size=V, max_seq_len=max_seq_len, d_model=2, n_layers=1, n_heads=1,
+                                  n_kv_heads=1, d_ff=2)
+        self.tok_emb = nn.Embedding(V, 2)            # only for .device and .dtype
+        self.register_buffer("table", table.float().clone())
+
+    def forward(self, tokens: Tensor, positions: Tensor | None = None, kv_caches: Any = None) -> Tensor:
+        B, T = tokens.shape
+        if kv_caches is not None:
+            if positions is None:
+                raise ValueError("pass `positions` with `kv_caches`")
+            zeros = torch.zeros(B, T, 1, 2)
+            for layer in kv_caches:
+                layer.update(zeros, zeros)
+        return self.table[tokens]
+
+
+def toy_pair(seed: int = 0) -> tuple[BigramLM, BigramLM]:
+    target, draft = _toy_tables(seed)
+    return BigramLM(target).eval(), BigramLM(draft).eval()
+
+
+def rejection_threshold(dof: int, significance: float = SIGNIFICANCE) -> float:
+    """The chi-square statistic at which the p-value falls to `significance` (bisection on chi2_sf)."""
+    lo, hi = 0.0, 10_000.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if chi2_sf(mid, dof) > significance else (lo, mid)
+    return hi
+
+
+def noncentrality_for_power(dof: int, power: float = 0.99, significance: float = SIGNIFICANCE, draws: int = 20_000,
+                            seed: int = 0) -> float:
+    """The non-centrality lambda = n * w^2 (w^2 = sum (q - p)^2 / p, the squared effect size of a wrong law q) at which
+    the chi-square test rejects with probability `power`: X = (Z_0 + sqrt(lambda))^2 + Z_1^2 + ... + Z_{dof-1}^2
+    exceeds the rejection threshold; seeded Monte Carlo, then bisection on lambda."""
+    z = torch.randn(draws, dof, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    rest, threshold = (z[:, 1:] ** 2).sum(1), rejection_threshold(dof, significance)
+    lo, hi = 0.0, 1_000.0
+    for _ in range(60):
+        lam = (lo + hi) / 2
+        hit = ((z[:, 0] + lam ** 0.5) ** 2 + rest > threshold).double().mean().item()
+        lo, hi = (lam, hi) if hit < power else (lo, lam)
+    return hi
+
+
+def samples_for_power(w2: float, dof: int, power: float = 0.99) -> int:
+    """Samples a chi-square test needs to see a wrong law of squared effect size w2 with `power`."""
+    return math.ceil(noncentrality_for_power(dof, power) / w2)
+
+
+def _chi2_report(res: ChiSquareResult, what: str) -> str:
+    return f"{what}: chi-square {res.statistic:.1f} on {res.dof} degrees of freedom, p-value {res.p_value:.2g}, n = {res.n}"
+
+
+def _exact_three(table: Tensor, first: int, sampling: SamplingParams) -> tuple[Tensor, Tensor, Tensor]:
+    """Exact target distributions after a context ending in `first`: of the first token, of the first two tokens,
+    and of the second and third tokens (the third is a round's bonus token when both k = 2 drafts are accepted)."""
+    P = sampling_probs(table, sampling)                 # (V, V): row a = p(. | last token a)
+    p1 = P[first]
+    p12 = p1[:, None] * P                               # joint p(x1) p(x2 | x1)
+    p2 = p12.sum(0)
+    return p1, p12.flatten(), (p2[:, None] * P).flatten()      # p(x2) p(x3 | x2)

@@ -1,0 +1,241 @@
+"""Lab 06, exercise 4: the speculative generator (generate_speculative), end to end."""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from autograder.harness import call_learner, quiet
+from autograder.lab06.common import (ENGINE_SAMPLES, SIGNIFICANCE, TOY_SAMPLING, TOY_VOCAB, _chi2_report,
+                                     _exact_three, toy_pair)
+from autograder.reference_guard import no_calls_into, own_work
+from minigpt.checkpoint import load_model
+from minigpt.config import ModelConfig
+from minigpt.engine.cached_generation import generate_kv_cache
+from minigpt.engine.speculative import generate_speculative
+from minigpt.generate import Generation
+from minigpt.model import GPT
+from minigpt.sampling import SamplingParams
+from minigpt.teaching.goodness_of_fit import ChiSquareResult, chi_square_test
+from minigpt.timing import fixed_threads
+
+
+# ---------------------------------------------------------------------------------------------------
+# Exercise 4: the whole generator
+# ---------------------------------------------------------------------------------------------------
+
+class _CacheTracer:
+    """Follows what every KV cache holds: the token written at each position, per cache object.
+
+    Before each forward call with a cache, the positions must start at the cache's length; and at the start
+    of each round (every target call, and the first draft call after it) every position already in the cache
+    must hold the token of the final sequence (a rejected draft left in a cache would be attended to). Records violations instead of raising, so the learner's code finishes.
+    """
+
+    def __init__(self, models: dict[str, nn.Module]) -> None:
+        self.contents: dict[int, list[int]] = {}
+        self.calls: dict[str, int] = {name: 0 for name in models}
+        self.snapshots: list[tuple[str, list[int], int]] = []      # (model, cache prefix, call index)
+        self.errors: list[str] = []
+        self.handles = [m.register_forward_pre_hook(self._hook(name), with_kwargs=True) for name, m in models.items()]
+
+    def _hook(self, name: str) -> Callable:
+        def hook(module, args, kwargs):
+            tokens = args[0] if args else kwargs.get("tokens")
+            positions = args[1] if len(args) > 1 else kwargs.get("positions")
+            caches = args[2] if len(args) > 2 else kwargs.get("kv_caches")
+            self.calls[name] += 1
+            if caches is None:
+                return
+            length = caches[0].length
+            content = self.contents.setdefault(id(caches), [])
+            pos = positions.reshape(-1)[-tokens.shape[-1]:].tolist()
+            if pos[0] != length and not self.errors:
+                self.errors.append(f"the {name} model's call #{self.calls[name]} passed positions starting at {pos[0]} but "
+                                   f"its cache holds {length} positions: positions must be cache.next_positions(T)")
+            del content[length:]
+            self.snapshots.append((name, list(content), self.calls[name]))
+            content.extend(tokens[0].tolist())
+        return hook
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+    def check_prefixes(self, sequence: list[int], what: str) -> None:
+        if self.errors:
+            raise AssertionError(f"{what}: {self.errors[0]}")
+        previous = "target"
+        for name, prefix, call in self.snapshots:
+            round_start, previous = previous == "target", name
+            if name == "draft" and not round_start:
+                continue                # inside a round the draft's cache holds its own unverified proposals
+            bad = next((j for j, t in enumerate(prefix) if j >= len(sequence) or t != sequence[j]), None)
+            if bad is not None:
+                raise AssertionError(
+                    f"{what}: before the {name} model's call #{call}, its cache still held a token at position {bad} that is "
+                    f"not part of the output (a rejected draft): roll the {name} cache back after each round "
+                    f"({'keep the context and the accepted drafts' if name == 'target' else 'keep at most the context and the accepted drafts it has seen'}"
+                    "), e.g. truncate_cache(cache, length)")
+
+
+def _gen(fn: Callable, what: str, *args: Any, **kwargs: Any) -> Generation:
+    out = call_learner(what, fn, *args, **kwargs)
+    if not isinstance(out, Generation):
+        raise AssertionError(f"{what}: return a minigpt.generate.Generation (tokens, finish_reason, prompt_tokens), got "
+                             f"{type(out).__name__}")
+    return out
+
+
+def engine_distribution_test(generate_fn: Callable, n: int = ENGINE_SAMPLES, k: int = 2, seed: int = 0,
+                             sampling: SamplingParams = TOY_SAMPLING
+                             ) -> tuple[ChiSquareResult, ChiSquareResult, ChiSquareResult]:
+    """n seeded runs of generate_fn(target, draft, prompt, 3, sampling, k=k) on the bigram toy pair: chi-square tests
+    of the first token, the first two, and the second and third (the first round's bonus token when both drafts are
+    accepted) against the target's exact distribution."""
+    target, draft = toy_pair(seed)
+    prompt = [1, 4, 2]
+    V = TOY_VOCAB
+    first = torch.zeros(V, dtype=torch.long)
+    pairs = torch.zeros(V * V, dtype=torch.long)
+    later = torch.zeros(V * V, dtype=torch.long)
+    for i in range(n):
+        s = SamplingParams(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, seed=seed * 100_000 + i)
+        out = generate_fn(target, draft, list(prompt), 3, s, k=k, stop_token_ids=())   # 3: the first round drafts k = 2
+        if len(out.tokens) != 3:
+            raise AssertionError(f"asked for 3 new tokens (no stop token), got {len(out.tokens)}: {out.tokens}")
+        first[out.tokens[0]] += 1
+        pairs[out.tokens[0] * V + out.tokens[1]] += 1
+        later[out.tokens[1] * V + out.tokens[2]] += 1
+    p1, p12, p23 = _exact_three(target.table, prompt[-1], sampling)
+    return chi_square_test(first, p1), chi_square_test(pairs, p12), chi_square_test(later, p23)
+
+
+def _tiny_pair() -> tuple[GPT, GPT]:
+    """Two small random GPTs with peaked logits that agree on roughly 60% of greedy drafts."""
+    cfg = ModelConfig(vocab_size=48, max_seq_len=128, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64,
+                      tie_embeddings=False)
+    with torch.random.fork_rng(devices=[]):         # the global RNG is left as it was
+        torch.manual_seed(0)
+        target = GPT(cfg).eval()
+    with torch.no_grad():
+        target.lm_head.weight.mul_(30)
+        draft = copy.deepcopy(target)
+        g = torch.Generator().manual_seed(1)
+        draft.lm_head.weight.add_(torch.randn(draft.lm_head.weight.shape, generator=g) * 0.3)
+    return target, draft
+
+
+def _val_prompts(n: int, length: int) -> list[list[int]]:
+    from minigpt.training.data import load_tokens
+    val = load_tokens("val")
+    step = (len(val) - length) // n
+    return [val[i * step:i * step + length].tolist() for i in range(n)]
+
+
+def check_generate_speculative(generate_fn: Callable, *, n_prompts: int = 4, new_tokens: int = 16) -> None:
+    """generate_fn(target, draft, prompt, max_new_tokens, sampling, *, k, stop_token_ids, ...) -> Generation:
+    greedy output equal to the target's on the trained pair; caches rolled back; a bonus token when every draft
+    is accepted; stop tokens; and the output distribution (chi-square test on the bigram toy pair)."""
+    what = "Exercise 4 (generate_speculative)"
+    own_work(generate_fn, generate_speculative, what=what)
+    with fixed_threads(1), no_calls_into(generate_speculative, what=what):                  # small models: one thread is fast enough and immune to a busy machine
+        _check_greedy_trained(generate_fn, n_prompts, new_tokens)
+        _check_generate(generate_fn)
+
+
+def _check_greedy_trained(generate_fn: Callable, n_prompts: int, new_tokens: int) -> None:
+    # 1. Greedy equality with the trained pair, on validation prompts.
+    with quiet():
+        target, draft = load_model("target"), load_model("draft")
+    for i, prompt in enumerate(_val_prompts(n_prompts, 24)):
+        k = 2 + i % 3
+        want = generate_kv_cache(target, prompt, new_tokens, stop_token_ids=())
+        what = f"trained target/draft, validation prompt #{i} (24 tokens), {new_tokens} new tokens, greedy, k={k}"
+        got = _gen(generate_fn, what, target, draft, list(prompt), new_tokens, SamplingParams(), k=k, stop_token_ids=())
+        if got.tokens != want.tokens:
+            step = next((j for j, (a, b) in enumerate(zip(got.tokens, want.tokens)) if a != b),
+                        min(len(got.tokens), len(want.tokens)))
+            raise AssertionError(f"{what}: output differs from the target's greedy output at new token {step}: expected "
+                                 f"{want.tokens[step:step + 4]}..., got {got.tokens[step:step + 4]}.... Greedy speculative "
+                                 "decoding must reproduce it exactly: accept a draft only if it is the target's argmax at its "
+                                 "position (verify draft i with the target logits that PREDICT position i), and replace the "
+                                 "first mismatch by that argmax.")
+        if got.finish_reason != "length":
+            raise AssertionError(f"{what}: finish_reason should be 'length', got {got.finish_reason!r}")
+
+
+def _check_generate(generate_fn: Callable) -> None:
+    # 2. Caches rolled back: what each cache holds is always part of the final sequence (tiny random GPTs).
+    tiny_target, tiny_draft = _tiny_pair()
+    for params in (SamplingParams(), SamplingParams(temperature=1.0, seed=3)):
+        prompt = [5, 9, 2, 7, 1]
+        what = f"tiny random models, prompt {prompt}, 30 new tokens, {params}, k=3"
+        tracer = _CacheTracer({"target": tiny_target, "draft": tiny_draft})
+        try:
+            got = _gen(generate_fn, what, tiny_target, tiny_draft, list(prompt), 30, params, k=3, stop_token_ids=())
+        finally:
+            tracer.close()
+        if len(got.tokens) != 30:
+            raise AssertionError(f"{what}: expected exactly 30 new tokens, got {len(got.tokens)}; a round must never emit "
+                                 "more than the tokens still allowed (draft fewer near the end)")
+        tracer.check_prefixes(prompt + got.tokens, what)
+        if params.greedy:
+            want = generate_kv_cache(tiny_target, prompt, 30, stop_token_ids=())
+            if got.tokens != want.tokens:
+                raise AssertionError(f"{what}: greedy output differs from the target's greedy output")
+        if tracer.calls["target"] >= 30:
+            raise AssertionError(f"{what}: the target model was called {tracer.calls['target']} times for 30 tokens; it "
+                                 "should verify all k drafts of a round in ONE forward call over k + 1 positions")
+    # 3. The bonus token: a draft identical to the target has every draft accepted, so each round emits k + 1.
+    twin = copy.deepcopy(tiny_target)
+    for params in (SamplingParams(), SamplingParams(temperature=0.8, seed=1)):
+        k, n = 3, 24
+        what = f"draft identical to the target (every draft accepted), {n} new tokens, k={k}, {params}"
+        tracer = _CacheTracer({"target": tiny_target})
+        try:
+            got = _gen(generate_fn, what, tiny_target, twin, [3, 1, 4], n, params, k=k, stop_token_ids=())
+        finally:
+            tracer.close()
+        rounds = math.ceil(n / (k + 1))
+        if tracer.calls["target"] != rounds:
+            hint = (" Looks like no bonus token: when all k drafts are accepted, also emit a token from the target's "
+                    "distribution at position k + 1 (already computed by the verify pass)."
+                    if tracer.calls["target"] == math.ceil(n / k) else "")
+            raise AssertionError(f"{what}: each round should emit k + 1 = {k + 1} tokens, so the target should run {rounds} "
+                                 f"times; it ran {tracer.calls['target']} times.{hint}")
+    # 4. A stop token ends generation like the target would.
+    prompt = [5, 9, 2, 7, 1]
+    ref = generate_kv_cache(tiny_target, prompt, 30, stop_token_ids=())
+    stop = ref.tokens[6]
+    want = generate_kv_cache(tiny_target, prompt, 30, stop_token_ids=(stop,))
+    got = _gen(generate_fn, "stop token", tiny_target, tiny_draft, list(prompt), 30, SamplingParams(), k=3,
+               stop_token_ids=(stop,))
+    if (got.tokens, got.finish_reason) != (want.tokens, want.finish_reason):
+        raise AssertionError(f"greedy with stop_token_ids=({stop},): expected {want.tokens} ({want.finish_reason!r}), got "
+                             f"{got.tokens} ({got.finish_reason!r}); feed every emitted token to minigpt.generate.StopRule "
+                             "and stop at the first one that ends generation")
+    # 5. The same seed twice gives the same tokens; another seed other tokens.
+    params = SamplingParams(temperature=1.0, seed=7)
+    runs = [_gen(generate_fn, f"sampling with {p}", tiny_target, tiny_draft, [5, 9, 2, 7, 1], 20, p, k=3,
+                 stop_token_ids=()).tokens for p in (params, params)]
+    if runs[0] != runs[1]:
+        raise AssertionError(f"two runs with the same {params} gave different tokens ({runs[0][:8]}... and "
+                             f"{runs[1][:8]}...): draw every random number (drafts, acceptance, residual, bonus) from the "
+                             "generator made from sampling.seed (minigpt.sampling.make_generator), never the global RNG")
+    # 6. The distribution, end to end (sampling with temperature and top-k).
+    r1, r2, r3 = call_learner("generate_speculative", engine_distribution_test, generate_fn,
+                              context="in the distribution test")
+    for res, what in ((r1, "first token"), (r2, "first two tokens"),
+                      (r3, "second and third tokens (the third is the bonus token when both drafts are accepted)")):
+        if not res.p_value >= SIGNIFICANCE:
+            raise AssertionError(
+                f"sampling with {TOY_SAMPLING}: the {what} do not follow the target's distribution ({_chi2_report(res, what)}, "
+                f"below the significance {SIGNIFICANCE}). Apply the same temperature / top-k / top-p to the draft's logits "
+                "(the q in min(1, p/q) must be the distribution the draft token was drawn from) and to the target's; "
+                "verify draft i with the target logits at the position that predicts it; draw the bonus token from the "
+                "target's distribution after the last draft.")

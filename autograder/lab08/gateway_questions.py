@@ -1,0 +1,66 @@
+"""Lab 08, interview questions: the gateway."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from autograder.harness import check_answer
+
+
+# ---------------------------------------------------------------------------------------------------
+# Interview questions: the gateway
+# ---------------------------------------------------------------------------------------------------
+
+def check_q_gateway_replicas(answer: Any, *, request_rate: float, per_replica_goodput: float,
+                             per_replica_throughput: float, utilization: float = 0.8) -> None:
+    """Replicas a gateway needs for `request_rate` req/s when one replica delivers `per_replica_goodput` req/s within
+    the latency objectives and is run at most at `utilization` of it: ceil(rate / (goodput * utilization))."""
+    if not (request_rate > 0 and per_replica_goodput > 0 and per_replica_throughput > 0 and 0 < utilization <= 1):
+        raise ValueError("request_rate, per-replica goodput and throughput must be > 0 and utilization in (0, 1]")
+    expected = math.ceil(request_rate / (per_replica_goodput * utilization))
+    mistakes = [(math.floor(request_rate / (per_replica_goodput * utilization)),
+                 "rounded down: a fractional replica means one more replica, round UP"),
+                (math.ceil(request_rate / per_replica_goodput), "no headroom: run each replica at most at "
+                 f"{utilization:.0%} of its goodput, so queues stay short when traffic bursts"),
+                (math.ceil(request_rate / (per_replica_throughput * utilization)), "sized on raw request throughput: "
+                 "past its goodput a replica still answers, but late; size on goodput (requests meeting the SLO)"),
+                (math.ceil(request_rate * utilization / per_replica_goodput), "multiplied by the utilization instead "
+                 "of dividing: each replica may carry only utilization x its goodput")]
+    check_answer(answer, expected, f"replicas for {request_rate:g} req/s at {per_replica_goodput:g} req/s goodput per "
+                 f"replica, run at {utilization:.0%}", [(v, m) for v, m in mistakes if v != expected], unit="replicas")
+
+
+AFFINITY_SCENARIOS = {
+    "A": "an agent framework: every request starts with the same 2,000-token tool description and a few-shot preamble",
+    "B": "a batch job summarising a million unrelated documents, each prompt different from the first token",
+    "C": "multi-turn chat: each turn resends the whole conversation so far (the history is the previous turn's prompt)",
+    "D": "a single popular system prompt carries 90% of the traffic and one replica cannot serve that much alone",
+    "E": "short prompts (under one KV block) with long answers",
+}
+
+
+def check_q_affinity_pays(answer: Any) -> None:
+    """The set of AFFINITY_SCENARIOS letters where prefix-aware routing (pure consistent hashing) clearly pays."""
+    if isinstance(answer, str):
+        answer = set(answer.replace(",", " ").split())
+    if not isinstance(answer, (set, frozenset, list, tuple)) or not all(isinstance(x, str) for x in answer):
+        raise AssertionError(f"answer with a set of letters from {sorted(AFFINITY_SCENARIOS)}, e.g. {{'A'}}; got {answer!r}")
+    got = {x.strip().upper() for x in answer}
+    unknown = got - set(AFFINITY_SCENARIOS)
+    if unknown:
+        raise AssertionError(f"unknown scenario(s) {sorted(unknown)}; choose from {sorted(AFFINITY_SCENARIOS)}")
+    why = {"A": "A shares a long prefix across requests: affinity prefills it once per replica it lives on, "
+                "round-robin once on every replica (and again after each eviction)",
+           "B": "B has no shared prefix: nothing to reuse, so affinity only costs balance",
+           "C": "C is the classic case: a conversation's next turn extends its last prompt, so the same replica "
+                "still holds its KV blocks (route on the first blocks: the whole conversation stays together)",
+           "D": "D: pure consistent hashing pins the hot prefix to ONE replica, which overloads; production routers "
+                "(SGLang's cache-aware router, vLLM's production stack) fall back to the least-loaded replica past a "
+                "load imbalance threshold",
+           "E": "E: a prompt shorter than one block has no full block to cache; there is nothing to route on"}
+    wrong = sorted(got ^ {"A", "C"})
+    if wrong:
+        raise AssertionError("not quite: " + " ".join(why[x] for x in wrong) if len(wrong) <= 1 else
+                             f"{len(wrong)} scenarios are misjudged; think about which ones repeat a long prefix AND "
+                             "keep the load spread")
