@@ -13,8 +13,22 @@ from minigpt.cache.block_pool import BlockPool, OutOfBlocks
 from minigpt.cache.block_table import blocks_needed, slot_of
 from minigpt.cache.paged_attention import gather_kv, paged_attention, paged_decode_attention
 from minigpt.cache.prefix_cache import PrefixCache, hash_block
+from minigpt.cache import paged_attention as paged_module
+
+from autograder.reference_guard import ReferenceHandedIn
+from tests.labs.learner_copy import as_learner
 
 EXAMPLES = 40       # enough for every wrong manager below to be caught (each fails within a few examples)
+
+# The package's references re-typed as notebook code (the checks refuse the package's own objects).
+LearnerBlockPool = as_learner(BlockPool)
+LearnerBlockManager = as_learner(BlockManager, BlockPool=LearnerBlockPool)
+learner_slot_of = as_learner(slot_of)
+learner_hash_block = as_learner(hash_block)
+learner_gather_kv = as_learner(gather_kv)
+_paged_helpers = {"gather_kv": learner_gather_kv, "_check": as_learner(paged_module._check)}
+learner_paged_decode_attention = as_learner(paged_decode_attention, **_paged_helpers)
+learner_paged_attention = as_learner(paged_attention, **_paged_helpers)
 
 
 def _stub(*args, **kwargs):
@@ -27,7 +41,8 @@ class StubPool:
 
 
 def reference_manager(num_blocks, block_size, prefix):
-    return BlockManager(num_blocks, block_size, enable_prefix_caching=prefix)
+    """The reference's code, typed into the notebook."""
+    return LearnerBlockManager(num_blocks, block_size, enable_prefix_caching=prefix)
 
 
 def factory(manager_cls):
@@ -36,7 +51,7 @@ def factory(manager_cls):
 
 def with_pool(pool_cls):
     """A reference BlockManager over another pool class."""
-    class Manager(BlockManager):
+    class Manager(LearnerBlockManager):
         def __init__(self, num_blocks, block_size, *, enable_prefix_caching=False):
             super().__init__(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
             self.pool = pool_cls(num_blocks, block_size)
@@ -46,7 +61,7 @@ def with_pool(pool_cls):
 
 # --- wrong pools --------------------------------------------------------------------------------
 
-class NoDecrementPool(BlockPool):
+class NoDecrementPool(LearnerBlockPool):
     """free() returns the block to the pool at once, without decrementing its ref_count."""
 
     def free(self, block, *, keep=False):
@@ -55,7 +70,7 @@ class NoDecrementPool(BlockPool):
         self._free[block] = None
 
 
-class FreeSharedPool(BlockPool):
+class FreeSharedPool(LearnerBlockPool):
     """free() decrements but puts the block back in the free list even while others still hold it."""
 
     def free(self, block, *, keep=False):
@@ -65,7 +80,7 @@ class FreeSharedPool(BlockPool):
         self._free[block] = None
 
 
-class HalfDoneAllocatePool(BlockPool):
+class HalfDoneAllocatePool(LearnerBlockPool):
     """Takes blocks one by one and raises OutOfBlocks when it runs out, keeping the ones already taken."""
 
     def allocate(self, n=1):
@@ -83,7 +98,7 @@ class HalfDoneAllocatePool(BlockPool):
 
 # --- wrong managers -----------------------------------------------------------------------------
 
-class NoCopyOnWriteManager(BlockManager):
+class NoCopyOnWriteManager(LearnerBlockManager):
     """fork shares the blocks, but appending writes straight into a shared, partly filled last block."""
 
     def blocks_for_append(self, seq_id, n):
@@ -114,7 +129,7 @@ def off_by_one_slot(table, position, block_size):
     return table[index] * block_size + position % block_size
 
 
-class OffByOneSlotManager(BlockManager):
+class OffByOneSlotManager(LearnerBlockManager):
     def append_tokens(self, seq_id, tokens):
         r = super().append_tokens(seq_id, tokens)
         t = self.table(seq_id)
@@ -127,30 +142,30 @@ def unchained_hash(parent, tokens):
     return hash_block(None, tokens)
 
 
-class UnchainedHashManager(BlockManager):
+class UnchainedHashManager(LearnerBlockManager):
     """Hashes each block's tokens alone: equal blocks after different prefixes match."""
 
-    def add_sequence(self, seq_id, prompt):
-        import minigpt.cache.block_manager as bm
-        saved = (bm.hash_block, bm.block_hashes)
-        bm.hash_block = unchained_hash
-        bm.block_hashes = lambda toks, bs: [hash_block(None, toks[i:i + bs]) for i in range(0, len(toks) - bs + 1, bs)]
+    def add_sequence(self, seq_id, prompt, **kw):
+        g = LearnerBlockManager.add_sequence.__globals__
+        saved = (g["hash_block"], g["block_hashes"])
+        g["hash_block"] = unchained_hash
+        g["block_hashes"] = lambda toks, bs, salt=None: [hash_block(None, toks[i:i + bs]) for i in range(0, len(toks) - bs + 1, bs)]
         try:
             return super().add_sequence(seq_id, prompt)
         finally:
-            bm.hash_block, bm.block_hashes = saved
+            g["hash_block"], g["block_hashes"] = saved
 
     def append_tokens(self, seq_id, tokens):
-        import minigpt.cache.block_manager as bm
-        saved = bm.hash_block
-        bm.hash_block = unchained_hash
+        g = LearnerBlockManager.append_tokens.__globals__
+        saved = g["hash_block"]
+        g["hash_block"] = unchained_hash
         try:
             return super().append_tokens(seq_id, tokens)
         finally:
-            bm.hash_block = saved
+            g["hash_block"] = saved
 
 
-class ZeroComputeManager(BlockManager):
+class ZeroComputeManager(LearnerBlockManager):
     """Reuses a prompt cached to its very end: nothing left to compute, no logits for the first token."""
 
     def add_sequence(self, seq_id, prompt):
@@ -171,7 +186,7 @@ def lab02_block_hashes(tokens, bs):
     return block_hashes(tokens, bs)
 
 
-class HalfDoneManager(BlockManager):
+class HalfDoneManager(LearnerBlockManager):
     """Appends block by block without counting first: out of blocks part-way, the table keeps what it got."""
 
     def append_tokens(self, seq_id, tokens):
@@ -183,7 +198,7 @@ class HalfDoneManager(BlockManager):
         return super().append_tokens(seq_id, tokens)
 
 
-class StaleHashManager(BlockManager):
+class StaleHashManager(LearnerBlockManager):
     """Never forgets a hash: a block reused for new content is still found under its old hash."""
 
     def __init__(self, num_blocks, block_size, *, enable_prefix_caching=False):
@@ -205,15 +220,69 @@ WRONG_MANAGERS = {
 
 # --- the reference passes -----------------------------------------------------------------------
 
-def test_reference_passes_every_check():
-    lab02.check_block_pool(BlockPool)
-    lab02.check_slot_mapping(slot_of)
-    lab02.check_block_hash(hash_block)
+def test_reference_typed_into_the_notebook_passes_every_check():
+    lab02.check_block_pool(LearnerBlockPool)
+    lab02.check_slot_mapping(learner_slot_of)
+    lab02.check_block_hash(learner_hash_block)
     assert lab02.check_block_manager(reference_manager, max_examples=EXAMPLES) >= EXAMPLES
     lab02.check_prefix_cache(reference_manager)
-    lab02.check_paged_decode_attention(paged_decode_attention)
-    lab02.check_paged_attention(paged_attention)
-    lab02.check_paged_generation(paged_attention)
+    lab02.check_paged_decode_attention(learner_paged_decode_attention)
+    lab02.check_paged_attention(learner_paged_attention)
+    lab02.check_paged_generation(learner_paged_attention)
+
+
+# --- the package's reference is refused: itself, a subclass inheriting the methods, a thin wrapper ----------
+
+class InheritingPool(BlockPool):
+    pass
+
+
+class DelegatingPool(LearnerBlockPool):
+    def allocate(self, n=1):
+        return BlockPool.allocate(self, n)
+
+
+class InheritingManager(BlockManager):
+    pass
+
+
+class DelegatingManager(LearnerBlockManager):
+    def add_sequence(self, seq_id, prompt, **kw):
+        return BlockManager.add_sequence(self, seq_id, prompt, **kw)
+
+
+REFUSED = [
+    (lab02.check_block_pool, BlockPool, "course's reference"),
+    (lab02.check_block_pool, InheritingPool, "inherits"),
+    (lab02.check_block_pool, DelegatingPool, r"calls the course's reference \(BlockPool.allocate\)"),
+    (lab02.check_slot_mapping, slot_of, "course's reference"),
+    (lab02.check_slot_mapping, lambda t, p, bs: slot_of(t, p, bs), r"\(slot_of\)"),
+    (lab02.check_block_hash, hash_block, "course's reference"),
+    (lab02.check_block_hash, lambda parent, tokens: hash_block(parent, tokens), r"\(hash_block\)"),
+    (lab02.check_prefix_cache, factory(BlockManager), "course's reference"),
+    (lab02.check_prefix_cache, factory(InheritingManager), "inherits"),
+    (lab02.check_prefix_cache, factory(DelegatingManager), r"BlockManager.add_sequence"),
+    (lab02.check_paged_decode_attention, paged_decode_attention, "course's reference"),
+    (lab02.check_paged_decode_attention, lambda *a: paged_decode_attention(*a), r"paged_decode_attention"),
+    (lab02.check_paged_attention, paged_attention, "course's reference"),
+    (lab02.check_paged_attention, lambda *a: paged_attention(*a), r"\(paged_attention\)"),
+    (lab02.check_paged_generation, paged_attention, "course's reference"),
+    (lab02.check_paged_generation, lambda *a: paged_attention(*a), r"\(paged_attention\)"),
+]
+
+
+@pytest.mark.parametrize("check, answer, match", REFUSED,
+                         ids=[f"{c.__name__}-{i}" for i, (c, _, _) in enumerate(REFUSED)])
+def test_reference_is_refused(check, answer, match):
+    with pytest.raises(ReferenceHandedIn, match=match):
+        check(answer)
+
+
+@pytest.mark.parametrize("make", [factory(BlockManager), factory(InheritingManager), factory(DelegatingManager)],
+                         ids=["reference", "subclass", "wrapper"])
+def test_state_machine_refuses_the_reference(make):
+    with pytest.raises(ReferenceHandedIn):
+        lab02.check_block_manager(make, max_examples=3)
 
 
 # --- stubs fail ---------------------------------------------------------------------------------
@@ -287,7 +356,7 @@ def test_nondeterministic_hash_fails():
 def decode_ignoring_lengths(q, k_pool, v_pool, block_tables, seq_lens):
     """Attends to every slot of every block in the table, the unused tail of the last block included."""
     B, Hq, D = q.shape
-    k, v = gather_kv(k_pool, block_tables), gather_kv(v_pool, block_tables)
+    k, v = learner_gather_kv(k_pool, block_tables), learner_gather_kv(v_pool, block_tables)
     group = Hq // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     w = torch.softmax(torch.einsum("bhd,bhld->bhl", q, k) / math.sqrt(D), -1)
@@ -300,7 +369,7 @@ def decode_wrong_gqa(q, k_pool, v_pool, block_tables, seq_lens):
     Hq = q.shape[1]
     perm = [h % Hkv for h in range(Hq)]
     idx = sorted(range(Hq), key=lambda h: perm[h])
-    out = paged_decode_attention(q[:, idx], k_pool, v_pool, block_tables, seq_lens)
+    out = learner_paged_decode_attention(q[:, idx], k_pool, v_pool, block_tables, seq_lens)
     return out[:, torch.argsort(torch.tensor(idx))]
 
 
@@ -311,7 +380,7 @@ def prefill_top_left(q, k_pool, v_pool, block_tables, seq_lens, q_lens=None):
 
 def _top_left(q, k_pool, v_pool, block_tables, seq_lens, q_lens):
     B, Hq, Tq, D = q.shape
-    k, v = gather_kv(k_pool, block_tables), gather_kv(v_pool, block_tables)
+    k, v = learner_gather_kv(k_pool, block_tables), learner_gather_kv(v_pool, block_tables)
     group = Hq // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     s = q @ k.transpose(-2, -1) / math.sqrt(D)
@@ -323,7 +392,7 @@ def _top_left(q, k_pool, v_pool, block_tables, seq_lens, q_lens):
 def shifted_table(q, k_pool, v_pool, block_tables, seq_lens, q_lens=None):
     """Reads logical block i from block_tables[b, i + 1] when it exists (an off-by-one in the table lookup)."""
     shifted = torch.cat([block_tables[:, 1:], block_tables[:, -1:]], 1)
-    return paged_attention(q, k_pool, v_pool, shifted, seq_lens, q_lens)
+    return learner_paged_attention(q, k_pool, v_pool, shifted, seq_lens, q_lens)
 
 
 @pytest.mark.parametrize("fn", [decode_ignoring_lengths, decode_wrong_gqa])
