@@ -427,3 +427,141 @@ def test_interview_answers():
                                (lab02.check_q4_ttft_with_cache, 16.0, "whole blocks")]:
         with pytest.raises(AssertionError, match=note):
             check(wrong)
+
+
+# --- gaps the random state machine never reached: targeted scenarios -----------------------------------------
+
+class HeadFirstEvictionManager(LearnerBlockManager):
+    """free() returns a sequence's blocks head first, so its head block (the shared prefix) is evicted first."""
+
+    def free(self, seq_id):
+        t = self.table(seq_id)
+        for block in t.blocks:
+            self.pool.free(block, keep=self._cached(block))
+        del self.tables[seq_id]
+        del self.hashes[seq_id]
+        self.roots.pop(seq_id, None)
+
+
+class IgnoresRevivedAdmissionManager(LearnerBlockManager):
+    """Admission counts only the new blocks against the free queue, forgetting that the cached blocks it reuses
+    leave that queue too: right everywhere except near a full pool with cached free blocks."""
+
+    def add_sequence(self, seq_id, prompt, **kw):
+        g = LearnerBlockManager.add_sequence.__globals__
+        prompt = [int(t) for t in prompt]
+        hashes = g["block_hashes"](prompt, self.block_size) if self.prefix_cache is not None else []
+        hits = (self.prefix_cache.lookup(hashes) if self.prefix_cache is not None else [])
+        hits = hits[:(len(prompt) - 1) // self.block_size]
+        needed = blocks_needed(len(prompt), self.block_size) - len(hits)
+        if needed > self.pool.num_free:                                     # the bug: revived blocks not counted
+            raise OutOfBlocks(needed, self.pool.num_free)
+        for b in hits:
+            self.pool.incref(b)
+        num_cached = len(hits) * self.block_size
+        self.tables[seq_id] = g["BlockTable"](self.block_size, list(hits), prompt[:num_cached])
+        self.hashes[seq_id] = hashes[:len(hits)]
+        self.roots[seq_id] = None
+        reservation = self.append_tokens(seq_id, prompt[num_cached:])
+        reservation.num_cached = num_cached
+        return reservation
+
+
+@pytest.mark.parametrize("cls, match", [(HeadFirstEvictionManager, "TAIL block"),
+                                        (IgnoresRevivedAdmissionManager, "count them|BEFORE taking any|count against")],
+                         ids=["head-first-eviction", "admission-ignores-revived"])
+def test_targeted_prefix_scenarios_catch(cls, match):
+    """Both bugs pass the graded state machine (60 random examples, measured), so each has its own scenario."""
+    with pytest.raises(AssertionError, match=match):
+        lab02.check_prefix_cache(factory(cls))
+
+
+class LeakyAfterBadReadManager(LearnerBlockManager):
+    """Reports wrong slots for appended tokens (an invariant fails) AND frees nothing (the teardown would fail)."""
+
+    def append_tokens(self, seq_id, tokens):
+        r = super().append_tokens(seq_id, tokens)
+        r.slots = [s + 1 for s in r.slots]
+        return r
+
+    def free(self, seq_id):
+        del self.tables[seq_id]
+
+
+def test_state_machine_reports_the_invariant_not_the_teardown():
+    with pytest.raises(AssertionError) as info:
+        lab02.check_block_manager(factory(LeakyAfterBadReadManager), max_examples=10)
+    assert "blocks leaked" not in str(info.value)
+    assert "reads position" in str(info.value) or "neither free nor referenced" in str(info.value) or \
+        "ref_counts" in str(info.value), str(info.value)
+
+
+# --- the same verdict in every process ---------------------------------------------------------------------
+
+class SharedTailWriteManager(LearnerBlockManager):
+    """Borderline: copy-on-write is skipped when the shared last block has exactly one free slot left."""
+
+    def blocks_for_append(self, seq_id, n):
+        t = self.table(seq_id)
+        if t.num_tokens % self.block_size == self.block_size - 1:
+            return blocks_needed(t.num_tokens + n, self.block_size) - len(t.blocks)
+        return super().blocks_for_append(seq_id, n)
+
+    def append_tokens(self, seq_id, tokens):
+        t = self.table(seq_id)
+        if tokens and t.num_tokens % self.block_size == self.block_size - 1:
+            n = t.num_tokens
+            needed = self.blocks_for_append(seq_id, len(tokens))
+            if needed > self.pool.num_free:
+                raise OutOfBlocks(needed, self.pool.num_free)
+            t.blocks.extend(self.pool.allocate(needed))
+            t.token_ids.extend(int(x) for x in tokens)
+            g = LearnerBlockManager.append_tokens.__globals__
+            if self.prefix_cache is not None:
+                hashes = self.hashes[seq_id]
+                for i in range(len(hashes), t.num_tokens // self.block_size):
+                    hashes.append(g["hash_block"](hashes[-1] if hashes else None,
+                                                  t.token_ids[i * self.block_size:(i + 1) * self.block_size]))
+                    self.prefix_cache.register(t.blocks[i], hashes[-1])
+            return Reservation(t.slots(n, t.num_tokens))
+        return super().append_tokens(seq_id, tokens)
+
+
+def state_machine_verdict(examples: int = lab02.GRADED_EXAMPLES) -> str:
+    """The graded state machine's verdict on a borderline wrong manager: 'passed' or its message."""
+    try:
+        lab02.check_block_manager(factory(SharedTailWriteManager), max_examples=examples)
+    except AssertionError as err:
+        return str(err)
+    return "passed"
+
+
+def test_state_machine_verdict_is_the_same_in_a_script_python_c_and_a_kernel(tmp_path):
+    """hypothesis mixes constants from loaded modules' source into its examples; the graded check draws from a
+    fixed example source instead, so a script, `python -c` and a Jupyter kernel (which load different modules)
+    reach the same verdict. Costs about 15 s (three fresh processes)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "shared"), str(root)])}
+    code = "from tests.labs.test_lab02_checks import state_machine_verdict\nprint(state_machine_verdict())\n"
+    script = tmp_path / "verdict.py"
+    script.write_text("import sys\nsys.path[:0] = %r\n" % [str(root / "shared"), str(root)] + code)
+    by_script = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=tmp_path,
+                               timeout=300).stdout.strip()
+    by_c = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root,
+                          timeout=300).stdout.strip()
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "import sys\nsys.path[:0] = %r\nimport matplotlib.pyplot, IPython.display\n" % [str(root / "shared"), str(root)]
+        + code)])
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    by_kernel = "".join(o.get("text", "") for o in nb.cells[0].outputs if o.get("name") == "stdout").strip()
+    assert by_script, "the script printed nothing"
+    assert by_script.startswith("block manager state machine: sequence"), by_script[:300]   # caught, in the graded count
+    assert by_script == by_c == by_kernel, (by_script[:300], by_c[:300], by_kernel[:300])
