@@ -34,9 +34,9 @@ from autograder.lab02.prefix_cache import check_prefix_cache
 from autograder.lab02.questions import (check_q1_block_waste, check_q2_paged_capacity, check_q3_prefix_compute_saved,
                                         check_q4_ttft_with_cache)
 from autograder.lab02.state_machine import (GRADED_EXAMPLES, STEPS_PER_EXAMPLE, check_block_manager,
-                                            make_state_machine)
+                                            make_state_machine, run_state_machine)
 
 __all__ = ["check_block_pool", "check_slot_mapping", "check_block_hash", "check_block_manager",
            "check_prefix_cache", "check_paged_decode_attention", "check_paged_attention", "check_paged_generation",
-           "make_state_machine", "GRADED_EXAMPLES", "STEPS_PER_EXAMPLE", "GEN_CONFIG", "check_q1_block_waste",
+           "make_state_machine", "run_state_machine", "GRADED_EXAMPLES", "STEPS_PER_EXAMPLE", "GEN_CONFIG", "check_q1_block_waste",
            "check_q2_paged_capacity", "check_q3_prefix_compute_saved", "check_q4_ttft_with_cache"]

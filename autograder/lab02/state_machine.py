@@ -8,12 +8,12 @@ import random
 from typing import Any, Callable
 
 from autograder.harness import call_learner, quiet
-from autograder.reference_guard import ReferenceHandedIn, no_calls_into, own_work
+from autograder.reference_guard import no_calls_into, own_work
 from minigpt.cache.block_manager import BlockManager as ReferenceBlockManager
 from minigpt.cache.block_pool import OutOfBlocks
 from minigpt.cache.prefix_cache import hash_block as reference_hash_block
 
-__all__ = ["make_state_machine", "check_block_manager", "manager_class", "fixed_example_source", "GRADED_EXAMPLES",
+__all__ = ["make_state_machine", "check_block_manager", "run_state_machine", "manager_class", "fixed_example_source", "GRADED_EXAMPLES",
            "STEPS_PER_EXAMPLE", "MANAGER_WHAT", "MANAGER_METHODS"]
 
 MANAGER_WHAT = "Exercise 4 (BlockManager)"
@@ -319,11 +319,21 @@ def check_block_manager(make_manager: Callable[[int, int, bool], Any],
                         hash_fn: Callable[[int | None, list[int]], int] = reference_hash_block, *,
                         max_examples: int = GRADED_EXAMPLES, seed: int = 0, shrink: bool = False) -> int:
     """Run the state machine for `max_examples` seeded examples; returns the number run. On failure the
-    AssertionError carries the failing sequence of steps (shrunk to a minimal one if `shrink`: slower)."""
+    AssertionError carries the failing sequence of steps (shrunk to a minimal one if `shrink`: slower). The
+    package's BlockManager is refused (itself, a subclass inheriting the methods, a wrapper calling it)."""
+    manager_class(make_manager)
+    with no_calls_into(ReferenceBlockManager, what=MANAGER_WHAT):
+        return run_state_machine(make_manager, hash_fn, max_examples=max_examples, seed=seed, shrink=shrink)
+
+
+def run_state_machine(make_manager: Callable[[int, int, bool], Any],
+                      hash_fn: Callable[[int | None, list[int]], int] = reference_hash_block, *,
+                      max_examples: int = GRADED_EXAMPLES, seed: int = 0, shrink: bool = False) -> int:
+    """The state machine alone (no refusal of the reference): the package's own tests run it on the package's
+    BlockManager. Returns the number of examples run."""
     from hypothesis import HealthCheck, Phase, settings
     from hypothesis.stateful import run_state_machine_as_test
 
-    manager_class(make_manager)
     machine = make_state_machine(make_manager, hash_fn)
     count = {"n": 0}
 
@@ -337,11 +347,9 @@ def check_block_manager(make_manager: Callable[[int, int, bool], Any],
                    derandomize=True, print_blob=False, report_multiple_bugs=False, phases=phases,
                    suppress_health_check=list(HealthCheck))
     try:
-        with quiet(), fixed_example_source(), no_calls_into(ReferenceBlockManager, what=MANAGER_WHAT):
+        with quiet(), fixed_example_source():
             random.seed(seed)
             run_state_machine_as_test(Counted, settings=cfg)
-    except ReferenceHandedIn:
-        raise
     except AssertionError as err:
         steps = [line for note in getattr(err, "__notes__", []) for line in note.splitlines()
                  if line.startswith("state.") and not line.startswith("state.check_")]
