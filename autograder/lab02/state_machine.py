@@ -8,7 +8,7 @@ import random
 from typing import Any, Callable
 
 from autograder.harness import call_learner, quiet
-from autograder.reference_guard import no_calls_into, own_work
+from autograder.reference_guard import ReferenceHandedIn, no_calls_into, own_work
 from minigpt.cache.block_manager import BlockManager as ReferenceBlockManager
 from minigpt.cache.block_pool import OutOfBlocks
 from minigpt.cache.prefix_cache import hash_block as reference_hash_block
@@ -71,7 +71,8 @@ def _reports_failure(fn: Callable) -> Callable:
 # ---------------------------------------------------------------------------------------------------
 
 def make_state_machine(make_manager: Callable[[int, int, bool], Any],
-                       hash_fn: Callable[[int | None, list[int]], int] = reference_hash_block) -> type:
+                       hash_fn: Callable[[int | None, list[int]], int] = reference_hash_block,
+                       watch: Callable[[], Any] = contextlib.nullcontext) -> type:
     """A hypothesis RuleBasedStateMachine over a manager built by make_manager(num_blocks, block_size, prefix).
 
     A shadow of the K/V pools records, for every slot written, the whole token prefix that produced it
@@ -88,7 +89,9 @@ def make_state_machine(make_manager: Callable[[int, int, bool], Any],
         @_reports_failure
         def setup(self, num_blocks: int, block_size: int, prefix: bool) -> None:
             self.bs, self.prefix = block_size, prefix
-            self.m = _call(f"make_manager({num_blocks}, {block_size}, {prefix})", make_manager, num_blocks, block_size, prefix)
+            with watch():
+                self.m = _call(f"make_manager({num_blocks}, {block_size}, {prefix})", make_manager, num_blocks,
+                               block_size, prefix)
             self.expected: dict[int, list[int]] = {}      # seq -> tokens
             self.shadow: dict[int, tuple[int, ...]] = {}  # slot -> token prefix whose K/V it holds
             self.seen: list[list[int]] = []               # prompts and sequences, for shared-prefix requests
@@ -120,7 +123,8 @@ def make_state_machine(make_manager: Callable[[int, int, bool], Any],
             before = self._snapshot()
             try:
                 with quiet():
-                    return getattr(self.m, method)(*args)
+                    with watch():
+                        return getattr(self.m, method)(*args)
             except OutOfBlocks:
                 if self._snapshot() != before:
                     raise AssertionError(f"{what}: {method} raised OutOfBlocks but changed the state (ref counts, free "
@@ -189,7 +193,8 @@ def make_state_machine(make_manager: Callable[[int, int, bool], Any],
             """Parallel sampling: fork, then both siblings write different tokens (copy-on-write)."""
             parent = data.draw(st.sampled_from(sorted(self.expected)))
             child = self.next_id
-            _call(f"fork({parent}, {child})", self.m.fork, parent, child)
+            with watch():
+                _call(f"fork({parent}, {child})", self.m.fork, parent, child)
             self.next_id += 1
             self.expected[child] = list(self.expected[parent])
             self._append(child, child_tokens)
@@ -201,7 +206,8 @@ def make_state_machine(make_manager: Callable[[int, int, bool], Any],
         def fork(self, data: Any) -> None:
             parent = data.draw(st.sampled_from(sorted(self.expected)))
             child = self.next_id
-            _call(f"fork({parent}, {child})", self.m.fork, parent, child)
+            with watch():
+                _call(f"fork({parent}, {child})", self.m.fork, parent, child)
             self.next_id += 1
             self.expected[child] = list(self.expected[parent])
 
@@ -210,7 +216,8 @@ def make_state_machine(make_manager: Callable[[int, int, bool], Any],
         @_reports_failure
         def free(self, data: Any) -> None:
             seq = data.draw(st.sampled_from(sorted(self.expected)))
-            _call(f"free({seq})", self.m.free, seq)
+            with watch():
+                _call(f"free({seq})", self.m.free, seq)
             del self.expected[seq]
 
         @rule(data=st.data())
@@ -303,7 +310,8 @@ def make_state_machine(make_manager: Callable[[int, int, bool], Any],
             if not hasattr(self, "m") or getattr(self, "failed", False):
                 return                  # a step already failed: that error is the one to report
             for seq in sorted(self.expected):
-                _call(f"free({seq}) at the end of the run", self.m.free, seq)
+                with watch():
+                    _call(f"free({seq}) at the end of the run", self.m.free, seq)
             refs = [int(r) for r in self.m.pool.ref_counts]
             free = list(self.m.pool.free_blocks())
             if any(refs) or sorted(free) != list(range(self.m.pool.num_blocks)):
@@ -322,19 +330,21 @@ def check_block_manager(make_manager: Callable[[int, int, bool], Any],
     AssertionError carries the failing sequence of steps (shrunk to a minimal one if `shrink`: slower). The
     package's BlockManager is refused (itself, a subclass inheriting the methods, a wrapper calling it)."""
     manager_class(make_manager)
-    with no_calls_into(ReferenceBlockManager, what=MANAGER_WHAT):
-        return run_state_machine(make_manager, hash_fn, max_examples=max_examples, seed=seed, shrink=shrink)
+    return run_state_machine(make_manager, hash_fn, max_examples=max_examples, seed=seed, shrink=shrink,
+                             watch=lambda: no_calls_into(ReferenceBlockManager, what=MANAGER_WHAT))
 
 
 def run_state_machine(make_manager: Callable[[int, int, bool], Any],
                       hash_fn: Callable[[int | None, list[int]], int] = reference_hash_block, *,
-                      max_examples: int = GRADED_EXAMPLES, seed: int = 0, shrink: bool = False) -> int:
-    """The state machine alone (no refusal of the reference): the package's own tests run it on the package's
-    BlockManager. Returns the number of examples run."""
+                      max_examples: int = GRADED_EXAMPLES, seed: int = 0, shrink: bool = False,
+                      watch: Callable[[], Any] = contextlib.nullcontext) -> int:
+    """The state machine alone: the package's own tests run it on the package's BlockManager. `watch()`: a context
+    around every call into the manager (the graded check refuses calls into the reference there, not during
+    hypothesis's own work, which a profiler would slow down twofold). Returns the number of examples run."""
     from hypothesis import HealthCheck, Phase, settings
     from hypothesis.stateful import run_state_machine_as_test
 
-    machine = make_state_machine(make_manager, hash_fn)
+    machine = make_state_machine(make_manager, hash_fn, watch)
     count = {"n": 0}
 
     class Counted(machine):  # type: ignore[misc, valid-type]
@@ -350,6 +360,8 @@ def run_state_machine(make_manager: Callable[[int, int, bool], Any],
         with quiet(), fixed_example_source():
             random.seed(seed)
             run_state_machine_as_test(Counted, settings=cfg)
+    except ReferenceHandedIn:
+        raise                   # the refusal's own message, not a state-machine failure
     except AssertionError as err:
         steps = [line for note in getattr(err, "__notes__", []) for line in note.splitlines()
                  if line.startswith("state.") and not line.startswith("state.check_")]
