@@ -72,8 +72,8 @@ def _fraction(result: dict[str, float]) -> float:
 
 
 def _lab01_cached(impl: Any, small: bool, device: str) -> float:
-    from autograder.lab01 import check_cached_speedup
-    return _fraction(check_cached_speedup(impl, **(dict(prompt_len=16, new_tokens=4, repeats=1) if small else {})))
+    from autograder.lab01 import time_cached_speedup      # the graded check refuses the reference and generate_naive
+    return _fraction(time_cached_speedup(impl, **(dict(prompt_len=16, new_tokens=4, repeats=1) if small else {})))
 
 
 def _lab05_int4_cpu(impl: Any, small: bool, device: str) -> float:

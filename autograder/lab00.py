@@ -10,11 +10,13 @@ with a relative tolerance.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import random
 from typing import Any, Callable
 
 from autograder.harness import check_answer, quiet
+from autograder.reference_guard import no_calls_into, own_work
 from minigpt.teaching import calculators as ref
 from minigpt.teaching.calculators import PRESETS, ModelShape
 from minigpt.teaching.hardware import ACCELERATORS
@@ -30,8 +32,15 @@ REL_TOL = 1e-6
 # Decoy figures for the unit mistakes an answer could make.
 GiB, GB = 2**30, 10**9
 
+# Every Llama preset has n_heads * head_dim == d_model, which hides `head_dim = d_model // n_heads` and a d x d wq:
+# the visible checks also get a shape whose attention width (12 heads of 128 = 1536) is not its d_model (1024).
+WIDE_HEADS = ModelShape("wide-heads (n_heads*head_dim != d_model)", n_layers=6, d_model=1024, n_heads=12, n_kv_heads=4,
+                        head_dim=128, d_ff=2816, vocab_size=32000, tie_embeddings=False)
 BASE_SHAPES = [PRESETS["Llama-3-8B"], PRESETS["Llama-2-7B (MHA)"], PRESETS["Llama-3-8B-MQA (hypothetical)"],
-               PRESETS["minigpt-target"], PRESETS["Llama-3-70B"]]
+               PRESETS["minigpt-target"], PRESETS["Llama-3-70B"], WIDE_HEADS]
+
+# The package's calculators: a learner's function may call none of them (each is some exercise's reference).
+REFERENCE_FUNCTIONS = tuple(f for _, f in inspect.getmembers(ref, inspect.isfunction) if f.__module__ == ref.__name__)
 
 
 def random_shapes(seed: int, n: int) -> list[ModelShape]:
@@ -52,11 +61,18 @@ def _shapes(extra: int) -> list[ModelShape]:
     return BASE_SHAPES + (random_shapes(extra, extra) if extra else [])
 
 
-def _call(fn: Callable[..., Any], *args: Any) -> Any:
+def _call(fn: Callable[..., Any], *args: Any, watch: tuple[Any, ...] = REFERENCE_FUNCTIONS) -> Any:
+    """fn(*args), quietly; calling one of the package's references (`watch`) from inside it is refused."""
     if fn is None or not callable(fn):
         raise AssertionError(f"expected your function, got {fn!r}")
-    with quiet():
+    with quiet(), no_calls_into(*watch, what=getattr(fn, "__name__", "your function")):
         return fn(*args)
+
+
+def _own(fn: Any, reference: Any) -> None:
+    """Refuse the package's reference (or any package code) handed in as the answer."""
+    if callable(fn):
+        own_work(fn, reference, what=getattr(reference, "__name__", "this exercise"))
 
 
 def _describe(shape: ModelShape) -> str:
@@ -72,8 +88,11 @@ def check_greedy_generate(greedy_generate: Callable[..., list[int]], extra: int 
     import torch
 
     from minigpt.config import ModelConfig
+    from minigpt.engine.cached_generation import generate_kv_cache
     from minigpt.generate import generate_naive
     from minigpt.model import GPT
+
+    _own(greedy_generate, generate_naive)
 
     # A small random model with untied, scaled-up weights, so that greedy output varies from step to step
     # (a freshly initialised tied model mostly repeats its last input token).
@@ -90,7 +109,7 @@ def check_greedy_generate(greedy_generate: Callable[..., list[int]], extra: int 
     for i, prompt in enumerate(prompts):
         n = 8 + i
         expected = generate_naive(model, prompt, n, stop_token_ids=()).tokens
-        got = _call(greedy_generate, model, list(prompt), n)
+        got = _call(greedy_generate, model, list(prompt), n, watch=(generate_naive, generate_kv_cache))
         if isinstance(got, torch.Tensor):
             got = got.tolist()
         got = [int(t) for t in got] if isinstance(got, (list, tuple)) else got
@@ -113,11 +132,20 @@ def check_greedy_generate(greedy_generate: Callable[..., list[int]], extra: int 
 
 def check_count_parameters(count_parameters: Callable[[ModelShape], int], extra: int = 0) -> None:
     """count_parameters(shape) -> int, all distinct parameters (tied embedding counted once)."""
+    _own(count_parameters, ref.count_parameters)
     for s in _shapes(extra):
         expected = ref.count_parameters(s)
         emb = s.vocab_size * s.d_model
         d_kv_wrong = s.n_layers * 2 * s.d_model * (s.n_heads - s.n_kv_heads) * s.head_dim
+        q_width = s.n_heads * s.head_dim
+        head_dim_from_d = s.d_model // s.n_heads
         diagnoses = {
+            expected + 2 * s.n_layers * s.d_model * (s.d_model - q_width):
+                "wq and wo are d_model x (n_heads * head_dim), not d_model x d_model: n_heads * head_dim need not "
+                "equal d_model.",
+            expected - s.n_layers * s.d_model * (2 * q_width + 2 * s.n_kv_heads * s.head_dim)
+            + s.n_layers * s.d_model * (2 * s.n_heads + 2 * s.n_kv_heads) * head_dim_from_d:
+                "head_dim is a field of the shape; d_model // n_heads is not always the head dimension.",
             expected - s.n_layers * s.d_model * s.d_ff: "the SwiGLU MLP has THREE matrices (gate, up, down), not two.",
             expected + d_kv_wrong: "wk and wv have n_kv_heads * head_dim outputs, not n_heads * head_dim (GQA).",
             expected - (2 * s.n_layers + 1) * s.d_model: "forgot the RMSNorm weights (2 per layer + 1 final).",
@@ -142,12 +170,15 @@ def kv_diagnoses(s: ModelShape, ctx: int, batch: int, bpe: int) -> list[tuple[in
          (expected // s.n_layers, "forgot to multiply by the number of layers (every layer has its own cache)."),
          (expected // batch, "forgot the batch: every sequence has its own cache."),
          (expected // bpe, "counted elements, not bytes: multiply by bytes_per_element."),
-         (2 * s.n_layers * s.d_model * ctx * batch * bpe, "used d_model instead of n_kv_heads * head_dim.")]
+         (2 * s.n_layers * s.d_model * ctx * batch * bpe, "used d_model instead of n_kv_heads * head_dim."),
+         (2 * s.n_layers * s.n_kv_heads * (s.d_model // s.n_heads) * ctx * batch * bpe,
+          "head_dim is a field of the shape; d_model // n_heads is not always the head dimension.")]
     return [(v, m) for v, m in d if v != expected]
 
 
 def check_kv_cache_bytes(kv_cache_bytes: Callable[[ModelShape, int, int, int], int], extra: int = 0) -> None:
     """kv_cache_bytes(shape, context_len, batch, bytes_per_element) -> int bytes."""
+    _own(kv_cache_bytes, ref.kv_cache_bytes)
     cases = [(s, *c) for s in _shapes(extra) for c in KV_CASES]
     rng = random.Random(extra)
     cases += [(s, rng.randint(1, 131072), rng.randint(1, 256), rng.choice([1, 2, 4])) for s in _shapes(extra)[:extra]]
@@ -165,6 +196,8 @@ FLOP_CASES = [(1, 1), (128, 1), (2048, 4), (513, 3)]
 def check_flops(prefill_flops: Callable[[ModelShape, int, int], int],
                 decode_flops: Callable[[ModelShape, int, int], int], extra: int = 0) -> None:
     """prefill_flops(shape, seq_len, batch) and decode_flops(shape, context_len, batch) -> int FLOPs."""
+    _own(prefill_flops, ref.prefill_flops)
+    _own(decode_flops, ref.decode_flops)
     for s in _shapes(extra):
         lin = 2 * ref.matmul_parameters(s)
         for L, B in FLOP_CASES:
@@ -200,6 +233,8 @@ BYTES_CASES = [(1, 1, 2, 2), (2048, 8, 2, 2), (8192, 32, 2, 1), (512, 1, 1, 1), 
 
 def check_bytes(prefill_bytes: Callable[..., int], decode_bytes: Callable[..., int], extra: int = 0) -> None:
     """prefill_bytes / decode_bytes(shape, tokens, batch, weight_bytes_per_element, kv_bytes_per_element) -> int."""
+    _own(prefill_bytes, ref.prefill_bytes)
+    _own(decode_bytes, ref.decode_bytes)
     for s in _shapes(extra):
         for L, B, wb, kb in BYTES_CASES:
             w = ref.weight_bytes(s, wb)
@@ -219,6 +254,7 @@ def check_bytes(prefill_bytes: Callable[..., int], decode_bytes: Callable[..., i
 
 def check_attainable_flops(attainable_flops: Callable[[float, float, float], float], extra: int = 0) -> None:
     """attainable_flops(intensity, peak_flops, bandwidth) -> FLOP/s on the roofline."""
+    _own(attainable_flops, ref.attainable_flops)
     cases = [(ai, g.peak("bf16"), g.memory_bandwidth) for g in ACCELERATORS.values() for ai in (0.5, 1.0, 60.0, 300.0, 1e4)]
     rng = random.Random(extra)
     cases += [(10 ** rng.uniform(-2, 5), 10 ** rng.uniform(11, 16), 10 ** rng.uniform(10, 13)) for _ in range(extra)]
@@ -234,6 +270,7 @@ def check_attainable_flops(attainable_flops: Callable[[float, float, float], flo
 
 def check_max_concurrent_requests(max_concurrent_requests: Callable[..., int], extra: int = 0) -> None:
     """max_concurrent_requests(shape, context_len, memory_bytes, weight_bpe, kv_bpe, memory_utilization) -> int."""
+    _own(max_concurrent_requests, ref.max_concurrent_requests)
     cases = [(PRESETS["Llama-3-8B"], 8192, ACCELERATORS["H100-SXM"].memory_bytes, 2, 2, 0.9),
              (PRESETS["Llama-3-8B"], 8192, ACCELERATORS["H100-SXM"].memory_bytes, 2, 1, 0.9),
              (PRESETS["Llama-2-7B (MHA)"], 4096, ACCELERATORS["A100-SXM-80GB"].memory_bytes, 2, 2, 0.9),
@@ -264,6 +301,7 @@ def check_max_concurrent_requests(max_concurrent_requests: Callable[..., int], e
 
 def check_decode_time_lower_bound(decode_time_lower_bound: Callable[..., float], extra: int = 0) -> None:
     """decode_time_lower_bound(shape, context_len, batch, bandwidth, weight_bpe, kv_bpe) -> seconds per step."""
+    _own(decode_time_lower_bound, ref.decode_time_lower_bound)
     cases = [(PRESETS["Llama-3-8B"], 4096, 1, ACCELERATORS["H100-SXM"].memory_bandwidth, 2, 2),
              (PRESETS["Llama-3-8B"], 2048, 16, ACCELERATORS["L4"].memory_bandwidth, 2, 2),
              (PRESETS["Llama-3-70B"], 8192, 8, ACCELERATORS["H200"].memory_bandwidth, 1, 1),
@@ -287,6 +325,7 @@ def check_decode_time_lower_bound(decode_time_lower_bound: Callable[..., float],
 
 def check_critical_batch_size(critical_batch_size: Callable[..., int | None], extra: int = 0) -> None:
     """critical_batch_size(shape, context_len, peak_flops, bandwidth, weight_bpe, kv_bpe) -> smallest int batch or None."""
+    _own(critical_batch_size, ref.critical_batch_size)
     h100, l4, a100 = ACCELERATORS["H100-SXM"], ACCELERATORS["L4"], ACCELERATORS["A100-SXM-80GB"]
     cases = [(PRESETS["Llama-3-8B"], 0, h100.peak("bf16"), h100.memory_bandwidth, 2, 2),
              (PRESETS["Llama-3-8B"], 128, h100.peak("fp8"), h100.memory_bandwidth, 1, 1),

@@ -276,3 +276,97 @@ def test_interview_wrong_units_and_mistakes():
     _fails("90%", lab00.check_q5_max_requests,
            max_concurrent_requests(PRESETS["Llama-3-8B"], 8192, ACCELERATORS["H100-SXM"].memory_bytes, 2, 2, 1.0), a["q5"][1])
     _fails("steps per second", lab00.check_q6_tokens_per_s, a["q6"] / 16)
+
+
+# ---------------------------------------------------------------- the package's reference is not an answer
+
+from minigpt.generate import generate_naive  # noqa: E402
+from minigpt.teaching import calculators  # noqa: E402
+from autograder.reference_guard import ReferenceHandedIn  # noqa: E402
+
+CALCULATOR_CHECKS = [
+    (lab00.check_count_parameters, ("count_parameters",)), (lab00.check_kv_cache_bytes, ("kv_cache_bytes",)),
+    (lab00.check_flops, ("prefill_flops", "decode_flops")), (lab00.check_bytes, ("prefill_bytes", "decode_bytes")),
+    (lab00.check_attainable_flops, ("attainable_flops",)),
+    (lab00.check_max_concurrent_requests, ("max_concurrent_requests",)),
+    (lab00.check_decode_time_lower_bound, ("decode_time_lower_bound",)),
+    (lab00.check_critical_batch_size, ("critical_batch_size",)),
+]
+
+
+def _thin_wrapper(name):
+    """A notebook-defined function that only forwards to the package's calculator (positional, like the lab)."""
+    reference = getattr(calculators, name)
+
+    def wrapper(*args):
+        if name in ("prefill_bytes", "decode_bytes", "decode_time_lower_bound", "critical_batch_size"):
+            *head, wb, kb = args
+            return reference(*head, weight_bytes_per_element=wb, kv_bytes_per_element=kb)
+        if name == "max_concurrent_requests":
+            s, ctx, mem, wb, kb, util = args
+            return reference(s, ctx, mem, weight_bytes_per_element=wb, kv_bytes_per_element=kb, memory_utilization=util)
+        return reference(*args)
+    return wrapper
+
+
+@pytest.mark.parametrize("check, names", CALCULATOR_CHECKS, ids=[c.__name__ for c, _ in CALCULATOR_CHECKS])
+def test_the_reference_calculator_is_refused(check, names):
+    with pytest.raises(ReferenceHandedIn, match="reference|not in your notebook"):
+        check(*[getattr(calculators, n) for n in names])
+
+
+@pytest.mark.parametrize("check, names", CALCULATOR_CHECKS, ids=[c.__name__ for c, _ in CALCULATOR_CHECKS])
+def test_a_thin_wrapper_around_the_calculator_is_refused(check, names):
+    with pytest.raises(ReferenceHandedIn, match="calls the course's reference"):
+        check(*[_thin_wrapper(n) for n in names])
+
+
+def test_a_partial_of_the_calculator_is_refused():
+    import functools
+    with pytest.raises(ReferenceHandedIn, match="course's reference"):
+        lab00.check_kv_cache_bytes(functools.partial(calculators.kv_cache_bytes))
+
+
+def test_bytes_calling_the_package_count_parameters_is_refused():
+    """Exercise 5 built on the package's count_parameters rather than the learner's own (exercise 2)."""
+    def prefill_bytes_ref(s, seq_len, batch, wb, kb):
+        return math.ceil(calculators.count_parameters(s) * wb) + kv_cache_bytes(s, seq_len, batch, kb)
+    with pytest.raises(ReferenceHandedIn, match=r"count_parameters"):
+        lab00.check_bytes(prefill_bytes_ref, decode_bytes)
+
+
+def test_greedy_generate_reference_and_wrapper_are_refused():
+    with pytest.raises(ReferenceHandedIn, match="not in your notebook|course's reference"):
+        lab00.check_greedy_generate(lambda m, p, n: generate_naive(m, p, n, stop_token_ids=()).tokens)
+    with pytest.raises(ReferenceHandedIn):
+        lab00.check_greedy_generate(generate_naive)
+
+
+# ---------------------------------------------------------------- n_heads * head_dim != d_model, in the visible checks
+
+def count_parameters_square_wq(s):
+    """wq and wo as d_model x d_model: right only when n_heads * head_dim == d_model."""
+    d, kv = s.d_model, s.n_kv_heads * s.head_dim
+    per_layer = 2 * d * d + 2 * d * kv + 3 * d * s.d_ff + 2 * d
+    embed = s.vocab_size * d
+    return embed + s.n_layers * per_layer + d + (0 if s.tie_embeddings else embed)
+
+
+def count_parameters_head_dim_from_d_model(s):
+    """head_dim = d_model // n_heads instead of the shape's head_dim."""
+    return count_parameters(dataclasses.replace(s, head_dim=s.d_model // s.n_heads))
+
+
+def kv_cache_bytes_head_dim_from_d_model(s, context_len, batch, bytes_per_element):
+    return kv_cache_bytes(dataclasses.replace(s, head_dim=s.d_model // s.n_heads), context_len, batch, bytes_per_element)
+
+
+@pytest.mark.parametrize("check, wrong, match", [
+    (lab00.check_count_parameters, count_parameters_square_wq, "not d_model x d_model"),
+    (lab00.check_count_parameters, count_parameters_head_dim_from_d_model, "d_model // n_heads"),
+    (lab00.check_kv_cache_bytes, kv_cache_bytes_head_dim_from_d_model, "d_model // n_heads"),
+], ids=["square-wq", "params-head-dim", "kv-head-dim"])
+def test_visible_check_sees_heads_wider_than_d_model(check, wrong, match):
+    """extra=0 (the visible cell) already has a shape with n_heads * head_dim != d_model."""
+    with pytest.raises(AssertionError, match=match):
+        check(wrong)

@@ -13,8 +13,22 @@ from minigpt.cache.block_pool import BlockPool, OutOfBlocks
 from minigpt.cache.block_table import blocks_needed, slot_of
 from minigpt.cache.paged_attention import gather_kv, paged_attention, paged_decode_attention
 from minigpt.cache.prefix_cache import PrefixCache, hash_block
+from minigpt.cache import paged_attention as paged_module
+
+from autograder.reference_guard import ReferenceHandedIn
+from tests.labs.learner_copy import as_learner
 
 EXAMPLES = 40       # enough for every wrong manager below to be caught (each fails within a few examples)
+
+# The package's references re-typed as notebook code (the checks refuse the package's own objects).
+LearnerBlockPool = as_learner(BlockPool)
+LearnerBlockManager = as_learner(BlockManager, BlockPool=LearnerBlockPool)
+learner_slot_of = as_learner(slot_of)
+learner_hash_block = as_learner(hash_block)
+learner_gather_kv = as_learner(gather_kv)
+_paged_helpers = {"gather_kv": learner_gather_kv, "_check": as_learner(paged_module._check)}
+learner_paged_decode_attention = as_learner(paged_decode_attention, **_paged_helpers)
+learner_paged_attention = as_learner(paged_attention, **_paged_helpers)
 
 
 def _stub(*args, **kwargs):
@@ -27,7 +41,8 @@ class StubPool:
 
 
 def reference_manager(num_blocks, block_size, prefix):
-    return BlockManager(num_blocks, block_size, enable_prefix_caching=prefix)
+    """The reference's code, typed into the notebook."""
+    return LearnerBlockManager(num_blocks, block_size, enable_prefix_caching=prefix)
 
 
 def factory(manager_cls):
@@ -36,7 +51,7 @@ def factory(manager_cls):
 
 def with_pool(pool_cls):
     """A reference BlockManager over another pool class."""
-    class Manager(BlockManager):
+    class Manager(LearnerBlockManager):
         def __init__(self, num_blocks, block_size, *, enable_prefix_caching=False):
             super().__init__(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
             self.pool = pool_cls(num_blocks, block_size)
@@ -46,7 +61,7 @@ def with_pool(pool_cls):
 
 # --- wrong pools --------------------------------------------------------------------------------
 
-class NoDecrementPool(BlockPool):
+class NoDecrementPool(LearnerBlockPool):
     """free() returns the block to the pool at once, without decrementing its ref_count."""
 
     def free(self, block, *, keep=False):
@@ -55,7 +70,7 @@ class NoDecrementPool(BlockPool):
         self._free[block] = None
 
 
-class FreeSharedPool(BlockPool):
+class FreeSharedPool(LearnerBlockPool):
     """free() decrements but puts the block back in the free list even while others still hold it."""
 
     def free(self, block, *, keep=False):
@@ -65,7 +80,7 @@ class FreeSharedPool(BlockPool):
         self._free[block] = None
 
 
-class HalfDoneAllocatePool(BlockPool):
+class HalfDoneAllocatePool(LearnerBlockPool):
     """Takes blocks one by one and raises OutOfBlocks when it runs out, keeping the ones already taken."""
 
     def allocate(self, n=1):
@@ -83,7 +98,7 @@ class HalfDoneAllocatePool(BlockPool):
 
 # --- wrong managers -----------------------------------------------------------------------------
 
-class NoCopyOnWriteManager(BlockManager):
+class NoCopyOnWriteManager(LearnerBlockManager):
     """fork shares the blocks, but appending writes straight into a shared, partly filled last block."""
 
     def blocks_for_append(self, seq_id, n):
@@ -114,7 +129,7 @@ def off_by_one_slot(table, position, block_size):
     return table[index] * block_size + position % block_size
 
 
-class OffByOneSlotManager(BlockManager):
+class OffByOneSlotManager(LearnerBlockManager):
     def append_tokens(self, seq_id, tokens):
         r = super().append_tokens(seq_id, tokens)
         t = self.table(seq_id)
@@ -127,30 +142,30 @@ def unchained_hash(parent, tokens):
     return hash_block(None, tokens)
 
 
-class UnchainedHashManager(BlockManager):
+class UnchainedHashManager(LearnerBlockManager):
     """Hashes each block's tokens alone: equal blocks after different prefixes match."""
 
-    def add_sequence(self, seq_id, prompt):
-        import minigpt.cache.block_manager as bm
-        saved = (bm.hash_block, bm.block_hashes)
-        bm.hash_block = unchained_hash
-        bm.block_hashes = lambda toks, bs: [hash_block(None, toks[i:i + bs]) for i in range(0, len(toks) - bs + 1, bs)]
+    def add_sequence(self, seq_id, prompt, **kw):
+        g = LearnerBlockManager.add_sequence.__globals__
+        saved = (g["hash_block"], g["block_hashes"])
+        g["hash_block"] = unchained_hash
+        g["block_hashes"] = lambda toks, bs, salt=None: [hash_block(None, toks[i:i + bs]) for i in range(0, len(toks) - bs + 1, bs)]
         try:
             return super().add_sequence(seq_id, prompt)
         finally:
-            bm.hash_block, bm.block_hashes = saved
+            g["hash_block"], g["block_hashes"] = saved
 
     def append_tokens(self, seq_id, tokens):
-        import minigpt.cache.block_manager as bm
-        saved = bm.hash_block
-        bm.hash_block = unchained_hash
+        g = LearnerBlockManager.append_tokens.__globals__
+        saved = g["hash_block"]
+        g["hash_block"] = unchained_hash
         try:
             return super().append_tokens(seq_id, tokens)
         finally:
-            bm.hash_block = saved
+            g["hash_block"] = saved
 
 
-class ZeroComputeManager(BlockManager):
+class ZeroComputeManager(LearnerBlockManager):
     """Reuses a prompt cached to its very end: nothing left to compute, no logits for the first token."""
 
     def add_sequence(self, seq_id, prompt):
@@ -171,7 +186,7 @@ def lab02_block_hashes(tokens, bs):
     return block_hashes(tokens, bs)
 
 
-class HalfDoneManager(BlockManager):
+class HalfDoneManager(LearnerBlockManager):
     """Appends block by block without counting first: out of blocks part-way, the table keeps what it got."""
 
     def append_tokens(self, seq_id, tokens):
@@ -183,7 +198,7 @@ class HalfDoneManager(BlockManager):
         return super().append_tokens(seq_id, tokens)
 
 
-class StaleHashManager(BlockManager):
+class StaleHashManager(LearnerBlockManager):
     """Never forgets a hash: a block reused for new content is still found under its old hash."""
 
     def __init__(self, num_blocks, block_size, *, enable_prefix_caching=False):
@@ -205,15 +220,69 @@ WRONG_MANAGERS = {
 
 # --- the reference passes -----------------------------------------------------------------------
 
-def test_reference_passes_every_check():
-    lab02.check_block_pool(BlockPool)
-    lab02.check_slot_mapping(slot_of)
-    lab02.check_block_hash(hash_block)
+def test_reference_typed_into_the_notebook_passes_every_check():
+    lab02.check_block_pool(LearnerBlockPool)
+    lab02.check_slot_mapping(learner_slot_of)
+    lab02.check_block_hash(learner_hash_block)
     assert lab02.check_block_manager(reference_manager, max_examples=EXAMPLES) >= EXAMPLES
     lab02.check_prefix_cache(reference_manager)
-    lab02.check_paged_decode_attention(paged_decode_attention)
-    lab02.check_paged_attention(paged_attention)
-    lab02.check_paged_generation(paged_attention)
+    lab02.check_paged_decode_attention(learner_paged_decode_attention)
+    lab02.check_paged_attention(learner_paged_attention)
+    lab02.check_paged_generation(learner_paged_attention)
+
+
+# --- the package's reference is refused: itself, a subclass inheriting the methods, a thin wrapper ----------
+
+class InheritingPool(BlockPool):
+    pass
+
+
+class DelegatingPool(LearnerBlockPool):
+    def allocate(self, n=1):
+        return BlockPool.allocate(self, n)
+
+
+class InheritingManager(BlockManager):
+    pass
+
+
+class DelegatingManager(LearnerBlockManager):
+    def add_sequence(self, seq_id, prompt, **kw):
+        return BlockManager.add_sequence(self, seq_id, prompt, **kw)
+
+
+REFUSED = [
+    (lab02.check_block_pool, BlockPool, "course's reference"),
+    (lab02.check_block_pool, InheritingPool, "inherits"),
+    (lab02.check_block_pool, DelegatingPool, r"calls the course's reference \(BlockPool.allocate\)"),
+    (lab02.check_slot_mapping, slot_of, "course's reference"),
+    (lab02.check_slot_mapping, lambda t, p, bs: slot_of(t, p, bs), r"\(slot_of\)"),
+    (lab02.check_block_hash, hash_block, "course's reference"),
+    (lab02.check_block_hash, lambda parent, tokens: hash_block(parent, tokens), r"\(hash_block\)"),
+    (lab02.check_prefix_cache, factory(BlockManager), "course's reference"),
+    (lab02.check_prefix_cache, factory(InheritingManager), "inherits"),
+    (lab02.check_prefix_cache, factory(DelegatingManager), r"BlockManager.add_sequence"),
+    (lab02.check_paged_decode_attention, paged_decode_attention, "course's reference"),
+    (lab02.check_paged_decode_attention, lambda *a: paged_decode_attention(*a), r"paged_decode_attention"),
+    (lab02.check_paged_attention, paged_attention, "course's reference"),
+    (lab02.check_paged_attention, lambda *a: paged_attention(*a), r"\(paged_attention\)"),
+    (lab02.check_paged_generation, paged_attention, "course's reference"),
+    (lab02.check_paged_generation, lambda *a: paged_attention(*a), r"\(paged_attention\)"),
+]
+
+
+@pytest.mark.parametrize("check, answer, match", REFUSED,
+                         ids=[f"{c.__name__}-{i}" for i, (c, _, _) in enumerate(REFUSED)])
+def test_reference_is_refused(check, answer, match):
+    with pytest.raises(ReferenceHandedIn, match=match):
+        check(answer)
+
+
+@pytest.mark.parametrize("make", [factory(BlockManager), factory(InheritingManager), factory(DelegatingManager)],
+                         ids=["reference", "subclass", "wrapper"])
+def test_state_machine_refuses_the_reference(make):
+    with pytest.raises(ReferenceHandedIn):
+        lab02.check_block_manager(make, max_examples=3)
 
 
 # --- stubs fail ---------------------------------------------------------------------------------
@@ -287,7 +356,7 @@ def test_nondeterministic_hash_fails():
 def decode_ignoring_lengths(q, k_pool, v_pool, block_tables, seq_lens):
     """Attends to every slot of every block in the table, the unused tail of the last block included."""
     B, Hq, D = q.shape
-    k, v = gather_kv(k_pool, block_tables), gather_kv(v_pool, block_tables)
+    k, v = learner_gather_kv(k_pool, block_tables), learner_gather_kv(v_pool, block_tables)
     group = Hq // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     w = torch.softmax(torch.einsum("bhd,bhld->bhl", q, k) / math.sqrt(D), -1)
@@ -300,7 +369,7 @@ def decode_wrong_gqa(q, k_pool, v_pool, block_tables, seq_lens):
     Hq = q.shape[1]
     perm = [h % Hkv for h in range(Hq)]
     idx = sorted(range(Hq), key=lambda h: perm[h])
-    out = paged_decode_attention(q[:, idx], k_pool, v_pool, block_tables, seq_lens)
+    out = learner_paged_decode_attention(q[:, idx], k_pool, v_pool, block_tables, seq_lens)
     return out[:, torch.argsort(torch.tensor(idx))]
 
 
@@ -311,7 +380,7 @@ def prefill_top_left(q, k_pool, v_pool, block_tables, seq_lens, q_lens=None):
 
 def _top_left(q, k_pool, v_pool, block_tables, seq_lens, q_lens):
     B, Hq, Tq, D = q.shape
-    k, v = gather_kv(k_pool, block_tables), gather_kv(v_pool, block_tables)
+    k, v = learner_gather_kv(k_pool, block_tables), learner_gather_kv(v_pool, block_tables)
     group = Hq // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     s = q @ k.transpose(-2, -1) / math.sqrt(D)
@@ -323,7 +392,7 @@ def _top_left(q, k_pool, v_pool, block_tables, seq_lens, q_lens):
 def shifted_table(q, k_pool, v_pool, block_tables, seq_lens, q_lens=None):
     """Reads logical block i from block_tables[b, i + 1] when it exists (an off-by-one in the table lookup)."""
     shifted = torch.cat([block_tables[:, 1:], block_tables[:, -1:]], 1)
-    return paged_attention(q, k_pool, v_pool, shifted, seq_lens, q_lens)
+    return learner_paged_attention(q, k_pool, v_pool, shifted, seq_lens, q_lens)
 
 
 @pytest.mark.parametrize("fn", [decode_ignoring_lengths, decode_wrong_gqa])
@@ -358,3 +427,141 @@ def test_interview_answers():
                                (lab02.check_q4_ttft_with_cache, 16.0, "whole blocks")]:
         with pytest.raises(AssertionError, match=note):
             check(wrong)
+
+
+# --- gaps the random state machine never reached: targeted scenarios -----------------------------------------
+
+class HeadFirstEvictionManager(LearnerBlockManager):
+    """free() returns a sequence's blocks head first, so its head block (the shared prefix) is evicted first."""
+
+    def free(self, seq_id):
+        t = self.table(seq_id)
+        for block in t.blocks:
+            self.pool.free(block, keep=self._cached(block))
+        del self.tables[seq_id]
+        del self.hashes[seq_id]
+        self.roots.pop(seq_id, None)
+
+
+class IgnoresRevivedAdmissionManager(LearnerBlockManager):
+    """Admission counts only the new blocks against the free queue, forgetting that the cached blocks it reuses
+    leave that queue too: right everywhere except near a full pool with cached free blocks."""
+
+    def add_sequence(self, seq_id, prompt, **kw):
+        g = LearnerBlockManager.add_sequence.__globals__
+        prompt = [int(t) for t in prompt]
+        hashes = g["block_hashes"](prompt, self.block_size) if self.prefix_cache is not None else []
+        hits = (self.prefix_cache.lookup(hashes) if self.prefix_cache is not None else [])
+        hits = hits[:(len(prompt) - 1) // self.block_size]
+        needed = blocks_needed(len(prompt), self.block_size) - len(hits)
+        if needed > self.pool.num_free:                                     # the bug: revived blocks not counted
+            raise OutOfBlocks(needed, self.pool.num_free)
+        for b in hits:
+            self.pool.incref(b)
+        num_cached = len(hits) * self.block_size
+        self.tables[seq_id] = g["BlockTable"](self.block_size, list(hits), prompt[:num_cached])
+        self.hashes[seq_id] = hashes[:len(hits)]
+        self.roots[seq_id] = None
+        reservation = self.append_tokens(seq_id, prompt[num_cached:])
+        reservation.num_cached = num_cached
+        return reservation
+
+
+@pytest.mark.parametrize("cls, match", [(HeadFirstEvictionManager, "TAIL block"),
+                                        (IgnoresRevivedAdmissionManager, "count them|BEFORE taking any|count against")],
+                         ids=["head-first-eviction", "admission-ignores-revived"])
+def test_targeted_prefix_scenarios_catch(cls, match):
+    """Both bugs pass the graded state machine (60 random examples, measured), so each has its own scenario."""
+    with pytest.raises(AssertionError, match=match):
+        lab02.check_prefix_cache(factory(cls))
+
+
+class LeakyAfterBadReadManager(LearnerBlockManager):
+    """Reports wrong slots for appended tokens (an invariant fails) AND frees nothing (the teardown would fail)."""
+
+    def append_tokens(self, seq_id, tokens):
+        r = super().append_tokens(seq_id, tokens)
+        r.slots = [s + 1 for s in r.slots]
+        return r
+
+    def free(self, seq_id):
+        del self.tables[seq_id]
+
+
+def test_state_machine_reports_the_invariant_not_the_teardown():
+    with pytest.raises(AssertionError) as info:
+        lab02.check_block_manager(factory(LeakyAfterBadReadManager), max_examples=10)
+    assert "blocks leaked" not in str(info.value)
+    assert "reads position" in str(info.value) or "neither free nor referenced" in str(info.value) or \
+        "ref_counts" in str(info.value), str(info.value)
+
+
+# --- the same verdict in every process ---------------------------------------------------------------------
+
+class SharedTailWriteManager(LearnerBlockManager):
+    """Borderline: copy-on-write is skipped when the shared last block has exactly one free slot left."""
+
+    def blocks_for_append(self, seq_id, n):
+        t = self.table(seq_id)
+        if t.num_tokens % self.block_size == self.block_size - 1:
+            return blocks_needed(t.num_tokens + n, self.block_size) - len(t.blocks)
+        return super().blocks_for_append(seq_id, n)
+
+    def append_tokens(self, seq_id, tokens):
+        t = self.table(seq_id)
+        if tokens and t.num_tokens % self.block_size == self.block_size - 1:
+            n = t.num_tokens
+            needed = self.blocks_for_append(seq_id, len(tokens))
+            if needed > self.pool.num_free:
+                raise OutOfBlocks(needed, self.pool.num_free)
+            t.blocks.extend(self.pool.allocate(needed))
+            t.token_ids.extend(int(x) for x in tokens)
+            g = LearnerBlockManager.append_tokens.__globals__
+            if self.prefix_cache is not None:
+                hashes = self.hashes[seq_id]
+                for i in range(len(hashes), t.num_tokens // self.block_size):
+                    hashes.append(g["hash_block"](hashes[-1] if hashes else None,
+                                                  t.token_ids[i * self.block_size:(i + 1) * self.block_size]))
+                    self.prefix_cache.register(t.blocks[i], hashes[-1])
+            return Reservation(t.slots(n, t.num_tokens))
+        return super().append_tokens(seq_id, tokens)
+
+
+def state_machine_verdict(examples: int = lab02.GRADED_EXAMPLES) -> str:
+    """The graded state machine's verdict on a borderline wrong manager: 'passed' or its message."""
+    try:
+        lab02.check_block_manager(factory(SharedTailWriteManager), max_examples=examples)
+    except AssertionError as err:
+        return str(err)
+    return "passed"
+
+
+def test_state_machine_verdict_is_the_same_in_a_script_python_c_and_a_kernel(tmp_path):
+    """hypothesis mixes constants from loaded modules' source into its examples; the graded check draws from a
+    fixed example source instead, so a script, `python -c` and a Jupyter kernel (which load different modules)
+    reach the same verdict. Costs about 15 s (three fresh processes)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "shared"), str(root)])}
+    code = "from tests.labs.test_lab02_checks import state_machine_verdict\nprint(state_machine_verdict())\n"
+    script = tmp_path / "verdict.py"
+    script.write_text("import sys\nsys.path[:0] = %r\n" % [str(root / "shared"), str(root)] + code)
+    by_script = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=tmp_path,
+                               timeout=300).stdout.strip()
+    by_c = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root,
+                          timeout=300).stdout.strip()
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "import sys\nsys.path[:0] = %r\nimport matplotlib.pyplot, IPython.display\n" % [str(root / "shared"), str(root)]
+        + code)])
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    by_kernel = "".join(o.get("text", "") for o in nb.cells[0].outputs if o.get("name") == "stdout").strip()
+    assert by_script, "the script printed nothing"
+    assert by_script.startswith("block manager state machine: sequence"), by_script[:300]   # caught, in the graded count
+    assert by_script == by_c == by_kernel, (by_script[:300], by_c[:300], by_kernel[:300])

@@ -1,0 +1,161 @@
+"""Lab 02, exercises 1-3: the block pool (ref counts, OutOfBlocks unchanged), slot mapping, the chained block hash."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+from autograder.harness import call_learner, quiet
+from autograder.reference_guard import no_calls_into, own_work
+from minigpt.cache.block_pool import BlockPool as ReferenceBlockPool
+from minigpt.cache.block_pool import OutOfBlocks
+from minigpt.cache.block_table import slot_of as reference_slot_of
+from minigpt.cache.prefix_cache import hash_block as reference_hash_block
+
+__all__ = ["check_block_pool", "check_slot_mapping", "check_block_hash"]
+
+# Learner code runs through the harness; OutOfBlocks is an answer the checks inspect, not a crash.
+_call = functools.partial(call_learner, passthrough=(OutOfBlocks,))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Block pool
+# ---------------------------------------------------------------------------------------------------
+
+def _pool_state(pool: Any) -> tuple:
+    return list(pool.ref_counts), sorted(pool.free_blocks())
+
+
+POOL_WHAT = "Exercise 1 (BlockPool)"
+POOL_METHODS = ("allocate", "incref", "fork", "free")
+
+
+def check_block_pool(pool_cls: type) -> None:
+    """pool_cls(num_blocks, block_size): allocate(n) -> list of ids, free(block), incref(block), fork(blocks),
+    .ref_counts, free_blocks(), num_free; OutOfBlocks (unchanged) when short; ValueError on bad input."""
+    own_work(pool_cls, ReferenceBlockPool, what=POOL_WHAT, methods=POOL_METHODS)
+    with no_calls_into(ReferenceBlockPool, what=POOL_WHAT, allow=("BlockPool.__init__", "BlockPool.num_free",
+                                                                  "BlockPool.free_blocks", "BlockPool.num_used",
+                                                                  "BlockPool.is_free", "BlockPool._check_id")):
+        _check_block_pool(pool_cls)
+
+
+def _check_block_pool(pool_cls: type) -> None:
+    pool = _call("BlockPool(num_blocks=4, block_size=2)", pool_cls, 4, 2)
+    for bad in (0, -3, 2.5, "16"):
+        try:
+            with quiet():
+                pool_cls(4, bad)
+        except NotImplementedError:
+            raise AssertionError("BlockPool is not implemented yet (NotImplementedError)") from None
+        except ValueError:
+            continue
+        except Exception as err:
+            raise AssertionError(f"BlockPool(4, block_size={bad!r}) should raise ValueError, got {type(err).__name__}: {err}") from None
+        raise AssertionError(f"BlockPool(4, block_size={bad!r}) should raise ValueError: a block size is a positive integer")
+    a = _call("allocate(2)", pool.allocate, 2)
+    if len(a) != 2 or len(set(a)) != 2 or not all(0 <= b < 4 for b in a):
+        raise AssertionError(f"allocate(2) on an empty pool of 4 must return 2 distinct ids in [0, 4), got {a!r}")
+    if [pool.ref_counts[b] for b in a] != [1, 1] or pool.num_free != 2:
+        raise AssertionError(f"after allocate(2): ref_counts of the blocks should be 1 and num_free 2, got "
+                             f"{[pool.ref_counts[b] for b in a]} and {pool.num_free}")
+    before = _pool_state(pool)
+    try:
+        with quiet():
+            pool.allocate(3)
+    except OutOfBlocks:
+        pass
+    except NotImplementedError:
+        raise AssertionError("allocate is not implemented yet (NotImplementedError)") from None
+    except Exception as err:
+        raise AssertionError(f"allocate(3) with 2 free blocks must raise OutOfBlocks, got {type(err).__name__}: {err}") from None
+    else:
+        raise AssertionError("allocate(3) with 2 free blocks must raise OutOfBlocks, nothing was raised")
+    if _pool_state(pool) != before:
+        raise AssertionError(f"allocate(3) with only 2 free blocks raised but changed the pool (ref_counts, free list) "
+                             f"from {before} to {_pool_state(pool)}: check that enough blocks are free BEFORE taking any")
+    _call("fork(blocks)", pool.fork, [a[0]])
+    if pool.ref_counts[a[0]] != 2:
+        raise AssertionError(f"after fork([{a[0]}]) its ref_count should be 2, got {pool.ref_counts[a[0]]}")
+    _call("free(block)", pool.free, a[0])
+    if pool.ref_counts[a[0]] != 1:
+        raise AssertionError(f"free() of a block held twice must decrement its ref_count to 1, got {pool.ref_counts[a[0]]}")
+    if a[0] in pool.free_blocks() or pool.num_free != 2:
+        raise AssertionError(f"block {a[0]} is still held by one owner but free() put it back in the free list: "
+                             "a block returns to the pool only when its ref_count reaches 0")
+    _call("free(block)", pool.free, a[0])
+    if pool.ref_counts[a[0]] != 0 or a[0] not in pool.free_blocks() or pool.num_free != 3:
+        raise AssertionError(f"freeing the last holder of block {a[0]} must set its ref_count to 0 and return it to the "
+                             f"free list; got ref_count {pool.ref_counts[a[0]]}, num_free {pool.num_free}")
+    try:
+        with quiet():
+            pool.free(a[0])
+    except ValueError:
+        pass
+    except Exception as err:
+        raise AssertionError(f"a double free should raise ValueError, got {type(err).__name__}: {err}") from None
+    else:
+        raise AssertionError(f"freeing block {a[0]} again (ref_count 0) must raise ValueError (double free)")
+    if pool.ref_counts[a[0]] != 0 or pool.num_free != 3:
+        raise AssertionError("the rejected double free changed the pool")
+    rest = _call("allocate(3)", pool.allocate, 3)
+    if sorted(rest + [a[1]]) != [0, 1, 2, 3] or pool.num_free != 0:
+        raise AssertionError(f"allocating the 3 free blocks should hand out exactly the free ids, got {rest}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Slot mapping and hashing
+# ---------------------------------------------------------------------------------------------------
+
+def check_slot_mapping(slot_fn: Callable[[list[int], int, int], int]) -> None:
+    """slot_fn(table, position, block_size) = table[position // block_size] * block_size + position % block_size,
+    ValueError for a position past the table."""
+    own_work(slot_fn, reference_slot_of, what="Exercise 2 (slot_of)")
+    with no_calls_into(reference_slot_of, what="Exercise 2 (slot_of)"):
+        _check_slot_mapping(slot_fn)
+
+
+def _check_slot_mapping(slot_fn: Callable[[list[int], int, int], int]) -> None:
+    for table, bs in (([7, 2, 5], 4), ([3], 1), ([0, 9, 1, 4], 16), ([6, 0], 3)):
+        for p in range(len(table) * bs):
+            got = _call(f"slot_fn({table}, {p}, {bs})", slot_fn, list(table), p, bs)
+            want = table[p // bs] * bs + p % bs
+            if got != want:
+                edge = " (the first position of a block: check the block index p // block_size)" if p % bs == 0 else ""
+                raise AssertionError(f"slot of position {p} with table {table}, block_size {bs}: expected "
+                                     f"table[{p // bs}] * {bs} + {p % bs} = {want}, got {got!r}{edge}")
+        p = len(table) * bs
+        try:
+            with quiet():
+                slot_fn(list(table), p, bs)
+        except ValueError:
+            continue
+        except Exception as err:
+            raise AssertionError(f"position {p} is past a table of {len(table)} blocks of {bs}: expected ValueError, "
+                                 f"got {type(err).__name__}: {err}") from None
+        raise AssertionError(f"position {p} is past a table of {len(table)} blocks of {bs} (capacity {p}); it must raise "
+                             "ValueError naming the problem, not return a slot in somebody else's block")
+
+
+def check_block_hash(hash_fn: Callable[[int | None, list[int]], int]) -> None:
+    """hash_fn(parent_hash, tokens) -> int: deterministic, changes with the tokens and with the parent."""
+    own_work(hash_fn, reference_hash_block, what="Exercise 3 (hash_block)")
+    with no_calls_into(reference_hash_block, what="Exercise 3 (hash_block)"):
+        _check_block_hash(hash_fn)
+
+
+def _check_block_hash(hash_fn: Callable[[int | None, list[int]], int]) -> None:
+    h = _call("hash_block(None, [1, 2, 3, 4])", hash_fn, None, [1, 2, 3, 4])
+    if not isinstance(h, int) or isinstance(h, bool):
+        raise AssertionError(f"hash_block must return an int, got {type(h).__name__}")
+    if _call("hash_block", hash_fn, None, [1, 2, 3, 4]) != h:
+        raise AssertionError("hash_block(None, [1, 2, 3, 4]) gave two different values: it must be deterministic")
+    if _call("hash_block", hash_fn, None, [1, 2, 4, 3]) == h:
+        raise AssertionError("hash_block must depend on the order of the tokens")
+    child_a = _call("hash_block", hash_fn, h, [5, 6, 7, 8])
+    other = _call("hash_block", hash_fn, None, [9, 9, 9, 9])
+    child_b = _call("hash_block", hash_fn, other, [5, 6, 7, 8])
+    if child_a == child_b or child_a == _call("hash_block", hash_fn, None, [5, 6, 7, 8]):
+        raise AssertionError("the same block tokens [5, 6, 7, 8] after different prefixes got the same hash: the hash "
+                             "must be chained (include the parent block's hash), since keys and values depend on "
+                             "every earlier token")

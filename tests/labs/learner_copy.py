@@ -1,0 +1,24 @@
+"""The package's reference, re-run from its source as if a learner had typed it into a notebook cell.
+
+The checks refuse the reference object itself (autograder.reference_guard), so a test that shows "a correct
+answer passes" hands in a copy: the same source, compiled under a cell-like file name, in a copy of the
+reference module's globals (so its imports resolve), and with no link to the package's function or class.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import textwrap
+from typing import Any
+
+
+def as_learner(obj: Any, **replace: Any) -> Any:
+    """A copy of the function or class `obj` compiled from its source as notebook code. `replace`: module-level
+    names to rebind in the copy's globals (e.g. LayerKVCache=<a learner copy>)."""
+    source = textwrap.dedent(inspect.getsource(obj))
+    namespace = dict(vars(sys.modules[obj.__module__]))
+    namespace.update(replace)
+    namespace["__name__"] = "__main__"
+    exec(compile(source, f"<learner cell: {obj.__qualname__}>", "exec"), namespace)
+    return namespace[obj.__name__]
