@@ -80,7 +80,8 @@ def test_unreadable_answer_is_not_a_crash():
 
 
 def test_reasoning_questions_numbered_like_readme(repo_root):
-    rows = re.findall(r"(?m)^\| (\d+) \| .+ \| (\d\d) \|", (repo_root / "README.md").read_text())
+    section = (repo_root / "README.md").read_text().split("## Interview questions", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"(?m)^\| (\d+) \| .+ \| (\d\d) \|", section)
     assert [(q.number, q.lab) for q in CHOICE_QUESTIONS] == [(int(n), lab) for n, lab in rows]
 
 
