@@ -84,6 +84,11 @@ def nbgrader_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
     env.setdefault("PYTHONWARNINGS", "ignore")
     env.pop("NBGRADER_EXECUTION", None)
+    # The notebooks' Triton kernels are compiled only where torch sees a GPU and interpreted elsewhere, whatever this
+    # process's environment says (a script or a test may have set TRITON_INTERPRET=0 for itself).
+    from autograder.harness import gpu_available
+    if not gpu_available():
+        env["TRITON_INTERPRET"] = "1"
     if extra:
         env.update(extra)
     return env

@@ -147,7 +147,9 @@ def bwrap_argv(policy: SandboxPolicy, kernel_cmd: list[str], *, submission_dir: 
            "USER": "learner", "LOGNAME": "learner", "LANG": "C.UTF-8", "TMPDIR": "/tmp",
            "PYTHONPATH": os.pathsep.join(pythonpath), "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg",
            "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads,
-           "OMP_WAIT_POLICY": "PASSIVE", "JUPYTER_PLATFORM_DIRS": "1", **(extra_env or {})}
+           "OMP_WAIT_POLICY": "PASSIVE", "JUPYTER_PLATFORM_DIRS": "1",
+           "TRITON_INTERPRET": "1",        # no GPU device is bound into the sandbox: Triton kernels run interpreted
+           **(extra_env or {})}
     args.append("--clearenv")
     for k, v in env.items():
         args += ["--setenv", k, v]
@@ -249,7 +251,7 @@ class SandboxedKernelManager(AsyncKernelManager):
             kw["env"] = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
         else:
             kw["env"] = {k: v for k, v in (kw.get("env") or os.environ).items()
-                         if k in ("PATH", "LANG", "PYTHONPATH", "OMP_NUM_THREADS", "NBGRADER_EXECUTION",
+                         if k in ("PATH", "LANG", "PYTHONPATH", "OMP_NUM_THREADS", "NBGRADER_EXECUTION", "TRITON_INTERPRET",
                                   "OMP_WAIT_POLICY", "MINIGPT_DATA_DIR")}
         await super()._async_launch_kernel(kernel_cmd, **kw)
 

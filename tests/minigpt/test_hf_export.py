@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from minigpt.checkpoint import load_model
-from minigpt.export import course_tokenizer, export_hf, main
+from minigpt.hf.export import course_tokenizer, export_hf, main
 from minigpt.paths import data_dir
 from minigpt.serving.chat_template import render_chat
 from minigpt.tokenizer import load_tokenizer, stop_token_ids, tokenizer_for

@@ -5,7 +5,7 @@
 * `loading`   `load_hf_model(folder)`: what `minigpt.load_model("/path/to/folder")` calls.
 * `tokenizer` `HFTokenizer`: a tokenizer.json behind the tiktoken-style calls the engines make.
 
-Exporting the course's models is `python -m minigpt.export target OUT_DIR` (`minigpt.export`).
+Exporting the course's models is `python -m minigpt.export target OUT_DIR` (`minigpt.hf.export`).
 """
 
 from minigpt.hf.config import UnsupportedModel, config_from_hf, config_to_hf

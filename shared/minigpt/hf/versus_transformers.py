@@ -28,7 +28,7 @@ CANDIDATES = ("course cached", "transformers generate", "course speculative", "t
 
 
 def _peer(model: GPT, k: int | None = None) -> Any:
-    from minigpt.export import to_transformers
+    from minigpt.hf.export import to_transformers
 
     hf = to_transformers(model)
     hf.generation_config.update(do_sample=False, eos_token_id=None, pad_token_id=0)   # exactly max_new_tokens, greedy
