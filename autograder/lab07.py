@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 
 from autograder.harness import call_learner, check_answer, quiet
-from autograder.reference_guard import no_calls_into, own_work
+from autograder.reference_guard import watched as _watched, no_calls_into, own_work
 from minigpt.config import ModelConfig
 from minigpt.engine.cached_generation import generate_kv_cache
 from minigpt.model import GPT
@@ -81,14 +81,6 @@ def check_shard_weight(shard_weight: Callable) -> None:
     what = "Exercise 1 (shard_weight)"
     own_work(shard_weight, [sharding.shard_parameter, sharding.shard_state_dict], what=what)
     _check_shard_weight(_watched(shard_weight, (sharding.shard_parameter, sharding.shard_state_dict), what))
-
-
-def _watched(fn: Callable, references: tuple, what: str) -> Callable:
-    """fn, refusing (ReferenceHandedIn) a call that enters the reference's code while fn runs."""
-    def call(*args: Any, **kwargs: Any) -> Any:
-        with no_calls_into(*references, what=what):
-            return fn(*args, **kwargs)
-    return call
 
 
 def _check_shard_weight(shard_weight: Callable) -> None:

@@ -26,9 +26,9 @@ import sys
 import threading
 from pathlib import Path
 from types import CodeType, FunctionType
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
-__all__ = ["own_work", "no_calls_into", "ReferenceHandedIn"]
+__all__ = ["own_work", "no_calls_into", "watched", "ReferenceHandedIn"]
 
 _PACKAGE_ROOTS = (Path(__file__).resolve().parents[1] / "shared", Path(__file__).resolve().parent)
 
@@ -160,3 +160,12 @@ def no_calls_into(*references: Any, what: str, allow: Iterable[str] = ()) -> Ite
     if entered:
         raise ReferenceHandedIn(f"{what}: your code calls the course's reference ({entered[0]}) instead of doing "
                                 "the work itself.")
+
+
+def watched(fn: Callable, references: tuple, what: str) -> Callable:
+    """fn, refusing (ReferenceHandedIn) a call that enters the reference's code while fn runs (the check's own calls
+    of the reference, between the learner's calls, are not watched)."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with no_calls_into(*references, what=what):
+            return fn(*args, **kwargs)
+    return call

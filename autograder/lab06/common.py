@@ -9,7 +9,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
-from autograder.reference_guard import no_calls_into
+from autograder.reference_guard import watched as _watched
 from minigpt.config import ModelConfig
 from minigpt.engine.speculative import sampling_probs
 from minigpt.model import GPT
@@ -31,14 +31,6 @@ TOY_SAMPLING = SamplingParams(temperature=3.0, top_k=3)
 SPEED_CHECK = "lab06_speculative_speedup"
 
 
-
-def _watched(fn: Callable, references: tuple, what: str) -> Callable:
-    """fn, refusing (ReferenceHandedIn) a call that enters the reference's code while fn runs (the check's own calls
-    of the reference, between the learner's calls, are not watched)."""
-    def call(*args: Any, **kwargs: Any) -> Any:
-        with no_calls_into(*references, what=what):
-            return fn(*args, **kwargs)
-    return call
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterator
 
 from autograder.harness import call_learner
 from autograder.lab03 import _model as lab03_model
-from autograder.reference_guard import no_calls_into
+from autograder.reference_guard import watched as _watched
 from minigpt.config import ModelConfig
 from minigpt.model import GPT
 from minigpt.serving.admission import admitted
@@ -73,11 +73,3 @@ def _stub_guard(what: str, fn: Callable, kind: str, *args: Any) -> None:
 
 
 
-
-def _watched(fn: Callable, references: tuple, what: str) -> Callable:
-    """fn, refusing (ReferenceHandedIn) a call that enters the reference's code while fn runs (the check's own calls
-    of the reference, between the learner's calls, are not watched)."""
-    def call(*args: Any, **kwargs: Any) -> Any:
-        with no_calls_into(*references, what=what):
-            return fn(*args, **kwargs)
-    return call
