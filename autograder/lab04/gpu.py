@@ -1,0 +1,113 @@
+"""GPU tier of lab 04: speed and memory (call behind require_gpu)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+import minigpt.kernels  # noqa: F401  (on a CPU: TRITON_INTERPRET=1 before any kernel is built)
+from autograder.harness import call_learner, quiet
+from autograder.lab04.common import DECODE_SPEED_CHECK, FLASH_SPEED_CHECK, MEMORY_CHECK
+from minigpt.attention import naive_attention
+from minigpt.kernels.flash_attention import flash_attention_forward
+from minigpt.kernels.paged_decode import gather_then_sdpa, paged_decode, random_paged_inputs
+
+# ---------------------------------------------------------------------------------------------------
+# GPU tier: speed and memory (call behind require_gpu). `device="cpu"` and small shapes run the same code with
+# the kernels in Triton's interpreter (tests); grading uses the GPU and the default shapes.
+# ---------------------------------------------------------------------------------------------------
+
+def check_flash_speed(fn: Callable, *, seq_len: int = 4096, head_dim: int = 64, batch: int = 4, heads: int = 32,
+                      device: str = "cuda", rounds: int = 5) -> dict:
+    """Learner's fn(q, k, v, causal) speedup over naive attention >= the calibrated fraction (FLASH_SPEED_CHECK)
+    of the reference kernel's, fp16, causal, timed in interleaved rounds. On a GPU whose free memory cannot hold
+    naive attention's temporaries (3 fp32 copies of B x H x T x T scores: 26 GB at the default shape) the batch is
+    halved until they fit; the result says which batch was timed."""
+    from autograder.gpu_bench import fits, free_bytes, naive_attention_bytes
+    from autograder.thresholds import threshold
+    from minigpt.attention import naive_attention
+    from minigpt.timing import bench_interleaved, device_class
+
+    fraction = threshold(FLASH_SPEED_CHECK, device_class(device))
+    if torch.device(device).type == "cuda":
+        while batch > 1 and not fits(naive_attention_bytes(batch, heads, seq_len, seq_len), free_bytes(device)):
+            batch //= 2
+    g = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn(batch, heads, seq_len, head_dim, device=device, generator=g).half() for _ in range(3))
+    with quiet():
+        out = call_learner("your forward kernel at the benchmark shape", fn, q, k, v, True)[0]
+        want = flash_attention_forward(q, k, v, causal=True)[0]
+    if not torch.allclose(out.float(), want.float(), atol=1e-2, rtol=1e-2):
+        raise AssertionError("the kernel's output differs from the reference at the benchmark shape")
+    with quiet():
+        times = bench_interleaved({"naive": lambda: naive_attention(q, k, v), "learner": lambda: fn(q, k, v, True),
+                                   "reference": lambda: flash_attention_forward(q, k, v, causal=True)},
+                                  rounds=rounds, device=device)
+    learner, ref = times["naive"] / times["learner"], times["naive"] / times["reference"]
+    need = fraction * ref
+    if learner < need:
+        raise AssertionError(f"forward kernel speedup over naive attention {learner:.2f}x; the reference reaches "
+                             f"{ref:.2f}x here and {need:.2f}x is needed. Skip fully masked tiles, keep the tiles in "
+                             "fp16 for tl.dot, and do not re-read Q inside the loop.")
+    return {"speedup": learner, "reference_speedup": ref, "threshold": need, "batch": batch,
+            "times_ms": {n: t * 1e3 for n, t in times.items()}}
+
+
+def check_paged_decode_speed(fn: Callable, *, batch: int = 32, context: int = 8192, heads: int = 32,
+                             kv_heads: int = 8, head_dim: int = 128, block_size: int = 16, device: str = "cuda",
+                             rounds: int = 5) -> dict:
+    """Learner's paged decode speedup over gather-then-SDPA >= the calibrated fraction (DECODE_SPEED_CHECK) of the
+    reference kernel's, fp16, timed in interleaved rounds."""
+    from autograder.thresholds import threshold
+    from minigpt.timing import bench_interleaved, device_class
+
+    fraction = threshold(DECODE_SPEED_CHECK, device_class(device))
+    args = random_paged_inputs([context] * batch, n_heads=heads, n_kv_heads=kv_heads, head_dim=head_dim,
+                               block_size=block_size, dtype=torch.float16, device=device)
+    with quiet():
+        got = call_learner("your decode kernel at the benchmark shape", fn, *args)
+        if not torch.allclose(got.float(), paged_decode(*args).float(), atol=1e-2, rtol=1e-2):
+            raise AssertionError("the decode kernel's output differs from the reference at the benchmark shape")
+        times = bench_interleaved({"gather_sdpa": lambda: gather_then_sdpa(*args), "learner": lambda: fn(*args),
+                                   "reference": lambda: paged_decode(*args)}, rounds=rounds, device=device)
+    learner, ref = times["gather_sdpa"] / times["learner"], times["gather_sdpa"] / times["reference"]
+    need = fraction * ref
+    if learner < need:
+        raise AssertionError(f"decode speedup over gather-then-SDPA {learner:.2f}x; the reference reaches {ref:.2f}x "
+                             f"and {need:.2f}x is needed. Split the context over enough programs to fill the GPU.")
+    return {"speedup": learner, "reference_speedup": ref, "threshold": need,
+            "times_ms": {n: t * 1e3 for n, t in times.items()}}
+
+
+def growth_per_doubling(peaks: list[int]) -> list[float]:
+    """Ratios of successive peak byte counts (T doubling each step): about 2 for O(T) memory, 4 for O(T^2)."""
+    return [b / max(a, 1) for a, b in zip(peaks, peaks[1:])]
+
+
+def check_flash_memory(fn: Callable, *, seq_lens: tuple[int, ...] = (2048, 4096, 8192), heads: int = 8,
+                       head_dim: int = 64) -> dict:
+    """Peak extra memory of fn(q, k, v, causal) grows O(T) per doubling of T (about 2x), not O(T^2) (4x): at most the
+    calibrated growth (MEMORY_CHECK) per doubling."""
+    from autograder.thresholds import threshold
+    from minigpt.timing import device_class
+
+    most = threshold(MEMORY_CHECK, device_class("cuda"))
+    peaks = []
+    for T in seq_lens:
+        q, k, v = (torch.randn(1, heads, T, head_dim, device="cuda", dtype=torch.float16) for _ in range(3))
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        with quiet():
+            call_learner(f"your forward kernel at T={T}", fn, q, k, v, True)
+        torch.cuda.synchronize()
+        peaks.append(torch.cuda.max_memory_allocated() - base)
+        del q, k, v
+    growth = growth_per_doubling(peaks)
+    if max(growth) > most:
+        raise AssertionError(f"peak extra memory grows {', '.join(f'{g:.1f}x' for g in growth)} per doubling of T "
+                             f"({peaks} bytes; at most {most:.2f}x allowed): something of size T x T is being "
+                             "materialised")
+    return {"seq_lens": list(seq_lens), "peak_bytes": peaks, "growth": growth, "max_growth": max(growth),
+            "threshold": most}

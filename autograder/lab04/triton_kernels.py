@@ -1,0 +1,150 @@
+"""Exercises 4 to 6: the Triton forward kernel, merge_partials and the paged decode kernel."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Callable, Iterator
+
+import torch
+
+import minigpt.kernels  # noqa: F401  (on a CPU: TRITON_INTERPRET=1 before any kernel is built)
+from autograder.harness import call_learner
+from autograder.lab04.common import ATTENTION_CASES, PAGED_CASES, TOL, _close, _err, _qkv
+from autograder.lab04.tiled import _ATTENTION_REFERENCES, _compare_out_lse
+from autograder.reference_guard import no_calls_into, own_work
+from minigpt.cache.paged_attention import paged_decode_attention
+from minigpt.kernels.paged_decode import (gather_then_sdpa, merge_partials, paged_decode, paged_decode_partials,
+                                          random_paged_inputs)
+
+# ---------------------------------------------------------------------------------------------------
+# Triton: the forward kernel and the paged decode kernel
+# ---------------------------------------------------------------------------------------------------
+
+class Launches(list):
+    """[number of Triton launches]; `.kernels`: the Python function of each kernel launched."""
+
+    def __init__(self) -> None:
+        super().__init__([0])
+        self.kernels: list[Callable] = []
+
+
+@contextlib.contextmanager
+def count_triton_launches() -> Iterator[Launches]:
+    """Count Triton kernel launches (compiled or interpreted) inside the block: yields a one-item list, whose
+    `.kernels` names the kernels launched."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    counter = Launches()
+    originals = {cls: cls.run for cls in (InterpretedFunction, JITFunction)}
+
+    def wrap(original):
+        def run(self, *args, **kwargs):
+            counter[0] += 1
+            if getattr(self, "fn", None) is not None and self.fn not in counter.kernels:
+                counter.kernels.append(self.fn)
+            return original(self, *args, **kwargs)
+        return run
+
+    try:
+        for cls, original in originals.items():
+            cls.run = wrap(original)
+        yield counter
+    finally:
+        for cls, original in originals.items():
+            cls.run = original
+
+
+def own_kernels(launches: Launches, what: str) -> None:
+    """Refuse a launch of one of the package's Triton kernels (the reference's kernel behind your launcher)."""
+    for kernel in launches.kernels:
+        own_work(kernel, (), what=what)
+
+
+FLASH_FORWARD = "Exercise 4 (the forward kernel)"
+_PAGED_REFERENCES = (paged_decode, paged_decode_partials, paged_decode_attention, gather_then_sdpa)
+PAGED_DECODE = "Exercise 6 (the paged decode kernel)"
+MERGE = "Exercise 5 (merge_partials)"
+
+
+def check_flash_forward(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16)) -> None:
+    """fn(q, k, v, causal) -> (out, lse) through a Triton kernel of the notebook's (not the package's); CPU tensors
+    run in the interpreter."""
+    own_work(fn, _ATTENTION_REFERENCES, what=FLASH_FORWARD)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    first = True
+    for dtype in dtypes:
+        for B, Hq, Hkv, Tq, Tk, D, causal, what in ATTENTION_CASES:
+            q, k, v = (t.to(device) for t in _qkv(B, Hq, Hkv, Tq, Tk, D, dtype=dtype, seed=3))
+            # the first case also refuses a call into the reference (profiling every case in the interpreter would
+            # double the check's time); every launch is checked to be the notebook's kernel
+            guard = no_calls_into(*_ATTENTION_REFERENCES, what=FLASH_FORWARD) if first else contextlib.nullcontext()
+            with count_triton_launches() as launches, guard:
+                got = call_learner("flash_forward", fn, q, k, v, causal, context=f"{what}, {dtype}")
+            first = False
+            if not launches[0]:
+                raise AssertionError(f"{what}: flash_forward launched no Triton kernel; write the forward pass as "
+                                     "a @triton.jit kernel and launch it over a grid")
+            own_kernels(launches, FLASH_FORWARD)
+            if isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], torch.Tensor) and got[0].dtype != dtype:
+                raise AssertionError(f"{what}: the output must be in the input dtype {dtype}, got {got[0].dtype}")
+            _compare_out_lse(tuple(t.cpu() for t in got) if isinstance(got, tuple) else got,
+                             q.cpu(), k.cpu(), v.cpu(), causal, f"{what}, {dtype}", TOL[dtype])
+
+
+def check_merge_partials(fn: Callable) -> None:
+    """fn(o_part (..., S, D), lse_part (..., S)) -> (..., D): the per-split results merged with LSE weights."""
+    own_work(fn, merge_partials, what=MERGE)
+    g = torch.Generator().manual_seed(5)
+    for shape, what in (((2, 3, 4, 8), "4 splits"), ((1, 2, 1, 8), "a single split"),
+                        ((2, 2, 5, 4), "5 splits, some empty (lse = -inf)")):
+        # build partials from real attention over random chunks, so the answer is known
+        *lead, S, D = shape
+        scores = torch.randn(*lead, S, 6, generator=g, dtype=torch.float64) * 3
+        values = torch.randn(*lead, S, 6, D, generator=g, dtype=torch.float64)
+        if "empty" in what:
+            scores[..., 1, :] = -math.inf
+            scores[..., 3, :] = -math.inf
+        lse_part = torch.logsumexp(scores, -1)
+        p = torch.softmax(scores, -1).nan_to_num(0.0)
+        o_part = (p.unsqueeze(-1) * values).sum(-2)
+        flat = scores.flatten(-2)
+        want = (torch.softmax(flat, -1).unsqueeze(-1) * values.flatten(-3, -2)).sum(-2)
+        with no_calls_into(merge_partials, what=MERGE):
+            got = call_learner("merge_partials", fn, o_part.float(), lse_part.float(), context=what)
+        if not isinstance(got, torch.Tensor) or not _close(got, want, 1e-5):
+            err = _err(got, want) if isinstance(got, torch.Tensor) else type(got).__name__
+            raise AssertionError(f"{what}: merged output {err}. Weight split s by exp(lse_s - logsumexp(lse)): "
+                                 "a plain mean of the partial outputs ignores how much softmax mass each split holds, "
+                                 "and an empty split (lse = -inf) must get weight 0, not NaN.")
+
+
+def _paged(B, Hq, Hkv, D, block_size, lens, dtype=torch.float32, device="cpu"):
+    return random_paged_inputs(lens, n_heads=Hq, n_kv_heads=Hkv, head_dim=D, block_size=block_size, dtype=dtype,
+                               device=device, extra_blocks=1, num_blocks=48)
+
+
+def check_paged_decode(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16)) -> None:
+    """fn(q (B,Hq,D), k_pool, v_pool (num_blocks, block_size, Hkv, D), block_tables (B, max_blocks) int32,
+    seq_lens (B,) int32) -> (B, Hq, D), through a Triton kernel of the notebook's, equal to gather-then-attend."""
+    own_work(fn, _PAGED_REFERENCES, what=PAGED_DECODE)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    first = True
+    for dtype in dtypes:
+        for B, Hq, Hkv, D, bs, lens, what in PAGED_CASES:
+            args = _paged(B, Hq, Hkv, D, bs, lens, dtype, device=device)
+            guard = no_calls_into(*_PAGED_REFERENCES, what=PAGED_DECODE) if first else contextlib.nullcontext()
+            with count_triton_launches() as launches, guard:          # the first case only, as in check_flash_forward
+                got = call_learner("paged_decode", fn, *(a.clone() for a in args), context=f"{what}, {dtype}")
+            first = False
+            if not launches[0]:
+                raise AssertionError(f"{what}: paged_decode launched no Triton kernel")
+            own_kernels(launches, PAGED_DECODE)
+            cpu = [a.cpu() for a in args]
+            want = paged_decode_attention(*(a.double() if a.is_floating_point() else a for a in cpu))
+            if not isinstance(got, torch.Tensor) or not _close(got.cpu(), want, TOL[dtype]):
+                err = _err(got.cpu(), want) if isinstance(got, torch.Tensor) else type(got).__name__
+                raise AssertionError(f"{what}, {dtype}: {err} against gather-then-attend. Check: physical block = "
+                                     "block_tables[b, page]; mask the slots of the last page past seq_len; query head "
+                                     "h reads KV head h // group; merge the splits with their LSE weights.")
