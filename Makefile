@@ -44,7 +44,7 @@ AUTOGRADE_ARGS ?=
 NB ?=
 CPYTHON_LIB ?=
 
-.PHONY: serve interview progress help setup lab test browser-deps sandbox-deps release grade autograde feedback export doctor calibrate gpu-check models data normalize check-normalized
+.PHONY: serve interview progress help setup lab test browser-deps sandbox-deps release grade autograde feedback export similarity doctor calibrate gpu-check models data normalize check-normalized
 
 help:
 	@sed -n '1,8p' Makefile | sed 's/^# \{0,1\}//'
@@ -122,6 +122,10 @@ feedback: setup
 
 export: setup
 	$(PY) -m autograder export
+
+similarity: setup
+	@test -n "$(A)" || { echo "usage: make similarity A=NN_topic   (an assignment under submitted/<student>/)"; exit 2; }
+	$(PY) -m autograder similarity --assignment "$(A)" --csv similarity-$(A).csv --html similarity-$(A).html
 
 normalize: setup
 	$(PY) -m autograder normalize

@@ -8,6 +8,9 @@
               [--unsafe]             refuses where no sandbox can start, unless --unsafe
     feedback [--assignment A]        instructor: nbgrader generate_feedback (HTML under feedback/)
     export [--csv grades.csv]        instructor: gradebook to CSV
+    similarity --assignment A        instructor: answers sharing code with a classmate's, the package's reference
+               [--threshold T]       or the course's solution, per exercise (copydetect), most similar first;
+               [--csv F] [--html F]  a lead to read, not a verdict
     release [--assignment A ...]     regenerate labs/ from solutions/ (nbgrader generate_assignment) and normalize
     normalize [--check] [PATHS]      strip outputs / execution counts from notebooks (or only check)
     doctor                           what this machine can run
@@ -71,6 +74,13 @@ def _parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("export", help="gradebook to CSV (instructor)")
     e.add_argument("--csv", type=Path)
+
+    sm = sub.add_parser("similarity", help="answers sharing code with others or with the reference (instructor)")
+    sm.add_argument("--assignment", required=True)
+    sm.add_argument("--threshold", type=float, default=0.5,
+                    help="report an answer when at least this share of its fingerprints is found in another's")
+    sm.add_argument("--csv", type=Path, help="also write the matches as CSV here")
+    sm.add_argument("--html", type=Path, help="also write copydetect's side-by-side HTML report here")
 
     r = sub.add_parser("release", help="regenerate labs/ from solutions/")
     r.add_argument("--assignment", action="append")
@@ -165,6 +175,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "export":
             out = grading.export_grades(course, args.csv)
             print(f"grades exported to {out}")
+            return 0
+        if args.command == "similarity":
+            from autograder import similarity
+            matches, notes = similarity.compare(course, args.assignment, threshold=args.threshold, html=args.html)
+            for note in notes:
+                print(f"note: {note}")
+            print(similarity.format_table(matches))
+            if args.csv:
+                similarity.write_csv(matches, args.csv)
             return 0
         if args.command == "release":
             for folder in grading.release(course, args.assignment):
