@@ -207,7 +207,17 @@ def _handler(shell, etype, value, tb, tb_offset=None) -> None:
         lines = None
     if lines is None:
         lines = shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)
+    else:
+        _drop_half_drawn_figures()
     shell._showtraceback(etype, value, lines)   # ipykernel sends it as the cell's error output
+
+
+def _drop_half_drawn_figures() -> None:
+    """A demo cell that stops at a missing exercise leaves its figure half drawn (the inline backend would still
+    show it under the message, axes empty): close the figures the failed cell opened."""
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is not None:
+        pyplot.close("all")
 
 
 def install_in_kernel() -> bool:

@@ -22,6 +22,8 @@ CELLS = {
     "check_wrong": "from autograder.lab00 import check_count_parameters; check_count_parameters(count_parameters)",
     "buggy": "def count_parameters(shape):\n    return shape.no_such_field",
     "check_buggy": "from autograder.lab00 import check_count_parameters; check_count_parameters(count_parameters)",
+    "demo_figure": "%matplotlib inline\nimport matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([1, 2])\n"
+                   "ax.set_title(str(kv_cache_bytes(PRESETS['Llama-3-8B'], 8192, 1, 2)))\nplt.show()",
     "plain": "1 / 0",
     "undefined": "print(new_ids)",
 }
@@ -39,6 +41,8 @@ def outputs(tmp_path_factory):
         errors = [o for o in cell.outputs if o.output_type == "error"]
         text = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(errors[0].traceback)) if errors else ""
         out[name] = (errors[0].ename, text) if errors else None
+    out["_images"] = {name for name, cell in zip(CELLS, nb.cells)
+                      if any("image/png" in o.get("data", {}) for o in cell.outputs)}
     return out
 
 
@@ -53,6 +57,11 @@ def test_stub_in_a_demo_cell_says_which_exercise_and_how_to_go_on(outputs):
     _, text = outputs["demo_stub"]
     assert text.startswith("This cell needs exercise 3: `kv_cache_bytes` is not implemented yet.")
     assert "from minigpt.teaching.calculators import kv_cache_bytes" in text
+
+
+def test_a_demo_figure_stopped_by_a_stub_is_not_shown_half_drawn(outputs):
+    assert outputs["demo_figure"][1].startswith("This cell needs exercise 3")
+    assert "demo_figure" not in outputs["_images"]
 
 
 def test_answer_cell_and_unanswered_question(outputs):

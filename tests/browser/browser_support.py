@@ -114,8 +114,9 @@ def accept_dialogs(page) -> None:
 
 def run_all(page, attempts: int = 4) -> None:
     """Run > Run All Cells ("runmenu:run-all" in JupyterLab 4); retried, since a click made while the
-    kernel session is still connecting can be dropped. Done once the first cell has started ([*] or [1])."""
-    first_prompt = page.locator(".jp-InputArea-prompt").first
+    kernel session is still connecting can be dropped. Done once the first code cell has started ([*] or [1]);
+    a markdown cell's prompt stays empty, so only code cells' prompts are read."""
+    first_prompt = page.locator(".jp-CodeCell .jp-InputArea-prompt").first
     for _ in range(attempts):
         page.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').first.wait_for(timeout=60_000)
         accept_dialogs(page)
