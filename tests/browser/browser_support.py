@@ -138,6 +138,18 @@ def write_notebook(path: Path, cells: list[str]) -> None:
     path.write_text(json.dumps(nb, indent=1))
 
 
+def truncated_labels(page) -> list[str]:
+    """Texts of widget labels and readouts drawn narrower than their text (cut short with an ellipsis)."""
+    return page.evaluate("""() => [...document.querySelectorAll('.widget-label, .widget-readout, .widget-dropdown > label')]
+        .filter(e => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 1)
+        .map(e => e.textContent.trim())""")
+
+
+def assert_labels_whole(page, what: str) -> None:
+    cut = truncated_labels(page)
+    assert not cut, f"{what}: widget labels cut short (widen the widget's description_width): {cut}"
+
+
 def open_widget_notebook(page, server: LabServer, name: str, cells: list[str], *, readout: str, images: int = 0,
                          what: str, attempts: int = 3):
     """Write a notebook of `cells` into the server's folder, open it, Run All, and wait until a widget
@@ -152,9 +164,10 @@ def open_widget_notebook(page, server: LabServer, name: str, cells: list[str], *
             page.locator(".widget-html-content", has_text=readout).first.wait_for(timeout=90_000)
             if images:
                 page.locator(".widget-image").nth(images - 1).wait_for(timeout=90_000)
-            return page
         except Exception:
-            pass
+            continue
+        assert_labels_whole(page, what)
+        return page
     shot = server.root.parent / f"failure_{Path(name).stem}.png"
     page.screenshot(path=str(shot))
     raise AssertionError(f"{what} did not render; screenshot: {shot}, server log: {server.root.parent / 'server.log'}")

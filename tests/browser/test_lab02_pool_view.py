@@ -33,4 +33,4 @@ def test_pool_view_redraws_when_sliders_move(view):
     move_slider(page, output, "block size")
     text2 = wait_for_change(readout.inner_text, text1)
     assert "64 blocks of 32 tokens" in text2, text2
-    assert output.screenshot() != grid0, "the grid's pixels did not change"
+    assert wait_for_change(output.screenshot, grid0, 30) != grid0, "the grid's pixels did not change"

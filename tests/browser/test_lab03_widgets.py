@@ -6,7 +6,6 @@ Run with `pytest -m browser tests/browser`. Needs Chromium (see conftest.py); ab
 
 from __future__ import annotations
 
-import time
 
 import pytest
 from browser_support import move_slider, open_widget_notebook, wait_for_change
@@ -33,5 +32,4 @@ def test_simulator_reruns_when_the_rate_slider_moves(opened):
     move_slider(page, widget, "max rate")
     text1 = wait_for_change(readout.inner_text, text0)
     assert "at 40 req/s" in text1, text1
-    time.sleep(0.5)
-    assert image.screenshot() != png0, "the figure's pixels did not change"
+    assert wait_for_change(image.screenshot, png0, 30) != png0, "the figure's pixels did not change"

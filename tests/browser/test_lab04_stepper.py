@@ -6,7 +6,6 @@ Run with `pytest -m browser tests/browser/test_lab04_stepper.py`. Needs Chromium
 
 from __future__ import annotations
 
-import time
 
 import pytest
 from browser_support import move_slider, open_widget_notebook, wait_for_change
@@ -33,8 +32,7 @@ def test_stepping_a_tile_updates_the_table_and_the_figure(stepper):
     move_slider(page, widget, "tiles read")
     text1 = wait_for_change(readout.inner_text, text0)
     assert "after tile 2 of 6" in text1, text1
-    time.sleep(0.5)
-    assert image.screenshot() != png0, "the figure's pixels did not change"
+    assert wait_for_change(image.screenshot, png0, 30) != png0, "the figure's pixels did not change"
 
 
 def test_changing_the_tile_size_changes_the_number_of_tiles(stepper):

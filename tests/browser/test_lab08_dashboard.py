@@ -58,4 +58,4 @@ def test_load_test_updates_the_dashboard(opened):
     text1 = readout.inner_text()
     assert _finished(text1) == 24, text1
     assert "TTFT p50" in text1 and "–" not in text1.split("TTFT")[1], text1
-    assert image.screenshot() != png0, "the figure's pixels did not change"
+    assert wait_for_change(image.screenshot, png0, 30) != png0, "the figure's pixels did not change"

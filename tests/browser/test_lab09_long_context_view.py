@@ -7,7 +7,6 @@ synthetic (seeded), so no model runs.
 
 from __future__ import annotations
 
-import time
 
 import pytest
 from browser_support import move_slider, open_widget_notebook, wait_for_change
@@ -44,18 +43,9 @@ def test_choosing_curves_and_buckets_updates_the_view(opened):
     view.locator(".widget-select-multiple select").first.select_option(["none", "yarn x4"])
     text1 = wait_for_change(readout.inner_text, text0)
     assert "yarn x4" in text1 and "none" in text1, text1
-    png1 = _new_png(image, png0)
+    png1 = wait_for_change(image.screenshot, png0, 30)
     assert png1 != png0, "the figure did not change with the curves"
 
     move_slider(page, view, "bucket", key="ArrowLeft")
-    assert _new_png(image, png1) != png1, "the figure did not change with the bucket width"
+    assert wait_for_change(image.screenshot, png1, 30) != png1, "the figure did not change with the bucket width"
 
-
-def _new_png(image, before: bytes, timeout_s: float = 30) -> bytes:
-    """The image's screenshot once it differs from `before` (or the last one when the time is up)."""
-    deadline = time.monotonic() + timeout_s
-    png = image.screenshot()
-    while png == before and time.monotonic() < deadline:
-        time.sleep(0.5)
-        png = image.screenshot()
-    return png

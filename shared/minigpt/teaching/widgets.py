@@ -103,7 +103,10 @@ class _Calculator:
         self.error = W.HTML()
 
     def _watch(self, *controls: W.Widget) -> None:
+        """Recompute when any control changes; labels sized to their text, never cut short."""
         for c in controls:
+            if "description_width" in getattr(getattr(c, "style", None), "keys", ()):
+                c.style.description_width = "initial"
             c.observe(lambda _change: self.update(), names="value")
 
     def update(self) -> None:
