@@ -217,7 +217,7 @@ def decode_flops(shape: ModelShape, context_len: int, batch: int = 1) -> int:
     return batch * (2 * matmul_parameters(shape) + attention_flops(shape, context_len))
 
 
-def prefill_bytes(shape: ModelShape, seq_len: int, batch: int = 1, *,
+def prefill_bytes(shape: ModelShape, seq_len: int, batch: int = 1,
                   weight_bytes_per_element: float = 2, kv_bytes_per_element: int = 2) -> int:
     """Bytes moved by prefill: the weights a pass over batch * seq_len tokens reads + the prompt's KV cache written."""
     _check_nonneg_int(seq_len=seq_len, batch=batch)
@@ -225,7 +225,7 @@ def prefill_bytes(shape: ModelShape, seq_len: int, batch: int = 1, *,
             + kv_cache_bytes(shape, seq_len, batch, kv_bytes_per_element))
 
 
-def decode_bytes(shape: ModelShape, context_len: int, batch: int = 1, *,
+def decode_bytes(shape: ModelShape, context_len: int, batch: int = 1,
                  weight_bytes_per_element: float = 2, kv_bytes_per_element: int = 2) -> int:
     """Bytes moved by one decode step: the weights read ONCE (shared by the batch; `batch` embedding rows)
     + every sequence's KV cache."""
@@ -279,7 +279,7 @@ def decode_time_lower_bound(shape: ModelShape, context_len: int, batch: int, ban
                         kv_bytes_per_element=kv_bytes_per_element) / bandwidth
 
 
-def decode_step_time(shape: ModelShape, context_len: int, batch: int, peak_flops: float, bandwidth: float, *,
+def decode_step_time(shape: ModelShape, context_len: int, batch: int, peak_flops: float, bandwidth: float,
                      weight_bytes_per_element: float = 2, kv_bytes_per_element: int = 2) -> float:
     """Lower bound on one decode step's seconds, kernel by kernel: sum over `decode_kernels` of
     max(FLOPs / peak, bytes / bandwidth). The kernels run one after another, so each pays its own roofline;
@@ -298,7 +298,7 @@ def decode_tokens_per_second(shape: ModelShape, context_len: int, batch: int, ba
                                            kv_bytes_per_element=kv_bytes_per_element)
 
 
-def critical_batch_size(shape: ModelShape, context_len: int, peak_flops: float, bandwidth: float, *,
+def critical_batch_size(shape: ModelShape, context_len: int, peak_flops: float, bandwidth: float,
                         weight_bytes_per_element: float = 2, kv_bytes_per_element: int = 2) -> int | None:
     """Smallest batch at which one decode step, taken as ONE roofline point, is compute-bound, or None if never.
 
