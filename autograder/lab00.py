@@ -5,6 +5,14 @@ tests), compares with the reference in `minigpt.teaching.calculators`, and raise
 case, the expected and the received value, and, when the received value matches a known mistake,
 what that mistake probably was. Byte and FLOP counts must be exact ints; times are floats compared
 with a relative tolerance.
+
+* check_bytes: a pass reads the matmul and norm weights once and one embedding row per token (the whole
+  table only through a tied output projection); the old "every weight once" rule is diagnosed.
+* check_decode_step_time: each kernel of a decode step (weight matmuls, attention) on its own roofline,
+  summed; one lumped roofline point, a bandwidth-only bound and compute + memory added are diagnosed.
+* check_critical_batch_size: the lumped step's smallest compute-bound batch.
+* Interview questions Q1-Q7; Q3 (the weight matmuls' critical batch at a context) and Q7 (one serving knob,
+  each wrong choice diagnosed) need reasoning the notebook does not print.
 """
 
 from __future__ import annotations
@@ -23,9 +31,9 @@ from minigpt.teaching.hardware import ACCELERATORS
 
 __all__ = [
     "check_greedy_generate", "check_count_parameters", "check_kv_cache_bytes", "check_flops", "check_bytes",
-    "check_attainable_flops", "check_max_concurrent_requests", "check_decode_time_lower_bound",
-    "check_critical_batch_size", "check_q1_kv_gib", "check_q2_gqa_saving_gib", "check_q3_critical_batch",
-    "check_q4_tpot_ms", "check_q5_max_requests", "check_q6_tokens_per_s",
+    "check_attainable_flops", "check_max_concurrent_requests", "check_decode_step_time",
+    "check_critical_batch_size", "check_q1_kv_gib", "check_q2_gqa_extra_requests", "check_q3_critical_batch",
+    "check_q4_tpot_ms", "check_q5_max_requests", "check_q6_tokens_per_s", "check_q7_knob",
 ]
 
 REL_TOL = 1e-6
@@ -231,23 +239,56 @@ def check_flops(prefill_flops: Callable[[ModelShape, int, int], int],
 BYTES_CASES = [(1, 1, 2, 2), (2048, 8, 2, 2), (8192, 32, 2, 1), (512, 1, 1, 1), (100, 3, 4, 4)]
 
 
+def whole_table_bytes(shape: ModelShape, bytes_per_element: float) -> int:
+    """The old rule: every stored weight read once per pass, the whole input-embedding table included."""
+    return ref.weight_bytes(shape, bytes_per_element)
+
+
+def bytes_diagnoses(s: ModelShape, tokens: int, kv: int, wb: float, kb: int, batch: int, rows_per_seq: int) -> dict:
+    """Wrong byte counts for a pass over `tokens` positions (batch * rows_per_seq) that also moves `kv` bytes."""
+    right_w = ref.weight_bytes_read(s, tokens, wb)
+    emb_rows = tokens * s.d_model * wb
+    norms = (2 * s.n_layers + 1) * s.d_model * wb
+    d = {}
+    if s.tie_embeddings:
+        d[whole_table_bytes(s, wb) + kv] = ("the lookup also reads one embedding row per token; the tied output "
+                                            "projection reading the whole matrix does not replace it.")
+        d[right_w - s.vocab_size * s.d_model * wb + kv] = (
+            "this model is TIED: its output projection multiplies every token by the whole shared vocab x d_model "
+            "matrix, so the matrix is read in full (besides the looked-up rows).")
+    else:
+        d[whole_table_bytes(s, wb) + kv] = (
+            "the input embedding is a table lookup: a pass reads one d_model row per token, not the whole "
+            "vocab x d_model table (only the output projection, a matmul, reads every row).")
+    d.setdefault(right_w - emb_rows + kv, "forgot the looked-up embedding rows: one d_model row per token.")
+    d.setdefault(right_w - norms + kv, "forgot the RMSNorm weights (2 per layer + 1 final): they are read too.")
+    if batch > 1 and rows_per_seq > 1:
+        d.setdefault(ref.weight_bytes_read(s, rows_per_seq, wb) + kv,
+                     "one embedding row per token of EVERY sequence: batch * tokens rows.")
+    d.setdefault(right_w, "forgot the KV cache.")
+    d.setdefault(kv, "forgot the weights: each one a matmul uses is read once per forward pass.")
+    if batch > 1:
+        d.setdefault(right_w * batch + kv,
+                     "the weights are read ONCE per step and shared by the whole batch, not once per sequence.")
+    if kb != wb:
+        d.setdefault(right_w + kv // kb * wb, "used the weights' precision for the KV cache.")
+    return d
+
+
 def check_bytes(prefill_bytes: Callable[..., int], decode_bytes: Callable[..., int], extra: int = 0) -> None:
     """prefill_bytes / decode_bytes(shape, tokens, batch, weight_bytes_per_element, kv_bytes_per_element) -> int."""
     _own(prefill_bytes, ref.prefill_bytes)
     _own(decode_bytes, ref.decode_bytes)
     for s in _shapes(extra):
         for L, B, wb, kb in BYTES_CASES:
-            w = ref.weight_bytes(s, wb)
             kv = ref.kv_cache_bytes(s, L, B, kb)
             args = f"({_describe(s)}, {L}, batch={B}, weight_bytes_per_element={wb}, kv_bytes_per_element={kb})"
-            diagnoses = {w: "forgot the KV cache.", kv: "forgot the weights: every weight is read once per forward pass.",
-                         **({w * B + kv: "the weights are read ONCE per step and shared by the whole batch, not once per sequence."}
-                            if B > 1 else {}),
-                         **({w + kv // kb * wb: "used the weights' precision for the KV cache."} if kb != wb else {})}
             check_answer(_call(prefill_bytes, s, L, B, wb, kb), ref.prefill_bytes(s, L, B, weight_bytes_per_element=wb,
-                   kv_bytes_per_element=kb), "prefill_bytes" + args, diagnoses, unit="bytes", reveal=True)
+                         kv_bytes_per_element=kb), "prefill_bytes" + args, bytes_diagnoses(s, B * L, kv, wb, kb, B, L),
+                         unit="bytes", reveal=True)
             check_answer(_call(decode_bytes, s, L, B, wb, kb), ref.decode_bytes(s, L, B, weight_bytes_per_element=wb,
-                   kv_bytes_per_element=kb), "decode_bytes" + args, diagnoses, unit="bytes", reveal=True)
+                         kv_bytes_per_element=kb), "decode_bytes" + args, bytes_diagnoses(s, B, kv, wb, kb, B, 1),
+                         unit="bytes", reveal=True)
 
 
 # ---------------------------------------------------------------- roofline and serving limits
@@ -299,28 +340,51 @@ def check_max_concurrent_requests(max_concurrent_requests: Callable[..., int], e
                f"kv_bpe={kb}, memory_utilization={util})", diagnoses, unit="requests", reveal=True)
 
 
-def check_decode_time_lower_bound(decode_time_lower_bound: Callable[..., float], extra: int = 0) -> None:
-    """decode_time_lower_bound(shape, context_len, batch, bandwidth, weight_bpe, kv_bpe) -> seconds per step."""
-    _own(decode_time_lower_bound, ref.decode_time_lower_bound)
-    cases = [(PRESETS["Llama-3-8B"], 4096, 1, ACCELERATORS["H100-SXM"].memory_bandwidth, 2, 2),
-             (PRESETS["Llama-3-8B"], 2048, 16, ACCELERATORS["L4"].memory_bandwidth, 2, 2),
-             (PRESETS["Llama-3-70B"], 8192, 8, ACCELERATORS["H200"].memory_bandwidth, 1, 1),
-             (PRESETS["Llama-2-7B (MHA)"], 1024, 4, ACCELERATORS["RTX-4090"].memory_bandwidth, 2, 2),
-             (PRESETS["minigpt-target"], 256, 1, 10e9, 4, 4)]
+def _lumped_time(s: ModelShape, ctx: int, B: int, peak: float, bw: float, wb: float, kb: int) -> float:
+    """The whole step as one roofline point: max(total FLOPs / peak, total bytes / bandwidth)."""
+    kw = dict(weight_bytes_per_element=wb, kv_bytes_per_element=kb)
+    return max(ref.decode_flops(s, ctx, B) / peak, ref.decode_bytes(s, ctx, B, **kw) / bw)
+
+
+def check_decode_step_time(decode_step_time: Callable[..., float], extra: int = 0) -> None:
+    """decode_step_time(shape, context_len, batch, peak_flops, bandwidth, weight_bpe, kv_bpe) -> seconds per step,
+    each kernel (weight matmuls, attention) bounded by its own roofline, summed."""
+    _own(decode_step_time, ref.decode_step_time)
+    h100, h200, l4 = ACCELERATORS["H100-SXM"], ACCELERATORS["H200"], ACCELERATORS["L4"]
+    cases = [(PRESETS["Llama-3-8B"], 1024, 512, h100.peak("bf16"), h100.memory_bandwidth, 2, 2),
+             (PRESETS["Llama-3-8B"], 4096, 1, h100.peak("bf16"), h100.memory_bandwidth, 2, 2),
+             (PRESETS["Llama-3-8B"], 2048, 16, l4.peak("bf16"), l4.memory_bandwidth, 2, 2),
+             (PRESETS["Llama-3-70B"], 8192, 8, h200.peak("fp8"), h200.memory_bandwidth, 1, 1),
+             (PRESETS["Llama-2-7B (MHA)"], 256, 1024, ACCELERATORS["RTX-4090"].peak("bf16"),
+              ACCELERATORS["RTX-4090"].memory_bandwidth, 2, 2),
+             (PRESETS["minigpt-target"], 256, 1, 1e12, 10e9, 4, 4),
+             (WIDE_HEADS, 512, 2048, 1e14, 1e12, 2, 1)]
     rng = random.Random(extra)
-    cases += [(s, rng.randint(1, 16384), rng.randint(1, 64), 10 ** rng.uniform(10, 12.7), 2, rng.choice([1, 2]))
-              for s in random_shapes(extra + 200, extra)]
-    for s, ctx, B, bw, wb, kb in cases:
-        expected = ref.decode_time_lower_bound(s, ctx, B, bw, weight_bytes_per_element=wb, kv_bytes_per_element=kb)
-        w, kv = ref.weight_bytes(s, wb), ref.kv_cache_bytes(s, ctx, B, kb)
-        check_answer(_call(decode_time_lower_bound, s, ctx, B, bw, wb, kb), expected,
-               f"decode_time_lower_bound({_describe(s)}, context_len={ctx}, batch={B}, bandwidth={bw:.4g}, "
-               f"weight_bpe={wb}, kv_bpe={kb})",
-               [(expected * 1e3, "return SECONDS, not milliseconds."),
-                ((B * w + kv) / bw, "the weights are read once per step for the whole batch, not once per sequence."),
-                (w / bw, "forgot the KV cache, which every step reads in full."),
-                (expected / B, "that is the time per step divided by the batch; the question is time per step "
-                               "(each sequence gets one token per step).")], unit="seconds", rel=REL_TOL, reveal=True)
+    cases += [(s, rng.randint(0, 16384), rng.choice([1, 16, 256, 2048]), 10 ** rng.uniform(12, 15.5),
+               10 ** rng.uniform(10, 12.7), 2, rng.choice([1, 2])) for s in random_shapes(extra + 200, extra)]
+    for s, ctx, B, peak, bw, wb, kb in cases:
+        kw = dict(weight_bytes_per_element=wb, kv_bytes_per_element=kb)
+        expected = ref.decode_step_time(s, ctx, B, peak, bw, **kw)
+        kernels = ref.decode_kernels(s, ctx, B, **kw)
+        total_f, total_m = ref.decode_flops(s, ctx, B), ref.decode_bytes(s, ctx, B, **kw)
+        (fw, mw), (fa, ma) = kernels["weights"], kernels["attention"]
+        old_mw = whole_table_bytes(s, wb)
+        check_answer(_call(decode_step_time, s, ctx, B, peak, bw, wb, kb), expected,
+                     f"decode_step_time({_describe(s)}, context_len={ctx}, batch={B}, peak_flops={peak:.4g}, "
+                     f"bandwidth={bw:.4g}, weight_bpe={wb}, kv_bpe={kb})",
+                     [(expected * 1e3, "return SECONDS, not milliseconds."),
+                      (_lumped_time(s, ctx, B, peak, bw, wb, kb),
+                       "that is the whole step as ONE roofline point; the weight matmuls and attention are separate "
+                       "kernels run one after the other, each bounded by its own FLOPs and bytes: add their bounds."),
+                      (total_m / bw, "that is the bandwidth bound alone; a kernel also cannot beat FLOPs / peak "
+                                     "(the weight matmuls at a large batch)."),
+                      (total_f / peak + total_m / bw, "within a kernel, math and memory traffic overlap: its bound is "
+                                                      "the LARGER of the two times, not their sum."),
+                      (max(fw / peak, old_mw / bw) + max(fa / peak, ma / bw),
+                       "counted the whole input-embedding table; a decode step looks up one row per sequence."),
+                      (max(fw / peak, (mw + ma) / bw) + fa / peak,
+                       "the KV cache is read by attention, not by the weight matmuls.")],
+                     unit="seconds", rel=REL_TOL, reveal=True)
 
 
 def check_critical_batch_size(critical_batch_size: Callable[..., int | None], extra: int = 0) -> None:
@@ -350,58 +414,114 @@ def check_critical_batch_size(critical_batch_size: Callable[..., int | None], ex
         if got is None:
             raise AssertionError(f"{what}: expected {expected}, got None; a large enough batch does reach the ridge here.")
         ridge = ref.ridge_point(peak, bw)
-        f, k, w = ref.decode_flops(s, ctx, 1), ref.kv_cache_bytes(s, ctx, 1, kb), ref.weight_bytes(s, wb)
+        w = ref.decode_bytes(s, ctx, 0, weight_bytes_per_element=wb, kv_bytes_per_element=kb)
+        f = ref.decode_flops(s, ctx, 1)
+        k = ref.decode_bytes(s, ctx, 1, weight_bytes_per_element=wb, kv_bytes_per_element=kb) - w
         check_answer(got, expected, what, {
             expected - 1: "off by one: the smallest integer batch with intensity >= ridge (round up, do not truncate).",
             max(1, math.ceil(ridge * w / f)): "ignored the KV cache reads, which grow with the batch.",
             ref.critical_batch_size(s, 0, peak, bw, weight_bytes_per_element=wb, kv_bytes_per_element=kb) or -1:
                 "ignored the context: each sequence's KV reads (and attention FLOPs) grow with context_len.",
             max(1, math.ceil(ridge * w / (f / 2 - ridge * k))) if f / 2 > ridge * k else -1: "FLOPs are 2 per multiply-add.",
+            _old_rule_critical_batch(s, ctx, ridge, wb, kb):
+                "counted the whole input-embedding table in W; a decode step reads one row per sequence "
+                "(use your decode_bytes from exercise 5).",
         }, unit="sequences", reveal=True)
+
+
+def _old_rule_critical_batch(s: ModelShape, ctx: int, ridge: float, wb: float, kb: int) -> int:
+    """The critical batch when every stored weight (the whole embedding table too) counts as read: -1 if none."""
+    f, k, w = ref.decode_flops(s, ctx, 1), ref.kv_cache_bytes(s, ctx, 1, kb), whole_table_bytes(s, wb)
+    if f <= ridge * k:
+        return -1
+    b = max(1, math.ceil(ridge * w / (f - ridge * k)))
+    while b > 1 and (b - 1) * f >= ridge * (w + (b - 1) * k):
+        b -= 1
+    while b * f < ridge * (w + b * k):
+        b += 1
+    return b
 
 
 # ---------------------------------------------------------------- interview questions
 
+Q1_CONTEXT, Q1_BATCH = 3000, 64
+
+
 def check_q1_kv_gib(answer: float) -> None:
-    """Q1: KV cache of Llama-3-8B, one sequence of 8192 tokens, bf16, in GiB."""
-    b = ref.kv_cache_bytes(PRESETS["Llama-3-8B"], 8192, 1, 2)
-    check_answer(answer, b / GiB, "Q1 (KV cache of Llama-3-8B at 8192 tokens, bf16, GiB)",
-            [(b / GB, "that is in GB (1e9 bytes); the question asks GiB (2**30 bytes)."), (b, "that is bytes; convert to GiB."),
-             (b / 2 / GiB, "forgot the factor 2 for K and V."), (b * 4 / GiB, "used the 32 query heads instead of the 8 KV heads."),
-             (b * 2 / GiB, "bf16 is 2 bytes per element, not 4.")], unit="GiB")
+    """Q1: KV cache of Llama-3-8B holding 64 requests of 3,000 tokens in fp8 (1 byte), in GiB."""
+    b = ref.kv_cache_bytes(PRESETS["Llama-3-8B"], Q1_CONTEXT, Q1_BATCH, 1)
+    check_answer(answer, b / GiB, "Q1 (KV cache of 64 Llama-3-8B requests of 3,000 tokens, fp8, GiB)",
+                 [(b / GB, "that is in GB (1e9 bytes); the question asks GiB (2**30 bytes)."), (b, "that is bytes; convert to GiB."),
+                  (b / 2 / GiB, "forgot the factor 2 for K and V."), (b * 4 / GiB, "used the 32 query heads instead of the 8 KV heads."),
+                  (b * 2 / GiB, "fp8 is 1 byte per element, not 2."), (b / Q1_BATCH / GiB, "that is one request; there are 64.")],
+                 unit="GiB")
 
 
-def check_q2_gqa_saving_gib(answer: float) -> None:
-    """Q2: GiB of KV cache that GQA (8 KV heads) saves over MHA (64) for Llama-3-70B, 8192 tokens, batch 1, bf16."""
-    s = PRESETS["Llama-3-70B"]
-    gqa = ref.kv_cache_bytes(s, 8192, 1, 2)
-    mha = ref.kv_cache_bytes(dataclasses.replace(s, n_kv_heads=s.n_heads), 8192, 1, 2)
-    check_answer(answer, (mha - gqa) / GiB, "Q2 (GiB saved by GQA on Llama-3-70B at 8192 tokens)",
-            [((mha - gqa) / GB, "that is in GB; the question asks GiB."), (mha / GiB, "that is the MHA cache; subtract the GQA cache."),
-             (gqa / GiB, "that is the GQA cache; the question asks how much it saves."), (mha / gqa, "that is the ratio; the question asks GiB saved."),
-             ((mha - gqa) / 2 / GiB, "forgot the factor 2 for K and V.")], unit="GiB")
+def _q2_counts() -> tuple[int, int]:
+    s, g = PRESETS["Llama-3-70B"], ACCELERATORS["H200"]
+    mha = dataclasses.replace(s, n_kv_heads=s.n_heads)
+    kw = dict(weight_bytes_per_element=1, kv_bytes_per_element=2, memory_utilization=0.9)
+    return (ref.max_concurrent_requests(s, 8192, g.memory_bytes, **kw),
+            ref.max_concurrent_requests(mha, 8192, g.memory_bytes, **kw))
+
+
+def check_q2_gqa_extra_requests(answer: int) -> None:
+    """Q2: how many more 8192-token requests (bf16 KV) fit on one H200 (fp8 weights, utilization 0.9) with Llama-3-70B's
+    GQA (8 KV heads) than with an MHA variant (64 KV heads, whose wk and wv grow with them)."""
+    gqa, mha = _q2_counts()
+    s, g = PRESETS["Llama-3-70B"], ACCELERATORS["H200"]
+    free = int(g.memory_bytes * 0.9) - ref.weight_bytes(s, 1)
+    mha_same_weights = free // ref.kv_cache_bytes(dataclasses.replace(s, n_kv_heads=s.n_heads), 8192, 1, 2)
+    with quiet():
+        check_answer(answer, gqa - mha, "Q2 (extra 8192-token requests thanks to GQA, Llama-3-70B on H200)",
+                     [(gqa, "that is how many fit with GQA; subtract how many fit with MHA."),
+                      (-(gqa - mha), "that is MHA minus GQA; GQA fits more."),
+                      (gqa - mha_same_weights if mha_same_weights != mha else -1,
+                          "the MHA variant's wk and wv are 8x wider too: its weights are larger (count them with "
+                          "dataclasses.replace and your functions)."),
+                      (gqa // max(mha, 1) if mha else -1, "that is a ratio; the question asks for a number of requests.")],
+                     unit="requests")
 
 
 def check_q3_critical_batch(answer: int) -> None:
-    """Q3: smallest batch at which a Llama-3-8B decode step (bf16, KV cache ignored: context 0) is compute-bound on an H100 SXM."""
-    g = ACCELERATORS["H100-SXM"]
-    expected = ref.critical_batch_size(PRESETS["Llama-3-8B"], 0, g.peak("bf16"), g.memory_bandwidth)
+    """Q3: Llama-3-70B with fp8 weight-only quantization (1-byte weights, matmuls at the bf16 peak), bf16 KV cache, on an
+    H100 SXM, 4,096-token contexts: the smallest batch at which the step's WEIGHT MATMULS are compute-bound
+    (context-independent: the lumped step at context 0)."""
+    s, g = PRESETS["Llama-3-70B"], ACCELERATORS["H100-SXM"]
+    bf16, bw = g.peak("bf16"), g.memory_bandwidth
+    expected = ref.critical_batch_size(s, 0, bf16, bw, weight_bytes_per_element=1, kv_bytes_per_element=2)
+    lumped = ref.critical_batch_size(s, 4096, bf16, bw, weight_bytes_per_element=1, kv_bytes_per_element=2)
+    if answer is None and lumped is None:
+        raise AssertionError("Q3 (critical batch of the weight matmuls): None is the lumped step's answer at 4,096 "
+                             "tokens, where attention's cache reads dominate. The question asks about the weight "
+                             "matmuls alone: which part of the step do they leave out?")
     with quiet():
-        check_answer(answer, expected, "Q3 (critical decode batch, Llama-3-8B, H100 SXM, bf16)",
-               {expected - 1: "off by one: round up to the smallest batch that reaches the ridge.",
-                math.ceil(g.ridge_point("bf16")): "that is the ridge point itself; with 2 FLOPs per weight and "
-                                                  "2 bytes per weight the batch is not exactly the ridge (the embedding "
-                                                  "table is read but does no FLOPs). Use your functions."}, unit="sequences")
+        check_answer(answer, expected, "Q3 (critical batch of Llama-3-70B's fp8-weight matmuls on H100 SXM)",
+                     [(expected - 1, "off by one: round up to the smallest batch that reaches the ridge."),
+                      (lumped if lumped is not None else -1,
+                          "that is the lumped step at 4,096 tokens; the weight matmuls read no KV cache."),
+                      (ref.critical_batch_size(s, 0, g.peak("fp8"), bw, weight_bytes_per_element=1),
+                          "weight-only fp8 stores 1-byte weights but multiplies at the bf16 peak (the weights are "
+                          "converted back to bf16), not the fp8 peak."),
+                      (ref.critical_batch_size(s, 0, bf16, bw),
+                          "the weights are stored in fp8: 1 byte each is what the step reads."),
+                      (math.ceil(g.ridge_point("bf16")), "that is the ridge point itself; with 2 FLOPs per weight and "
+                                                         "1 byte per weight the batch is not the ridge. Use your functions.")],
+                     unit="sequences")
 
 
 def check_q4_tpot_ms(answer: float) -> None:
-    """Q4: bandwidth lower bound on ms per output token, Llama-3-70B, fp8 weights, bf16 KV, one H200, batch 1, 4096 tokens."""
+    """Q4: lower bound on ms per output token, Llama-3-70B, fp8 weights, bf16 KV, one H200 (fp8 peak), batch 1, 4096 tokens."""
     s, g = PRESETS["Llama-3-70B"], ACCELERATORS["H200"]
-    t = ref.decode_time_lower_bound(s, 4096, 1, g.memory_bandwidth, weight_bytes_per_element=1, kv_bytes_per_element=2)
+    t = ref.decode_step_time(s, 4096, 1, g.peak("fp8"), g.memory_bandwidth, weight_bytes_per_element=1,
+                             kv_bytes_per_element=2)
     check_answer(answer, t * 1e3, "Q4 (ms per output token, Llama-3-70B fp8 on H200)",
-            [(t, "that is seconds; the question asks milliseconds."),
-             (ref.decode_time_lower_bound(s, 4096, 1, g.memory_bandwidth) * 1e3, "the weights are fp8: 1 byte each."),
-             (ref.weight_bytes(s, 1) / g.memory_bandwidth * 1e3, "forgot the KV cache read.")], unit="milliseconds")
+                 [(t, "that is seconds; the question asks milliseconds."),
+                  (ref.decode_step_time(s, 4096, 1, g.peak("bf16"), g.memory_bandwidth) * 1e3, "the weights are fp8: 1 byte each."),
+                  ((whole_table_bytes(s, 1) + ref.kv_cache_bytes(s, 4096, 1, 2)) / g.memory_bandwidth * 1e3,
+                   "counted the whole input-embedding table; a decode step looks up one row of it."),
+                  (ref.weight_bytes_read(s, 1, 1) / g.memory_bandwidth * 1e3, "forgot the KV cache read.")],
+                 unit="milliseconds")
 
 
 def check_q5_max_requests(answer_bf16_kv: int, answer_fp8_kv: int) -> None:
@@ -411,19 +531,53 @@ def check_q5_max_requests(answer_bf16_kv: int, answer_fp8_kv: int) -> None:
         expected = ref.max_concurrent_requests(s, 8192, g.memory_bytes, kv_bytes_per_element=kb)
         with quiet():
             check_answer(got, expected, f"Q5 (max requests, {'bf16' if kb == 2 else 'fp8'} KV cache)",
-                   {ref.max_concurrent_requests(s, 8192, g.memory_bytes, kv_bytes_per_element=kb, memory_utilization=1.0):
-                    "forgot the 90% memory utilization.",
-                    int(g.memory_bytes * 0.9) // ref.kv_cache_bytes(s, 8192, 1, kb): "forgot to subtract the weights.",
-                    ref.max_concurrent_requests(s, 8192, 80 * GiB, kv_bytes_per_element=kb): "the 80 GB are decimal "
-                    "gigabytes in this course (80e9 bytes), not 80 GiB."}, unit="requests")
+                         {ref.max_concurrent_requests(s, 8192, g.memory_bytes, kv_bytes_per_element=kb, memory_utilization=1.0):
+                          "forgot the 90% memory utilization.",
+                          int(g.memory_bytes * 0.9) // ref.kv_cache_bytes(s, 8192, 1, kb): "forgot to subtract the weights.",
+                          ref.max_concurrent_requests(s, 8192, 80 * GiB, kv_bytes_per_element=kb):
+                          "the question fixes the memory at the datasheet's 80 GB = 80e9 bytes (ACCELERATORS' "
+                          "memory_bytes). A real H100 reports 81,559 MiB, nearer 80 GiB than 80e9 bytes, so your "
+                          "figure is closer to a real card, but answer with the question's convention."}, unit="requests")
 
 
 def check_q6_tokens_per_s(answer: float) -> None:
-    """Q6: upper bound on generated tokens/s, Llama-3-8B bf16 on one L4, batch 16, 2048-token contexts."""
+    """Q6: upper bound on generated tokens/s, Llama-3-8B bf16 on one L4 (bf16 peak), batch 16, 2048-token contexts."""
     s, g = PRESETS["Llama-3-8B"], ACCELERATORS["L4"]
-    expected = ref.decode_tokens_per_second(s, 2048, 16, g.memory_bandwidth)
-    t = ref.decode_time_lower_bound(s, 2048, 16, g.memory_bandwidth)
-    check_answer(answer, expected, "Q6 (tokens/s, Llama-3-8B on L4, batch 16)",
-            [(1 / t, "that is steps per second; each step yields one token per sequence: multiply by the batch."),
-             (16 / ((16 * ref.weight_bytes(s) + ref.kv_cache_bytes(s, 2048, 16, 2)) / g.memory_bandwidth),
-              "the weights are read once per step, not once per sequence.")], unit="tokens/s")
+    t = ref.decode_step_time(s, 2048, 16, g.peak("bf16"), g.memory_bandwidth)
+    check_answer(answer, 16 / t, "Q6 (tokens/s, Llama-3-8B on L4, batch 16)",
+                 [(1 / t, "that is steps per second; each step yields one token per sequence: multiply by the batch."),
+                  (16 / ((16 * ref.weight_bytes_read(s, 1) + ref.kv_cache_bytes(s, 2048, 16, 2)) / g.memory_bandwidth),
+                   "the weights are read once per step, not once per sequence."),
+                  (16 * g.memory_bandwidth / (whole_table_bytes(s, 2) + ref.kv_cache_bytes(s, 2048, 16, 2)),
+                   "counted the whole input-embedding table; a decode step looks up 16 rows of it.")], unit="tokens/s")
+
+
+# Q7: one knob, Llama-3-8B bf16 on one H100 SXM, 8,192-token requests, vLLM-like defaults (0.9, bf16 weights and KV).
+Q7_KNOBS = {1: "kv_cache_dtype='fp8'", 2: "gpu_memory_utilization=0.95", 3: "fp8 weights", 4: "max_num_seqs=512"}
+
+
+def q7_requests() -> dict[int, int]:
+    """Concurrent 8,192-token requests that each knob of Q7 allows (the others left at their defaults)."""
+    s, mem = PRESETS["Llama-3-8B"], ACCELERATORS["H100-SXM"].memory_bytes
+    base = ref.max_concurrent_requests(s, 8192, mem)
+    return {1: ref.max_concurrent_requests(s, 8192, mem, kv_bytes_per_element=1),
+            2: ref.max_concurrent_requests(s, 8192, mem, memory_utilization=0.95),
+            3: ref.max_concurrent_requests(s, 8192, mem, weight_bytes_per_element=1),
+            4: base}
+
+
+def check_q7_knob(answer: int) -> None:
+    """Q7: which single knob fits the most concurrent 8,192-token Llama-3-8B requests on one H100 SXM."""
+    n = q7_requests()
+    best = max(n, key=n.get)
+    if answer not in Q7_KNOBS:
+        raise AssertionError(f"Q7 (one serving knob): answer 1, 2, 3 or 4, got {answer!r}.")
+    why = {1: f"an fp8 KV cache halves every request's cache: {n[1]} requests.",
+           2: f"0.95 instead of 0.9 adds only 5% of memory ({0.05 * ACCELERATORS['H100-SXM'].memory_bytes / GB:.0f} GB): "
+              f"{n[2]} requests.",
+           3: f"fp8 weights free about {ref.weight_bytes(PRESETS['Llama-3-8B'], 1) / GB:.0f} GB once, but each request's "
+              f"cache stays as large: {n[3]} requests.",
+           4: f"max_num_seqs only caps the batch; it creates no memory: still {n[4]} requests."}
+    with quiet():
+        check_answer(answer, best, "Q7 (the knob that fits the most 8,192-token requests)",
+                     {k: why[k] for k in Q7_KNOBS if k != best}, unit="knob number (1-4)")

@@ -20,8 +20,8 @@ from typing import Callable
 
 from autograder.harness import check_answer
 from minigpt.teaching.calculators import (GB, GiB, ModelShape, PRESETS, count_parameters, critical_batch_size,
-                                          decode_flops, decode_tokens_per_second, kv_bytes_per_token,
-                                          kv_cache_bytes, weight_bytes)
+                                          decode_bytes, decode_flops, decode_tokens_per_second, kv_bytes_per_token,
+                                          kv_cache_bytes, weight_bytes, weight_bytes_read)
 from minigpt.teaching.hardware import ACCELERATORS, Accelerator
 from minigpt.teaching.parallel_cost import tp_allreduce_bytes_per_token
 from minigpt.teaching.speculative_calculator import expected_tokens_per_round
@@ -156,19 +156,27 @@ def decode_speed_question(rng: random.Random) -> NumericQuestion:
     shape, gpu = _model_and_gpu(rng, context, batch)
     bw = gpu.memory_bandwidth
     want = decode_tokens_per_second(shape, context, batch, bw)
-    w, kv = weight_bytes(shape, 2), kv_cache_bytes(shape, context, batch, 2)
-    text = (f"{shape.name} in bf16 ({count_parameters(shape):,} parameters) decodes a batch of {batch} at "
-            f"context {context:,} on one {gpu.name} ({bw / 1e12:.4g} TB/s). Assuming each step reads every "
-            "weight once and every sequence's KV cache (bf16), and nothing else limits it, what is the most "
-            "tokens/s the batch can generate in total?")
+    w, kv = weight_bytes_read(shape, batch, 2), kv_cache_bytes(shape, context, batch, 2)
+    tied = "tied: its output projection is the embedding matrix" if shape.tie_embeddings else "untied"
+    text = (f"{shape.name} in bf16 ({count_parameters(shape):,} parameters, {shape.vocab_size:,} x {shape.d_model} "
+            f"embedding, {tied}) decodes a batch of {batch} at context {context:,} on one {gpu.name} "
+            f"({bw / 1e12:.4g} TB/s). Assuming each step reads once every weight a matmul or a norm uses, one "
+            "embedding row per sequence for the lookup, and every sequence's KV cache (bf16), and nothing else "
+            "limits it, what is the most tokens/s the batch can generate in total?")
+    whole_table = weight_bytes(shape, 2) + (2 * batch * shape.d_model if shape.tie_embeddings else 0)
     mistakes = [(batch * bw / w, "left out the KV cache: every step also reads each sequence's cache."),
+                (batch * bw / (weight_bytes(shape, 2) + kv) if not shape.tie_embeddings else -1.0,
+                 "counted the whole input-embedding table; the lookup reads one row per sequence."),
+                (batch * bw / (whole_table - 2 * shape.vocab_size * shape.d_model + kv) if shape.tie_embeddings else -1.0,
+                 "the model is tied: its output projection still multiplies by the whole embedding matrix."),
                 (batch * bw / (2 * w + kv), "weights in bf16 are 2 bytes each, not 4."),
                 (batch * bw / (batch * w + kv), "the weights are read once per step for the whole batch, not "
                                                "once per sequence."),
                 (batch * gpu.peak("bf16") / decode_flops(shape, context, batch),
                  "that is the compute bound; decode at this batch is limited by memory bandwidth."),
                 (want / batch, "that is per sequence; the question asks the batch's total.")]
-    solution = (f"bytes per step = weights {w:,} + KV {kv:,} = {w + kv:,}; step >= {w + kv:,} / {bw:.4g} B/s = "
+    solution = (f"bytes per step = weights read {w:,} (matmul and norm weights, plus {batch} embedding row(s)) + KV "
+                f"{kv:,} = {w + kv:,}; step >= {w + kv:,} / {bw:.4g} B/s = "
                 f"{(w + kv) / bw * 1e3:.4g} ms; {batch} token(s) per step -> {want:,.4g} tokens/s.")
     return _question("Decode tokens/s (memory-bound)", "00", text, want, "tokens/s", mistakes, solution)
 
@@ -184,19 +192,27 @@ def critical_batch_question(rng: random.Random) -> NumericQuestion:
             break
     ridge = peak / bw
     mistakes = [(want - 1, "off by one: the smallest batch that reaches the ridge, rounded up."),
-                (math.ceil(ridge), "that is the ridge point itself in FLOP/byte, not the batch: the embedding table "
-                                   "is read but does no FLOPs, and the KV cache adds bytes."),
+                (math.ceil(ridge), "that is the ridge point itself in FLOP/byte, not the batch: norm weights and "
+                                   "looked-up embedding rows are read without FLOPs, and the KV cache adds bytes."),
                 (critical_batch_size(shape, 0, peak, bw) or -1,
                  "that ignores the KV cache; each sequence's cache adds bytes that no other sequence shares.")]
     fp8 = critical_batch_size(shape, context, gpu.peak("fp8"), bw) if "fp8" in gpu.peak_flops else None
     if fp8:
         mistakes.append((fp8, "that uses the fp8 peak; the model runs in bf16."))
-    f, k, w = decode_flops(shape, context, 1), kv_cache_bytes(shape, context, 1, 2), weight_bytes(shape, 2)
+    f, w = decode_flops(shape, context, 1), weight_bytes_read(shape, 0, 2)
+    k = decode_bytes(shape, context, 1) - w
+    old_w, old_k = weight_bytes(shape, 2), kv_cache_bytes(shape, context, 1, 2)
+    if not shape.tie_embeddings and f > ridge * old_k:
+        old = max(1, math.ceil(ridge * old_w / (f - ridge * old_k)))
+        mistakes.append((old, "counted the whole input-embedding table in the weights; the lookup reads one row "
+                              "per sequence."))
     text = (f"{shape.name} decodes in bf16 on an {gpu.name} ({peak / 1e12:.4g} dense bf16 TFLOP/s, "
             f"{bw / 1e12:.4g} TB/s) with every sequence at context {context:,}. Counting 2 FLOPs per matmul "
-            "weight per token plus attention, and bytes as all weights once per step plus each sequence's KV "
-            "cache, what is the smallest batch at which one decode step is compute-bound?")
-    solution = (f"per sequence f = {f:,} FLOP and k = {k:,} KV bytes; weights W = {w:,} bytes; ridge "
+            "weight per token plus attention, and bytes as every matmul and norm weight once per step, one "
+            "embedding row and the KV cache per sequence, and the whole step as one roofline point, what is the "
+            "smallest batch at which one decode step is compute-bound?")
+    solution = (f"per sequence f = {f:,} FLOP and k = {k:,} bytes (KV cache and embedding row); weights W = {w:,} "
+                f"bytes; ridge "
                 f"R = {ridge:.4g} FLOP/byte. B*f >= R*(W + B*k)  <=>  B >= R*W / (f - R*k) -> B = {want}.")
     return _question("Critical batch (roofline)", "00", text, want, "sequences", mistakes, solution)
 

@@ -115,10 +115,41 @@ def test_flops_and_bytes_invariants(shape, L, B):
         assert pf == sum(calc.decode_flops(shape, i, B) for i in range(1, L + 1))
     assert pf >= df
     assert calc.prefill_flops(shape, L, B) == B * calc.prefill_flops(shape, L, 1)
-    # Decode reads the weights once, whatever the batch.
-    w = calc.weight_bytes(shape, 2)
-    assert calc.decode_bytes(shape, L, B) - calc.decode_bytes(shape, L, 1) == calc.kv_cache_bytes(shape, L, B - 1, 2)
+    # Decode reads the weights once, whatever the batch: each extra sequence adds its cache and one embedding row.
+    w = calc.weight_bytes_read(shape, 0, 2)
+    assert calc.decode_bytes(shape, L, B) - calc.decode_bytes(shape, L, 1) == (
+        calc.kv_cache_bytes(shape, L, B - 1, 2) + (B - 1) * shape.d_model * 2)
     assert calc.decode_bytes(shape, L, B) >= w
+    # The per-kernel split adds up to the whole step, and its bound is never below the lumped one.
+    kernels = calc.decode_kernels(shape, L, B)
+    assert sum(f for f, _ in kernels.values()) == df and sum(m for _, m in kernels.values()) == calc.decode_bytes(shape, L, B)
+    lumped = calc.time_lower_bound(df, calc.decode_bytes(shape, L, B), 1e15, 3e12)
+    assert calc.decode_step_time(shape, L, B, 1e15, 3e12) >= lumped * (1 - 1e-12)
+
+
+def test_a_decode_step_reads_rows_of_an_untied_table_and_all_of_a_tied_one():
+    untied = LLAMA8B
+    tied = dataclasses.replace(LLAMA8B, tie_embeddings=True)
+    table = untied.vocab_size * untied.d_model
+    # Untied: the stored weights less the table, plus one row per sequence (Llama-3-8B: 1.05 GB of 16.06 GB).
+    assert calc.weight_bytes_read(untied, 4, 2) == calc.weight_bytes(untied, 2) - 2 * table + 2 * 4 * untied.d_model
+    assert calc.weight_bytes(untied, 2) - calc.weight_bytes_read(untied, 0, 2) == 1_050_673_152
+    # Tied: the output projection reads the whole shared matrix; the lookup reads its rows as well.
+    assert calc.weight_bytes_read(tied, 4, 2) == calc.weight_bytes(tied, 2) + 2 * 4 * tied.d_model
+
+
+def test_per_kernel_view_llama3_8b_h100():
+    g = ACCELERATORS["H100-SXM"]
+    peak, bw = g.peak("bf16"), g.memory_bandwidth
+    lumped = calc.time_lower_bound(calc.decode_flops(LLAMA8B, 1024, 512), calc.decode_bytes(LLAMA8B, 1024, 512), peak, bw)
+    assert round(lumped * 1e3, 1) == 25.0 and round(calc.decode_step_time(LLAMA8B, 1024, 512, peak, bw) * 1e3, 1) == 28.3
+    # The weight matmuls turn compute-bound at the context-0 critical batch, whatever the context.
+    b = calc.critical_batch_size(LLAMA8B, 0, peak, bw)
+    for ctx in (0, 1024, 8192):
+        f, m = calc.decode_kernels(LLAMA8B, ctx, b)["weights"]
+        assert f / m >= g.ridge_point("bf16")
+        f, m = calc.decode_kernels(LLAMA8B, ctx, b - 1)["weights"]
+        assert f / m < g.ridge_point("bf16")
 
 
 def test_flops_per_token_is_about_twice_the_parameters():
@@ -148,7 +179,7 @@ def test_h100_llama3_8b_numbers():
     assert calc.max_concurrent_requests(LLAMA8B, 8192, h100.memory_bytes) == 52
     assert calc.max_concurrent_requests(LLAMA8B, 8192, h100.memory_bytes, kv_bytes_per_element=1) == 104
     t = calc.decode_time_lower_bound(LLAMA8B, 4096, 1, h100.memory_bandwidth)
-    assert t == pytest.approx((16_060_522_496 + 4096 * 131072) / 3.35e12)
+    assert t == pytest.approx((16_060_522_496 - 1_050_673_152 + 2 * 4096 + 4096 * 131072) / 3.35e12)
     assert calc.decode_tokens_per_second(LLAMA8B, 4096, 4, h100.memory_bandwidth) == pytest.approx(
         4 / calc.decode_time_lower_bound(LLAMA8B, 4096, 4, h100.memory_bandwidth))
 
@@ -177,7 +208,7 @@ def test_critical_batch_is_the_smallest(shape, ctx, peak, bw, bpe):
 def test_critical_batch_llama3_8b_h100():
     g = ACCELERATORS["H100-SXM"]
     b = calc.critical_batch_size(LLAMA8B, 0, g.peak("bf16"), g.memory_bandwidth)
-    assert b is not None and g.ridge_point("bf16") < b < 1.2 * g.ridge_point("bf16")
+    assert b == 296 and g.ridge_point("bf16") < b
     assert calc.critical_batch_size(LLAMA8B, 8192, g.peak("bf16"), g.memory_bandwidth) is None
 
 

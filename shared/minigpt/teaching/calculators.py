@@ -6,7 +6,7 @@ calculators in `minigpt.teaching.widgets`) comes from one place and can be teste
     shape = PRESETS["Llama-3-8B"]
     count_parameters(shape)                                   # 8_030_261_248
     kv_cache_bytes(shape, context_len=8192, batch=1, bytes_per_element=2)   # 2**30: 1 GiB
-    decode_bytes(shape, context_len=8192, batch=8)            # weights once + 8 caches
+    decode_bytes(shape, context_len=8192, batch=8)            # weights once + 8 embedding rows + 8 caches
 
 The cost model (the usual first-order one; it ignores activations, norms and softmax):
 
@@ -14,8 +14,14 @@ The cost model (the usual first-order one; it ignores activations, norms and sof
   Per token: 2 * (linear weights in the layers + the output projection, vocab x d_model).
 * Attention for one query over n keys: QK^T and PV, 2 * 2 * n_heads * head_dim * n FLOP per layer.
   Prefill of L tokens is causal: query i sees i keys, sum_i i = L(L+1)/2.
-* Bytes: every weight is read once per forward pass, whatever the batch; the KV cache is written
-  during prefill and read in full at every decode step (one cache per sequence).
+* Bytes: every weight that a matmul uses (the layers' projections and the output projection, which a tied
+  model shares with the embedding) and every norm weight is read once per forward pass, whatever the batch.
+  The input embedding is a table lookup: a pass reads one row of it per token, not the whole table (an
+  untied Llama-3-8B's table is 1.05 GB of its 16.06 GB). The KV cache is written during prefill and read in
+  full at every decode step (one cache per sequence).
+* Per kernel: a decode step runs the weight matmuls (intensity grows with the batch) and attention over the
+  cache (intensity fixed at about 2 * group size / KV bytes per element); `decode_kernels` splits the step,
+  `decode_step_time` bounds each part by its own roofline and adds them.
 """
 
 from __future__ import annotations
@@ -138,6 +144,19 @@ def weight_bytes(shape: ModelShape, bytes_per_element: float = 2) -> int:
     return math.ceil(count_parameters(shape) * bytes_per_element)
 
 
+def weight_bytes_read(shape: ModelShape, tokens: int, bytes_per_element: float = 2) -> int:
+    """Bytes of weights one forward pass over `tokens` token positions reads (rounded up).
+
+    matmul weights (layers + output projection, d_model x vocab even when tied) + norm weights
+    + one embedding row (d_model) per token: the lookup gathers rows, it does not stream the table.
+    Untied: count_parameters - (vocab - tokens) * d_model. Tied: count_parameters + tokens * d_model
+    (the output projection reads the whole shared matrix; the lookup reads its rows again).
+    """
+    _check_nonneg_int(tokens=tokens)
+    norms = (2 * shape.n_layers + 1) * shape.d_model
+    return math.ceil((matmul_parameters(shape) + norms + tokens * shape.d_model) * bytes_per_element)
+
+
 def kv_bytes_per_token(shape: ModelShape, bytes_per_element: int = 2) -> int:
     """K and V, for every layer and KV head: 2 * n_layers * n_kv_heads * head_dim * bytes."""
     return 2 * shape.n_layers * shape.n_kv_heads * shape.head_dim * bytes_per_element
@@ -198,16 +217,35 @@ def decode_flops(shape: ModelShape, context_len: int, batch: int = 1) -> int:
     return batch * (2 * matmul_parameters(shape) + attention_flops(shape, context_len))
 
 
-def prefill_bytes(shape: ModelShape, seq_len: int, batch: int = 1, *,
+def prefill_bytes(shape: ModelShape, seq_len: int, batch: int = 1,
                   weight_bytes_per_element: float = 2, kv_bytes_per_element: int = 2) -> int:
-    """Bytes moved by prefill: all weights read once + the KV cache of the prompt written."""
-    return weight_bytes(shape, weight_bytes_per_element) + kv_cache_bytes(shape, seq_len, batch, kv_bytes_per_element)
+    """Bytes moved by prefill: the weights a pass over batch * seq_len tokens reads + the prompt's KV cache written."""
+    _check_nonneg_int(seq_len=seq_len, batch=batch)
+    return (weight_bytes_read(shape, batch * seq_len, weight_bytes_per_element)
+            + kv_cache_bytes(shape, seq_len, batch, kv_bytes_per_element))
 
 
-def decode_bytes(shape: ModelShape, context_len: int, batch: int = 1, *,
+def decode_bytes(shape: ModelShape, context_len: int, batch: int = 1,
                  weight_bytes_per_element: float = 2, kv_bytes_per_element: int = 2) -> int:
-    """Bytes moved by one decode step: all weights read ONCE (shared by the batch) + every sequence's KV cache."""
-    return weight_bytes(shape, weight_bytes_per_element) + kv_cache_bytes(shape, context_len, batch, kv_bytes_per_element)
+    """Bytes moved by one decode step: the weights read ONCE (shared by the batch; `batch` embedding rows)
+    + every sequence's KV cache."""
+    _check_nonneg_int(context_len=context_len, batch=batch)
+    return (weight_bytes_read(shape, batch, weight_bytes_per_element)
+            + kv_cache_bytes(shape, context_len, batch, kv_bytes_per_element))
+
+
+def decode_kernels(shape: ModelShape, context_len: int, batch: int = 1, *,
+                   weight_bytes_per_element: float = 2, kv_bytes_per_element: int = 2) -> dict[str, tuple[int, int]]:
+    """One decode step split into its two kinds of kernel, each as (FLOPs, bytes).
+
+    "weights": the matmuls (and the lookup and norms that read weights): 2 * matmul_parameters * batch FLOPs,
+    weight_bytes_read(batch) bytes. "attention": QK^T and PV over the cache: attention_flops(context_len) * batch
+    FLOPs, kv_cache_bytes(context_len, batch) bytes. Their sums are decode_flops and decode_bytes.
+    """
+    _check_nonneg_int(context_len=context_len, batch=batch)
+    return {"weights": (2 * matmul_parameters(shape) * batch, weight_bytes_read(shape, batch, weight_bytes_per_element)),
+            "attention": (attention_flops(shape, context_len) * batch,
+                          kv_cache_bytes(shape, context_len, batch, kv_bytes_per_element))}
 
 
 # ---------------------------------------------------------------- roofline
@@ -241,6 +279,17 @@ def decode_time_lower_bound(shape: ModelShape, context_len: int, batch: int, ban
                         kv_bytes_per_element=kv_bytes_per_element) / bandwidth
 
 
+def decode_step_time(shape: ModelShape, context_len: int, batch: int, peak_flops: float, bandwidth: float,
+                     weight_bytes_per_element: float = 2, kv_bytes_per_element: int = 2) -> float:
+    """Lower bound on one decode step's seconds, kernel by kernel: sum over `decode_kernels` of
+    max(FLOPs / peak, bytes / bandwidth). The kernels run one after another, so each pays its own roofline;
+    one lumped point, max(total FLOPs / peak, total bytes / bandwidth), lets attention's memory time hide
+    the matmuls' compute time, which the hardware cannot do."""
+    return sum(time_lower_bound(f, m, peak_flops, bandwidth)
+               for f, m in decode_kernels(shape, context_len, batch, weight_bytes_per_element=weight_bytes_per_element,
+                                          kv_bytes_per_element=kv_bytes_per_element).values())
+
+
 def decode_tokens_per_second(shape: ModelShape, context_len: int, batch: int, bandwidth: float, *,
                              weight_bytes_per_element: float = 2, kv_bytes_per_element: int = 2) -> float:
     """Upper bound on generated tokens/s of the whole batch: batch / time per step."""
@@ -249,25 +298,28 @@ def decode_tokens_per_second(shape: ModelShape, context_len: int, batch: int, ba
                                            kv_bytes_per_element=kv_bytes_per_element)
 
 
-def critical_batch_size(shape: ModelShape, context_len: int, peak_flops: float, bandwidth: float, *,
+def critical_batch_size(shape: ModelShape, context_len: int, peak_flops: float, bandwidth: float,
                         weight_bytes_per_element: float = 2, kv_bytes_per_element: int = 2) -> int | None:
-    """Smallest batch at which one decode step is compute-bound (intensity >= ridge point), or None if never.
+    """Smallest batch at which one decode step, taken as ONE roofline point, is compute-bound, or None if never.
 
-    intensity(B) = B*f / (W + B*k) with f FLOPs and k KV bytes per sequence, W weight bytes.
-    B*f >= R*(W + B*k)  <=>  B >= R*W / (f - R*k), possible only if f > R*k: at long contexts each
-    sequence's attention alone sits below the ridge (about 2 * group_size / kv bytes FLOP per byte),
-    and no batch is large enough.
+    intensity(B) = B*f / (W + B*k) with f FLOPs and k bytes per sequence (its KV cache and its embedding row),
+    W the weights every step reads. B*f >= R*(W + B*k)  <=>  B >= R*W / (f - R*k), possible only if f > R*k:
+    at long contexts each sequence's attention alone sits below the ridge (about 2 * group_size / kv bytes
+    FLOP per byte) and no batch is large enough. At context 0 the step is its weight matmuls alone, so
+    critical_batch_size(shape, 0, ...) is where the weight matmuls turn compute-bound at ANY context.
     """
     ridge = ridge_point(peak_flops, bandwidth)
+    kw = dict(weight_bytes_per_element=weight_bytes_per_element, kv_bytes_per_element=kv_bytes_per_element)
     f = decode_flops(shape, context_len, 1)
-    k = kv_cache_bytes(shape, context_len, 1, kv_bytes_per_element)
-    w = weight_bytes(shape, weight_bytes_per_element)
+    w = weight_bytes_read(shape, 0, weight_bytes_per_element)
+    k = decode_bytes(shape, context_len, 2, **kw) - decode_bytes(shape, context_len, 1, **kw)
     if f <= ridge * k:
         return None
     b = max(1, math.ceil(ridge * w / (f - ridge * k)))
+
     # Guard the float rounding at the boundary: return the exact smallest integer that qualifies.
     def bound(bb: int) -> bool:
-        return bb * f >= ridge * (w + bb * k)
+        return decode_flops(shape, context_len, bb) >= ridge * decode_bytes(shape, context_len, bb, **kw)
     while b > 1 and bound(b - 1):
         b -= 1
     while not bound(b):
