@@ -4,6 +4,11 @@ Each check takes the learner's function, runs it on small seeded inputs (Triton 
 on a CPU) and raises AssertionError saying what is wrong (which shape, how far off, the likely cause).
 
 CPU tier (correctness, and the method where the exercise teaches one):
+    check_vector_add(fn)              fn(x, y, out) writes x + y through a Triton kernel; lengths not a multiple of
+                                      the block, nothing written past the end of out (warm-up 1)
+    check_row_softmax(fn)             fn(x, out) writes softmax(x, -1) row by row; rows shorter than the block,
+                                      scores near +1000 and -10000 (warm-up 2)
+    check_tiled_matmul(fn)            fn(a, b, out) writes a @ b tile by tile; M, N, K tails, strided b (warm-up 3)
     check_online_softmax(fn)          fn(x (..., N), block_size) -> softmax(x); every reduction (max, sum, softmax)
                                       sees at most block_size columns; fp16 input, very negative rows
     check_tiled_attention(fn)         fn(q, k, v, causal, block_k) -> (out, lse), PyTorch, tiled over keys: no
@@ -28,11 +33,12 @@ from autograder.lab04.questions import (Q1_BLOCKS, Q2_SHAPE, check_q1_online_sta
 from autograder.lab04.softmax import ONLINE_SOFTMAX, check_online_softmax
 from autograder.lab04.tiled import (BACKWARD_TILE, TILED_BACKWARD, TILED_FORWARD, check_tiled_attention,
                                     check_tiled_backward)
+from autograder.lab04.warmup import check_row_softmax, check_tiled_matmul, check_vector_add
 from autograder.lab04.triton_kernels import (FLASH_FORWARD, MERGE, PAGED_DECODE, Launches, check_flash_forward,
                                              check_merge_partials, check_paged_decode, count_triton_launches,
                                              own_kernels)
 
-__all__ = ["check_online_softmax", "check_tiled_attention", "check_tiled_backward", "check_flash_forward",
+__all__ = ["check_vector_add", "check_row_softmax", "check_tiled_matmul", "check_online_softmax", "check_tiled_attention", "check_tiled_backward", "check_flash_forward",
            "check_merge_partials", "check_paged_decode", "check_q1_online_state", "check_q2_naive_hbm_bytes",
            "check_q3_hbm_ratio", "check_flash_speed", "check_paged_decode_speed", "check_flash_memory",
            "ATTENTION_CASES", "PAGED_CASES", "FLASH_SPEED_CHECK", "DECODE_SPEED_CHECK", "MEMORY_CHECK",
