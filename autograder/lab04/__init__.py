@@ -17,7 +17,8 @@ CPU tier (correctness, and the method where the exercise teaches one):
                                       (Tq x Tk) tensor held (key tiles of at most 16), no autograd
     check_flash_forward(fn)           fn(q, k, v, causal) -> (out, lse), must launch a Triton kernel
     check_merge_partials(fn)          fn(o_part (..., S, D), lse_part (..., S)) -> (..., D)
-    check_paged_decode(fn)            fn(q, k_pool, v_pool, block_tables, seq_lens) -> (B, Hq, D), Triton
+    check_paged_decode(fn)            fn(q, k_pool, v_pool, block_tables, seq_lens, merge=) -> (B, Hq, D), Triton;
+                                      merge= the package's merge_partials (only the split kernel is graded)
 Interview questions: check_q1_online_state, check_q2_naive_hbm_bytes, check_q3_hbm_ratio.
 Every check refuses the package's reference handed in (reference_guard: minigpt.kernels.* itself, a thin wrapper
 calling it, or, for the Triton checks, a launch of one of the package's kernels).

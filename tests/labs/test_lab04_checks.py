@@ -390,8 +390,25 @@ def test_merge_rejects(wrong):
 
 
 def paged_merge_without_weights(q, k_pool, v_pool, tables, lens):
-    """The notebook's kernel, its splits averaged (the real ones) without the LSE weights."""
+    """The notebook's kernel, its splits averaged (the real ones) without the LSE weights (a launcher that takes no
+    `merge`, so the check cannot hand it the package's)."""
     return MEAN_MERGE["paged_decode"](q, k_pool, v_pool, tables, lens, pages_per_split=1)
+
+
+def test_paged_grades_only_the_kernel_not_a_wrong_merge():
+    """Exercise 6's check passes the package's merge_partials to the launcher: a wrong Exercise 5 does not fail it."""
+    lab04.check_paged_decode(MEAN_MERGE["paged_decode"], dtypes=(torch.float32,))
+
+
+def paged_skewed_lse(q, k_pool, v_pool, tables, lens, merge=None):
+    """A kernel whose split LSEs are off by the split's index (what reaches the merge is wrong)."""
+    return SOL_PAGED(q, k_pool, v_pool, tables, lens,
+                     merge=lambda o_part, lse_part: merge(o_part, lse_part + torch.arange(lse_part.shape[-1])))
+
+
+def test_paged_kernel_with_wrong_partials_fails_even_with_the_package_merge():
+    with pytest.raises(AssertionError, match="merged by the package"):
+        lab04.check_paged_decode(paged_skewed_lse, dtypes=(torch.float32,))
 
 
 def paged_gqa_modulo(q, k_pool, v_pool, tables, lens):
