@@ -19,7 +19,8 @@ CPU tier (correctness, and the method where the exercise teaches one):
     check_merge_partials(fn)          fn(o_part (..., S, D), lse_part (..., S)) -> (..., D)
     check_paged_decode(fn)            fn(q, k_pool, v_pool, block_tables, seq_lens, merge=) -> (B, Hq, D), Triton;
                                       merge= the package's merge_partials (only the split kernel is graded)
-Interview questions: check_q1_online_state, check_q2_naive_hbm_bytes, check_q3_hbm_ratio.
+Interview questions: check_q1_online_state, check_q2_naive_hbm_bytes, check_q3_peak_ratio (a prediction the check
+measures: naive / tiled peak bytes at T = 16384, counted on the meta device).
 Every check refuses the package's reference handed in (reference_guard: minigpt.kernels.* itself, a thin wrapper
 calling it, or, for the Triton checks, a launch of one of the package's kernels).
 GPU tier (speed, memory; behind autograder.harness.require_gpu):
@@ -29,8 +30,8 @@ GPU tier (speed, memory; behind autograder.harness.require_gpu):
 from autograder.lab04.common import (ATTENTION_CASES, DECODE_SPEED_CHECK, FLASH_SPEED_CHECK, MEMORY_CHECK,
                                      PAGED_CASES, TOL, reference_lse)
 from autograder.lab04.gpu import check_flash_memory, check_flash_speed, check_paged_decode_speed, growth_per_doubling
-from autograder.lab04.questions import (Q1_BLOCKS, Q2_SHAPE, check_q1_online_state, check_q2_naive_hbm_bytes,
-                                        check_q3_hbm_ratio)
+from autograder.lab04.questions import (Q1_BLOCKS, Q2_SHAPE, Q3_MEMORY, check_q1_online_state,
+                                        check_q2_naive_hbm_bytes, check_q3_peak_ratio, peak_bytes_naive_and_tiled)
 from autograder.lab04.softmax import ONLINE_SOFTMAX, check_online_softmax
 from autograder.lab04.tiled import (BACKWARD_TILE, TILED_BACKWARD, TILED_FORWARD, check_tiled_attention,
                                     check_tiled_backward)
@@ -41,7 +42,7 @@ from autograder.lab04.triton_kernels import (FLASH_FORWARD, MERGE, PAGED_DECODE,
 
 __all__ = ["check_vector_add", "check_row_softmax", "check_tiled_matmul", "check_online_softmax", "check_tiled_attention", "check_tiled_backward", "check_flash_forward",
            "check_merge_partials", "check_paged_decode", "check_q1_online_state", "check_q2_naive_hbm_bytes",
-           "check_q3_hbm_ratio", "check_flash_speed", "check_paged_decode_speed", "check_flash_memory",
+           "check_q3_peak_ratio", "check_flash_speed", "check_paged_decode_speed", "check_flash_memory",
            "ATTENTION_CASES", "PAGED_CASES", "FLASH_SPEED_CHECK", "DECODE_SPEED_CHECK", "MEMORY_CHECK",
-           "growth_per_doubling", "Q1_BLOCKS", "Q2_SHAPE",
+           "growth_per_doubling", "Q1_BLOCKS", "Q2_SHAPE", "Q3_MEMORY", "peak_bytes_naive_and_tiled",
            "count_triton_launches"]
