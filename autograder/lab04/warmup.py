@@ -27,21 +27,27 @@ PAD = 1024                  # elements of padding after every tensor (more than 
 SENTINEL = 1234.5
 
 
+def _device() -> str:
+    """Where the kernels run: the GPU when there is one, else the CPU (Triton's interpreter)."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def _guarded(shape: tuple[int, ...], fill: float, values: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(view of `shape`, its buffer): the buffer has PAD extra columns on the last dimension and PAD extra elements
     at the end, all `fill`; the view holds `values` (if given)."""
     *lead, last = shape
     rows = math.prod(lead) if lead else 1
-    buf = torch.full((rows * (last + PAD) + PAD,), fill)
+    buf = torch.full((rows * (last + PAD) + PAD,), fill, device=_device())
     view = buf[:rows * (last + PAD)].view(rows, last + PAD)[:, :last]
     view = view.reshape(shape) if lead else view[0]
     if values is not None:
-        view.copy_(values)
+        view.copy_(values.to(view.device))
     return view, buf
 
 
 def _untouched(buf: torch.Tensor, view: torch.Tensor) -> bool:
     """True when every element of `buf` outside `view` still holds SENTINEL."""
+    buf = buf.cpu()
     outside = torch.ones_like(buf, dtype=torch.bool)
     idx = torch.arange(buf.numel()).as_strided(view.shape, view.stride(), view.storage_offset())
     outside[idx.flatten()] = False
@@ -73,8 +79,9 @@ def check_vector_add(fn: Callable) -> None:
         if not _untouched(out_buf, out):
             raise AssertionError(f"{WARMUP_ADD}, n = {n}: the kernel wrote past the end of out. The last program's "
                                  "offsets run past n: store (and load) with mask=offs < n.")
-        if not torch.equal(out, x + y):
-            bad = int((out != x + y).sum())
+        out, want = out.cpu(), (x + y).cpu()
+        if not torch.equal(out, want):
+            bad = int((out != want).sum())
             raise AssertionError(f"{WARMUP_ADD}, n = {n}: {bad} of {n} elements differ from x + y. Program i covers "
                                  "offsets i * BLOCK + tl.arange(0, BLOCK).")
 
@@ -98,7 +105,7 @@ def check_row_softmax(fn: Callable) -> None:
         if not _untouched(out_buf, out):
             raise AssertionError(f"{WARMUP_SOFTMAX}, {what}: the kernel wrote past the end of a row of out; store "
                                  "with mask=cols < n_cols.")
-        want = torch.softmax(values.double(), -1)
+        out, want = out.cpu(), torch.softmax(values.double(), -1)
         if torch.allclose(out.double(), want, atol=1e-6, rtol=1e-5):
             continue
         hint = ""
@@ -137,7 +144,7 @@ def check_tiled_matmul(fn: Callable) -> None:
         if not _untouched(out_buf, out):
             raise AssertionError(f"{WARMUP_MATMUL}, {what}: the kernel wrote outside out; store the tile with "
                                  "mask=(rows < M)[:, None] & (cols < N)[None, :].")
-        want = a_vals.double() @ b_vals.double()
+        out, want = out.cpu(), a_vals.double() @ b_vals.double()
         if torch.allclose(out.double(), want, atol=1e-4, rtol=1e-4):
             continue
         hint = " Use the strides you are given (b here is a transposed view), and accumulate in float32."
