@@ -20,8 +20,8 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["naive_attention_bytes", "fits", "naive_attention_plan", "naive_stop_message", "free_bytes", "machine_peaks", "flash_forward_sweep", "paged_decode_sweep",
-           "gemv_table", "LLAMA_1B", "engine_throughput", "attention_flops"]
+__all__ = ["naive_attention_bytes", "fits", "naive_attention_plan", "naive_stop_message", "free_bytes",
+           "machine_peaks", "flash_forward_sweep", "paged_decode_sweep", "gemv_table", "LLAMA_1B", "engine_throughput", "attention_flops"]
 
 HEADROOM = 0.9          # use at most 90% of the free memory for one baseline's temporaries
 

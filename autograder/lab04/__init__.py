@@ -35,12 +35,13 @@ from autograder.lab04.questions import (Q1_BLOCKS, Q2_SHAPE, Q3_MEMORY, check_q1
 from autograder.lab04.softmax import ONLINE_SOFTMAX, check_online_softmax
 from autograder.lab04.tiled import (BACKWARD_TILE, TILED_BACKWARD, TILED_FORWARD, check_tiled_attention,
                                     check_tiled_backward)
-from autograder.lab04.warmup import check_row_softmax, check_tiled_matmul, check_vector_add
 from autograder.lab04.triton_kernels import (FLASH_FORWARD, MERGE, PAGED_DECODE, Launches, check_flash_forward,
                                              check_merge_partials, check_paged_decode, count_triton_launches,
                                              own_kernels)
+from autograder.lab04.warmup import check_row_softmax, check_tiled_matmul, check_vector_add
 
-__all__ = ["check_vector_add", "check_row_softmax", "check_tiled_matmul", "check_online_softmax", "check_tiled_attention", "check_tiled_backward", "check_flash_forward",
+__all__ = ["check_vector_add", "check_row_softmax", "check_tiled_matmul", "check_online_softmax",
+           "check_tiled_attention", "check_tiled_backward", "check_flash_forward",
            "check_merge_partials", "check_paged_decode", "check_q1_online_state", "check_q2_naive_hbm_bytes",
            "check_q3_peak_ratio", "check_flash_speed", "check_paged_decode_speed", "check_flash_memory",
            "ATTENTION_CASES", "PAGED_CASES", "FLASH_SPEED_CHECK", "DECODE_SPEED_CHECK", "MEMORY_CHECK",

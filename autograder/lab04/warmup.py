@@ -32,7 +32,8 @@ def _device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _guarded(shape: tuple[int, ...], fill: float, values: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _guarded(shape: tuple[int, ...], fill: float,
+             values: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(view of `shape`, its buffer): the buffer has PAD extra columns on the last dimension and PAD extra elements
     at the end, all `fill`; the view holds `values` (if given)."""
     *lead, last = shape
