@@ -9,7 +9,8 @@
 
 Every baseline that materialises a T x T tensor is capped by memory: `naive_attention_bytes` is what naive
 attention allocates (fp32 scores, the masked copy and softmax's output, 3 x B x H x Tq x Tk x 4 bytes) and
-`fits` compares it with the free device memory, keeping `headroom` of it spare.
+`fits` compares it with the free device memory, keeping `headroom` of it spare; `naive_attention_plan` says at which
+lengths of a sweep naive attention runs, and where it stops.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["naive_attention_bytes", "fits", "free_bytes", "machine_peaks", "flash_forward_sweep", "paged_decode_sweep",
-           "gemv_table", "LLAMA_1B", "engine_throughput", "attention_flops"]
+__all__ = ["naive_attention_bytes", "fits", "naive_attention_plan", "naive_stop_message", "free_bytes",
+           "machine_peaks", "flash_forward_sweep", "paged_decode_sweep", "gemv_table", "LLAMA_1B", "engine_throughput", "attention_flops"]
 
 HEADROOM = 0.9          # use at most 90% of the free memory for one baseline's temporaries
 
@@ -32,6 +33,26 @@ def naive_attention_bytes(batch: int, heads: int, q_len: int, k_len: int) -> int
 
 def fits(need_bytes: int, free: int, headroom: float = HEADROOM) -> bool:
     return need_bytes <= headroom * free
+
+
+def naive_stop_message(seq_len: int, need: int, free: int, headroom: float = HEADROOM) -> str:
+    """The line a sweep prints where naive attention stops."""
+    return (f"naive attention stopped at T={seq_len}: its fp32 scores, masked copy and softmax output need "
+            f"{need / 1e9:.3g} GB, more than {headroom:.0%} of the {free / 1e9:.3g} GB free")
+
+
+def naive_attention_plan(seq_lens: list[int], *, batch: int, heads: int, free: int,
+                         headroom: float = HEADROOM) -> tuple[list[int], str | None]:
+    """The lengths of `seq_lens` (ascending) at which naive attention runs, all of them up to the first whose
+    temporaries (`naive_attention_bytes`) exceed `headroom` of `free` bytes, and the line saying where it stops
+    (None when every length fits)."""
+    runs = []
+    for T in seq_lens:
+        need = naive_attention_bytes(batch, heads, T, T)
+        if not fits(need, free, headroom):
+            return runs, naive_stop_message(T, need, free, headroom)
+        runs.append(T)
+    return runs, None
 
 
 def free_bytes(device: str) -> int:
@@ -94,9 +115,7 @@ def flash_forward_sweep(seq_lens: list[int], *, batch: int = 4, heads: int = 32,
         if naive_stopped is None and causal and fits(need, free()):
             row["naive_ms"] = bench(lambda: naive_attention(q, k, v), device) * 1e3
         elif causal:
-            naive_stopped = naive_stopped or (
-                f"naive attention stopped at T={T}: its fp32 scores, masked copy and softmax output need "
-                f"{need / 1e9:.3g} GB, more than {HEADROOM:.0%} of the {free() / 1e9:.3g} GB free")
+            naive_stopped = naive_stopped or naive_stop_message(T, need, free())
             row["naive_ms"] = None
         for key in [k_ for k_ in row if k_.endswith("_ms") and row[k_]]:
             row[key.replace("_ms", "_TFLOPs")] = flops / (row[key] * 1e-3) / 1e12

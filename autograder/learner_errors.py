@@ -38,6 +38,9 @@ _QUESTION_NAME = re.compile(r"q(\d+)_\w+")
 # ------------------------------------------------------------------------------------- the map from solutions/
 
 def _label(grade_id: str) -> str:
+    warmup = re.match(r"warmup(\d+)_", grade_id)
+    if warmup:
+        return f"Warm-up {int(warmup[1])}"
     m = re.match(r"(ex|q)(\d+)_", grade_id)
     if not m:
         return f"the {grade_id.replace('_', ' ')}"
@@ -78,7 +81,7 @@ def build_map(solutions: Path = REPO_ROOT / "solutions") -> dict:
             if meta.get("grade"):
                 for name in re.findall(r"\b(check_\w+)\s*\(", cell.source):
                     checks.setdefault(f"{lab}:{name}", _label(gid))
-            elif meta.get("solution") and gid.startswith("ex"):
+            elif meta.get("solution") and gid.startswith(("ex", "warmup")):
                 try:
                     tree = ast.parse(cell.source)
                 except SyntaxError:

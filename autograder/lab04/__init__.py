@@ -4,6 +4,11 @@ Each check takes the learner's function, runs it on small seeded inputs (Triton 
 on a CPU) and raises AssertionError saying what is wrong (which shape, how far off, the likely cause).
 
 CPU tier (correctness, and the method where the exercise teaches one):
+    check_vector_add(fn)              fn(x, y, out) writes x + y through a Triton kernel; lengths not a multiple of
+                                      the block, nothing written past the end of out (warm-up 1)
+    check_row_softmax(fn)             fn(x, out) writes softmax(x, -1) row by row; rows shorter than the block,
+                                      scores near +1000 and -10000 (warm-up 2)
+    check_tiled_matmul(fn)            fn(a, b, out) writes a @ b tile by tile; M, N, K tails, strided b (warm-up 3)
     check_online_softmax(fn)          fn(x (..., N), block_size) -> softmax(x); every reduction (max, sum, softmax)
                                       sees at most block_size columns; fp16 input, very negative rows
     check_tiled_attention(fn)         fn(q, k, v, causal, block_k) -> (out, lse), PyTorch, tiled over keys: no
@@ -12,8 +17,10 @@ CPU tier (correctness, and the method where the exercise teaches one):
                                       (Tq x Tk) tensor held (key tiles of at most 16), no autograd
     check_flash_forward(fn)           fn(q, k, v, causal) -> (out, lse), must launch a Triton kernel
     check_merge_partials(fn)          fn(o_part (..., S, D), lse_part (..., S)) -> (..., D)
-    check_paged_decode(fn)            fn(q, k_pool, v_pool, block_tables, seq_lens) -> (B, Hq, D), Triton
-Interview questions: check_q1_online_state, check_q2_naive_hbm_bytes, check_q3_hbm_ratio.
+    check_paged_decode(fn)            fn(q, k_pool, v_pool, block_tables, seq_lens, merge=) -> (B, Hq, D), Triton;
+                                      merge= the package's merge_partials (only the split kernel is graded)
+Interview questions: check_q1_online_state, check_q2_naive_hbm_bytes, check_q3_peak_ratio (a prediction the check
+measures: naive / tiled peak bytes at T = 16384, counted on the meta device).
 Every check refuses the package's reference handed in (reference_guard: minigpt.kernels.* itself, a thin wrapper
 calling it, or, for the Triton checks, a launch of one of the package's kernels).
 GPU tier (speed, memory; behind autograder.harness.require_gpu):
@@ -23,18 +30,20 @@ GPU tier (speed, memory; behind autograder.harness.require_gpu):
 from autograder.lab04.common import (ATTENTION_CASES, DECODE_SPEED_CHECK, FLASH_SPEED_CHECK, MEMORY_CHECK,
                                      PAGED_CASES, TOL, reference_lse)
 from autograder.lab04.gpu import check_flash_memory, check_flash_speed, check_paged_decode_speed, growth_per_doubling
-from autograder.lab04.questions import (Q1_BLOCKS, Q2_SHAPE, check_q1_online_state, check_q2_naive_hbm_bytes,
-                                        check_q3_hbm_ratio)
+from autograder.lab04.questions import (Q1_BLOCKS, Q2_SHAPE, Q3_MEMORY, check_q1_online_state,
+                                        check_q2_naive_hbm_bytes, check_q3_peak_ratio, peak_bytes_naive_and_tiled)
 from autograder.lab04.softmax import ONLINE_SOFTMAX, check_online_softmax
 from autograder.lab04.tiled import (BACKWARD_TILE, TILED_BACKWARD, TILED_FORWARD, check_tiled_attention,
                                     check_tiled_backward)
 from autograder.lab04.triton_kernels import (FLASH_FORWARD, MERGE, PAGED_DECODE, Launches, check_flash_forward,
                                              check_merge_partials, check_paged_decode, count_triton_launches,
                                              own_kernels)
+from autograder.lab04.warmup import check_row_softmax, check_tiled_matmul, check_vector_add
 
-__all__ = ["check_online_softmax", "check_tiled_attention", "check_tiled_backward", "check_flash_forward",
+__all__ = ["check_vector_add", "check_row_softmax", "check_tiled_matmul", "check_online_softmax",
+           "check_tiled_attention", "check_tiled_backward", "check_flash_forward",
            "check_merge_partials", "check_paged_decode", "check_q1_online_state", "check_q2_naive_hbm_bytes",
-           "check_q3_hbm_ratio", "check_flash_speed", "check_paged_decode_speed", "check_flash_memory",
+           "check_q3_peak_ratio", "check_flash_speed", "check_paged_decode_speed", "check_flash_memory",
            "ATTENTION_CASES", "PAGED_CASES", "FLASH_SPEED_CHECK", "DECODE_SPEED_CHECK", "MEMORY_CHECK",
-           "growth_per_doubling", "Q1_BLOCKS", "Q2_SHAPE",
+           "growth_per_doubling", "Q1_BLOCKS", "Q2_SHAPE", "Q3_MEMORY", "peak_bytes_naive_and_tiled",
            "count_triton_launches"]

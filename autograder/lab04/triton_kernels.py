@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 from typing import Callable, Iterator
 
@@ -125,18 +126,30 @@ def _paged(B, Hq, Hkv, D, block_size, lens, dtype=torch.float32, device="cpu"):
                                device=device, extra_blocks=1, num_blocks=48)
 
 
+def _takes_merge(fn: Callable) -> bool:
+    """True when fn accepts a `merge` keyword (the notebook's launcher: the function that merges the splits)."""
+    try:
+        return "merge" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def check_paged_decode(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16)) -> None:
     """fn(q (B,Hq,D), k_pool, v_pool (num_blocks, block_size, Hkv, D), block_tables (B, max_blocks) int32,
-    seq_lens (B,) int32) -> (B, Hq, D), through a Triton kernel of the notebook's, equal to gather-then-attend."""
+    seq_lens (B,) int32, merge=...) -> (B, Hq, D), through a Triton kernel of the notebook's, equal to
+    gather-then-attend. The check passes the package's merge_partials as `merge`, so it grades the split kernel
+    alone: a wrong Exercise 5 does not fail this one."""
     own_work(fn, _PAGED_REFERENCES, what=PAGED_DECODE)
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    merge = {"merge": merge_partials} if _takes_merge(fn) else {}
     first = True
     for dtype in dtypes:
         for B, Hq, Hkv, D, bs, lens, what in PAGED_CASES:
             args = _paged(B, Hq, Hkv, D, bs, lens, dtype, device=device)
             guard = no_calls_into(*_PAGED_REFERENCES, what=PAGED_DECODE) if first else contextlib.nullcontext()
             with count_triton_launches() as launches, guard:          # the first case only, as in check_flash_forward
-                got = call_learner("paged_decode", fn, *(a.clone() for a in args), context=f"{what}, {dtype}")
+                got = call_learner("paged_decode", fn, *(a.clone() for a in args), context=f"{what}, {dtype}",
+                                   **merge)
             first = False
             if not launches[0]:
                 raise AssertionError(f"{what}: paged_decode launched no Triton kernel")
@@ -145,6 +158,8 @@ def check_paged_decode(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.fl
             want = paged_decode_attention(*(a.double() if a.is_floating_point() else a for a in cpu))
             if not isinstance(got, torch.Tensor) or not _close(got.cpu(), want, TOL[dtype]):
                 err = _err(got.cpu(), want) if isinstance(got, torch.Tensor) else type(got).__name__
+                merged = ("the splits were merged by the package's merge_partials, so the partial outputs or "
+                          "LSEs are wrong" if merge else "merge the splits with their LSE weights")
                 raise AssertionError(f"{what}, {dtype}: {err} against gather-then-attend. Check: physical block = "
                                      "block_tables[b, page]; mask the slots of the last page past seq_len; query head "
-                                     "h reads KV head h // group; merge the splits with their LSE weights.")
+                                     f"h reads KV head h // group; an empty split writes LSE = -inf; {merged}.")

@@ -131,6 +131,22 @@ def test_naive_attention_sweep_stops_where_its_scores_would_not_fit():
     assert naive_attention_bytes(4, 32, 8192, 8192) == 3 * 34_359_738_368     # the 34 GB score tensor, three times
 
 
+@pytest.mark.parametrize("free_gb, runs, stops", [
+    (85.0, [512, 1024, 2048, 4096], 8192),            # an 80 GB H100 (about 85e9 bytes free): 3 x 34.4 GB at T=8192
+    (24.0, [512, 1024, 2048], 4096),                  # a 24 GB card
+    (150.0, [512, 1024, 2048, 4096, 8192], 16384),    # an H200
+    (2000.0, [512, 1024, 2048, 4096, 8192, 16384], None),
+])
+def test_naive_attention_plan_caps_the_notebook_sweep_by_free_memory(free_gb, runs, stops):
+    from autograder.gpu_bench import naive_attention_plan
+    got, note = naive_attention_plan([512, 1024, 2048, 4096, 8192, 16384], batch=4, heads=32, free=int(free_gb * 1e9))
+    assert got == runs
+    if stops is None:
+        assert note is None
+    else:
+        assert note.startswith(f"naive attention stopped at T={stops}:") and f"{free_gb:.3g} GB free" in note
+
+
 def test_benchmarks_run_on_the_cpu_on_small_shapes():
     from autograder import gpu_bench
     peaks = gpu_bench.machine_peaks("cpu", copy_mib=4, matmul_n=64)

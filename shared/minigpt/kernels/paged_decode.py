@@ -157,8 +157,9 @@ def merge_partials(o_part: Tensor, lse_part: Tensor) -> Tensor:
 
 def paged_decode(q: Tensor, k_pool: Tensor, v_pool: Tensor, block_tables: Tensor, seq_lens: Tensor, *,
                  pages_per_split: int | None = None) -> Tensor:
-    """Split-KV decode attention over the paged cache: (B, Hq, D) in q's dtype. Same contract as
-    paged_decode_reference (every seq_len must be >= 1 and covered by its block table)."""
+    """Split-KV decode attention over the paged cache: (B, Hq, D) in q's dtype. Same contract as lab 02's
+    minigpt.cache.paged_attention.paged_decode_attention (every seq_len must be >= 1 and covered by its block
+    table)."""
     o_part, lse_part = paged_decode_partials(q, k_pool, v_pool, block_tables, seq_lens,
                                              pages_per_split=pages_per_split)
     return merge_partials(o_part, lse_part).to(q.dtype)
