@@ -36,8 +36,9 @@ AFFINITY_SCENARIOS = {
     "B": "a batch job summarising a million unrelated documents, each prompt different from the first token",
     "C": "multi-turn chat, each conversation starting differently: each turn resends the whole conversation so far "
          "(the history is the previous turn's prompt)",
-    "D": "a platform hosting 200 customers, each with its own 2,000-token system prompt and a similar share of the "
-         "traffic; one replica's KV pool holds about 20 such prefixes besides its running requests",
+    "D": "a platform serving 200 customers from 16 replicas, each customer with its own 2,000-token system prompt and "
+         "a similar share of the traffic; one replica's KV pool holds about 20 such prefixes besides its running "
+         "requests",
     "E": "short prompts (under one KV block) with long answers",
 }
 AFFINITY_ANSWER = frozenset({"C", "D"})
@@ -61,9 +62,9 @@ def check_q_affinity_pays(answer: Any) -> None:
            "C": "C is the classic case: a conversation's next turn extends its last prompt, so the replica that served "
                 "the last turn still holds its KV blocks (route on the first blocks: the whole conversation stays "
                 "together), and many conversations spread over the ring",
-           "D": "D: 200 prefixes do not fit in one replica's cache (about 20): round-robin makes every replica hold all "
-                "200 and they evict one another, while hashing gives each prefix one home (200 / replicas each) and "
-                "spreads the 200 keys evenly",
+           "D": "D: 200 prefixes do not fit in one replica's cache (about 20): round-robin sends every prefix to every "
+                "replica, so they evict one another, while hashing gives each prefix one home (about 200 / 16 = 12.5 "
+                "per replica, which fit) and spreads the 200 keys evenly",
            "E": "E: a prompt shorter than one block has no full block to cache; there is nothing to route on"}
     wrong = sorted(got ^ AFFINITY_ANSWER)
     if not wrong:
