@@ -188,8 +188,8 @@ def lora_cost_vs_width(widths: Sequence[int] = (32, 128, 384, 1024, 2048), *, de
     """One d x d projection of `rows` token rows over `n_adapters` adapters (interleaved), for each width d: median
     seconds of the base matmul x W^T and of `delta_fn(x, A, B, idx, s)` (interleaved, warmed up, one thread).
 
-    The delta does 2 * rows * r * 2d FLOPs against the base's 2 * rows * d^2, and reads r * 2d numbers per adapter
-    against d^2: at d = 384 and r = 8 about 4% of the base's work. Whatever its time is beyond that share is the
+    Per row the delta does 2rd (A) + 2dr (B) FLOPs against the base's 2d^2, a share of 2r/d, and an adapter holds
+    2rd numbers against the base's d^2: at d = 384 and r = 8 about 4% of the base's work. Whatever its time is beyond that share is the
     fixed cost of its handful of small operations (gather, two batched matmuls, scale, mask)."""
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -211,5 +211,5 @@ def lora_cost_vs_width(widths: Sequence[int] = (32, 128, 384, 1024, 2048), *, de
         t = compare({"base": base, "delta": delta}, warmup=3, repeats=repeats, threads=threads)
         out.append({"d": d, "base_s": t["base"].median, "delta_s": t["delta"].median,
                     "delta_over_base": t["delta"].median / t["base"].median,
-                    "flop_share": 2 * rank * 2 * d / (d * d)})
+                    "flop_share": (2 * rank * d + 2 * d * rank) / (2 * d * d)})      # 2r/d
     return out
