@@ -135,10 +135,11 @@ class SustainedPoint:
     summary: BenchmarkSummary      # the whole stream (warm-up and tail included)
 
     def row(self) -> str:
-        return (f"{self.rate:g} req/s offered for {self.summary.num_requests} requests: goodput {self.goodput:.2f} "
-                f"req/s, served {self.request_throughput:.2f} req/s over a {self.window_s:.1f} s steady window "
-                f"({self.sent_in_window} requests sent in it); p99 TTFT {1e3 * self.summary.ttft[99]:.0f} ms, "
-                f"p50 TPOT {1e3 * self.summary.tpot[50]:.0f} ms")
+        arrived = (self.sent_in_window - 1) / self.window_s
+        return (f"{self.rate:g} req/s offered for {self.summary.num_requests} requests: in a {self.window_s:.1f} s "
+                f"steady window {self.sent_in_window} requests arrived ({arrived:.2f} req/s; Poisson), served "
+                f"{self.request_throughput:.2f} req/s, goodput {self.goodput:.2f} req/s; p99 TTFT "
+                f"{1e3 * self.summary.ttft[99]:.0f} ms, p50 TPOT {1e3 * self.summary.tpot[50]:.0f} ms")
 
 
 def steady_window_rates(records: Sequence[RequestRecord], *, warmup_share: float = 0.25, ttft_limit: float = 1.0,
