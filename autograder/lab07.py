@@ -13,7 +13,9 @@ CPU tier (correctness):
 Every check first refuses the package's reference handed in as the answer (the object, a subclass inheriting
 the asked-for methods, a thin wrapper that calls it: autograder.reference_guard); thread ranks run under the same
 watch, so a wrapper is caught on the ranks too.
-Interview questions (Llama-3-70B, bf16, batch 1, 8 GPUs over PCIe Gen5 x16): check_q1 ... check_q4.
+Interview questions (Llama-3-70B, bf16, 8 GPUs over PCIe Gen5 x16): check_q1 (TP bytes per token), check_q2 (PP
+bytes), check_q3 (steady-state bubble of a serving pipeline with fewer micro-batches in flight than stages: 1 - m/p,
+the drain-every-step formula diagnosed), check_q4 (all-reduce time per step at batch 64, not batch 1).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from minigpt.timing import fixed_threads
 
 __all__ = ["check_shard_weight", "check_parallel_linears", "check_vocab_parallel_logits", "check_tp_kv_cache",
            "check_allreduce_bytes", "check_q1_tp_bytes", "check_q2_pp_bytes", "check_q3_bubble",
-           "check_q4_tp_latency", "CONFIGS"]
+           "check_q4_tp_latency", "Q4_BATCH", "CONFIGS"]
 
 CONFIGS = {
     "GQA 4q/2kv": ModelConfig(vocab_size=64, max_seq_len=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48),
@@ -343,7 +345,7 @@ def _check_allreduce_bytes(fn: Callable) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Interview questions: Llama-3-70B, bf16, batch 1, 8 GPUs linked by PCIe Gen5 x16
+# Interview questions: Llama-3-70B, bf16, 8 GPUs linked by PCIe Gen5 x16
 # ---------------------------------------------------------------------------------------------------
 
 _LLAMA70 = PRESETS["Llama-3-70B"]
@@ -372,18 +374,40 @@ def check_q2_pp_bytes(answer: Any) -> None:
 
 
 def check_q3_bubble(answer: Any) -> None:
-    """PP = 8 with 8 micro-batches: the fraction of time the pipeline is idle."""
-    check_answer(answer, pipeline_bubble_fraction(8, 8), "Q3 (bubble fraction)",
-                 {7 / 8: "(p-1)/m is the bubble relative to useful time; the fraction of all time is (p-1)/(m+p-1).",
-                  1 / 8: "that is one stage's share, not the bubble."},
-                 unit="fraction of time (0..1)", rel=1e-3, hint="(p - 1) / (m + p - 1).")
+    """PP = 8 in a serving engine that keeps 6 micro-batches in flight across decode steps (equal stage times):
+    the fraction of time each stage idles in steady state, 1 - m/p (the pipeline never drains between steps)."""
+    p, m = 8, 6
+    check_answer(answer, 1 - m / p, "Q3 (steady-state pipeline bubble, micro-batches kept in flight)",
+                 {pipeline_bubble_fraction(p, m): "(p-1)/(m+p-1) is the drain-every-step (training / one-batch) "
+                                                  "bubble; here nothing drains between decode steps: each micro-batch "
+                                                  "re-enters stage 0 as soon as its token leaves the last stage.",
+                  0.0: "the bubble vanishes only with at least p micro-batches in flight; with 6 in a ring of 8 "
+                       "stages, 2 stages have nothing to do at any moment.",
+                  m / p: "that is the busy share; the question asks for the idle share.",
+                  (p - 1) / m: "(p-1)/m is the drain-every-step bubble relative to useful time, and this pipeline "
+                               "does not drain between steps."},
+                 unit="fraction of time (0..1)", rel=1e-3,
+                 hint="In steady state each micro-batch cycles through the p stages; at any moment m of the p stages "
+                      "hold one. Section 8's simulation with 4 stages shows the pattern.")
+
+
+Q4_BATCH = 64
 
 
 def check_q4_tp_latency(answer: Any) -> None:
-    """TP = 8 over PCIe Gen5 x16 (63.0 GB/s one way, 8 us per ring step): milliseconds the all-reduces add per token."""
-    want = 2 * 80 * ring_allreduce_time(8192 * 2, 8, _PCIE) * 1e3
-    bw_only = 2 * 80 * (2 * 7 / 8 * 8192 * 2 / _PCIE.bandwidth) * 1e3
-    check_answer(answer, want, "Q4 (TP=8 all-reduce latency per token)",
-                 {bw_only: "with 16 KiB messages the bytes take under a microsecond: the 2(n-1) latencies dominate.",
-                  want / 2: "two all-reduces per layer, 80 layers: 160 of them."},
-                 unit="ms", rel=0.01, hint="Each all-reduce: 2(n-1) ring steps of (alpha + payload/n / bandwidth).")
+    """TP = 8 over PCIe Gen5 x16 (63.0 GB/s one way, 8 us per ring step), decoding a batch of 64: milliseconds the
+    all-reduces add to each decode step (no overlap)."""
+    payload = Q4_BATCH * 8192 * 2
+    want = 2 * 80 * ring_allreduce_time(payload, 8, _PCIE) * 1e3
+    bw_only = 2 * 80 * (2 * 7 / 8 * payload / _PCIE.bandwidth) * 1e3
+    batch_one = 2 * 80 * ring_allreduce_time(8192 * 2, 8, _PCIE) * 1e3
+    check_answer(answer, want, "Q4 (TP=8 all-reduce time per decode step at batch 64)",
+                 {batch_one: "that is (nearly) the batch-1 figure of section 8: at batch 64 each all-reduce carries "
+                             "64 x d_model x 2 bytes, and the bytes are no longer negligible next to the latencies.",
+                  bw_only: "that is the bandwidth term alone; each all-reduce also pays 2(n-1) step latencies.",
+                  want / 2: "two all-reduces per layer, 80 layers: 160 of them.",
+                  2 * 80 * (2 * 7 * 8e-6 + 2 * 7 * payload / _PCIE.bandwidth) * 1e3:
+                      "each of the 2(n-1) steps sends payload / n, not the whole payload."},
+                 unit="ms", rel=0.01,
+                 hint="Payload = batch x d_model x 2 bytes; each all-reduce: 2(n-1) ring steps of "
+                      "(alpha + payload/n / bandwidth); 2 per layer.")

@@ -43,8 +43,8 @@ Multi-LoRA (exercise 4, lora.py):
 Interview questions:
     the gateway (gateway_questions.py): check_q_gateway_replicas (replicas = ceil(rate / (goodput per replica * utilization))),
                  check_q_affinity_pays (which workloads of AFFINITY_SCENARIOS prefix-aware routing helps)
-    100 LoRA adapters (lora_questions.py): check_q1_adapter_mib, check_q2_hundred_adapters_share, check_q3_lora_step_overhead (from the
-                 lab's own measurement, minigpt.serving.lora_bench)
+    100 LoRA adapters (lora_questions.py): check_q1_adapter_mib, check_q2_hundred_adapters_share, check_q5_gather_mib (the
+                 bytes exercise 4's per-row gather copies in a step, against a kernel reading each adapter once)
 Shared (common.py): the tiny check model, the reference server in a thread (check_server), waits and guards.
 """
 
@@ -55,7 +55,7 @@ from autograder.lab08.goodput import check_goodput, goodput_cases
 from autograder.lab08.lora import (SMALL_CONFIG, check_lora_delta, check_lora_engine, check_lora_server,
                                    count_torch_calls, served_lora_model, small_model)
 from autograder.lab08.lora_questions import (Q_PRESET, Q_RANK, check_q1_adapter_mib, check_q2_hundred_adapters_share,
-                                             check_q3_lora_step_overhead)
+                                             check_q5_gather_mib)
 from autograder.lab08.routing import REPLICAS4, check_route, check_router
 from autograder.lab08.streaming import _check_sse_server, check_sse_stream
 from minigpt.serving.replicas import read_metrics
@@ -64,5 +64,5 @@ __all__ = ["check_sse_stream", "check_admission", "CHECK_CONFIG", "MODEL_NAME", 
            "check_goodput", "check_route", "check_router", "goodput_cases", "check_q_gateway_replicas",
            "check_q_affinity_pays", "AFFINITY_SCENARIOS", "REPLICAS4",
            "check_lora_delta", "check_lora_engine", "check_lora_server", "served_lora_model", "check_q1_adapter_mib",
-           "check_q2_hundred_adapters_share", "check_q3_lora_step_overhead", "SMALL_CONFIG", "small_model",
+           "check_q2_hundred_adapters_share", "check_q5_gather_mib", "SMALL_CONFIG", "small_model",
            "count_torch_calls", "Q_PRESET", "Q_RANK", "_check_sse_server", "_check_admission_server"]

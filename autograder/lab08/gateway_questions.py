@@ -32,16 +32,21 @@ def check_q_gateway_replicas(answer: Any, *, request_rate: float, per_replica_go
 
 
 AFFINITY_SCENARIOS = {
-    "A": "an agent framework: every request starts with the same 2,000-token tool description and a few-shot preamble",
+    "A": "an agent framework: every request starts with the same 2,000-token tool description and few-shot preamble",
     "B": "a batch job summarising a million unrelated documents, each prompt different from the first token",
-    "C": "multi-turn chat: each turn resends the whole conversation so far (the history is the previous turn's prompt)",
-    "D": "a single popular system prompt carries 90% of the traffic and one replica cannot serve that much alone",
+    "C": "multi-turn chat, each conversation starting differently: each turn resends the whole conversation so far "
+         "(the history is the previous turn's prompt)",
+    "D": "a platform serving 200 customers from 16 replicas, each customer with its own 2,000-token system prompt and "
+         "a similar share of the traffic; one replica's KV pool holds about 20 such prefixes besides its running "
+         "requests",
     "E": "short prompts (under one KV block) with long answers",
 }
+AFFINITY_ANSWER = frozenset({"C", "D"})
 
 
 def check_q_affinity_pays(answer: Any) -> None:
-    """The set of AFFINITY_SCENARIOS letters where prefix-aware routing (pure consistent hashing) clearly pays."""
+    """The set of AFFINITY_SCENARIOS letters where prefix-aware routing (pure consistent hashing on the first blocks)
+    clearly pays: it raises the prefix-cache hit rate without a balance problem."""
     if isinstance(answer, str):
         answer = set(answer.replace(",", " ").split())
     if not isinstance(answer, (set, frozenset, list, tuple)) or not all(isinstance(x, str) for x in answer):
@@ -50,17 +55,23 @@ def check_q_affinity_pays(answer: Any) -> None:
     unknown = got - set(AFFINITY_SCENARIOS)
     if unknown:
         raise AssertionError(f"unknown scenario(s) {sorted(unknown)}; choose from {sorted(AFFINITY_SCENARIOS)}")
-    why = {"A": "A shares a long prefix across requests: affinity prefills it once per replica it lives on, "
-                "round-robin once on every replica (and again after each eviction)",
+    why = {"A": "A: one prefix shared by EVERY request hashes to one key, so consistent hashing sends all the traffic to "
+                "one replica (the others idle), while round-robin misses that prefix only once per replica and then "
+                "hits it everywhere: affinity buys almost nothing and costs the balance",
            "B": "B has no shared prefix: nothing to reuse, so affinity only costs balance",
-           "C": "C is the classic case: a conversation's next turn extends its last prompt, so the same replica "
-                "still holds its KV blocks (route on the first blocks: the whole conversation stays together)",
-           "D": "D: pure consistent hashing pins the hot prefix to ONE replica, which overloads; production routers "
-                "(SGLang's cache-aware router, vLLM's production stack) fall back to the least-loaded replica past a "
-                "load imbalance threshold",
+           "C": "C is the classic case: a conversation's next turn extends its last prompt, so the replica that served "
+                "the last turn still holds its KV blocks (route on the first blocks: the whole conversation stays "
+                "together), and many conversations spread over the ring",
+           "D": "D: 200 prefixes do not fit in one replica's cache (about 20): round-robin sends every prefix to every "
+                "replica, so they evict one another, while hashing gives each prefix one home (about 200 / 16 = 12.5 "
+                "per replica, which fit) and spreads the 200 keys evenly",
            "E": "E: a prompt shorter than one block has no full block to cache; there is nothing to route on"}
-    wrong = sorted(got ^ {"A", "C"})
-    if wrong:
-        raise AssertionError("not quite: " + " ".join(why[x] for x in wrong) if len(wrong) <= 1 else
-                             f"{len(wrong)} scenarios are misjudged; think about which ones repeat a long prefix AND "
-                             "keep the load spread")
+    wrong = sorted(got ^ AFFINITY_ANSWER)
+    if not wrong:
+        return
+    if len(wrong) == 1:
+        raise AssertionError("not quite: " + why[wrong[0]])
+    if "A" in got:             # the hot-prefix trap: diagnosed even when another scenario is misjudged too
+        raise AssertionError(f"not quite: {why['A']}; and {len(wrong) - 1} more scenario(s) misjudged")
+    raise AssertionError(f"{len(wrong)} scenarios are misjudged; for each, ask how often round-robin would miss the "
+                         "prefix, and how evenly hashing on it spreads the load")

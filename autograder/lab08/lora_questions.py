@@ -45,11 +45,21 @@ def check_q2_hundred_adapters_share(answer: Any) -> None:
                  hint="100 * adapter bytes / calculators.weight_bytes(shape, 2), as a percentage.")
 
 
-def check_q3_lora_step_overhead(answer: Any, figures: dict[str, float]) -> None:
-    """From the lab's measurement (`lora_bench.lora_serving_figures()`): by what percentage does a decode step of the
-    batch mixing four adapters cost more than the same step on the base model alone?"""
-    want = 100 * (figures["lora_step_s"] / figures["base_step_s"] - 1)
-    check_answer(answer, want, "Q3 (extra cost of batched LoRA per step, measured)",
-                 {figures["lora_step_s"] / figures["base_step_s"]: "that is the ratio; give the EXTRA cost in percent.",
-                  100 * figures["base_step_s"] / figures["lora_step_s"]: "compare LoRA over base, not base over LoRA."},
-                 unit="percent", rel=0.01, hint="100 * (lora_step_s / base_step_s - 1) from your measured figures.")
+Q5_ROWS, Q5_ADAPTERS = 32, 4        # a decode step of 32 sequences (one token row each) over 4 adapters
+
+
+def check_q5_gather_mib(answer: Any) -> None:
+    """Llama-3-8B, rank-16 adapters in bf16, one decode step of 32 sequences over 4 adapters: the MiB of adapter
+    factors that exercise 4's gather (A[idx], B[idx]: one copy per ROW) writes in one step, over all seven
+    projections of every layer. A kernel that reads each adapter in place (Punica's SGMV, S-LoRA's) reads the 4
+    distinct adapters once: 8 times less here."""
+    one = adapter_bytes(PRESETS[Q_PRESET], Q_RANK) / 2**20
+    want = Q5_ROWS * one
+    check_answer(answer, want, "Q5 (adapter bytes the gather copies in one decode step)",
+                 {Q5_ADAPTERS * one: "that is the 4 distinct adapters, what a kernel reading them in place touches; "
+                                     "A[adapter_idx] makes one copy of the factors for every ROW of the batch.",
+                  one: "that is one adapter; the gather copies one per row, 32 rows.",
+                  2 * want: "bf16 factors are 2 bytes each, not 4."},
+                 unit="MiB", rel=0.01,
+                 hint="A[adapter_idx] has shape (rows, r, d_in): one copy of the row's factors per row. Per row: one "
+                      "adapter's bytes (question Q3).")

@@ -352,14 +352,29 @@ def test_interview_answers() -> None:
     l70, pcie = PRESETS["Llama-3-70B"], INTERCONNECTS["PCIe Gen5 x16"]
     lab07.check_q1_tp_bytes(4_587_520)
     lab07.check_q2_pp_bytes(114_688)
-    lab07.check_q3_bubble(7 / 15)
-    lab07.check_q4_tp_latency(160 * ring_allreduce_time(16384, 8, pcie) * 1e3)
-    assert int(tp_allreduce_bytes_per_token(l70, 8)) == 4_587_520 and pipeline_bubble_fraction(8, 8) == 7 / 15
+    lab07.check_q3_bubble(1 - 6 / 8)
+    lab07.check_q4_tp_latency(160 * ring_allreduce_time(64 * 16384, 8, pcie) * 1e3)
+    assert int(tp_allreduce_bytes_per_token(l70, 8)) == 4_587_520 and pipeline_bubble_fraction(8, 6) == 7 / 13
     for check, wrong, message in ((lab07.check_q1_tp_bytes, 2 * 80 * 8192 * 2, "payload"),
                                   (lab07.check_q1_tp_bytes, 4_587_520.0, "int"),
                                   (lab07.check_q2_pp_bytes, 8 * 8192 * 2, "7 boundaries"),
-                                  (lab07.check_q3_bubble, 7 / 8, r"\(p-1\)/m"),
-                                  (lab07.check_q4_tp_latency, 160 * 14 / 8 * 16384 / pcie.bandwidth * 1e3, "latencies dominate"),
+                                  (lab07.check_q3_bubble, 7 / 13, "drain-every-step"),
+                                  (lab07.check_q3_bubble, 0.0, "at least p micro-batches"),
+                                  (lab07.check_q3_bubble, 6 / 8, "busy share"),
+                                  (lab07.check_q4_tp_latency, 160 * ring_allreduce_time(16384, 8, pcie) * 1e3, "batch-1"),
+                                  (lab07.check_q4_tp_latency, 160 * 14 / 8 * 64 * 16384 / pcie.bandwidth * 1e3,
+                                   "bandwidth term alone"),
                                   (lab07.check_q4_tp_latency, None, "finite")):
         with pytest.raises(AssertionError, match=message):
             check(wrong)
+
+
+def test_q3_answer_is_what_the_simulation_gives() -> None:
+    """The steady-state idle share of 6 micro-batches kept in flight through 8 stages, simulated, is Q3's answer,
+    and the drain-every-step schedule gives the textbook (p-1)/(m+p-1)."""
+    from minigpt.teaching.pipeline_schedule import simulate_pipeline
+    serving = simulate_pipeline(8, 6, 12, drain_every_step=False)
+    drained = simulate_pipeline(8, 6, 12, drain_every_step=True)
+    lab07.check_q3_bubble(serving.steady_idle_fraction())
+    assert drained.idle_fraction() == pytest.approx(pipeline_bubble_fraction(8, 6))
+    assert simulate_pipeline(4, 8, 12, drain_every_step=False).steady_idle_fraction() == 0.0

@@ -172,7 +172,8 @@ def test_interview_questions():
         lab08.check_q1_adapter_mib(32 * 16 * (5 * 4096 + 4096 + 14336) * 2 / 2**20)
     with pytest.raises(AssertionError, match="percentage"):
         lab08.check_q2_hundred_adapters_share(h["percent_of_base"] / 100)
-    figures = {"lora_step_s": 0.013, "base_step_s": 0.010}
-    lab08.check_q3_lora_step_overhead(30.0, figures)
-    with pytest.raises(AssertionError, match="EXTRA"):
-        lab08.check_q3_lora_step_overhead(1.3, figures)
+    lab08.check_q5_gather_mib(32 * h["mib_per_adapter"])
+    with pytest.raises(AssertionError, match="in place"):       # the 4 distinct adapters: what SGMV reads
+        lab08.check_q5_gather_mib(4 * h["mib_per_adapter"])
+    with pytest.raises(AssertionError, match="one per row"):
+        lab08.check_q5_gather_mib(h["mib_per_adapter"])

@@ -142,6 +142,21 @@ def test_goodput_by_hand() -> None:
     assert request_goodput([], 1.0, 1.0) == 0.0
 
 
+def test_steady_window_skips_the_warm_up_and_follows_late_requests_to_their_end() -> None:
+    """Sustained goodput (lab 08 Q1): the first quarter of the sends is warm-up; the other requests arrived at
+    (n - 1) / window per second, and only those meeting both objectives count, however late they end."""
+    from minigpt.serving.experiments import steady_window_rates
+    records = [_rec(i, 0.5 * i, 0.5 * i + 0.1, 0.5 * i + 0.5, 5, 0.5 * i + 0.6) for i in range(8)]   # all good
+    records[0].chunk_times = [9.0, 9.1]                   # warm-up: slow, not counted
+    records[5].chunk_times = [2.5 + 1.5, 2.5 + 1.6]       # sent at 2.5, TTFT 1.5: served late, not good
+    records[6].status, records[6].error = 429, "queue full"
+    goodput, served, window, n = steady_window_rates(records, warmup_share=0.25, ttft_limit=1.0, tpot_limit=0.2)
+    assert (window, n) == (2.5, 6)                        # sends 1.0, 1.5, ..., 3.5: 5 gaps in 2.5 s
+    assert math.isclose(goodput, 5 / 2.5 * 4 / 6) and math.isclose(served, 5 / 2.5 * 5 / 6)
+    with pytest.raises(ValueError, match="no steady window"):
+        steady_window_rates(records[:2], warmup_share=0.5)
+
+
 def test_engine_comparison_picks_the_highest_rate_both_sustain() -> None:
     from minigpt.serving.experiments import EngineComparison, RatePoint
 

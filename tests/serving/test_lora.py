@@ -285,3 +285,19 @@ def test_adapters_on_int8_base(model, adapters):
         got += [t for o in engine.step() for t in o.new_token_ids]
     assert outs[0].token_ids == outs[1].token_ids and len(got) == 6
     assert engine.runner.num_lora_steps >= 6 and engine.stats().num_blocks_used == 0
+
+
+def test_cost_vs_width_times_the_delta_it_is_given():
+    """lab 08's width sweep times the learner's delta_fn when given one (the notebook passes theirs), base and delta
+    of one d x d projection at each width, and the delta's FLOP share 2r/d."""
+    from minigpt.serving.lora_bench import lora_cost_vs_width
+    calls = []
+
+    def counting_delta(x, A, B, idx, s):
+        calls.append(x.shape)
+        return lora_delta(x, A, B, idx, s)
+
+    rows = lora_cost_vs_width((16, 64), delta_fn=counting_delta, rows=4, rank=2, repeats=2)
+    assert [r["d"] for r in rows] == [16, 64] and calls and all(shape[0] == 4 for shape in calls)
+    assert [r["flop_share"] for r in rows] == [2 * 2 / 16, 2 * 2 / 64]
+    assert all(r["base_s"] > 0 and r["delta_s"] > 0 for r in rows)

@@ -4,6 +4,10 @@
   generation) and `--engine continuous` (the engine), side by side, driven by the load generator at
   a set of Poisson request rates, rate by rate naive then engine on the same seeded prompts (fresh
   prompts per rate): output tokens/s, p99 TTFT, goodput per rate.
+* `sustained_goodput`: one engine server fed a steady, seeded Poisson stream at each rate for long enough to
+  reach steady state; goodput counted over the requests SENT in the steady window (from the send of the first
+  request after a warm-up share of the stream to the send of the last), divided by the window's length: what a replica delivers under that load indefinitely, the figure
+  to size a fleet on (a short burst measures mostly how fast an idle server empties its queue).
 * `compare_routing`: two engine replicas (child processes) behind the router, once per policy (fresh
   replicas each time, so every policy starts with cold prefix caches), on a shared-system-prompt
   workload: prefix-cache hit rate (from the replicas' /metrics) and mean TTFT.
@@ -22,10 +26,11 @@ import math
 from dataclasses import dataclass, field
 from typing import ContextManager, Iterator, Sequence
 
-from minigpt.serving.client_metrics import BenchmarkSummary, summarize_records
+from minigpt.serving.client_metrics import BenchmarkSummary, RequestRecord, summarize_records
 from minigpt.serving.load_generator import benchmark, corpus_prompts, shared_prefix_prompts
 
-__all__ = ["RatePoint", "EngineComparison", "compare_engines", "RoutingPoint", "compare_routing"]
+__all__ = ["RatePoint", "EngineComparison", "compare_engines", "SustainedPoint", "steady_window_rates", "sustained_goodput", "RoutingPoint",
+           "compare_routing"]
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,71 @@ def compare_engines(rates: Sequence[float] = (4.0, math.inf), *, checkpoint: str
                 points.append(RatePoint(engine, rate, summarize_records(records, ttft_limit=ttft_limit,
                                                                         tpot_limit=tpot_limit)))
     return EngineComparison(points)
+
+
+@dataclass(frozen=True)
+class SustainedPoint:
+    """One steady Poisson stream at `rate` req/s; goodput and throughput over the requests sent in the steady window."""
+    rate: float
+    goodput: float                 # requests sent in the window that met both SLOs, per second of window
+    request_throughput: float      # requests sent in the window that were served at all, per second of window
+    window_s: float
+    sent_in_window: int
+    summary: BenchmarkSummary      # the whole stream (warm-up and tail included)
+
+    def row(self) -> str:
+        arrived = (self.sent_in_window - 1) / self.window_s
+        return (f"{self.rate:g} req/s offered for {self.summary.num_requests} requests: in a {self.window_s:.1f} s "
+                f"steady window {self.sent_in_window} requests arrived ({arrived:.2f} req/s; Poisson), served "
+                f"{self.request_throughput:.2f} req/s, goodput {self.goodput:.2f} req/s; p99 TTFT "
+                f"{1e3 * self.summary.ttft[99]:.0f} ms, p50 TPOT {1e3 * self.summary.tpot[50]:.0f} ms")
+
+
+def steady_window_rates(records: Sequence[RequestRecord], *, warmup_share: float = 0.25, ttft_limit: float = 1.0,
+                        tpot_limit: float = 0.1) -> tuple[float, float, float, int]:
+    """(goodput, served rate, window seconds, requests in the window) of one steady stream.
+
+    The first `warmup_share` of the records by send time are the warm-up; the window runs from the next send to
+    the last. Its n requests arrived at (n - 1) / window per second; goodput is that rate times the share of them
+    that met TTFT <= ttft_limit and TPOT <= tpot_limit (failed ones never count), served rate the share that was
+    served at all."""
+    if not 0 <= warmup_share < 1:
+        raise ValueError(f"warmup_share must be in [0, 1), got {warmup_share}")
+    by_send = sorted(records, key=lambda r: r.send_time)
+    window = by_send[int(warmup_share * len(by_send)):]
+    length = window[-1].send_time - window[0].send_time if len(window) >= 2 else 0.0
+    if length <= 0:
+        raise ValueError(f"{len(records)} records give no steady window (need two sends after the warm-up, "
+                         "at different times): send more requests")
+    arrivals = (len(window) - 1) / length
+    good = sum(1 for r in window if r.ok and r.ttft <= ttft_limit and r.tpot <= tpot_limit)
+    served = sum(1 for r in window if r.ok)
+    return arrivals * good / len(window), arrivals * served / len(window), length, len(window)
+
+
+def sustained_goodput(rates: Sequence[float] = (1.0, 2.0, 3.0), *, checkpoint: str = "target",
+                      duration_s: float = 12.0, warmup_share: float = 0.25, prompt_tokens: int = 32,
+                      max_tokens: int = 16, seed: int = 0, ttft_limit: float = 1.0, tpot_limit: float = 0.1,
+                      max_duration: float = 90.0) -> list[SustainedPoint]:
+    """One engine server (in this process), a seeded Poisson stream of ceil(rate * duration_s) requests at each
+    rate, fresh prompts per rate. The first `warmup_share` of the requests (by send time) fill the server; the
+    window runs from the next send to the last send. Goodput = requests sent in the window that met
+    TTFT <= ttft_limit and TPOT <= tpot_limit, per second: the window's arrival rate (n - 1 gaps over its length)
+    times the share of its n requests that met both (each followed to its end, however late)."""
+    from minigpt.serving.replicas import thread_replicas
+
+    points = []
+    with _only(thread_replicas(1, checkpoint, max_queue=4 * int(max(rates) * duration_s) + 8)) as url:
+        benchmark(url, ["warm-up"], max_tokens=2, max_duration=max_duration)
+        for k, rate in enumerate(rates):
+            n = math.ceil(rate * duration_s)
+            prompts = corpus_prompts(n, prompt_tokens=prompt_tokens, seed=seed + 2000 + 1000 * k)
+            records = benchmark(url, prompts, rate=rate, max_tokens=max_tokens, seed=seed, max_duration=max_duration)
+            goodput, served, length, sent = steady_window_rates(records, warmup_share=warmup_share,
+                                                                ttft_limit=ttft_limit, tpot_limit=tpot_limit)
+            points.append(SustainedPoint(rate, goodput, served, length, sent,
+                                         summarize_records(records, ttft_limit=ttft_limit, tpot_limit=tpot_limit)))
+    return points
 
 
 @contextlib.contextmanager
