@@ -1,4 +1,8 @@
-"""Exercise 3: cached generation end to end, step by step against the naive generator."""
+"""Exercise 3: cached generation end to end, step by step against the naive generator.
+
+The check grades the generator alone: it plugs the package's attention in (unless told to use the learner's), and
+it accepts the package's LayerKVCache inside the learner's loop, so a learner whose Exercise 2 failed can go on with
+`from minigpt.cache.contiguous import LayerKVCache`. The package's cached generator itself is refused."""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ import contextlib
 from typing import Any, Callable
 
 from autograder.harness import quiet
-from autograder.lab01.common import ATOL, REFERENCE_CACHES, SMALL_CONFIGS, random_prompt, small_model
+from autograder.lab01.common import ATOL, SMALL_CONFIGS, random_prompt, small_model
 from autograder.reference_guard import no_calls_into, own_work
 from minigpt.attention import resolve_attention
 from minigpt.config import ModelConfig
@@ -52,10 +56,9 @@ GENERATE_WHAT = "Exercise 3 (generate_kv_cache)"
 
 def _run(generate_fn: Callable, model: GPT, prompt: list[int], n: int, sampling: SamplingParams,
          attention: Callable | None, what: str, *, learner: bool = True, **kw: Any) -> tuple[Generation, _Recorder]:
-    """Run a generator under a _Recorder; the learner's (`learner`) may not enter the package's cached generator
-    or caches."""
+    """Run a generator under a _Recorder; the learner's (`learner`) may not enter the package's cached generator."""
     rec = _Recorder(model, attention)
-    watch = no_calls_into(generate_kv_cache, *REFERENCE_CACHES, what=GENERATE_WHAT) if learner else contextlib.nullcontext()
+    watch = no_calls_into(generate_kv_cache, what=GENERATE_WHAT) if learner else contextlib.nullcontext()
     try:
         with quiet(), watch:
             out = generate_fn(model, list(prompt), n, sampling, **kw)
@@ -190,7 +193,7 @@ def _check_generate(generate_fn: Callable, attention: Callable | None) -> None:
     # A request that does not fit must be refused like the naive generator does (check_request).
     model = small_model("GQA 4q/2kv")
     try:
-        with quiet(), no_calls_into(generate_kv_cache, *REFERENCE_CACHES, what=GENERATE_WHAT):
+        with quiet(), no_calls_into(generate_kv_cache, what=GENERATE_WHAT):
             generate_fn(model, [1] * 60, 5, SamplingParams())
     except ValueError:
         pass
