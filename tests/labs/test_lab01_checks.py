@@ -394,11 +394,15 @@ def test_generate_learner_solution_passes_with_learner_attention():
     (generate_kv_cache, "course's reference"),
     (lambda model, prompt, n, sampling=SamplingParams(), **kw: generate_kv_cache(model, prompt, n, sampling, **kw),
      r"calls the course's reference \(generate_kv_cache\)"),
-    (with_layer_cache(LayerKVCache), r"LayerKVCache"),
-], ids=["reference", "wrapper", "package-cache"])
+], ids=["reference", "wrapper"])
 def test_generate_reference_is_refused(fn, match):
     with pytest.raises(ReferenceHandedIn, match=match):
         lab01.check_generate_kv_cache(fn)
+
+
+def test_generate_on_the_package_cache_passes():
+    """Exercise 3 grades the generator alone: a learner whose Exercise 2 failed goes on with the package's cache."""
+    lab01.check_generate_kv_cache(with_layer_cache(LayerKVCache))
 
 
 def test_generate_on_a_torch_cat_cache_fails():
@@ -478,23 +482,92 @@ def test_graphed_decode_eager_fails():
 # --- interview questions ------------------------------------------------------------------------
 
 def test_interview_answers():
-    lab01.check_q1_kv_bytes_per_token(2 * 32 * 8 * 128 * 2)
+    lab01.check_q1_kv_bytes_per_token(2 * 28 * 4 * 128 * 1)
     lab01.check_q2_max_batch(80)
-    lab01.check_q3_naive_tokens(6225)
-    lab01.check_q4_compute_bound_batch(989 / 3.35)
+    lab01.check_q3_attention_pairs(100 * 101 // 2 + sum(100 + j for j in range(1, 50)))
+    lab01.check_q4_compute_bound_batch(989 / 3.35 / 2)
 
 
-@pytest.mark.parametrize("check,wrong", [
-    (lab01.check_q1_kv_bytes_per_token, 32 * 8 * 128 * 2),          # forgot K and V
-    (lab01.check_q1_kv_bytes_per_token, 2 * 32 * 32 * 128 * 2),     # query heads
-    (lab01.check_q2_max_batch, 40),                                 # GB vs GiB / factor 2
-    (lab01.check_q2_max_batch, "80"),
-    (lab01.check_q3_naive_tokens, 150),                             # the cached count
-    (lab01.check_q4_compute_bound_batch, 2 * 989 / 3.35),
-    (lab01.check_q4_compute_bound_batch, 290),                      # within the old 2% tolerance
-    (lab01.check_q4_compute_bound_batch, 300),
-    (lab01.check_q1_kv_bytes_per_token, _stub),
+@pytest.mark.parametrize("check,wrong,diagnosis", [
+    (lab01.check_q1_kv_bytes_per_token, 28 * 4 * 128, "factor 2"),                     # forgot K and V
+    (lab01.check_q1_kv_bytes_per_token, 2 * 28 * 4 * 128 * 2, "1 byte"),                # bf16, not fp8
+    (lab01.check_q1_kv_bytes_per_token, 2 * 28 * 28 * 128, "query heads"),
+    (lab01.check_q1_kv_bytes_per_token, _stub, "finite int"),
+    (lab01.check_q2_max_batch, 40, None),
+    (lab01.check_q2_max_batch, "80", "finite int"),
+    (lab01.check_q3_attention_pairs, 100 * 100 + sum(100 + j for j in range(1, 50)), "triangle"),
+    (lab01.check_q3_attention_pairs, 5050 + sum(100 + j for j in range(1, 51)), "one decode step too many"),
+    (lab01.check_q3_attention_pairs, 4950 + sum(99 + j for j in range(1, 50)), "itself"),
+    (lab01.check_q3_attention_pairs, sum((100 + i) * (101 + i) // 2 for i in range(50)), "naive loop"),
+    (lab01.check_q3_attention_pairs, 6225, None),                                          # the old question's answer
+    (lab01.check_q4_compute_bound_batch, 989 / 3.35, "bf16 ridge"),
+    (lab01.check_q4_compute_bound_batch, 2 * 989 / 3.35, "halves"),
+    (lab01.check_q4_compute_bound_batch, 145, None),                                      # outside 0.5%
 ])
-def test_interview_wrong_fails(check, wrong):
-    with pytest.raises(AssertionError):
+def test_interview_wrong_fails(check, wrong, diagnosis):
+    with pytest.raises(AssertionError, match=diagnosis):
         check(wrong)
+
+
+# --- profiling questions: graded against the learner's own profiles -------------------------------
+
+@pytest.fixture(scope="module")
+def profiles():
+    """Profiles of four tiny forward passes, as the notebook builds them (a small model keeps this test cheap)."""
+    from minigpt.model import GPT
+    from minigpt.teaching.profiling import quiet_profile
+    torch.manual_seed(0)
+    model = GPT(lab01.SMALL_CONFIGS["GQA 4q/2kv"]).eval()
+    g = torch.Generator().manual_seed(0)
+    out = {}
+    for kind, T, start in (("prefill", 8, 0), ("decode", 1, 15)):
+        for batch in (1, 32):
+            tokens = torch.randint(0, 255, (batch, T), generator=g)
+            cache = KVCache.for_model(model, batch, max_seq_len=16)
+            with torch.inference_mode(), quiet_profile() as prof:
+                for layer in cache:
+                    layer.length = start
+                model(tokens, positions=cache.next_positions(T), kv_caches=cache)
+            out[kind, batch] = prof
+    return out
+
+
+def _dominant(prof):
+    from minigpt.teaching.profiling import self_seconds_by_category
+    seconds = self_seconds_by_category(prof)
+    return max(seconds, key=seconds.get)
+
+
+def test_q5_accepts_what_the_profile_says(profiles):
+    lab01.check_q5_dominant_category({key: _dominant(p) for key, p in profiles.items()}, profiles)
+
+
+def test_q5_rejects_the_least_category(profiles):
+    from minigpt.teaching.profiling import self_seconds_by_category
+    least = {key: min(self_seconds_by_category(p), key=self_seconds_by_category(p).get) for key, p in profiles.items()}
+    with pytest.raises(AssertionError, match="takes more self time"):
+        lab01.check_q5_dominant_category(least, profiles)
+
+
+@pytest.mark.parametrize("answer,match", [
+    ("matmul", "dict"),
+    ({("prefill", 1): "mm"}, "must be one of"),
+])
+def test_q5_malformed_answers_fail(profiles, answer, match):
+    with pytest.raises(AssertionError, match=match):
+        lab01.check_q5_dominant_category(answer, profiles)
+
+
+def test_q5_needs_the_profiles():
+    with pytest.raises(AssertionError, match="profiling cell"):
+        lab01.check_q5_dominant_category({}, {})
+
+
+def test_q6_against_the_learner_profile(profiles):
+    from minigpt.teaching.profiling import self_seconds_total
+    decode, prefill = self_seconds_total(profiles["decode", 1]), self_seconds_total(profiles["prefill", 1])
+    lab01.check_q6_decode_position_cost(decode / (prefill / 8), profiles, 8)
+    with pytest.raises(AssertionError, match="PER POSITION"):
+        lab01.check_q6_decode_position_cost((prefill / 8) / decode, profiles, 8)
+    with pytest.raises(AssertionError, match="divide its time by 8"):
+        lab01.check_q6_decode_position_cost(decode / prefill, profiles, 8)

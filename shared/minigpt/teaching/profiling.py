@@ -1,0 +1,101 @@
+"""Reading a torch.profiler profile of a forward pass: operators grouped into three categories (lab 01).
+
+    with quiet_profile() as prof:                 # a torch.profiler.profile (CPU; CUDA too where a GPU is present)
+        model(tokens, positions=..., kv_caches=cache)
+    top_operators(prof, 5)                        # [("aten::mm", 0.0045, 43), ...]: (name, self seconds, calls)
+    self_seconds_by_category(prof)                # {"matmul": 0.0045, "attention": 0.0005, "other": 0.0028}
+
+*Self* time is the time inside an operator itself, its children excluded: `aten::linear`'s *total* time contains
+the `aten::mm` it calls, so totals double count and a ranking uses self time. The categories:
+
+* ``matmul``: the weight and attention matrix multiplies (`aten::mm`, `addmm`, `bmm`, and the `linear`/`matmul`
+  wrappers around them),
+* ``attention``: fused attention and softmax (`aten::*scaled_dot_product*`, `aten::*softmax*`),
+* ``other``: everything else: element-wise operators, norms, RoPE, copies, views, indexing, and on a GPU the
+  CUDA runtime calls (`cudaLaunchKernel`) that launch each kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import Iterator
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+CATEGORIES = ("matmul", "attention", "other")
+MATMUL_OPERATORS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear"})
+
+
+def category(name: str) -> str:
+    """The category ("matmul", "attention" or "other") of one profiler event name."""
+    if name in MATMUL_OPERATORS:
+        return "matmul"
+    if name.startswith("aten::") and ("scaled_dot_product" in name or "softmax" in name):
+        return "attention"
+    return "other"
+
+
+def default_activities() -> list[ProfilerActivity]:
+    """CPU operators always; CUDA kernels too where torch sees a GPU."""
+    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+
+
+@contextlib.contextmanager
+def _stderr_silenced() -> Iterator[None]:
+    """File descriptor 2 sent to /dev/null inside the block (the profiler's C++ library prints a line on stderr
+    at every start and stop in some torch builds; a notebook would show it as an error)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+@contextlib.contextmanager
+def quiet_profile(activities: list[ProfilerActivity] | None = None) -> Iterator[profile]:
+    """torch.profiler.profile(activities) around the block, with only its start and stop kept off stderr."""
+    prof = profile(activities=activities if activities is not None else default_activities())
+    with _stderr_silenced():
+        prof.__enter__()
+    try:
+        yield prof
+    finally:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        with _stderr_silenced():
+            prof.__exit__(None, None, None)
+
+
+def top_operators(prof: profile, n: int = 5) -> list[tuple[str, float, int]]:
+    """The n operators with the most self CPU time: (name, self seconds, calls), largest first."""
+    rows = [(e.key, e.self_cpu_time_total / 1e6, e.count) for e in prof.key_averages()]
+    return sorted(rows, key=lambda row: row[1], reverse=True)[:n]
+
+
+def self_seconds_by_category(prof: profile) -> dict[str, float]:
+    """Self CPU seconds summed per category (their sum is the table's "Self CPU time total")."""
+    out = dict.fromkeys(CATEGORIES, 0.0)
+    for event in prof.key_averages():
+        out[category(event.key)] += event.self_cpu_time_total / 1e6
+    return out
+
+
+def calls_by_category(prof: profile) -> dict[str, int]:
+    """Operator calls per category."""
+    out = dict.fromkeys(CATEGORIES, 0)
+    for event in prof.key_averages():
+        out[category(event.key)] += event.count
+    return out
+
+
+def self_seconds_total(prof: profile) -> float:
+    """The profile's "Self CPU time total", in seconds."""
+    return sum(self_seconds_by_category(prof).values())
