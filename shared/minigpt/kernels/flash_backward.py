@@ -27,6 +27,7 @@ Under the interpreter (TRITON_INTERPRET=1 at import) the kernels run on CPU tens
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -36,7 +37,7 @@ from torch import Tensor
 from minigpt.kernels.flash_attention import check_triton_device, dot_options, interpreting
 from minigpt.kernels.tiled_attention import check_attention_shapes
 
-__all__ = ["flash_attention_backward", "attention_delta"]
+__all__ = ["flash_attention_backward", "attention_delta", "BackwardTiles", "backward_tiles"]
 
 LOG2E = 1.4426950408889634
 
@@ -200,7 +201,8 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
 
 
 def attention_delta(out: Tensor, d_out: Tensor, *, block_m: int = 32) -> Tensor:
-    """delta = rowsum(dO * O) (B,Hq,Tq) float32, by _bwd_preprocess_kernel."""
+    """delta = rowsum(dO * O) (B,Hq,Tq) float32, by _bwd_preprocess_kernel (32 rows per program: no register
+    spills up to head_dim 128 on sm_80 / sm_90)."""
     B, Hq, Tq, D = out.shape
     delta = torch.empty((B, Hq, Tq), device=out.device, dtype=torch.float32)
     if Tq:
@@ -210,13 +212,37 @@ def attention_delta(out: Tensor, d_out: Tensor, *, block_m: int = 32) -> Tensor:
     return delta
 
 
+@dataclass(frozen=True)
+class BackwardTiles:
+    """Tile sizes and warps of the two gradient kernels (dkdv_m: query rows per step of the dK/dV kernel's loop,
+    dkdv_n: keys per program; dq_m: query rows per program, dq_n: keys per step)."""
+
+    dkdv_m: int
+    dkdv_n: int
+    dq_m: int
+    dq_n: int
+    dkdv_warps: int = 4
+    dq_warps: int = 4
+
+
+def backward_tiles(dtype: torch.dtype, head_dim: int) -> BackwardTiles:
+    """GPU tiles chosen so that neither kernel spills registers on sm_80 / sm_90 (tests/minigpt/compile_kernels.py
+    reports registers and spills per variant): each program holds two (tile x head_dim) inputs of its own plus two
+    fp32 accumulators (dK, dV) or one (dQ) across its loop, so larger head dims take smaller tiles or more warps."""
+    if dtype == torch.float32:
+        return BackwardTiles(16 if head_dim > 64 else 32, 32, 32, 32, 8, 8)
+    if head_dim > 64:
+        return BackwardTiles(32, 32, 32, 32, 4, 8)
+    return BackwardTiles(32, 64, 64, 32, 4, 4)
+
+
 def flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, d_out: Tensor, *,
                              causal: bool = True, block_m: int | None = None, block_n: int | None = None,
-                             num_warps: int = 4, num_stages: int = 1) -> tuple[Tensor, Tensor, Tensor]:
+                             num_stages: int = 1) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of attention from the forward's out and lse (B,Hq,Tq), in the dtypes of q, k, v.
 
-    block_m / block_n: tiles (powers of two, at least 16). None: 32 x 32 in the interpreter, 64 x 64 on a GPU
-    (32 x 32 for head_dim above 64, where the dK, dV accumulators and the K, V tiles fill the registers).
+    block_m / block_n: query / key tiles of both kernels (powers of two, at least 16). None: 32 x 32 in the
+    interpreter, backward_tiles(dtype, head_dim) on a GPU.
     """
     group = check_attention_shapes(q, k, v, causal)
     check_triton_device(q, k, v, out, lse, d_out)
@@ -231,15 +257,19 @@ def flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: 
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if Tq == 0 or Tk == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-    default = 32 if interpreting() or D > 64 else 64
-    bm, bn = block_m or default, block_n or default
-    delta = attention_delta(out, d_out, block_m=bm)
+    t = BackwardTiles(32, 32, 32, 32) if interpreting() else backward_tiles(q.dtype, D)
+    if block_m or block_n:
+        bm, bn = block_m or t.dq_m, block_n or t.dkdv_n
+        t = BackwardTiles(bm, bn, bm, bn, t.dkdv_warps, t.dq_warps)
+    delta = attention_delta(out, d_out)
     common = (*q.stride(), *k.stride(), *v.stride(), *d_out.stride(), *lse.stride())
     meta = dict(GROUP=group, HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)), IS_CAUSAL=bool(causal),
-                **dot_options(q.dtype), BLOCK_M=bm, BLOCK_N=bn, num_warps=num_warps, num_stages=num_stages)
+                **dot_options(q.dtype), num_stages=num_stages)
     scale = 1.0 / math.sqrt(D)
-    _bwd_dkdv_kernel[(triton.cdiv(Tk, bn), B * Hkv)](q, k, v, d_out, lse, delta, dk, dv, *common, *dk.stride(),
-                                                      *dv.stride(), Hkv, Tq, Tk, scale, **meta)
-    _bwd_dq_kernel[(triton.cdiv(Tq, bm), B * Hq)](q, k, v, d_out, lse, delta, dq, *common, *dq.stride(),
-                                                   Hq, Tq, Tk, scale, **meta)
+    _bwd_dkdv_kernel[(triton.cdiv(Tk, t.dkdv_n), B * Hkv)](
+        q, k, v, d_out, lse, delta, dk, dv, *common, *dk.stride(), *dv.stride(), Hkv, Tq, Tk, scale, **meta,
+        BLOCK_M=t.dkdv_m, BLOCK_N=t.dkdv_n, num_warps=t.dkdv_warps)
+    _bwd_dq_kernel[(triton.cdiv(Tq, t.dq_m), B * Hq)](
+        q, k, v, d_out, lse, delta, dq, *common, *dq.stride(), Hq, Tq, Tk, scale, **meta,
+        BLOCK_M=t.dq_m, BLOCK_N=t.dq_n, num_warps=t.dq_warps)
     return dq, dk, dv
