@@ -147,9 +147,11 @@ def _saved_lse(out: torch.Tensor, shape: tuple[int, ...], context: str) -> torch
     return saved[0]
 
 
-def _function_case(cls: type, qkv: tuple, is_causal: bool, pass_as: str, context: str, triton: bool) -> None:
+def _function_case(cls: type, qkv: tuple, is_causal: bool, pass_as: str, context: str, triton: bool,
+                   guard: Callable[[], Any] = contextlib.nullcontext) -> None:
+    """One call of cls.apply and its backward (each under guard()), checked against float64 attention."""
     q, k, v = (t.clone().requires_grad_() for t in qkv)
-    with count_triton_launches() as forward_launches:
+    with count_triton_launches() as forward_launches, guard():
         if pass_as == "keyword":
             out = call_learner(f"{cls.__name__}.apply", cls.apply, q, k, v, is_causal=is_causal, context=context)
         else:
@@ -168,7 +170,7 @@ def _function_case(cls: type, qkv: tuple, is_causal: bool, pass_as: str, context
                              f"({_err(lse.detach(), want_lse)}): save the forward's lse, squeezed to (batch, Nq) for "
                              "(batch, seq, dim) inputs")
     d_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(21))
-    with count_triton_launches() as backward_launches:
+    with count_triton_launches() as backward_launches, guard():
         call_learner(f"{cls.__name__}.backward", out.backward, d_out, context=context)
     if triton and not (forward_launches[0] and backward_launches[0]):
         part = "forward" if not forward_launches[0] else "backward"
@@ -205,9 +207,10 @@ def check_attention_function(cls: Any, triton: bool) -> None:
     ]
     name = cls.__name__
     for i, (qkv, is_causal, pass_as, context) in enumerate(cases):
-        guard = no_calls_into(*_FUNCTION_REFERENCES, what=what) if i == 0 else contextlib.nullcontext()
-        with guard:
-            _function_case(cls, qkv, is_causal, pass_as, f"{name}, {context}", triton)
+        # the first case also refuses calls into the reference (forward and backward, each guarded on its own so that
+        # the refusal comes before any other verdict on what the reference returned)
+        guard = (lambda: no_calls_into(*_FUNCTION_REFERENCES, what=what)) if i == 0 else contextlib.nullcontext
+        _function_case(cls, qkv, is_causal, pass_as, f"{name}, {context}", triton, guard)
     q, k, v = torch.randn(1, 3, 8, generator=g), torch.randn(1, 7, 8, generator=g), torch.randn(1, 7, 8, generator=g)
     try:
         cls.apply(q, k, v, True)

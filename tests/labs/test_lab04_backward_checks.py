@@ -156,6 +156,23 @@ class _SubclassesTheReference(FlashAttentionFunction):
     pass
 
 
+class _WrapsTheReference(torch.autograd.Function):
+    """Its own forward and backward, each a thin wrapper around the package's Function."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal=False):
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+            out = FlashAttentionFunction.apply(*leaves, is_causal)
+        ctx.graph = (leaves, out)
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, d_out):
+        leaves, out = ctx.graph
+        return (*torch.autograd.grad(out, leaves, d_out), None)
+
+
 def test_function_rejects_an_answer_for_ambiguous_causal_shapes():
     with pytest.raises(AssertionError, match="raise ValueError when is_causal and Tq != Tk"):
         lab04.check_attention_function(_NoConventionCheck, triton=False)
@@ -171,7 +188,8 @@ def test_function_needs_triton_for_the_triton_function():
         lab04.check_attention_function(SOLUTION["TiledFunction"], triton=True)
 
 
-@pytest.mark.parametrize("reference", [FlashAttentionFunction, TiledAttentionFunction, _SubclassesTheReference])
+@pytest.mark.parametrize("reference", [FlashAttentionFunction, TiledAttentionFunction, _SubclassesTheReference,
+                                       _WrapsTheReference])
 def test_function_refuses_the_reference(reference):
     with pytest.raises(ReferenceHandedIn):
         lab04.check_attention_function(reference, triton=True)
