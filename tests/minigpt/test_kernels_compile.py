@@ -1,6 +1,6 @@
 """Every Triton kernel of the course compiles ahead of time to sm_80 (A100) and sm_90 (H100) cubins without a GPU
 (Triton's bundled ptxas), within the targets' shared-memory limit and without register spills. Catches what the
-interpreter accepts but the GPU compiler does not. About 25 s on a quiet 2-core machine (8 compilations); the full list
+interpreter accepts but the GPU compiler does not. About 25 s on a quiet 2-core machine (14 compilations); the full list
 of variants: `python tests/minigpt/compile_kernels.py --markdown`."""
 
 from __future__ import annotations
