@@ -104,6 +104,12 @@ def _lab04_flash(impl: Any, small: bool, device: str) -> float:
     return _fraction(check_flash_speed(impl, device=device, **kw))
 
 
+def _lab04_backward(impl: Any, small: bool, device: str) -> float:
+    from autograder.lab04 import check_flash_backward_speed
+    kw = dict(seq_len=32, head_dim=16, batch=1, heads=2, rounds=1) if small else {}
+    return _fraction(check_flash_backward_speed(impl, device=device, **kw))
+
+
 def _lab04_decode(impl: Any, small: bool, device: str) -> float:
     from autograder.lab04 import check_paged_decode_speed
     kw = dict(batch=2, context=64, heads=4, kv_heads=2, head_dim=16, rounds=1) if small else {}
@@ -162,6 +168,11 @@ REGISTRY: list[SpeedCheck] = [
                _lab04_flash, _flash_reference,
                {"flash_small_tiles": _slow("flash_small_tiles"), "naive_as_flash": _slow("naive_as_flash")},
                seconds_per_run={"gpu": 15}),
+    SpeedCheck("lab04_flash_backward_speed", "04", "gpu",
+               "flash fwd+bwd (autograd Function) vs SDPA-flash fwd+bwd, T=4096, d=64, causal, fp16",
+               _lab04_backward, _ref("minigpt.kernels.flash_attention", "FlashAttentionFunction"),
+               {"FlashBackwardSmallTiles": _slow("FlashBackwardSmallTiles"),
+                "NaiveAttentionFunction": _slow("NaiveAttentionFunction")}, seconds_per_run={"gpu": 20}),
     SpeedCheck("lab04_paged_decode_speed", "04", "gpu", "paged decode vs gather-then-SDPA, batch 32, context 8k",
                _lab04_decode, _ref("minigpt.kernels.paged_decode", "paged_decode"),
                {"paged_decode_one_split": _slow("paged_decode_one_split"),

@@ -140,6 +140,44 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> to
     return f(q, k, v, is_causal=causal)
 
 
+def flash_backward_sweep(seq_lens: list[int], *, head_dims: tuple[int, ...] = (64, 128),
+                         dtypes: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16), batch: int = 4,
+                         heads: int = 32, causal: bool = True, device: str = "cuda",
+                         free: Callable[[], int] | None = None) -> list[dict[str, Any]]:
+    """Forward + backward (autograd.grad of q, k, v) of the reference FlashAttentionFunction against SDPA-flash's, per
+    head_dim, dtype and T, timed interleaved (medians); the batch is halved while the 4 (B, H, T, D) inputs, their
+    3 gradients and out would not fit. Rows: ms of each, reference_vs_sdpa (t_sdpa / t_reference), TFLOP/s (the
+    backward counted as 2.5x the forward's 4 T^2 D: 5 matmuls against 2)."""
+    from autograder.lab04.gpu import _sdpa_fwd_bwd, fwd_bwd
+    from minigpt.kernels.flash_attention import FlashAttentionFunction
+    from minigpt.timing import bench_interleaved
+
+    free = free or (lambda: free_bytes(device))
+    rows = []
+    for d in head_dims:
+        for dtype in dtypes:
+            for T in seq_lens:
+                b = batch
+                while b > 1 and not fits(8 * b * heads * T * d * dtype.itemsize, free()):
+                    b //= 2
+                g = torch.Generator(device=device).manual_seed(T)
+                q, k, v, d_out = (torch.randn(b, heads, T, d, device=device, generator=g).to(dtype) for _ in range(4))
+                q, k, v = (t.requires_grad_() for t in (q, k, v))
+                times = bench_interleaved({"sdpa": _sdpa_fwd_bwd(q, k, v, d_out, causal),
+                                           "reference": fwd_bwd(FlashAttentionFunction, q, k, v, d_out, causal)},
+                                          rounds=3, device=device)
+                flops = 3.5 * attention_flops(b, heads, T, d, causal)
+                rows.append({"head_dim": d, "dtype": str(dtype).replace("torch.", ""), "T": T, "batch": b,
+                             "reference_ms": times["reference"] * 1e3, "sdpa_ms": times["sdpa"] * 1e3,
+                             "reference_vs_sdpa": times["sdpa"] / times["reference"],
+                             "reference_TFLOPs": flops / times["reference"] / 1e12,
+                             "sdpa_TFLOPs": flops / times["sdpa"] / 1e12})
+                del q, k, v, d_out
+                if torch.device(device).type == "cuda":
+                    torch.cuda.empty_cache()
+    return rows
+
+
 def paged_decode_sweep(contexts: list[int], *, batch: int = 32, heads: int = 32, kv_heads: int = 8,
                        head_dim: int = 128, block_size: int = 16, device: str = "cuda",
                        bench: Callable[[Callable[[], Any], str], float] = _bench) -> list[dict[str, Any]]:

@@ -8,8 +8,9 @@ On a machine with a CUDA GPU it runs, part by part, and writes after each part
     lab01      CUDA-graph decode: the graded check on the reference
     lab03      continuous vs static batching, wall time: the graded check on the reference
     lab04      flash forward: graded check, and the sweep against SDPA-flash and naive attention (naive stops where
-               its scores would not fit in free memory, and says so); paged decode: graded check and sweep;
-               peak-memory growth
+               its scores would not fit in free memory, and says so); the causal fast path against the single loop;
+               forward + backward (the autograd Function, Triton backward): graded check against SDPA-flash, and the
+               sweep over T 1k-16k, d 64/128, fp16/bf16; paged decode: graded check and sweep; peak-memory growth
     lab05      INT8 / INT4 dequantizing GEMV: graded checks and a table against a bf16 matmul
     lab08      LLMEngine throughput on a 1B-parameter Llama shape (random weights), against the bandwidth roofline
     tests      `pytest -m gpu`
@@ -55,6 +56,8 @@ TARGETS = {
     "flash_vs_sdpa_flash": (0.8, "flash forward >= 0.8x SDPA-flash (T=4096, d=64, causal, fp16, H100)"),
     "flash_vs_naive": (5.0, "flash forward >= 5x naive attention (T=4096, d=64, causal, fp16, H100)"),
     "paged_vs_gather": (2.0, "paged decode >= 2x gather-then-SDPA (batch 32, context 8k, H100)"),
+    "fwd_bwd_vs_sdpa_flash": (0.5, "flash fwd+bwd >= 0.5x SDPA-flash fwd+bwd (T=4096, d=64, causal, fp16, H100)"),
+    "causal_fast_path": (1.0, "causal fast path >= 1.0x the single masked loop (T=4096, d=64, fp16)"),
     "memory_growth": (2.0, "peak extra memory ~2x per doubling of T (O(T)), naive 4x"),
     "gemv_int8": (1.6, "INT8 GEMV >= 1.6x bf16 matmul (8192 x 8192, batch 1, H100)"),
     "gemv_int4": (2.5, "INT4 GEMV >= 2.5x bf16 matmul (8192 x 8192, batch 1, H100)"),
@@ -119,8 +122,8 @@ def part_lab03(ctx: dict) -> dict:
 
 def part_lab04(ctx: dict) -> dict:
     from autograder import lab04
-    from autograder.gpu_bench import flash_forward_sweep, paged_decode_sweep
-    from minigpt.kernels.flash_attention import flash_attention_forward
+    from autograder.gpu_bench import flash_backward_sweep, flash_forward_sweep, paged_decode_sweep
+    from minigpt.kernels.flash_attention import FlashAttentionFunction, flash_attention_forward
     from minigpt.kernels.paged_decode import paged_decode
 
     dc = ctx["device_class"]
@@ -128,6 +131,12 @@ def part_lab04(ctx: dict) -> dict:
     speed = graded([lab04.FLASH_SPEED_CHECK], lambda: lab04.check_flash_speed(flash), dc)
     decode = graded([lab04.DECODE_SPEED_CHECK], lambda: lab04.check_paged_decode_speed(paged_decode), dc)
     memory = graded([lab04.MEMORY_CHECK], lambda: lab04.check_flash_memory(flash), dc, at_most=True)
+    backward = graded([lab04.BACKWARD_SPEED_CHECK], lambda: lab04.check_flash_backward_speed(FlashAttentionFunction),
+                      dc)
+    fast_path = lab04.causal_fast_path_speedup()
+    fast_path_128 = lab04.causal_fast_path_speedup(head_dim=128)      # more spills than the single loop (kernels_aot.md)
+    backward_sweep = flash_backward_sweep([1024, 2048, 4096, 8192, 16384])
+    bwd_4k = next(r for r in backward_sweep if r["T"] == 4096 and r["head_dim"] == 64 and r["dtype"] == "float16")
     sweep = flash_forward_sweep([512, 1024, 2048, 4096, 8192, 16384])
     at_4k = next(r for r in sweep["rows"] if r["T"] == 4096)
     decode_sweep = paged_decode_sweep([1024, 2048, 4096, 8192, 16384, 32768])
@@ -139,6 +148,15 @@ def part_lab04(ctx: dict) -> dict:
              target=TARGETS["flash_vs_sdpa_flash"][1]),
         _row("lab04", "flash forward TFLOP/s (T=4096)", at_4k["reference_TFLOPs"], unit="TFLOP/s",
              target=_of_peak(at_4k["reference_TFLOPs"], ctx)),
+        _row("lab04", "causal fast path over the single masked loop (T=4096, d=64, fp16)", fast_path["speedup"],
+             target=TARGETS["causal_fast_path"][1]),
+        _row("lab04", "causal fast path over the single masked loop (T=4096, d=128, fp16)", fast_path_128["speedup"],
+             target=TARGETS["causal_fast_path"][1]),
+        _row("lab04", "flash fwd+bwd over SDPA-flash fwd+bwd (graded check, T=4096)",
+             (backward["result"] or {}).get("reference_speedup"), target=TARGETS["fwd_bwd_vs_sdpa_flash"][1],
+             check=backward),
+        _row("lab04", "flash fwd+bwd vs SDPA-flash (sweep, T=4096, d=64, fp16)", bwd_4k["reference_vs_sdpa"],
+             target=TARGETS["fwd_bwd_vs_sdpa_flash"][1]),
         _row("lab04", "paged decode over gather-then-SDPA (graded check)", (decode["result"] or {}).get("reference_speedup"),
              target=TARGETS["paged_vs_gather"][1], check=decode),
         _row("lab04", "paged decode GB/s of K and V (context 8k)", at_8k["paged_decode_GBps"], unit="GB/s",
@@ -150,7 +168,8 @@ def part_lab04(ctx: dict) -> dict:
         figures.append(_row("lab04", sweep["naive_stopped"], None))
     return {"figures": figures, "details": {"flash_speed": speed, "paged_decode_speed": decode, "memory": memory,
                                             "forward_sweep": sweep, "decode_sweep": decode_sweep,
-                                            "backward": "no Triton backward kernel in the course yet"}}
+                                            "causal_fast_path": [fast_path, fast_path_128], "backward_speed": backward,
+                                            "backward_sweep": backward_sweep}}
 
 
 def part_lab05(ctx: dict) -> dict:

@@ -8,6 +8,8 @@ measures their ratios next to the reference's to place each threshold between th
     lab 03  RefillOnlyWhenEmpty               admits new requests only when the batch is empty
     lab 04  flash_small_tiles                 the reference kernel with 16 x 16 tiles (untuned)
             naive_as_flash                    naive attention behind the kernel's signature
+            FlashBackwardSmallTiles           the reference autograd Function, backward with 16 x 16 tiles
+            NaiveAttentionFunction            autograd of naive attention behind the Function's apply
             paged_decode_one_split            one program per (sequence, KV head): no split of the context
             paged_decode_pytorch              lab 02's PyTorch paged attention (gathers every page)
     lab 05  dequantize_every_call             INT4 CPU linear rebuilding a float weight on every call
@@ -28,6 +30,7 @@ from minigpt.generate import generate_naive
 from minigpt.sampling import SamplingParams
 
 __all__ = ["generate_naive", "eager_decode_step", "RefillOnlyWhenEmpty", "flash_small_tiles", "naive_as_flash",
+           "FlashBackwardSmallTiles", "NaiveAttentionFunction",
            "paged_decode_one_split", "paged_decode_pytorch", "dequantize_every_call", "dequantize_then_matmul",
            "recompute_everything"]
 
@@ -66,6 +69,40 @@ def naive_as_flash(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> tuple[Tenso
     if not causal:
         raise ValueError("naive_as_flash is causal only")
     return naive_attention(q, k, v), None
+
+
+class FlashBackwardSmallTiles(torch.autograd.Function):
+    """Lab 04 GPU tier: the reference Triton forward, and its Triton backward launched with 16 x 16 tiles (tiny dots,
+    Q, dO re-read Tk/16 times and K, V re-read Tq/16 times)."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
+        from minigpt.kernels.flash_attention import flash_attention_forward
+
+        out, lse = flash_attention_forward(q, k, v, causal=bool(is_causal))
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.is_causal = bool(is_causal)
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
+        from minigpt.kernels.flash_backward import flash_attention_backward
+
+        q, k, v, out, lse = ctx.saved_tensors
+        return (*flash_attention_backward(q, k, v, out, lse, d_out, causal=ctx.is_causal, block_m=16, block_n=16),
+                None)
+
+
+class NaiveAttentionFunction:
+    """Lab 04 GPU tier: apply(q, k, v, is_causal) as unfused attention under autograd (the (T x T) probabilities are
+    written, kept for the backward and read again)."""
+
+    @staticmethod
+    def apply(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
+        s = (q @ k.transpose(-2, -1)).float() / q.shape[-1] ** 0.5
+        if is_causal:
+            s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril(), float("-inf"))
+        return (torch.softmax(s, -1).to(v.dtype) @ v)
 
 
 def paged_decode_one_split(q: Tensor, k_pool: Tensor, v_pool: Tensor, block_tables: Tensor, seq_lens: Tensor) -> Tensor:

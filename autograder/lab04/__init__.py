@@ -19,17 +19,28 @@ CPU tier (correctness, and the method where the exercise teaches one):
     check_merge_partials(fn)          fn(o_part (..., S, D), lse_part (..., S)) -> (..., D)
     check_paged_decode(fn)            fn(q, k_pool, v_pool, block_tables, seq_lens, merge=) -> (B, Hq, D), Triton;
                                       merge= the package's merge_partials (only the split kernel is graded)
+Part two (backward.py):
+    check_flash_backward(fn)          fn(q, k, v, out, lse, d_out, causal) -> (dq, dk, dv) through the notebook's
+                                      Triton kernels, against autograd of naive attention (fp32, fp16; T = 1, tails,
+                                      GQA groups 1, 2, 8, causal and not); the known mistakes named
+    check_attention_function(cls, triton)   apply(q, k, v, is_causal=False) on (B, T, D) and (B, H, T, D), one saved
+                                      LSE, gradients, ValueError for is_causal with Tq != Tk
 Interview questions: check_q1_online_state, check_q2_naive_hbm_bytes, check_q3_peak_ratio (a prediction the check
 measures: naive / tiled peak bytes at T = 16384, counted on the meta device).
 Every check refuses the package's reference handed in (reference_guard: minigpt.kernels.* itself, a thin wrapper
 calling it, or, for the Triton checks, a launch of one of the package's kernels).
 GPU tier (speed, memory; behind autograder.harness.require_gpu):
-    check_flash_speed(fn), check_paged_decode_speed(fn), check_flash_memory(fn)
+    check_flash_speed(fn), check_paged_decode_speed(fn), check_flash_memory(fn),
+    check_flash_backward_speed(cls)   fwd+bwd of an autograd Function against SDPA-flash's fwd+bwd
+Not graded, reported by `make gpu-check`: causal_fast_path_speedup (fast path over the single loop).
 """
 
-from autograder.lab04.common import (ATTENTION_CASES, DECODE_SPEED_CHECK, FLASH_SPEED_CHECK, MEMORY_CHECK,
-                                     PAGED_CASES, TOL, reference_lse)
-from autograder.lab04.gpu import check_flash_memory, check_flash_speed, check_paged_decode_speed, growth_per_doubling
+from autograder.lab04.common import (ATTENTION_CASES, BACKWARD_SPEED_CHECK, DECODE_SPEED_CHECK, FLASH_SPEED_CHECK,
+                                     MEMORY_CHECK, PAGED_CASES, TOL, reference_lse)
+from autograder.lab04.backward import (BACKWARD_CASES, FLASH_BACKWARD, FUNCTIONS, backward64,
+                                       check_attention_function, check_flash_backward)
+from autograder.lab04.gpu import (causal_fast_path_speedup, check_flash_backward_speed, check_flash_memory,
+                                  check_flash_speed, check_paged_decode_speed, growth_per_doubling)
 from autograder.lab04.questions import (Q1_BLOCKS, Q2_SHAPE, Q3_MEMORY, check_q1_online_state,
                                         check_q2_naive_hbm_bytes, check_q3_peak_ratio, peak_bytes_naive_and_tiled)
 from autograder.lab04.softmax import ONLINE_SOFTMAX, check_online_softmax
@@ -46,4 +57,5 @@ __all__ = ["check_vector_add", "check_row_softmax", "check_tiled_matmul", "check
            "check_q3_peak_ratio", "check_flash_speed", "check_paged_decode_speed", "check_flash_memory",
            "ATTENTION_CASES", "PAGED_CASES", "FLASH_SPEED_CHECK", "DECODE_SPEED_CHECK", "MEMORY_CHECK",
            "growth_per_doubling", "Q1_BLOCKS", "Q2_SHAPE", "Q3_MEMORY", "peak_bytes_naive_and_tiled",
-           "count_triton_launches"]
+           "count_triton_launches", "check_flash_backward", "check_attention_function", "BACKWARD_CASES",
+           "check_flash_backward_speed", "causal_fast_path_speedup", "BACKWARD_SPEED_CHECK"]

@@ -15,6 +15,7 @@ from minigpt.kernels.tiled_attention import attention_lse
 FLASH_SPEED_CHECK = "lab04_flash_speed"        # slow: 16 x 16 tiles; naive attention itself
 DECODE_SPEED_CHECK = "lab04_paged_decode_speed"  # slow: one program per sequence (no split); PyTorch paged attention
 MEMORY_CHECK = "lab04_flash_memory"            # slow: naive attention (O(T^2) scores)
+BACKWARD_SPEED_CHECK = "lab04_flash_backward_speed"  # slow: 16 x 16 backward tiles; autograd of naive attention
 
 # (B, Hq, Hkv, Tq, Tk, D, causal, what): awkward shapes, small enough for the interpreter
 ATTENTION_CASES = [

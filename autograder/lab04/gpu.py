@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
 
 import minigpt.kernels  # noqa: F401  (on a CPU: TRITON_INTERPRET=1 before any kernel is built)
 from autograder.harness import call_learner, quiet
-from autograder.lab04.common import DECODE_SPEED_CHECK, FLASH_SPEED_CHECK, MEMORY_CHECK
+from autograder.lab04.common import BACKWARD_SPEED_CHECK, DECODE_SPEED_CHECK, FLASH_SPEED_CHECK, MEMORY_CHECK
 from minigpt.attention import naive_attention
 from minigpt.kernels.flash_attention import flash_attention_forward
 from minigpt.kernels.paged_decode import gather_then_sdpa, paged_decode, random_paged_inputs
@@ -111,3 +112,86 @@ def check_flash_memory(fn: Callable, *, seq_lens: tuple[int, ...] = (2048, 4096,
                              "materialised")
     return {"seq_lens": list(seq_lens), "peak_bytes": peaks, "growth": growth, "max_growth": max(growth),
             "threshold": most}
+
+
+def _sdpa_fwd_bwd(q, k, v, d_out, causal: bool):
+    """SDPA forward + backward, with its flash backend on a GPU (the math backend on a CPU, for the tests)."""
+    def run():
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return torch.autograd.grad(out, (q, k, v), d_out)
+    if q.is_cuda:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        def flash():
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                return run()
+        return flash
+    return run
+
+
+def fwd_bwd(cls, q, k, v, d_out, causal: bool):
+    """A zero-argument callable: cls.apply(q, k, v, causal) then its gradients (dq, dk, dv) for d_out."""
+    return lambda: torch.autograd.grad(cls.apply(q, k, v, causal), (q, k, v), d_out)
+
+
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-12))
+
+
+def check_flash_backward_speed(cls, *, seq_len: int = 4096, head_dim: int = 64, batch: int = 4, heads: int = 32,
+                               dtype: torch.dtype = torch.float16, causal: bool = True, device: str = "cuda",
+                               rounds: int = 5) -> dict:
+    """Forward + backward of the learner's autograd Function cls (apply(q, k, v, is_causal) on (B, H, T, D)) against
+    SDPA-flash's forward + backward: its speedup over SDPA (t_sdpa / t_cls, usually below 1) must reach the calibrated
+    fraction (BACKWARD_SPEED_CHECK) of the reference Function's, all timed in interleaved rounds (medians)."""
+    from autograder.thresholds import threshold
+    from minigpt.kernels.flash_attention import FlashAttentionFunction
+    from minigpt.timing import bench_interleaved, device_class
+
+    fraction = threshold(BACKWARD_SPEED_CHECK, device_class(device))
+    g = torch.Generator(device=device).manual_seed(0)
+    q, k, v, d_out = (torch.randn(batch, heads, seq_len, head_dim, device=device, generator=g).to(dtype)
+                      for _ in range(4))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    fns = {"sdpa_flash": _sdpa_fwd_bwd(q, k, v, d_out, causal), "learner": fwd_bwd(cls, q, k, v, d_out, causal),
+           "reference": fwd_bwd(FlashAttentionFunction, q, k, v, d_out, causal)}
+    with quiet():
+        got = call_learner("your Function's forward + backward at the benchmark shape", fns["learner"])
+        want = fns["reference"]()
+    errs = [_rel_err(a, b) for a, b in zip(got, want)] if isinstance(got, tuple) and len(got) == 3 else [math.inf]
+    if max(errs) > 2e-2:
+        raise AssertionError(f"the Function's gradients differ from the reference at the benchmark shape (relative "
+                             f"errors {', '.join(f'{e:.2g}' for e in errs)})")
+    with quiet():
+        times = bench_interleaved(fns, rounds=rounds, device=device)
+    learner, ref = times["sdpa_flash"] / times["learner"], times["sdpa_flash"] / times["reference"]
+    need = fraction * ref
+    if learner < need:
+        raise AssertionError(f"forward + backward at {learner:.2f}x SDPA-flash's speed; the reference reaches "
+                             f"{ref:.2f}x here and {need:.2f}x is needed. Keep dK, dV (and dQ) in fp32 registers "
+                             "across the loop, skip the tiles the causal mask hides, and use tiles of at least 32.")
+    return {"speedup": learner, "reference_speedup": ref, "threshold": need,
+            "times_ms": {n: t * 1e3 for n, t in times.items()}}
+
+
+def causal_fast_path_speedup(*, seq_len: int = 4096, head_dim: int = 64, batch: int = 4, heads: int = 32,
+                             dtype: torch.dtype = torch.float16, device: str = "cuda", rounds: int = 5,
+                             block_m: int | None = None, block_n: int | None = None) -> dict:
+    """Not graded (reported by `make gpu-check`): the reference forward kernel, causal, with the two-stage key loop
+    (unmasked tiles, then the diagonal) against the single masked loop, same tiles, interleaved medians."""
+    from minigpt.timing import bench_interleaved
+
+    g = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn(batch, heads, seq_len, head_dim, device=device, generator=g).to(dtype) for _ in range(3))
+    tiles = dict(block_m=block_m, block_n=block_n)
+    if block_m is None and torch.device(device).type == "cuda":
+        tiles = dict(block_m=128, block_n=64, num_warps=8, num_stages=3)      # AUTOTUNE_CONFIGS[0], both paths
+    fast = lambda: flash_attention_forward(q, k, v, causal=True, **tiles)                          # noqa: E731
+    single = lambda: flash_attention_forward(q, k, v, causal=True, causal_split=False, **tiles)    # noqa: E731
+    if not torch.equal(fast()[0], single()[0]) and not torch.allclose(fast()[0].float(), single()[0].float(),
+                                                                      atol=1e-3, rtol=1e-3):
+        raise AssertionError("the causal fast path and the single loop disagree")
+    with quiet():
+        times = bench_interleaved({"fast_path": fast, "single_loop": single}, rounds=rounds, device=device)
+    return {"speedup": times["single_loop"] / times["fast_path"], "seq_len": seq_len, "head_dim": head_dim,
+            "times_ms": {n: t * 1e3 for n, t in times.items()}}

@@ -113,7 +113,8 @@ def test_committed_cpu_thresholds_come_from_calibration():
 def test_every_gpu_check_is_registered_with_a_slow_implementation():
     gpu = {s.name: s for s in calibrate.REGISTRY if s.tier == "gpu"}
     assert set(gpu) == {"lab01_cuda_graph_decode", "lab03_continuous_speedup_gpu", "lab04_flash_speed",
-                        "lab04_paged_decode_speed", "lab04_flash_memory", "lab05_dequant_gemv_int8",
+                        "lab04_paged_decode_speed", "lab04_flash_memory", "lab04_flash_backward_speed",
+                        "lab05_dequant_gemv_int8",
                         "lab05_dequant_gemv_int4"}
     assert all(s.slow for s in gpu.values())
     assert 0 < calibrate.estimate_seconds("gpu") < 3600

@@ -32,6 +32,34 @@ def test_flash_speed_check_code_path():
         lab04.check_flash_speed(lambda q, k, v, c: (torch.zeros_like(q), None), **FLASH_SMALL)
 
 
+BACKWARD_SMALL = dict(seq_len=20, head_dim=16, batch=1, heads=2, rounds=1, device="cpu")
+
+
+def test_flash_backward_speed_check_code_path():
+    from minigpt.kernels.flash_attention import FlashAttentionFunction
+    with fixed(0.0):
+        r = lab04.check_flash_backward_speed(FlashAttentionFunction, **BACKWARD_SMALL)
+        lab04.check_flash_backward_speed(slow_implementations.FlashBackwardSmallTiles, **BACKWARD_SMALL)
+        lab04.check_flash_backward_speed(slow_implementations.NaiveAttentionFunction, **BACKWARD_SMALL)
+    assert r["reference_speedup"] > 0 and set(r["times_ms"]) == {"sdpa_flash", "learner", "reference"}
+
+    class Wrong:                                     # right forward, gradients twice too large
+        @staticmethod
+        def apply(q, k, v, is_causal):
+            return 2 * FlashAttentionFunction.apply(q, k, v, is_causal)
+    with fixed(0.0), pytest.raises(AssertionError, match="gradients differ from the reference"):
+        lab04.check_flash_backward_speed(Wrong, **BACKWARD_SMALL)
+
+
+def test_causal_fast_path_and_backward_sweep_code_paths():
+    from autograder.gpu_bench import flash_backward_sweep
+    r = lab04.causal_fast_path_speedup(seq_len=40, head_dim=16, batch=1, heads=2, device="cpu", rounds=1,
+                                       block_m=16, block_n=16)
+    assert r["speedup"] > 0 and set(r["times_ms"]) == {"fast_path", "single_loop"}
+    rows = flash_backward_sweep([16], head_dims=(16,), dtypes=(torch.float32,), batch=1, heads=2, device="cpu")
+    assert len(rows) == 1 and rows[0]["reference_vs_sdpa"] > 0 and rows[0]["batch"] == 1
+
+
 def test_paged_decode_speed_check_code_path():
     with fixed(0.0):
         r = lab04.check_paged_decode_speed(paged_decode, **DECODE_SMALL)
@@ -60,5 +88,8 @@ def test_gpu_checks_without_a_calibration_say_so_before_measuring(tmp_path, monk
     monkeypatch.setenv("COURSE_CALIBRATION_DIR", str(tmp_path))
     with pytest.raises(Uncalibrated, match="lab04_flash_speed is uncalibrated on .*make calibrate"):
         lab04.check_flash_speed(_flash, **FLASH_SMALL)
+    with pytest.raises(Uncalibrated, match="lab04_flash_backward_speed is uncalibrated"):
+        from minigpt.kernels.flash_attention import FlashAttentionFunction
+        lab04.check_flash_backward_speed(FlashAttentionFunction, **BACKWARD_SMALL)
     with pytest.raises(Uncalibrated, match="lab05_dequant_gemv_int8 is uncalibrated"):
         lab05.check_gemv_speed(dequant_gemv, N=32, K=256, rounds=1, device="cpu")

@@ -10,7 +10,6 @@ compile); the test in test_kernels_compile.py runs it in a subprocess for that r
 
 To add a kernel: write a function `variants_<name>(quick) -> list[Variant]` below and add it to KERNELS (and its name
 to the test's KERNELS).
-(Lab 04's backward pass has no Triton kernel yet; when it gets one, it goes here.)
 """
 
 from __future__ import annotations
@@ -86,20 +85,53 @@ def variants_flash_fwd(quick: bool) -> list[Variant]:
     """Lab 04's forward kernel: every dtype / head_dim / mask on the first config, every AUTOTUNE_CONFIGS entry."""
     from minigpt.kernels.flash_attention import AUTOTUNE_CONFIGS, _flash_fwd_kernel
 
-    def one(dtype: str, d: int, causal: bool, cfg: Any, block_n: int | None = None) -> Variant:
+    def one(dtype: str, d: int, causal: bool, cfg: Any, block_n: int | None = None, split: bool = True) -> Variant:
         bm, bn = cfg.kwargs["BLOCK_M"], block_n or cfg.kwargs["BLOCK_N"]
         consts = dict(GROUP=4, HEAD_DIM=d, BLOCK_D=d, IS_CAUSAL=causal, PRECISION="ieee" if dtype == "fp32" else "tf32",
-                      UPCAST=False, BLOCK_M=bm, BLOCK_N=bn)
+                      UPCAST=False, BLOCK_M=bm, BLOCK_N=bn, CAUSAL_SPLIT=split)
         return Variant(_flash_fwd_kernel, "flash_fwd", consts, {n: DTYPE[dtype] for n in ("Q", "K", "V", "O")} |
                        {"LSE": "*fp32"}, {"qk_scale"}, {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
-                       {"dtype": dtype, "head_dim": d, "causal": causal, "BLOCK_M": bm, "BLOCK_N": bn})
+                       {"dtype": dtype, "head_dim": d, "causal": causal, "causal_split": split, "BLOCK_M": bm,
+                        "BLOCK_N": bn})
 
     first = AUTOTUNE_CONFIGS[0]
     if quick:
         return [one("fp16", 64, True, first)]
     out = [one(dt, d, c, first, 32 if dt == "fp32" else None)
            for dt, d, c in [("fp16", 64, True), ("fp16", 128, False), ("bf16", 128, True), ("fp32", 64, True)]]
+    out.append(one("fp16", 64, True, first, split=False))            # the single masked loop, for comparison
     return out + [one("fp16", 128, True, cfg) for cfg in AUTOTUNE_CONFIGS[1:]]
+
+
+def variants_flash_bwd(quick: bool) -> list[Variant]:
+    """Lab 04's backward: the delta preprocessing, dK/dV and dQ kernels, with flash_attention_backward's GPU tiles
+    and warps (backward_tiles), 1 stage."""
+    import torch
+
+    from minigpt.kernels.flash_backward import _bwd_dkdv_kernel, _bwd_dq_kernel, _bwd_preprocess_kernel, backward_tiles
+
+    def preprocess(dtype: str, d: int) -> Variant:
+        return Variant(_bwd_preprocess_kernel, "flash_bwd_preprocess", dict(HEAD_DIM=d, BLOCK_D=d, BLOCK_M=32),
+                       {"O": DTYPE[dtype], "DO": DTYPE[dtype], "DELTA": "*fp32"},
+                       options={"num_warps": 4, "num_stages": 1}, labels={"dtype": dtype, "head_dim": d})
+
+    def grads(kernel: Any, name: str, dtype: str, d: int, causal: bool, group: int) -> Variant:
+        t = backward_tiles({"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dtype], d)
+        dkdv = name == "flash_bwd_dkdv"
+        bm, bn, warps = (t.dkdv_m, t.dkdv_n, t.dkdv_warps) if dkdv else (t.dq_m, t.dq_n, t.dq_warps)
+        consts = dict(GROUP=group, HEAD_DIM=d, BLOCK_D=d, IS_CAUSAL=causal,
+                      PRECISION="ieee" if dtype == "fp32" else "tf32", UPCAST=False, BLOCK_M=bm, BLOCK_N=bn)
+        outs = ("DK", "DV") if dkdv else ("DQ",)
+        ptrs = {n: DTYPE[dtype] for n in ("Q", "K", "V", "DO", *outs)} | {"LSE": "*fp32", "DELTA": "*fp32"}
+        return Variant(kernel, name, consts, ptrs, {"sm_scale"}, {"num_warps": warps, "num_stages": 1},
+                       {"dtype": dtype, "head_dim": d, "causal": causal, "group": group, "BLOCK_M": bm,
+                        "BLOCK_N": bn})
+
+    shapes = [("fp16", 64, True, 1)] if quick else [("fp16", 64, True, 1), ("bf16", 128, True, 4),
+                                                    ("fp16", 128, False, 2), ("fp32", 64, True, 1)]
+    return ([preprocess("fp16", 64)] + ([] if quick else [preprocess("bf16", 128)]) +
+            [grads(_bwd_dkdv_kernel, "flash_bwd_dkdv", *s) for s in shapes] +
+            [grads(_bwd_dq_kernel, "flash_bwd_dq", *s) for s in shapes])
 
 
 def variants_paged_decode(quick: bool) -> list[Variant]:
@@ -136,6 +168,7 @@ def variants_dequant_gemv(quick: bool) -> list[Variant]:
 
 KERNELS: dict[str, Callable[[bool], list[Variant]]] = {
     "flash_fwd": variants_flash_fwd,
+    "flash_bwd": variants_flash_bwd,
     "paged_decode_split": variants_paged_decode,
     "dequant_gemv": variants_dequant_gemv,
 }

@@ -1,11 +1,12 @@
-"""Triton kernels: FlashAttention forward and split-KV paged decode (lab 04), the dequantizing
+"""Triton kernels: FlashAttention forward and backward, split-KV paged decode (lab 04), the dequantizing
 GEMV (lab 05). On a machine without a GPU they run in Triton's interpreter (TRITON_INTERPRET=1).
 
 * lab 04: `warmup` (three small kernels to learn Triton on: vector add, fused row softmax, tiled matmul),
   `online_softmax` (the running max / denominator recurrence), `tiled_attention` (FlashAttention's
-  forward and LSE-recomputing backward in PyTorch), `flash_attention` (Triton forward kernel, autotuned on
-  a GPU, the model's attention="triton" once imported, `FlashAttentionFunction` for autograd),
-  `paged_decode` (Triton split-KV decode over lab 02's paged cache, merged by LSE).
+  forward and LSE-recomputing backward in PyTorch, `TiledAttentionFunction`), `flash_attention` (Triton
+  forward kernel with the causal fast path, autotuned on a GPU, the model's attention="triton" once imported,
+  `FlashAttentionFunction` for autograd), `flash_backward` (the FlashAttention-2 backward: delta, dK/dV and
+  dQ kernels), `paged_decode` (Triton split-KV decode over lab 02's paged cache, merged by LSE).
 * lab 05: `dequant_gemv` (fused dequantizing INT8 / INT4 GEMV with group scales).
 
 Importing this package on a machine where torch sees no CUDA device sets TRITON_INTERPRET=1 (unless the

@@ -1,4 +1,4 @@
-"""FlashAttention forward as a Triton kernel, with the PyTorch tiled backward (lab 04).
+"""FlashAttention forward as a Triton kernel, and the autograd Function with the Triton backward (lab 04).
 
 One program per (query tile, batch * query head). It loads its BLOCK_M queries once, loops over the key /
 value tiles of BLOCK_N keys with the online softmax held in registers (running max m, denominator l,
@@ -6,7 +6,9 @@ accumulator acc), and writes the output tile and the log-sum-exp per query. Noth
 reaches memory: HBM traffic is O(T * D) per head instead of O(T^2).
 
 * Causal masking is bottom-right (query i sees keys j <= i + Tk - Tq, as in minigpt.attention); key tiles
-  entirely above the diagonal are never visited (the loop stops at the tile's last visible key).
+  entirely above the diagonal are never visited (the loop stops at the tile's last visible key). The causal fast
+  path runs the tiles entirely below the diagonal without a mask and masks only the diagonal tiles;
+  causal_split=False keeps the single masked loop for comparison.
 * GQA: query head h reads KV head h // (Hq // Hkv); a KV head serves its whole group.
 * Tails: loads beyond Tq, Tk or head_dim are masked (other=0) and masked scores set to -inf.
 * fp32 / fp16 / bf16 inputs; the dots accumulate in fp32 and the output is written in the input dtype.
@@ -21,8 +23,10 @@ Entry points:
     flash_attention(q, k, v) -> out                                the model's attention signature;
         importing this module also registers it as minigpt.attention's "triton" implementation, so
         GPT(cfg, attention="triton") and model.set_attention("triton") work afterwards.
-    FlashAttentionFunction.apply(q, k, v, is_causal) -> out        autograd, (batch, seq, head_dim) tensors;
-        saves the (batch, seq) LSE (plus q, k, v, out) and runs tiled_attention_backward.
+    FlashAttentionFunction.apply(q, k, v, is_causal=False) -> out  autograd on (B, T, D) or (B, H, T, D);
+        saves one LSE tensor ((B, T) for 3-D inputs, plus q, k, v, out); its backward is the Triton
+        FlashAttention-2 backward of flash_backward.py. is_causal=True needs Tq = Tk: the course's mask is
+        bottom-right, torch SDPA's is top-left (tiled_attention.MASK_CONVENTION).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import triton.language as tl
 from torch import Tensor
 
 from minigpt.attention import ATTENTION_IMPLEMENTATIONS
-from minigpt.kernels.tiled_attention import check_attention_shapes, tiled_attention_backward
+from minigpt.kernels.tiled_attention import as_heads, check_attention_shapes
 
 __all__ = ["flash_attention_forward", "flash_attention", "FlashAttentionFunction", "interpreting",
            "AUTOTUNE_CONFIGS", "check_triton_device", "dot_options"]
@@ -70,6 +74,47 @@ def check_triton_device(*tensors: Tensor) -> None:
 
 
 @triton.jit
+def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, lo, hi, offs_m, offs_n, offs_d, d_ok, k_len, offset,
+               stride_kt, stride_kd, stride_vt, stride_vd, qk_scale,
+               MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+               BLOCK_N: tl.constexpr):
+    """The online-softmax update over the key tiles [lo, hi). MASKED=False: the caller guarantees every key of
+    these tiles is visible to every query row (below the causal diagonal, before Tk), so no mask is built."""
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        col_ok = cols < k_len
+        if MASKED:
+            kT = tl.load(k_base + cols[None, :] * stride_kt + offs_d[:, None] * stride_kd,
+                         mask=col_ok[None, :] & d_ok[:, None], other=0.0)      # (BLOCK_D, BLOCK_N)
+        else:
+            kT = tl.load(k_base + cols[None, :] * stride_kt + offs_d[:, None] * stride_kd,
+                         mask=d_ok[:, None], other=0.0)
+        if UPCAST:
+            kT = kT.to(tl.float32)
+        s = tl.dot(q, kT, input_precision=PRECISION) * qk_scale              # scores * log2(e) / sqrt(D)
+        if MASKED:
+            visible = col_ok[None, :]
+            if IS_CAUSAL:
+                visible = visible & (cols[None, :] <= offs_m[:, None] + offset)
+            s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)                    # rescales what was accumulated under the old max
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if MASKED:
+            v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :] * stride_vd,
+                        mask=col_ok[:, None] & d_ok[None, :], other=0.0)       # (BLOCK_N, BLOCK_D)
+        else:
+            v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :] * stride_vd,
+                        mask=d_ok[None, :], other=0.0)
+        if UPCAST:
+            v = v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
 def _flash_fwd_kernel(Q, K, V, O, LSE,
                       stride_qb, stride_qh, stride_qt, stride_qd,
                       stride_kb, stride_kh, stride_kt, stride_kd,
@@ -79,7 +124,7 @@ def _flash_fwd_kernel(Q, K, V, O, LSE,
                       n_q_heads, q_len, k_len, qk_scale,
                       GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                       IS_CAUSAL: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL_SPLIT: tl.constexpr):
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
     b = bh // n_q_heads
@@ -106,28 +151,22 @@ def _flash_fwd_kernel(Q, K, V, O, LSE,
     hi = k_len
     if IS_CAUSAL:
         hi = tl.minimum(k_len, start_m + BLOCK_M + offset)      # skip tiles fully above the diagonal
-    for start_n in range(0, hi, BLOCK_N):
-        cols = start_n + offs_n
-        col_ok = cols < k_len
-        kT = tl.load(k_base + cols[None, :] * stride_kt + offs_d[:, None] * stride_kd,
-                     mask=col_ok[None, :] & d_ok[:, None], other=0.0)          # (BLOCK_D, BLOCK_N)
-        if UPCAST:
-            kT = kT.to(tl.float32)
-        s = tl.dot(q, kT, input_precision=PRECISION) * qk_scale              # scores * log2(e) / sqrt(D)
-        visible = col_ok[None, :]
-        if IS_CAUSAL:
-            visible = visible & (cols[None, :] <= offs_m[:, None] + offset)
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)                    # rescales what was accumulated under the old max
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :] * stride_vd,
-                    mask=col_ok[:, None] & d_ok[None, :], other=0.0)           # (BLOCK_N, BLOCK_D)
-        if UPCAST:
-            v = v.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+    if IS_CAUSAL and CAUSAL_SPLIT:
+        # fast path, two stages: the tiles whose every key is visible to the tile's first query row
+        # (start_n + BLOCK_N - 1 <= start_m + offset, hence also < Tk) run without building a mask; only the
+        # tiles crossing the diagonal (at most cdiv(BLOCK_M, BLOCK_N) + 1 of them) pay for it
+        full = (start_m + offset + 1) // BLOCK_N * BLOCK_N
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, 0, full, offs_m, offs_n, offs_d, d_ok, k_len,
+                                   offset, stride_kt, stride_kd, stride_vt, stride_vd, qk_scale,
+                                   False, IS_CAUSAL, PRECISION, UPCAST, BLOCK_N)
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, full, hi, offs_m, offs_n, offs_d, d_ok, k_len,
+                                   offset, stride_kt, stride_kd, stride_vt, stride_vd, qk_scale,
+                                   True, IS_CAUSAL, PRECISION, UPCAST, BLOCK_N)
+    else:
+        # one loop, every tile masked (the tail, and the diagonal when causal): the lab's exercise 4 kernel
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, 0, hi, offs_m, offs_n, offs_d, d_ok, k_len,
+                                   offset, stride_kt, stride_kd, stride_vt, stride_vd, qk_scale,
+                                   True, IS_CAUSAL, PRECISION, UPCAST, BLOCK_N)
 
     out = acc / l_i[:, None]                            # divide once, after the last tile
     o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :] * stride_od
@@ -151,13 +190,16 @@ AUTOTUNE_CONFIGS = [
                          (64, 32, 4, 4), (128, 128, 8, 2), (64, 128, 4, 2), (128, 64, 8, 4)]
 ]
 _flash_fwd_autotuned = triton.autotune(configs=AUTOTUNE_CONFIGS,
-                                       key=["q_len", "k_len", "HEAD_DIM", "IS_CAUSAL", "GROUP"])(_flash_fwd_kernel)
+                                       key=["q_len", "k_len", "HEAD_DIM", "IS_CAUSAL", "GROUP", "CAUSAL_SPLIT"])(_flash_fwd_kernel)
 
 
 def flash_attention_forward(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True, block_m: int | None = None,
                             block_n: int | None = None, num_warps: int = 4,
-                            num_stages: int = 2) -> tuple[Tensor, Tensor]:
+                            num_stages: int = 2, causal_split: bool = True) -> tuple[Tensor, Tensor]:
     """Run the Triton forward kernel: (out (B,Hq,Tq,D) in q's dtype, lse (B,Hq,Tq) float32).
+
+    causal_split: the causal fast path (unmasked tiles, then the diagonal tiles with the mask); False runs the
+    single loop that masks every tile (the lab's exercise 4 kernel), kept for comparison.
 
     block_m / block_n: fixed tile sizes (powers of two). None: autotune on a GPU (AUTOTUNE_CONFIGS),
     32 x 32 in the interpreter (fewer, larger tiles run faster there). Any strides are accepted (no .contiguous() copies).
@@ -177,7 +219,7 @@ def flash_attention_forward(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = T
     args = (q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
             Hq, Tq, Tk, LOG2E / math.sqrt(D))
     meta = dict(GROUP=group, HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)), IS_CAUSAL=causal,
-                **dot_options(q.dtype))
+                CAUSAL_SPLIT=causal_split, **dot_options(q.dtype))
     tune = block_m is None and block_n is None and not interpreting()
     if tune:
         grid = lambda META: (triton.cdiv(Tq, META["BLOCK_M"]), B * Hq)   # noqa: E731
@@ -195,33 +237,35 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 
 
 class FlashAttentionFunction(torch.autograd.Function):
-    """Autograd wrapper: Triton forward, PyTorch tiled backward recomputing P from the saved LSE.
+    """Attention with the Triton forward kernel and the Triton FlashAttention-2 backward (flash_backward.py).
 
-    apply(q, k, v, is_causal) with q (batch, Tq, D), k and v (batch, Tk, D) (also accepts (B, H, T, D)).
-    Saves for backward: lse (batch, Tq) float32 -- the only (batch, seq) tensor -- and q, k, v, out.
+    apply(q, k, v, is_causal=False) (is_causal also positional): q (B, Tq, D), k and v (B, Tk, D), or
+    q (B, Hq, Tq, D) and k, v (B, Hkv, Tk, D) with GQA. Returns out shaped like q. Saves for backward exactly
+    one log-sum-exp tensor, (B, Tq) float32 for 3-D inputs ((B, Hq, Tq) for 4-D), besides q, k, v and out.
+    is_causal=True needs Tq = Tk: the course's mask is bottom-right, torch's SDPA is top-left, and they agree only
+    there (minigpt.kernels.tiled_attention.MASK_CONVENTION); other shapes raise ValueError.
     """
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
-        three_d = q.ndim == 3
-        if three_d:
-            q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
-        out, lse = flash_attention_forward(q, k, v, causal=bool(is_causal))
+        q4, k4, v4, three_d = as_heads(q, k, v, bool(is_causal))
+        out, lse = flash_attention_forward(q4, k4, v4, causal=bool(is_causal))
         if three_d:
             out, lse = out.squeeze(1), lse.squeeze(1)
-            q, k, v = q.squeeze(1), k.squeeze(1), v.squeeze(1)
         ctx.save_for_backward(lse, q, k, v, out)
         ctx.is_causal = bool(is_causal)
         return out
 
     @staticmethod
     def backward(ctx, d_out: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
+        from minigpt.kernels.flash_backward import flash_attention_backward
+
         lse, q, k, v, out = ctx.saved_tensors
         if q.ndim == 3:
-            dq, dk, dv = tiled_attention_backward(q[:, None], k[:, None], v[:, None], out[:, None], lse[:, None],
+            dq, dk, dv = flash_attention_backward(q[:, None], k[:, None], v[:, None], out[:, None], lse[:, None],
                                                   d_out[:, None], causal=ctx.is_causal)
             return dq[:, 0], dk[:, 0], dv[:, 0], None
-        dq, dk, dv = tiled_attention_backward(q, k, v, out, lse, d_out, causal=ctx.is_causal)
+        dq, dk, dv = flash_attention_backward(q, k, v, out, lse, d_out, causal=ctx.is_causal)
         return dq, dk, dv, None
 
 

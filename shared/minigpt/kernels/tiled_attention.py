@@ -18,6 +18,9 @@ Backward, with P = exp(s - lse) recomputed tile by tile (no (Tq, Tk) matrix kept
     dS    = P * (dP - delta)             dQ = dS K / sqrt(D)  dK = dS^T Q / sqrt(D)
 
 Under GQA the dK, dV of a KV head are the sums over its group of query heads.
+
+TiledAttentionFunction.apply(q, k, v, is_causal=False) ties the two into autograd in the interface of
+course suites such as Stanford CS336's (see MASK_CONVENTION for what is_causal means when Tq != Tk).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["tiled_attention_forward", "tiled_attention_backward", "tiled_attention", "attention_lse",
-           "check_attention_shapes"]
+           "check_attention_shapes", "TiledAttentionFunction", "as_heads", "MASK_CONVENTION"]
 
 
 def check_attention_shapes(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> int:
@@ -152,3 +155,66 @@ def tiled_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: 
     dk = dk.view(B, Hkv, group, Tk, D).sum(2)                         # sum over each KV head's group
     dv = dv.view(B, Hkv, group, Tk, D).sum(2)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Autograd, in the interface course suites use: apply(q, k, v, is_causal=False) on (B, T, D) or (B, H, T, D)
+# ---------------------------------------------------------------------------------------------------------------
+
+MASK_CONVENTION = """\
+Causal mask conventions. minigpt aligns the causal mask bottom-right: with Tq queries and Tk >= Tq keys, query i
+sits at position Tk - Tq + i and sees keys j <= i + Tk - Tq. That is right for a KV cache, where the new queries
+are the last Tq positions of the sequence. torch's scaled_dot_product_attention(is_causal=True) and a mask built
+as torch.ones(Tq, Tk).tril() (as course suites such as CS336's do) align it top-left: query i sees keys j <= i.
+The two agree exactly when Tq = Tk. The autograd Functions (TiledAttentionFunction, FlashAttentionFunction) take
+is_causal=True only with Tq = Tk and raise ValueError otherwise, since a caller of that interface could mean either;
+for a KV-cache step (bottom-right by definition) call tiled_attention_forward / flash_attention_forward."""
+
+
+def as_heads(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> tuple[Tensor, Tensor, Tensor, bool]:
+    """(q, k, v as (B, H, T, D), whether the inputs were (B, T, D)) for the autograd Functions' interface.
+
+    Raises ValueError for is_causal=True with Tq != Tk (the conventions differ there: MASK_CONVENTION)."""
+    if q.ndim not in (3, 4) or k.ndim != q.ndim or v.ndim != q.ndim:
+        raise ValueError(f"q, k, v must all be (batch, seq, head_dim) or all (batch, heads, seq, head_dim); got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    Tq, Tk = q.shape[-2], k.shape[-2]
+    if is_causal and Tq != Tk:
+        raise ValueError(f"is_causal=True with {Tq} queries and {Tk} keys is ambiguous: the course's mask is "
+                         "bottom-right (query i sees keys j <= i + Tk - Tq, right for a KV cache), torch's SDPA and "
+                         "tril() masks are top-left (keys j <= i); they agree only when Tq = Tk. For a KV-cache step "
+                         "call flash_attention_forward / tiled_attention_forward(causal=True) (bottom-right), or "
+                         "build the top-left mask yourself.")
+    if q.ndim == 3:
+        return q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), True
+    return q, k, v, False
+
+
+class TiledAttentionFunction(torch.autograd.Function):
+    """Attention with the PyTorch tiled forward and the LSE-recomputing backward of this module.
+
+    apply(q, k, v, is_causal=False) (is_causal also positional): q (B, Tq, D), k and v (B, Tk, D), or
+    q (B, Hq, Tq, D) and k, v (B, Hkv, Tk, D) with GQA. Returns out shaped like q. Saves for backward exactly
+    one log-sum-exp tensor, (B, Tq) float32 for 3-D inputs ((B, Hq, Tq) for 4-D), besides q, k, v and out.
+    is_causal=True needs Tq = Tk (MASK_CONVENTION).
+    """
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
+        q4, k4, v4, three_d = as_heads(q, k, v, bool(is_causal))
+        out, lse = tiled_attention_forward(q4, k4, v4, causal=bool(is_causal))
+        if three_d:
+            out, lse = out.squeeze(1), lse.squeeze(1)
+        ctx.save_for_backward(lse, q, k, v, out)
+        ctx.is_causal = bool(is_causal)
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
+        lse, q, k, v, out = ctx.saved_tensors
+        if q.ndim == 3:
+            dq, dk, dv = tiled_attention_backward(q[:, None], k[:, None], v[:, None], out[:, None], lse[:, None],
+                                                  d_out[:, None], causal=ctx.is_causal)
+            return dq[:, 0], dk[:, 0], dv[:, 0], None
+        dq, dk, dv = tiled_attention_backward(q, k, v, out, lse, d_out, causal=ctx.is_causal)
+        return dq, dk, dv, None

@@ -1,0 +1,227 @@
+"""Exercises 7 and 8 (part two): the FlashAttention-2 backward as Triton kernels, and the autograd Functions in the
+interface course suites use (apply(q, k, v, is_causal=False) on (B, T, D) or (B, H, T, D), one saved LSE)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Callable
+
+import torch
+
+import minigpt.kernels  # noqa: F401  (on a CPU: TRITON_INTERPRET=1 before any kernel is built)
+from autograder.harness import call_learner
+from autograder.lab04.common import ATTENTION_CASES, TOL, _close, _err, _full_attention, _qkv
+from autograder.lab04.triton_kernels import count_triton_launches, own_kernels
+from autograder.reference_guard import ReferenceHandedIn, no_calls_into, own_work
+from minigpt.kernels.flash_attention import FlashAttentionFunction
+from minigpt.kernels.flash_backward import attention_delta, flash_attention_backward
+from minigpt.kernels.tiled_attention import (TiledAttentionFunction, as_heads, tiled_attention_backward)
+
+FLASH_BACKWARD = "Exercise 7 (the backward kernels)"
+FUNCTIONS = "Exercise 8 (the autograd Functions)"
+# (B, Hq, Hkv, Tq, Tk, D, causal, what): the forward's awkward shapes (T = 1, T = 37 with tiles of 32, Tq < Tk,
+# GQA groups 1, 2 and 8, non-causal with head_dim 24)
+BACKWARD_CASES = ATTENTION_CASES
+BACKWARD_TOL = {torch.float32: 1e-4, torch.float16: 5e-3}
+_BACKWARD_REFERENCES = (flash_attention_backward, attention_delta, tiled_attention_backward,
+                        FlashAttentionFunction.forward, FlashAttentionFunction.backward,
+                        TiledAttentionFunction.forward, TiledAttentionFunction.backward)
+_FUNCTION_REFERENCES = (FlashAttentionFunction.forward, FlashAttentionFunction.backward,
+                        TiledAttentionFunction.forward, TiledAttentionFunction.backward, as_heads)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The backward kernels
+# ---------------------------------------------------------------------------------------------------
+
+def backward64(q, k, v, d_out, causal: bool, *, ds_scale: bool = True, delta_tile: int | None = None,
+               group_sum: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) in float64 from the formulas, with the known mistakes switchable (for the diagnosis):
+    ds_scale=False leaves 1/sqrt(D) out of dQ and dK; delta_tile=n uses, for each key tile of n keys, the tile's own
+    rowsum(P * dP) instead of delta = rowsum(dO * O); group_sum=False gives each KV head its first query head's dK, dV."""
+    q, k, v, d_out = (t.detach().double() for t in (q, k, v, d_out))
+    group = q.shape[1] // k.shape[1]
+    kf, vf = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scale = 1 / math.sqrt(q.shape[-1])
+    s = q @ kf.transpose(-2, -1) * scale
+    if causal:
+        Tq, Tk = q.shape[2], k.shape[2]
+        s = s.masked_fill(~torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq), -math.inf)
+    p = torch.softmax(s, -1)
+    dp = d_out @ vf.transpose(-2, -1)
+    if delta_tile:
+        pdp = p * dp
+        delta = torch.cat([pdp[..., j:j + delta_tile].sum(-1, keepdim=True).expand(*pdp.shape[:-1],
+                                                                                  pdp[..., j:j + delta_tile].shape[-1])
+                           for j in range(0, pdp.shape[-1], delta_tile)], -1)
+    else:
+        delta = (d_out * (p @ vf)).sum(-1, keepdim=True)
+    ds = p * (dp - delta) * (scale if ds_scale else 1.0)
+    dq, dk, dv = ds @ kf, ds.transpose(-2, -1) @ q, p.transpose(-2, -1) @ d_out
+    B, Hkv, Tk, D = k.shape
+    if group_sum:
+        return dq, dk.view(B, Hkv, group, Tk, D).sum(2), dv.view(B, Hkv, group, Tk, D).sum(2)
+    return dq, dk[:, ::group], dv[:, ::group]
+
+
+def _diagnose_backward(got: tuple, q, k, v, d_out, causal: bool, tol: float) -> str:
+    """Name the known mistake the learner's gradients match, if any."""
+    def matches(**wrong) -> bool:
+        want = backward64(q, k, v, d_out, causal, **wrong)
+        return all(_close(g.cpu(), w, tol) for g, w in zip(got, want) if g is not None)
+
+    if matches(ds_scale=False):
+        return (" dQ and dK are sqrt(D) times too large: the scores are s = q k^T / sqrt(D), so dQ = dS K / sqrt(D) "
+                "and dK = dS^T Q / sqrt(D): the softmax scale appears once more in dS's products.")
+    if q.shape[1] > k.shape[1] and matches(group_sum=False):
+        return (f" dK and dV hold only one query head's share: a KV head serves {q.shape[1] // k.shape[1]} query "
+                "heads, and its dK, dV are the sums over all of them (loop over the group inside the dK/dV program).")
+    for tile in (16, 32, 64):
+        if k.shape[2] > tile and matches(delta_tile=tile):
+            return (f" delta was computed per key tile (rowsum of P * dP over {tile} keys): delta_i = rowsum(dO_i * "
+                    "O_i) is one number per query row over the whole row; compute it once, before the key loop "
+                    "(the preprocessing kernel), and load it in both gradient kernels.")
+    dv_ok = got[2] is not None and _close(got[2].cpu(), backward64(q, k, v, d_out, causal)[2], tol)
+    if causal:
+        return (" With the causal mask check the loop bounds: the dQ program must visit key tiles up to its last "
+                "visible key, min(Tk, start_m + BLOCK_M + Tk - Tq), the diagonal tile included; the dK/dV program "
+                "must start at the query tile holding query start_n - (Tk - Tq), rounded down to a tile boundary; "
+                "and P must be zero where a key is masked (keys j > i + Tk - Tq).")
+    if dv_ok:
+        return " dV is right, so P is: check dS = P * (dP - delta) with dP = dO V^T and delta = rowsum(dO * O)."
+    return (" Check P = exp(s - lse) with s = q k^T / sqrt(D) and the saved (natural-log) lse, zero for keys past Tk "
+            "and query rows past Tq; dV = P^T dO summed over the group's query heads.")
+
+
+def check_flash_backward(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16)) -> None:
+    """fn(q, k, v, out, lse, d_out, causal) -> (dq, dk, dv) in the dtypes of q, k, v, through Triton kernels of the
+    notebook's (not the package's), equal to autograd of naive attention (float64) on BACKWARD_CASES."""
+    own_work(fn, _BACKWARD_REFERENCES, what=FLASH_BACKWARD)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    first = True
+    for dtype in dtypes:
+        for B, Hq, Hkv, Tq, Tk, D, causal, what in BACKWARD_CASES:
+            context = f"{what}, {dtype}"
+            q, k, v = (t.double() for t in _qkv(B, Hq, Hkv, Tq, Tk, D, dtype=dtype, seed=11))
+            out, lse = _full_attention(q, k, v, causal)
+            d_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(12), dtype=torch.float64)
+            d_out = d_out.to(dtype).double()
+            args = [t.to(dtype).to(device) for t in (q, k, v, out, lse, d_out)]
+            args[4] = lse.float().to(device)
+            # the first case also refuses a call into the reference, as check_flash_forward does
+            guard = no_calls_into(*_BACKWARD_REFERENCES, what=FLASH_BACKWARD) if first else contextlib.nullcontext()
+            with count_triton_launches() as launches, guard:
+                got = call_learner("flash_backward", fn, *args, causal, context=context)
+            first = False
+            if not launches[0]:
+                raise AssertionError(f"{context}: flash_backward launched no Triton kernel; write the preprocessing, "
+                                     "dK/dV and dQ passes as @triton.jit kernels and launch them")
+            own_kernels(launches, FLASH_BACKWARD)
+            if not (isinstance(got, tuple) and len(got) == 3 and all(isinstance(t, torch.Tensor) for t in got)):
+                raise AssertionError(f"{context}: return a tuple (dq, dk, dv) of tensors, got {type(got).__name__}")
+            for name, g_, t in zip(("dq", "dk", "dv"), got, (q, k, v)):
+                if g_.dtype != dtype:
+                    raise AssertionError(f"{context}: {name} must be in the input dtype {dtype}, got {g_.dtype}")
+            want = backward64(q, k, v, d_out, causal)
+            tol = BACKWARD_TOL.get(dtype, TOL[dtype])
+            for name, g_, w in zip(("dq", "dk", "dv"), got, want):
+                if not _close(g_.cpu(), w, tol):
+                    hint = _diagnose_backward(got, q, k, v, d_out, causal, tol)
+                    raise AssertionError(f"{context}: {name} {_err(g_.cpu(), w)} against autograd of naive "
+                                         f"attention.{hint}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# The autograd Functions in the course-suite interface
+# ---------------------------------------------------------------------------------------------------
+
+def _saved_lse(out: torch.Tensor, shape: tuple[int, ...], context: str) -> torch.Tensor:
+    if out.grad_fn is None:
+        raise AssertionError(f"{context}: the output has no grad_fn: return it from forward of a "
+                             "torch.autograd.Function (and call Function.apply)")
+    saved = [t for t in out.grad_fn.saved_tensors if tuple(t.shape) == shape]
+    if len(saved) != 1:
+        raise AssertionError(f"{context}: the Function must save exactly one log-sum-exp tensor of shape {shape} "
+                             f"with ctx.save_for_backward; found {len(saved)} tensors of that shape")
+    return saved[0]
+
+
+def _function_case(cls: type, qkv: tuple, is_causal: bool, pass_as: str, context: str, triton: bool,
+                   guard: Callable[[], Any] = contextlib.nullcontext) -> None:
+    """One call of cls.apply and its backward (each under guard()), checked against float64 attention."""
+    q, k, v = (t.clone().requires_grad_() for t in qkv)
+    with count_triton_launches() as forward_launches, guard():
+        if pass_as == "keyword":
+            out = call_learner(f"{cls.__name__}.apply", cls.apply, q, k, v, is_causal=is_causal, context=context)
+        else:
+            out = call_learner(f"{cls.__name__}.apply", cls.apply, q, k, v, is_causal, context=context)
+    if not isinstance(out, torch.Tensor) or out.shape != q.shape:
+        raise AssertionError(f"{context}: apply must return the output shaped like q {tuple(q.shape)}, got "
+                             f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
+    heads = (q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)) if q.ndim == 3 else (q, k, v)
+    want, want_lse = _full_attention(*(t.detach() for t in heads), is_causal)
+    want, want_lse = (want.squeeze(1), want_lse.squeeze(1)) if q.ndim == 3 else (want, want_lse)
+    if not _close(out.detach(), want, 1e-4):
+        raise AssertionError(f"{context}: output {_err(out.detach(), want)} against attention in float64")
+    lse = _saved_lse(out, tuple(q.shape[:-1]), context)
+    if not _close(lse.detach(), want_lse, 1e-4):
+        raise AssertionError(f"{context}: the saved tensor of shape {tuple(lse.shape)} is not the log-sum-exp "
+                             f"({_err(lse.detach(), want_lse)}): save the forward's lse, squeezed to (batch, Nq) for "
+                             "(batch, seq, dim) inputs")
+    d_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(21))
+    with count_triton_launches() as backward_launches, guard():
+        call_learner(f"{cls.__name__}.backward", out.backward, d_out, context=context)
+    if triton and not (forward_launches[0] and backward_launches[0]):
+        part = "forward" if not forward_launches[0] else "backward"
+        raise AssertionError(f"{context}: the Triton Function's {part} launched no Triton kernel: use flash_forward "
+                             "and flash_backward (or the package's kernels meanwhile)")
+    grads = backward64(*(t.detach() for t in heads), d_out.unsqueeze(1) if q.ndim == 3 else d_out, is_causal)
+    for name, t, w in zip(("dq", "dk", "dv"), (q, k, v), grads):
+        w = w.squeeze(1) if q.ndim == 3 else w
+        if t.grad is None or not _close(t.grad, w, 1e-4):
+            err = _err(t.grad, w) if t.grad is not None else "no gradient"
+            raise AssertionError(f"{context}: {name} {err} against autograd of naive attention: return (dq, dk, dv, "
+                                 "None) from backward, shaped like the inputs (squeeze the head axis back for "
+                                 "(batch, seq, dim) inputs)")
+
+
+def check_attention_function(cls: Any, triton: bool) -> None:
+    """cls: a torch.autograd.Function with apply(q, k, v, is_causal=False) (is_causal positional or keyword) on
+    (B, T, D) and on (B, Hq, T, D) / (B, Hkv, T, D) (GQA), returning out shaped like q, saving exactly one LSE tensor
+    ((B, Nq) for 3-D inputs), gradients equal to autograd of naive attention, and ValueError for is_causal=True with
+    Tq != Tk (the course's bottom-right mask against the top-left one). triton=True: forward and backward launch
+    Triton kernels."""
+    what = FUNCTIONS
+    own_work(cls, (TiledAttentionFunction, FlashAttentionFunction), what=what, methods=("forward", "backward"))
+    if not (isinstance(cls, type) and issubclass(cls, torch.autograd.Function)):
+        raise AssertionError(f"{what}: pass the class, a subclass of torch.autograd.Function (got "
+                             f"{cls!r:.60})")
+    g = torch.Generator().manual_seed(20)
+    cases = [
+        ((torch.randn(2, 19, 16, generator=g), torch.randn(2, 19, 16, generator=g), torch.randn(2, 19, 16, generator=g)),
+         True, "positional", "(batch 2, seq 19, dim 16), is_causal=True positional"),
+        ((torch.randn(1, 5, 8, generator=g), torch.randn(1, 13, 8, generator=g), torch.randn(1, 13, 8, generator=g)),
+         False, "keyword", "(batch 1, 5 queries, 13 keys, dim 8), is_causal=False as a keyword"),
+        (_qkv(1, 4, 2, 9, 9, 8, seed=22), True, "keyword", "(1, 4 query heads, 2 KV heads, 9, 8), is_causal=True"),
+    ]
+    name = cls.__name__
+    for i, (qkv, is_causal, pass_as, context) in enumerate(cases):
+        # the first case also refuses calls into the reference (forward and backward, each guarded on its own so that
+        # the refusal comes before any other verdict on what the reference returned)
+        guard = (lambda: no_calls_into(*_FUNCTION_REFERENCES, what=what)) if i == 0 else contextlib.nullcontext
+        _function_case(cls, qkv, is_causal, pass_as, f"{name}, {context}", triton, guard)
+    q, k, v = torch.randn(1, 3, 8, generator=g), torch.randn(1, 7, 8, generator=g), torch.randn(1, 7, 8, generator=g)
+    try:
+        cls.apply(q, k, v, True)
+    except ValueError:
+        pass
+    except (NotImplementedError, ReferenceHandedIn):
+        raise
+    except Exception as e:           # noqa: BLE001  (any other error is the wrong answer to name)
+        raise AssertionError(f"{name}: is_causal=True with 3 queries and 7 keys raised {type(e).__name__}: {e}; raise "
+                             "ValueError naming the two mask conventions instead") from None
+    else:
+        raise AssertionError(f"{name}: is_causal=True with 3 queries and 7 keys returned an answer; the course's mask "
+                             "(bottom-right) and a top-left one (torch SDPA, tril()) differ there, so a caller may "
+                             "expect either: raise ValueError when is_causal and Tq != Tk")
