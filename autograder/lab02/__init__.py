@@ -19,6 +19,9 @@ CPU tier (correctness):
     attention.check_paged_generation(fn)           the model on a paged cache == lab 01's contiguous cache
 Interview questions (questions.py): check_q1_block_waste ... check_q4_ttft_with_cache.
 
+Exercise 4 is graded alone: handed the notebook's BlockManager class, its checks set its `pool_class` and `hash_fn`
+(the learner's exercises 1 and 3) to the package's BlockPool and hash_block for their run and put the learner's back
+(state_machine.exercise_4_alone); a factory is used as it is.
 A manager (the learner's or `minigpt.cache.block_manager.BlockManager`) is built as
 make_manager(num_blocks, block_size, enable_prefix_caching) and must offer: add_sequence(seq, prompt)
 and append_tokens(seq, tokens) returning an object with .slots, .copies and .num_cached; fork(parent,
