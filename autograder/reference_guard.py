@@ -83,9 +83,11 @@ def _own_functions(cls: type) -> dict[str, Any]:
             if isinstance(value, (FunctionType, staticmethod, classmethod, property))}
 
 
-def own_work(answer: Any, reference: Any | Iterable[Any], *, what: str, methods: Iterable[str] = ()) -> None:
+def own_work(answer: Any, reference: Any | Iterable[Any], *, what: str, methods: Iterable[str] = (),
+             given: Iterable[str] = ()) -> None:
     """Raise ReferenceHandedIn when `answer` is the reference, comes from the package, or (a class) inherits the
-    methods the exercise asks for from the reference instead of defining them."""
+    methods the exercise asks for from the reference instead of defining them. `given`: attributes of the class that
+    may hold the package's code (an earlier exercise's piece, which the learner may replace by the reference)."""
     refs = list(reference) if isinstance(reference, (list, tuple, set)) else [reference]
     target = _unwrap(answer)
     for ref in refs:
@@ -101,6 +103,8 @@ def own_work(answer: Any, reference: Any | Iterable[Any], *, what: str, methods:
                         f"{what}: {answer.__name__} inherits {', '.join(missing)} from the course's reference "
                         f"{_name(ref)} instead of implementing {'it' if len(missing) == 1 else 'them'}.")
         for name, value in _own_functions(answer).items():
+            if name in given:
+                continue
             filename = _code_file(value.fget if isinstance(value, property) else value)
             if filename and _outside_notebook(filename):
                 raise ReferenceHandedIn(f"{what}: {answer.__name__}.{name} comes from {Path(filename).name}, not "

@@ -6,7 +6,7 @@ import functools
 from typing import Any, Callable
 
 from autograder.harness import call_learner
-from autograder.lab02.state_machine import MANAGER_WHAT, manager_class
+from autograder.lab02.state_machine import MANAGER_WHAT, exercise_4_alone, manager_class
 from autograder.reference_guard import no_calls_into
 from minigpt.cache.block_manager import BlockManager as ReferenceBlockManager
 from minigpt.cache.block_pool import OutOfBlocks
@@ -30,16 +30,18 @@ def _state(m: Any) -> tuple:
             {s: (list(t.blocks), list(t.token_ids)) for s, t in m.tables.items()}, dict(m.prefix_cache.block_of))
 
 
-def check_prefix_cache(make_manager: Callable[[int, int, bool], Any]) -> None:
+def check_prefix_cache(manager: type | Callable[[int, int, bool], Any]) -> None:
     """Longest cached run of full blocks, chained (equal tokens after another prefix never match), the last
     prompt token always computed, freed blocks reusable until evicted least recently used first (a sequence's
     tail block before its head), an evicted block's hash forgotten, and admission that counts the cached blocks
-    it revives from the free queue (near a full pool)."""
-    manager_class(make_manager)
-    with no_calls_into(ReferenceBlockManager, what=MANAGER_WHAT):
-        _check_prefix_cache(make_manager)
-        _check_eviction_within_a_sequence(make_manager)
-        _check_admission_near_a_full_pool(make_manager)
+    it revives from the free queue (near a full pool). `manager`: the notebook's class (graded alone, over the
+    package's pool and hash) or a factory."""
+    with exercise_4_alone(manager) as make_manager:
+        manager_class(make_manager)
+        with no_calls_into(ReferenceBlockManager, what=MANAGER_WHAT):
+            _check_prefix_cache(make_manager)
+            _check_eviction_within_a_sequence(make_manager)
+            _check_admission_near_a_full_pool(make_manager)
 
 
 def _check_eviction_within_a_sequence(make_manager: Callable[[int, int, bool], Any]) -> None:

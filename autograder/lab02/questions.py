@@ -1,4 +1,4 @@
-"""Lab 02 interview questions: block waste, paged capacity, prefix-cache compute and TTFT."""
+"""Lab 02 interview questions: block waste, paged capacity, prefix-cache compute and TTFT, a fork gone wrong."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 from autograder.harness import check_answer
 
 __all__ = ["check_q1_block_waste", "check_q2_paged_capacity", "check_q3_prefix_compute_saved",
-           "check_q4_ttft_with_cache"]
+           "check_q4_ttft_with_cache", "check_q5_fork_trace"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -50,3 +50,19 @@ def check_q4_ttft_with_cache(answer: Any) -> None:
                  {1600 / 100: "the cached part is whole blocks: 1500 // 16 * 16 tokens, not 1500.",
                   1500 / 100: "the speedup compares all 1,600 prompt tokens to those still computed."},
                  unit="x (a ratio)", rel=1e-3, hint="speedup = tokens computed without cache / tokens computed with it.")
+
+
+def check_q5_fork_trace(answer: Any) -> None:
+    """A teammate's manager (blocks of 4, prefix caching off) prints: s0 added with 10 tokens in blocks [3, 7, 1];
+    fork to s1 (every ref count 2); append s1 [42] -> slots [6], copies [], s1 still [3, 7, 1]; append s0 [17] ->
+    slots [6], copies [], s0 still [3, 7, 1]; the two samples then garble. Which explanation (1-5) is right?"""
+    check_answer(answer, 3, "Q5 (what went wrong in the fork trace)",
+                 {1: "nothing ran out: no OutOfBlocks was raised, and a copy would have needed one free block only.",
+                  2: "copying every block at the fork would waste the sharing: full blocks 3 and 7 never change. Only the "
+                  "partly filled last block must be copied, at the first write into it.",
+                  4: "the slot is right: position 10 is in logical block 10 // 4 = 2, which is physical block 1, offset 2, "
+                  "so slot 1 * 4 + 2 = 6. The trouble is whose block that slot is in.",
+                  5: "prefix caching is off in this trace, and only full blocks are hashed: block 1 holds 2 tokens."},
+                 unit="option number (1 to 5)",
+                 hint="Look at the reference counts when s1 writes: who else holds the block that its slot is in, and is "
+                      "that block full?")

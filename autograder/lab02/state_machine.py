@@ -10,10 +10,12 @@ from typing import Any, Callable
 from autograder.harness import call_learner, quiet
 from autograder.reference_guard import ReferenceHandedIn, no_calls_into, own_work
 from minigpt.cache.block_manager import BlockManager as ReferenceBlockManager
+from minigpt.cache.block_pool import BlockPool as ReferenceBlockPool
 from minigpt.cache.block_pool import OutOfBlocks
 from minigpt.cache.prefix_cache import hash_block as reference_hash_block
 
-__all__ = ["make_state_machine", "check_block_manager", "run_state_machine", "manager_class", "fixed_example_source", "GRADED_EXAMPLES",
+__all__ = ["make_state_machine", "check_block_manager", "run_state_machine", "manager_class", "fixed_example_source",
+           "exercise_4_alone", "GRADED_EXAMPLES",
            "STEPS_PER_EXAMPLE", "MANAGER_WHAT", "MANAGER_METHODS"]
 
 MANAGER_WHAT = "Exercise 4 (BlockManager)"
@@ -25,10 +27,34 @@ STEPS_PER_EXAMPLE = 30
 _call = functools.partial(call_learner, passthrough=(OutOfBlocks,))
 
 
+EARLIER_PIECES = ("pool_class", "hash_fn")      # the notebook's BlockManager: exercises 1 and 3
+
+
+@contextlib.contextmanager
+def exercise_4_alone(manager: type | Callable[[int, int, bool], Any]) -> Any:
+    """Yield make_manager(num_blocks, block_size, prefix) for the learner's manager, graded on its own: given the
+    notebook's class, its `pool_class` and `hash_fn` (the learner's exercises 1 and 3) are the package's BlockPool and
+    hash_block for the duration, and the learner's are put back afterwards. A factory is used as it is."""
+    if not isinstance(manager, type):
+        yield manager
+        return
+    saved = {name: manager.__dict__[name] for name in EARLIER_PIECES if name in manager.__dict__}
+    manager.pool_class, manager.hash_fn = ReferenceBlockPool, staticmethod(reference_hash_block)
+    try:
+        yield lambda num_blocks, block_size, prefix: manager(num_blocks, block_size, enable_prefix_caching=prefix)
+    finally:
+        for name in EARLIER_PIECES:
+            if name in saved:
+                setattr(manager, name, saved[name])
+            else:
+                delattr(manager, name)
+
+
 def manager_class(make_manager: Callable[[int, int, bool], Any]) -> type:
     """The class of the learner's manager (built once, small), checked against the package's BlockManager."""
     manager = _call("make_manager(4, 2, True)", make_manager, 4, 2, True)
-    own_work(type(manager), ReferenceBlockManager, what=MANAGER_WHAT, methods=MANAGER_METHODS)
+    own_work(type(manager), ReferenceBlockManager, what=MANAGER_WHAT, methods=MANAGER_METHODS,
+             given=EARLIER_PIECES)
     return type(manager)
 
 
@@ -323,15 +349,17 @@ def make_state_machine(make_manager: Callable[[int, int, bool], Any],
     return PagedCacheMachine
 
 
-def check_block_manager(make_manager: Callable[[int, int, bool], Any],
+def check_block_manager(manager: type | Callable[[int, int, bool], Any],
                         hash_fn: Callable[[int | None, list[int]], int] = reference_hash_block, *,
                         max_examples: int = GRADED_EXAMPLES, seed: int = 0, shrink: bool = False) -> int:
-    """Run the state machine for `max_examples` seeded examples; returns the number run. On failure the
-    AssertionError carries the failing sequence of steps (shrunk to a minimal one if `shrink`: slower). The
-    package's BlockManager is refused (itself, a subclass inheriting the methods, a wrapper calling it)."""
-    manager_class(make_manager)
-    return run_state_machine(make_manager, hash_fn, max_examples=max_examples, seed=seed, shrink=shrink,
-                             watch=lambda: no_calls_into(ReferenceBlockManager, what=MANAGER_WHAT))
+    """Run the state machine for `max_examples` seeded examples; returns the number run. `manager`: the notebook's
+    BlockManager class (graded alone: see exercise_4_alone) or a factory make_manager(num_blocks, block_size, prefix).
+    On failure the AssertionError carries the failing sequence of steps (shrunk to a minimal one if `shrink`:
+    slower). The package's BlockManager is refused (itself, a subclass inheriting the methods, a wrapper calling it)."""
+    with exercise_4_alone(manager) as make_manager:
+        manager_class(make_manager)
+        return run_state_machine(make_manager, hash_fn, max_examples=max_examples, seed=seed, shrink=shrink,
+                                 watch=lambda: no_calls_into(ReferenceBlockManager, what=MANAGER_WHAT))
 
 
 def run_state_machine(make_manager: Callable[[int, int, bool], Any],

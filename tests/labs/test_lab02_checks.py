@@ -429,6 +429,46 @@ def test_interview_answers():
             check(wrong)
 
 
+@pytest.mark.parametrize("wrong, note", [(1, "nothing ran out"), (2, "waste the sharing"), (4, "slot is right"),
+                                         (5, "prefix caching is off")])
+def test_q5_fork_trace(wrong, note):
+    lab02.check_q5_fork_trace(3)
+    with pytest.raises(AssertionError, match=note):
+        lab02.check_q5_fork_trace(wrong)
+
+
+# --- exercise 4 is graded alone: the package's pool and hash stand in for exercises 1 and 3 ---------------------
+
+def _solution_manager(pool_code: str, hash_code: str) -> type:
+    from tests.labs.notebook_solutions import solution_cells
+    preamble = ("from minigpt.cache.block_pool import OutOfBlocks\nfrom minigpt.cache.block_table import slot_of\n"
+                + pool_code + "\n" + hash_code)
+    return solution_cells("02_paged_kv_cache", "ex4_code", preamble=preamble)["BlockManager"]
+
+
+def test_exercise_4_passes_over_failed_exercises_1_and_3_and_gets_them_back():
+    manager = _solution_manager("class BlockPool:\n    def __init__(self, *a, **k):\n        raise NotImplementedError()",
+                                "def hash_block(parent, tokens):\n    raise NotImplementedError()")
+    mine = (manager.__dict__["pool_class"], manager.__dict__["hash_fn"])
+    assert lab02.check_block_manager(manager, max_examples=5) >= 5
+    lab02.check_prefix_cache(manager)
+    assert (manager.__dict__["pool_class"], manager.__dict__["hash_fn"]) == mine
+    with pytest.raises(NotImplementedError):
+        manager(4, 2)
+
+
+def test_exercise_4_accepts_the_package_pool_and_hash_as_the_way_to_continue():
+    manager = _solution_manager("from minigpt.cache.block_pool import BlockPool",
+                                "from minigpt.cache.prefix_cache import hash_block")
+    lab02.check_prefix_cache(manager)
+
+
+def test_exercise_4_still_refuses_the_package_manager_handed_in_as_a_class():
+    with pytest.raises(ReferenceHandedIn, match="course's reference"):
+        lab02.check_prefix_cache(BlockManager)
+    assert "pool_class" not in vars(BlockManager) and "hash_fn" not in vars(BlockManager)
+
+
 # --- gaps the random state machine never reached: targeted scenarios -----------------------------------------
 
 class HeadFirstEvictionManager(LearnerBlockManager):

@@ -320,14 +320,28 @@ def test_fake_tokens_do_not_depend_on_the_process():
 
 
 def test_interview_questions():
-    lab03.check_q1_continuous_vs_static(256 / 46)
+    # Q1 by hand: static = 16 steps of 8 (6 ms) + 240 of 1 (2.5 ms) = 696 ms for 368 tokens; continuous 8 per 6 ms
+    lab03.check_q1_continuous_vs_static((8 / 6) / (368 / 696))
     batch, gib = lab03._q2_numbers()
     lab03.check_q2_compute_bound_batch(batch)
     lab03.check_q3_kv_memory(gib)
-    for check, wrong in [(lab03.check_q1_continuous_vs_static, 16.0), (lab03.check_q2_compute_bound_batch, 295),
-                         (lab03.check_q3_kv_memory, gib * 2**30 / 1e9)]:
+    lab03.check_q4_itl_knob(2)
+    for check, wrong in [(lab03.check_q1_continuous_vs_static, 16.0), (lab03.check_q1_continuous_vs_static, 256 / 46),
+                         (lab03.check_q2_compute_bound_batch, 295), (lab03.check_q3_kv_memory, gib * 2**30 / 1e9)]:
         with pytest.raises(AssertionError, match="Likely mistake"):
             check(wrong)
+
+
+@pytest.mark.parametrize("wrong, note", [(1, "does not shorten"), (3, "spike itself"), (4, "memory is not"),
+                                         (5, "static batching")])
+def test_q4_diagnoses_each_wrong_knob(wrong, note):
+    with pytest.raises(AssertionError, match=note):
+        lab03.check_q4_itl_knob(wrong)
+
+
+def test_q1_flat_cost_answer_is_diagnosed():
+    with pytest.raises(AssertionError, match="does not depend on B"):
+        lab03.check_q1_continuous_vs_static(256 / 46)
 
 
 def test_gpu_speed_check_code_path_on_cpu():

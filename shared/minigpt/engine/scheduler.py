@@ -1,6 +1,8 @@
 """The iteration-level scheduler (lab 03): which sequences run in the next model step, and how many tokens each.
 
-Every step (Orca's iteration-level scheduling, vLLM's scheduler):
+Every step (Orca's iteration-level scheduling; the order is vLLM V0's chunked-prefill policy, `vllm/core/scheduler.py`
+up to v0.10.2; vLLM V1 has no decode-first phase: it walks its running requests in queue order, then the waiting
+ones, under one token budget; lab 03's section 7 compares them):
 
 1. Running sequences first, decodes (one token each) before unfinished prefills, each group oldest first.
    A prefill gets min(tokens left, budget left): a long prompt is CHUNKED over several steps, each
