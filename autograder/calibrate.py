@@ -83,7 +83,9 @@ def _lab05_int4_cpu(impl: Any, small: bool, device: str) -> float:
 
 def _lab06_speculative(impl: Any, small: bool, device: str) -> float:
     from autograder.lab06 import check_speculative_speedup
-    return _fraction(check_speculative_speedup(impl, **(dict(new_tokens=4, repeats=1) if small else {})))
+    # the check's other bar (a speedup above 1) is the learner's, not calibration's: a slow run must be measured
+    return _fraction(check_speculative_speedup(impl, require_real_speedup=False, allow_reference=True,
+                                               **(dict(new_tokens=4, repeats=1) if small else {})))
 
 
 def _lab01_graph(impl: Any, small: bool, device: str) -> float:
@@ -155,7 +157,7 @@ REGISTRY: list[SpeedCheck] = [
     SpeedCheck("lab05_int4_cpu_linear", "05", "cpu", "INT4 CPU linear vs fp32 at 4096 x 4096, batch 1",
                _lab05_int4_cpu, _ref("minigpt.quant.cpu_kernels", "Int4WeightOnlyLinear"),
                {"dequantize_every_call": _slow("dequantize_every_call")}, seconds_per_run={"cpu": 8}),
-    SpeedCheck("lab06_speculative_speedup", "06", "cpu", "speculative decoding (k=3, draft model) vs cached decoding",
+    SpeedCheck("lab06_speculative_speedup", "06", "cpu", "speculative decoding (prompt lookup, k=4) vs cached decoding",
                _lab06_speculative, _ref("minigpt.engine.speculative", "generate_speculative"),
                {"recompute_everything": _slow("recompute_everything")}, seconds_per_run={"cpu": 50}),
     SpeedCheck("lab01_cuda_graph_decode", "01", "gpu", "64 decode steps replayed from a CUDA graph vs eager",

@@ -26,26 +26,32 @@ CPU tier, one module per exercise group:
                                              that ignores top-k shows)
     lookup.check_ngram_propose(fn)           prompt-lookup proposals
     lookup.check_acceptance_stats(rate_fn, tokens_fn)   sum min(p, q) and (1 - a^(k+1)) / (1 - a)
-    speed.check_speculative_speedup(fn)      speed vs lab 01's cached generation, relative to the reference
-Interview questions (questions.py): check_q1_acceptance ... check_q4_break_even_batch.
+    speed.check_target_calls(fn)             deterministic proxy: target forward calls per token, prompt lookup and
+                                             the draft model, below plain decoding's 1 and at most the reference's + 1
+    speed.check_speculative_speedup(fn)      wall clock with prompt lookup (PromptLookupModel): above 1x plain cached
+                                             decoding and the calibrated fraction of the reference's speedup
+Exercise 4 and the speed grades run the learner's generator with the package's truncate_cache, sampling_probs and
+verify_draft (common.with_reference_pieces), so they grade its loop alone.
+Interview questions (questions.py): check_q1_acceptance, check_q2_best_k (pick k for a stated alpha and draft
+cost, each wrong pick diagnosed), check_q3_break_even_alpha, check_q4_break_even_batch.
 Shared (common.py): the sample sizes, the toy models, the chi-square power arithmetic.
 """
 
 from autograder.lab06.common import (ENGINE_SAMPLES, SIGNIFICANCE, SPEED_CHECK, TOY_SAMPLING, VERIFY_SAMPLES, BigramLM,
                                      _toy_tables, noncentrality_for_power, rejection_threshold, samples_for_power,
-                                     toy_pair)
+                                     toy_pair, with_reference_pieces)
 from autograder.lab06.generator import _tiny_pair, check_generate_speculative, engine_distribution_test
 from autograder.lab06.lookup import check_acceptance_stats, check_ngram_propose
 from autograder.lab06.probabilities import check_sampling_probs
-from autograder.lab06.questions import (break_even_alpha, check_q1_acceptance, check_q2_tokens_per_round,
+from autograder.lab06.questions import (break_even_alpha, check_q1_acceptance, check_q2_best_k,
                                         check_q3_break_even_alpha, check_q4_break_even_batch)
 from autograder.lab06.rollback import check_truncate_cache
-from autograder.lab06.speed import check_speculative_speedup, code_edit_prompts
+from autograder.lab06.speed import check_speculative_speedup, check_target_calls, code_edit_prompts
 from autograder.lab06.verify import check_verify_draft, verify_distribution_test
 
 __all__ = ["check_truncate_cache", "check_sampling_probs", "check_verify_draft", "check_generate_speculative",
-           "check_ngram_propose", "check_acceptance_stats", "check_speculative_speedup", "check_q1_acceptance",
-           "check_q2_tokens_per_round", "check_q3_break_even_alpha", "check_q4_break_even_batch",
+           "check_ngram_propose", "check_acceptance_stats", "check_speculative_speedup", "check_target_calls",
+           "check_q1_acceptance", "check_q2_best_k", "check_q3_break_even_alpha", "check_q4_break_even_batch",
            "SIGNIFICANCE", "VERIFY_SAMPLES", "ENGINE_SAMPLES", "SPEED_CHECK", "TOY_SAMPLING", "BigramLM", "toy_pair",
            "verify_distribution_test", "engine_distribution_test", "code_edit_prompts", "rejection_threshold",
-           "noncentrality_for_power", "samples_for_power", "break_even_alpha", "_toy_tables", "_tiny_pair"]
+           "noncentrality_for_power", "samples_for_power", "break_even_alpha", "_toy_tables", "_tiny_pair", "with_reference_pieces"]

@@ -11,7 +11,7 @@ from torch import nn
 
 from autograder.harness import call_learner, quiet
 from autograder.lab06.common import (ENGINE_SAMPLES, SIGNIFICANCE, TOY_SAMPLING, TOY_VOCAB, _chi2_report,
-                                     _exact_three, toy_pair)
+                                     _exact_three, toy_pair, with_reference_pieces)
 from autograder.reference_guard import no_calls_into, own_work
 from minigpt.checkpoint import load_model
 from minigpt.config import ModelConfig
@@ -140,9 +140,11 @@ def _val_prompts(n: int, length: int) -> list[list[int]]:
 def check_generate_speculative(generate_fn: Callable, *, n_prompts: int = 4, new_tokens: int = 16) -> None:
     """generate_fn(target, draft, prompt, max_new_tokens, sampling, *, k, stop_token_ids, ...) -> Generation:
     greedy output equal to the target's on the trained pair; caches rolled back; a bonus token when every draft
-    is accepted; stop tokens; and the output distribution (chi-square test on the bigram toy pair)."""
+    is accepted; stop tokens; and the output distribution (chi-square test on the bigram toy pair). Graded alone: the
+    loop runs with the package's truncate_cache, sampling_probs and verify_draft (with_reference_pieces)."""
     what = "Exercise 4 (generate_speculative)"
     own_work(generate_fn, generate_speculative, what=what)
+    generate_fn = with_reference_pieces(generate_fn)
     with fixed_threads(1), no_calls_into(generate_speculative, what=what):                  # small models: one thread is fast enough and immune to a busy machine
         _check_greedy_trained(generate_fn, n_prompts, new_tokens)
         _check_generate(generate_fn)

@@ -28,15 +28,39 @@ def check_q1_acceptance(answer: Any) -> None:
                  hint="P(accept) = sum_x q(x) min(1, p(x)/q(x)) = sum_x min(p(x), q(x)).")
 
 
-def check_q2_tokens_per_round(answer: Any) -> None:
-    """alpha = 0.8, k = 4: expected tokens per round."""
-    a, k = 0.8, 4
-    check_answer(answer, expected_tokens_per_round(a, k), "Q2 (expected tokens per round)",
-                 {expected_tokens_per_round(a, k) - 1: "that counts the accepted drafts only; every round also emits the "
-                                                       "resampled or bonus token.",
-                  expected_tokens_per_round(a, k - 1): "off by one: sum a^i for i = 0..k has k + 1 terms.",
-                  a * k + 1: "the drafts are accepted only while no earlier one was rejected: not a * k."},
-                 unit="tokens", rel=1e-4, hint="E = sum_{i=0..k} a^i = (1 - a^(k+1)) / (1 - a).")
+Q2 = {"alpha": 0.8, "draft_cost": 0.2, "verify_slope": 0.1, "ks": range(1, 9)}
+
+
+def _q2_best(tokens_per_round: Any, draft_cost: float, verify_slope: float) -> int:
+    """The k in Q2["ks"] that maximises tokens_per_round(k) / (k * draft_cost + 1 + verify_slope * k)."""
+    return max(Q2["ks"], key=lambda k: tokens_per_round(k) / (k * draft_cost + 1 + verify_slope * k))
+
+
+def q2_best_k() -> int:
+    a = Q2["alpha"]
+    return _q2_best(lambda k: expected_tokens_per_round(a, k), Q2["draft_cost"], Q2["verify_slope"])
+
+
+def check_q2_best_k(answer: Any) -> None:
+    """alpha = 0.8, a draft step costs 0.2 target steps, the target's forward over k + 1 positions costs 1 + 0.1 k target
+    steps: the k in 1..8 with the highest speedup. Each wrong pick below is what one mistake in the cost model gives
+    (asserted distinct in tests/labs/test_lab06_checks.py)."""
+    a, c, s = Q2["alpha"], Q2["draft_cost"], Q2["verify_slope"]
+    mistakes = {
+        _q2_best(lambda k: expected_tokens_per_round(a, k), 0.0, s):
+            "that k ignores the draft's cost: every drafted token costs a draft step (0.2 target steps), whether it is "
+            "accepted or not.",
+        _q2_best(lambda k: expected_tokens_per_round(a, k), c, 0.0):
+            "that k treats the verify pass as free of k: here it costs 1 + 0.1 k target steps.",
+        _q2_best(lambda k: expected_tokens_per_round(a, k) - 1, c, s):
+            "that k counts the accepted drafts only; every round also emits the resampled or bonus token.",
+        max(Q2["ks"]):
+            "the largest k maximises tokens per round (or a linear 1 + a k), not tokens per second: the drafts are accepted "
+            "only while no earlier one was rejected, so E = sum a^i saturates while the round's cost keeps growing.",
+    }
+    check_answer(answer, q2_best_k(), "Q2 (the best k)", mistakes, unit="drafted tokens per round",
+                 hint="speedup(k) = E(a, k) / (k c + 1 + 0.1 k) with E = (1 - a^(k+1)) / (1 - a); evaluate k = 1..8 and "
+                      "take the largest.")
 
 
 Q3 = {"k": 3, "target_step_ms": 10.0, "draft_step_ms": 2.0, "verify_ms": 12.0}

@@ -1,23 +1,36 @@
-"""Lab 06, the speed check (CPU tier): speculative decoding against lab 01's cached generation."""
+"""Lab 06, the speed grades (CPU tier): speculative decoding where it wins on a laptop, prompt lookup.
+
+The learner's generate_speculative (exercise 4, run with the package's pieces of exercises 1-3) drafts with
+`PromptLookupModel`, prompt lookup behind the model protocol, so the loop written for a draft model runs unchanged.
+Two grades, on `code_edit_prompts()[LOOKUP_PROMPT]`, greedy, k = LOOKUP_K:
+
+    check_target_calls          deterministic: target forward calls per generated token, with prompt lookup and with the
+                                trained draft model (k = DRAFT_K), below plain decoding's 1 and at most the reference's + 1
+    check_speculative_speedup   wall clock: speedup over generate_kv_cache > 1 (medians, interleaved, one process) and at
+                                least the calibrated fraction of the reference's speedup (harness.check_speedup)
+"""
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from autograder.harness import check_speedup, quiet
-from autograder.lab06.common import SPEED_CHECK, _watched
+from autograder.harness import call_learner, check_speedup, quiet
+from autograder.lab06.common import SPEED_CHECK, _watched, with_reference_pieces
 from autograder.lab06.generator import _gen
 from autograder.reference_guard import own_work
 from minigpt.checkpoint import load_model
 from minigpt.engine.cached_generation import generate_kv_cache
+from minigpt.engine.ngram_draft import PromptLookupModel
 from minigpt.engine.speculative import generate_speculative
 from minigpt.sampling import SamplingParams
 from minigpt.timing import fixed_threads
 
+LOOKUP_PROMPT = 1        # the Config class: its continuation repeats the attribute lines of the prompt
+LOOKUP_K = 4
+DRAFT_PROMPT = 0         # the argparse prompt, for the draft model's call count
+DRAFT_K = 3
+NEW_TOKENS = 32
 
-# ---------------------------------------------------------------------------------------------------
-# Speed (CPU tier)
-# ---------------------------------------------------------------------------------------------------
 
 def code_edit_prompts() -> list[list[int]]:
     """Prompts of repetitive code (argument lists, attribute assignments) whose continuation by the target repeats
@@ -31,31 +44,112 @@ def code_edit_prompts() -> list[list[int]]:
             enc.encode("class Config:\n    def __init__(self):\n" + attrs + "        self.")]
 
 
-def check_speculative_speedup(generate_fn: Callable, *, new_tokens: int = 24, k: int = 3, repeats: int = 5) -> dict[str, float]:
-    """Greedy speculative generation with the trained draft must beat lab 01's generate_kv_cache by at least
-    the calibrated fraction (SPEED_CHECK) of the reference's speedup, timed in this process."""
-    own_work(generate_fn, generate_speculative, what="the speed check (generate_speculative)")
+def _learners(generate_fn: Callable, what: str, allow_reference: bool = False) -> tuple[Callable, Callable]:
+    """The learner's generator, refused if it is the reference, graded alone (the package's pieces of exercises 1-3):
+    (watched for calls into the reference, for correctness runs; unwatched, for timing: the watch costs a profiler
+    call per Python call). allow_reference: calibration measures the reference itself."""
+    if allow_reference:
+        return generate_fn, generate_fn
+    own_work(generate_fn, generate_speculative, what=what)
+    alone = with_reference_pieces(generate_fn)
+    return _watched(alone, (generate_speculative,), what), alone
+
+
+def _same_greedy_output(fn: Callable, target: Any, draft: Any, prompt: list[int], k: int, what: str) -> None:
+    want = generate_kv_cache(target, prompt, NEW_TOKENS, stop_token_ids=())
+    got = _gen(fn, what, target, draft, list(prompt), NEW_TOKENS, SamplingParams(), k=k, stop_token_ids=())
+    if got.tokens != want.tokens:
+        raise AssertionError(f"{what}: your generator's greedy output differs from generate_kv_cache's, so its speed does "
+                             "not count; pass check_generate_speculative first")
+
+
+def _target_calls(target: Any, run: Callable[[], Any]) -> int:
+    """How many times run() calls target's forward."""
+    calls = [0]
+
+    def count(module: Any, args: Any) -> None:
+        calls[0] += 1
+    handle = target.register_forward_pre_hook(count)
+    try:
+        run()
+    finally:
+        handle.remove()
+    return calls[0]
+
+
+def check_target_calls(generate_fn: Callable) -> dict[str, dict[str, float]]:
+    """Target forward calls per generated token (greedy, NEW_TOKENS tokens) with prompt lookup (k = LOOKUP_K) and with
+    the trained draft model (k = DRAFT_K): below plain decoding's one call per token, and at most one call more than
+    the reference makes with the same drafter. Deterministic. Returns {drafter: {"learner", "reference", "plain"}},
+    calls per token."""
+    what = "the target-calls check (generate_speculative)"
+    fn, _ = _learners(generate_fn, what)
     with quiet():
         target, draft = load_model("target"), load_model("draft")
-    prompt = code_edit_prompts()[0]
+    prompts = code_edit_prompts()
+    setups = {"prompt lookup": (PromptLookupModel(target.config.vocab_size), prompts[LOOKUP_PROMPT], LOOKUP_K),
+              "draft model": (draft, prompts[DRAFT_PROMPT], DRAFT_K)}
+    out: dict[str, dict[str, float]] = {}
+    with fixed_threads(1):
+        for name, (drafter, prompt, k) in setups.items():
+            label = f"{what}, {name}, k={k}"
+            _same_greedy_output(fn, target, drafter, prompt, k, label)
+            kw = dict(k=k, stop_token_ids=())
+            learner = _target_calls(target, lambda: call_learner(label, fn, target, drafter, list(prompt), NEW_TOKENS,
+                                                                 SamplingParams(), **kw))
+            reference = _target_calls(target, lambda: generate_speculative(target, drafter, list(prompt), NEW_TOKENS,
+                                                                           SamplingParams(), **kw))
+            plain = _target_calls(target, lambda: generate_kv_cache(target, list(prompt), NEW_TOKENS, stop_token_ids=()))
+            out[name] = {"learner": learner / NEW_TOKENS, "reference": reference / NEW_TOKENS, "plain": plain / NEW_TOKENS}
+            if not (learner < plain and learner <= reference + 1):
+                raise AssertionError(
+                    f"{label}: your generator called the target {learner} times for {NEW_TOKENS} tokens "
+                    f"({learner / NEW_TOKENS:.2f} per token); plain decoding calls it {plain} times and the reference "
+                    f"{reference} times with the same drafter. Verify all k drafts of a round in ONE target call over "
+                    "k + 1 positions (it doubles as the prefill in the first round), and keep every accepted draft "
+                    "plus the bonus token.")
+    return out
+
+
+def check_speculative_speedup(generate_fn: Callable, *, new_tokens: int = NEW_TOKENS, k: int = LOOKUP_K,
+                              repeats: int = 5, require_real_speedup: bool = True,
+                              allow_reference: bool = False) -> dict[str, float]:
+    """Greedy speculative generation drafting by prompt lookup (PromptLookupModel) must beat lab 01's
+    generate_kv_cache: a speedup above 1 and at least the calibrated fraction (SPEED_CHECK) of the reference's
+    speedup, timed interleaved in this process. Calibration only: `require_real_speedup=False` drops the first bar,
+    `allow_reference=True` measures the reference itself."""
+    what = "the speed check (generate_speculative)"
+    fn, timed_fn = _learners(generate_fn, what, allow_reference)
+    with quiet():
+        target = load_model("target")
+    lookup = PromptLookupModel(target.config.vocab_size)
+    prompt = code_edit_prompts()[LOOKUP_PROMPT]
     kw = {"stop_token_ids": ()}
-    want = generate_kv_cache(target, prompt, new_tokens, **kw)
-    got = _gen(_watched(generate_fn, (generate_speculative,), "the speed check (generate_speculative)"),
-               "speed check run", target, draft, list(prompt), new_tokens, SamplingParams(), k=k, **kw)
+    with fixed_threads(1):
+        want = generate_kv_cache(target, prompt, new_tokens, **kw)
+        got = _gen(fn, "speed check run", target, lookup, list(prompt), new_tokens, SamplingParams(), k=k, **kw)
     if got.tokens != want.tokens:
         raise AssertionError("your generator's greedy output differs from generate_kv_cache's, so its speed does not count; "
                              "pass check_generate_speculative first")
-    def one_thread(fn: Callable[[], Any]) -> Callable[[], Any]:
+
+    def one_thread(call: Callable[[], Any]) -> Callable[[], Any]:
         # models this small run as fast on one thread, and one thread is immune to a second one being starved on a
         # shared machine (spin-waits made 2-thread timings jump 10x there); all three candidates alike
-        def call() -> Any:
+        def timed() -> Any:
             with fixed_threads(1):
-                return fn()
-        return call
+                return call()
+        return timed
 
+    label = f"speculative decoding with prompt lookup (k={k}) vs cached decoding, {new_tokens} tokens"
     with quiet():
-        return check_speedup(one_thread(lambda: generate_fn(target, draft, prompt, new_tokens, SamplingParams(), k=k, **kw)),
-                             one_thread(lambda: generate_kv_cache(target, prompt, new_tokens, **kw)),
-                             one_thread(lambda: generate_speculative(target, draft, prompt, new_tokens, SamplingParams(), k=k, **kw)),
-                             what=f"speculative decoding (k={k}) vs cached decoding, {new_tokens} tokens",
-                             check=SPEED_CHECK, repeats=repeats, warmup=1, device="cpu")
+        result = check_speedup(one_thread(lambda: timed_fn(target, lookup, prompt, new_tokens, SamplingParams(), k=k, **kw)),
+                               one_thread(lambda: generate_kv_cache(target, prompt, new_tokens, **kw)),
+                               one_thread(lambda: generate_speculative(target, lookup, prompt, new_tokens, SamplingParams(),
+                                                                       k=k, **kw)),
+                               what=label, check=SPEED_CHECK, repeats=repeats, warmup=1, device="cpu")
+    if require_real_speedup and not result["speedup"] > 1.0:
+        raise AssertionError(f"{label}: your generator is {result['speedup']:.2f}x plain decoding (medians of {repeats} "
+                             f"interleaved runs; the reference reaches {result['reference_speedup']:.2f}x): speculation must "
+                             "beat plain decoding, not only approach the reference. Look for per-round work that grows with "
+                             "the context (re-feeding tokens a cache already holds, copying caches) or extra target calls.")
+    return result

@@ -214,8 +214,11 @@ def _wrapper(reference):
     (lambda: lab06.check_acceptance_stats(own_rate, expected_tokens_per_round), "this is the course's reference"),
     (lambda: lab06.check_acceptance_stats(_wrapper(acceptance_rate), own_tokens), r"reference \(acceptance_rate\)"),
     (lambda: lab06.check_speculative_speedup(generate_speculative), "this is the course's reference"),
+    (lambda: lab06.check_target_calls(generate_speculative), "this is the course's reference"),
+    (lambda: lab06.check_target_calls(_wrapper(generate_speculative)), r"reference \(generate_speculative\)"),
 ], ids=["truncate", "truncate wrapper", "probs", "probs wrapper", "verify", "verify wrapper", "generate",
-        "generate wrapper", "ngram", "ngram wrapper", "rate", "tokens", "rate wrapper", "speed"])
+        "generate wrapper", "ngram", "ngram wrapper", "rate", "tokens", "rate wrapper", "speed", "target calls",
+        "target calls wrapper"])
 def test_the_reference_handed_in_is_refused(run, message):
     """(Every exercise of this lab is a function, so there is no subclass to try.)"""
     with pytest.raises(ReferenceHandedIn, match=message):
@@ -343,12 +346,10 @@ def test_wrong_truncate_rejected():
 
 def test_interview_answers():
     lab06.check_q1_acceptance(0.6)
-    lab06.check_q2_tokens_per_round((1 - 0.8 ** 5) / 0.2)
+    lab06.check_q2_best_k(3)
     lab06.check_q4_break_even_batch(135)
     with pytest.raises(AssertionError, match="clip"):
         lab06.check_q1_acceptance(1.0)
-    with pytest.raises(AssertionError, match="accepted drafts only"):
-        lab06.check_q2_tokens_per_round((1 - 0.8 ** 5) / 0.2 - 1)
     with pytest.raises(AssertionError, match="draft steps"):
         lab06.check_q3_break_even_alpha(lab06.break_even_alpha(3, target_step_s=10, draft_step_s=0, verify_s=12))
     with pytest.raises(AssertionError):
@@ -361,8 +362,85 @@ def test_q3_answer_solves_the_cost_model():
     lab06.check_q3_break_even_alpha(a)
 
 
+# Q2: each wrong pick is what one mistake in the cost model gives; they must differ from the answer and each other.
+Q2_MISTAKES = {6: "ignores the draft's cost", 4: "free of k", 5: "accepted drafts only", 8: "saturates"}
+
+
+@pytest.mark.parametrize("wrong", sorted(Q2_MISTAKES))
+def test_q2_each_wrong_pick_is_diagnosed(wrong):
+    with pytest.raises(AssertionError, match=Q2_MISTAKES[wrong]):
+        lab06.check_q2_best_k(wrong)
+
+
+def test_q2_mistakes_are_distinct_and_the_answer_is_not_close():
+    from autograder.lab06.questions import Q2, q2_best_k
+    assert q2_best_k() == 3 and 3 not in Q2_MISTAKES and len(Q2_MISTAKES) == 4
+    speedup = {k: expected_tokens_per_round(Q2["alpha"], k) / (k * Q2["draft_cost"] + 1 + Q2["verify_slope"] * k)
+               for k in Q2["ks"]}
+    best, second = sorted(speedup.values(), reverse=True)[:2]
+    assert best / second > 1.015            # a learner's rounding cannot flip the pick
+
+
+# --- exercise 4 is graded alone; the speed grades (prompt lookup) ----------------------------------
+
+def _broken_pieces_generate():
+    """A correct loop (the reference's source) whose notebook's exercises 1-3 are still stubs."""
+    namespace = dict(inspect.unwrap(generate_speculative).__globals__)
+    namespace.update(truncate_cache=_stub, sampling_probs=_stub, verify_draft=_stub)
+    exec(compile(textwrap.dedent(inspect.getsource(generate_speculative)), "<learner cell>", "exec"), namespace)
+    return namespace["generate_speculative"]
+
+
+def test_exercise_4_is_graded_without_exercises_1_to_3():
+    fn = _broken_pieces_generate()
+    with pytest.raises(NotImplementedError):       # on its own it cannot run...
+        fn(*lab06.toy_pair(), [1, 2], 3, k=2, stop_token_ids=())
+    lab06.check_generate_speculative(fn)         # ...but its check passes the package's pieces
+    lab06.check_target_calls(fn)
+
+
+def test_with_reference_pieces_leaves_the_learners_namespace_alone():
+    fn = _broken_pieces_generate()
+    lab06.with_reference_pieces(fn)(*lab06.toy_pair(), [1, 2], 3, k=2, stop_token_ids=())
+    assert inspect.unwrap(fn).__globals__["verify_draft"] is _stub
+
+
+def test_prompt_lookup_model_drafts_like_the_drafter():
+    from minigpt.engine.ngram_draft import PromptLookupDrafter, PromptLookupModel
+    target, _ = lab06._tiny_pair()
+    prompt = [5, 9, 2, 7, 5, 9, 2, 7, 5, 9]
+    as_model = generate_speculative(target, PromptLookupModel(48), prompt, 20, k=3, stop_token_ids=())
+    as_drafter = generate_speculative(target, PromptLookupDrafter(48), prompt, 20, k=3, stop_token_ids=())
+    assert as_model.tokens == as_drafter.tokens == generate_speculative(target, lab06._tiny_pair()[1], prompt, 20, k=3,
+                                                                        stop_token_ids=()).tokens
+    assert as_model.rounds[0].drafted == ngram_propose(prompt, 3)
+
+
+def test_target_calls_pass_the_reference_and_reject_one_call_per_token():
+    calls = lab06.check_target_calls(own_generate)
+    assert calls["prompt lookup"]["learner"] < 0.5 and calls["draft model"]["learner"] < 1.0
+    per_token = make_generator_fn()
+
+    def verify_each_token(target, draft, prompt, max_new_tokens, sampling=SamplingParams(), *, k=4, **kw):
+        return per_token(target, draft, prompt, max_new_tokens, sampling, k=0, **kw)       # never drafts
+    with pytest.raises(AssertionError, match="called the target"):
+        lab06.check_target_calls(verify_each_token)
+
+
 def test_speed_check_reference_passes_and_recomputation_fails():
     from autograder.slow_implementations import recompute_everything    # also measured by `make calibrate`
-    lab06.check_speculative_speedup(own_generate)
+    result = lab06.check_speculative_speedup(own_generate)
+    assert result["speedup"] > 1
     with pytest.raises(AssertionError, match="speedup"):
-        lab06.check_speculative_speedup(learner_copy(recompute_everything))
+        lab06.check_speculative_speedup(learner_copy(recompute_everything), new_tokens=12, repeats=1)
+
+
+def test_speed_check_wants_a_real_speedup(monkeypatch):
+    """Reaching the calibrated fraction of the reference is not enough: the speedup over plain decoding must exceed 1."""
+    from autograder.lab06 import speed
+
+    def slower_than_plain(*args, **kwargs):
+        return {"speedup": 0.9, "reference_speedup": 1.2, "threshold": 0.6}
+    monkeypatch.setattr(speed, "check_speedup", slower_than_plain)
+    with pytest.raises(AssertionError, match="must beat plain decoding"):
+        lab06.check_speculative_speedup(own_generate)

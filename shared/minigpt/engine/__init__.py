@@ -10,6 +10,6 @@
   dynamic batching), `metrics` (TTFT, TPOT, ITL, percentiles, goodput).
 * `speculative` (lab 06): draft k tokens, verify them in one target forward, accept with min(1, p/q),
   resample from the normalised residual max(0, p - q), bonus token; greedy variant; `ngram_draft`:
-  prompt-lookup drafting (no draft model).
+  prompt-lookup drafting (no draft model), as a `Drafter` or behind the model protocol (`PromptLookupModel`).
 * `prefix_scheduler` (lab 08): the continuous-batching scheduler admitting from the prefix cache.
 """
