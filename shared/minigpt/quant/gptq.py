@@ -120,12 +120,18 @@ def gptq_model(model: GPT, calibration: Tensor, bits: int = 4, group_size: int |
         raise ValueError("the calibration set is empty: GPTQ needs at least one sequence of tokens")
     names = projection_names(model)
     inputs = capture_inputs(model, calibration, names)
-    hessians: dict[int, Tensor] = {}
-    codes = {}
+    by_input: dict[int, list[str]] = {}                 # wq, wk, wv (and w_gate, w_up) read one input: one pass
     for name in names:
-        x = inputs[name]
-        H = hessians.setdefault(id(x), hessian(x))
-        weight = model.get_submodule(name).weight
-        codes[name] = gptq_quantize(weight, H, bits, group_size, symmetric=symmetric, block_size=block_size,
-                                    damp=damp, act_order=act_order)
+        by_input.setdefault(id(inputs[name]), []).append(name)
+    codes = {}
+    for group in by_input.values():
+        weights = [model.get_submodule(name).weight for name in group]
+        qt = gptq_quantize(torch.cat(weights), hessian(inputs[group[0]]), bits, group_size, symmetric=symmetric,
+                           block_size=block_size, damp=damp, act_order=act_order)   # rows are independent given H
+        first = 0
+        for name, w in zip(group, weights):
+            rows = slice(first, first + w.shape[0])
+            codes[name] = QuantizedTensor(qt.q[rows], qt.scale[rows], None if qt.zero is None else qt.zero[rows],
+                                          qt.bits, qt.group_size)
+            first += w.shape[0]
     return quantize_linears(model, lambda name, w: WeightOnlyLinear(codes[name]))
