@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -144,11 +145,25 @@ def measure(spec: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=2, help="worker processes (one thread each)")
+    parser.add_argument("--scratch", type=Path, default=Path(tempfile.gettempdir()) / "lab05_quality_rows",
+                        help="each finished row is kept here, so an interrupted run resumes where it stopped")
     args = parser.parse_args()
     specs = row_specs()
+    args.scratch.mkdir(parents=True, exist_ok=True)
+    done = {}
+    for f in args.scratch.glob("*.json"):
+        saved = json.loads(f.read_text())
+        if saved["spec"] in specs and saved["setup"] == {"eval": EVAL, "calibration": CALIB, "awq_grid": AWQ_GRID}:
+            done[saved["spec"]["name"]] = saved["row"]
+    todo = sorted((s for s in specs if s["name"] not in done), key=lambda s: s["kind"] not in ("GPTQ", "AWQ"))
     started = time.perf_counter()
-    with ProcessPoolExecutor(max_workers=args.jobs, initializer=_init_worker) as pool:
-        rows = list(pool.map(measure, specs))
+    with ProcessPoolExecutor(max_workers=args.jobs, initializer=_init_worker) as pool:   # slow rows first
+        for spec, row in zip(todo, pool.map(measure, todo)):
+            done[spec["name"]] = row
+            file_name = "".join(c if c.isalnum() else "_" for c in spec["name"]) + ".json"
+            (args.scratch / file_name).write_text(json.dumps(
+                {"spec": spec, "setup": {"eval": EVAL, "calibration": CALIB, "awq_grid": AWQ_GRID}, "row": row}))
+    rows = [done[s["name"]] for s in specs]
     OUT.write_text(json.dumps({
         "script": "scripts/lab05_quality_table.py", "eval": EVAL, "calibration": CALIB, "awq_grid": AWQ_GRID,
         "tokens_evaluated": EVAL["n_windows"] * EVAL["seq_len"],
