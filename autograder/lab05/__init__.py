@@ -14,7 +14,7 @@ CPU tier (correctness):
     check_quantized_kv_cache(cls)       INT8 K/V with one scale per token and KV head
     check_dequant_gemv(fn)              the Triton GEMV (interpreter on CPU) against the dequantized product
     check_int4_cpu_linear(make)         PyTorch's CPU INT4 kernel: right values, speed relative to the reference
-Interview questions: check_q1_e4m3_max ... check_q5_gptq_hessian_bytes.
+Interview questions: check_q1_e4m3_max ... check_q6_production_choice (Q4 reads the shipped quality table).
 Edge inputs: an all-zero row / group / token / tensor (scale 0 must not give NaN), bf16 / fp16 inputs, a dead
 activation channel and a dead input channel of the Hessian. Every check refuses the package's reference handed in
 (reference_guard: minigpt.quant.* itself, a subclass inheriting update(), a thin wrapper calling it, the package's
@@ -32,10 +32,11 @@ from autograder.lab05.integer import check_int4_model_perplexity, check_int4_pac
 from autograder.lab05.kernels import check_dequant_gemv, check_gemv_speed, check_int4_cpu_linear
 from autograder.lab05.kv_cache import check_quantized_kv_cache
 from autograder.lab05.questions import (check_q1_e4m3_max, check_q2_e5m2_smallest_normal, check_q3_range_ratio,
-                                        check_q4_gptq_recovery, check_q5_gptq_hessian_bytes)
+                                        check_q4_low_bit_recovery, check_q5_gptq_hessian_bytes,
+                                        check_q6_production_choice)
 
 __all__ = ["check_quantize_symmetric", "check_int4_model_perplexity", "check_int4_packing", "check_quantize_fp8", "check_gptq", "check_awq_fold",
            "check_smoothing_factors", "check_quantized_kv_cache", "check_dequant_gemv", "check_int4_cpu_linear",
            "check_gemv_speed", "check_q1_e4m3_max", "check_q2_e5m2_smallest_normal", "check_q3_range_ratio",
-           "check_q4_gptq_recovery", "check_q5_gptq_hessian_bytes", "INT4_CPU_SPEED_CHECK", "GEMV_SPEED_CHECKS",
+           "check_q4_low_bit_recovery", "check_q5_gptq_hessian_bytes", "check_q6_production_choice", "INT4_CPU_SPEED_CHECK", "GEMV_SPEED_CHECKS",
            "TINY_CONFIG"]

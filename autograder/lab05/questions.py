@@ -1,11 +1,17 @@
-"""The interview questions: FP8 ranges, GPTQ's recovery, the memory of its Hessians."""
+"""The interview questions: FP8 ranges, AWQ's recovery at 3 bits, the memory of GPTQ's Hessians, a format for a
+stated workload."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import json
+
 from autograder.harness import check_answer
 from minigpt.config import TARGET_CONFIG
+from minigpt.paths import data_dir
+from minigpt.teaching import calculators as calc
+from minigpt.teaching.hardware import ACCELERATORS
 
 
 def check_q1_e4m3_max(answer: Any) -> None:
@@ -28,15 +34,54 @@ def check_q3_range_ratio(answer: Any) -> None:
                  mistakes={57344.0 / 448.0: "that compares only the maxima; the range is max / smallest normal."})
 
 
-def check_q4_gptq_recovery(answer: Any, ppl: dict[str, float]) -> None:
-    """ppl: the lab's measured {"fp32", "INT4 RTN g64", "INT4 GPTQ g64"} perplexities."""
-    base, rtn, gptq = ppl["fp32"], ppl["INT4 RTN g64"], ppl["INT4 GPTQ g64"]
-    if rtn <= base:
-        raise AssertionError("INT4 RTN lost no perplexity in your measurement; recompute the table first")
-    want = (rtn - gptq) / (rtn - base)
-    check_answer(answer, want, "Q4: the fraction of INT4 RTN's (g64) perplexity loss that GPTQ recovers", unit="a fraction",
-                 rel=1e-3, mistakes={1 - want: "that is the fraction GPTQ still loses, not what it recovers.",
-                                     (rtn - gptq) / base: "divide by RTN's loss (rtn - fp32), not by the fp32 perplexity."})
+def _sweep() -> dict[tuple[int, int | None, str], dict]:
+    """The lab's measured sweep (data/lab05_quality_table.json), keyed (bits, group_size, method)."""
+    table = json.loads((data_dir() / "lab05_quality_table.json").read_text())
+    return {(r["weight_bits"], r["group_size"], r["method"]): r for r in table["sweep"]} | {
+        ("fp32",): next(r for r in table["rows"] if r["name"] == "fp32")}
+
+
+def check_q4_low_bit_recovery(answer: Any) -> None:
+    """The fraction of INT3 per-channel RTN's perplexity loss (against fp32) that AWQ recovers, from the shipped table."""
+    sweep = _sweep()
+    base, rtn, awq = sweep[("fp32",)], sweep[(3, None, "RTN")], sweep[(3, None, "AWQ")]
+    loss = rtn["perplexity"] - base["perplexity"]
+    want = (rtn["perplexity"] - awq["perplexity"]) / loss
+    check_answer(answer, want, "Q4: the fraction of INT3 per-channel RTN's perplexity loss that AWQ recovers",
+                 unit="a fraction", rel=1e-3,
+                 mistakes={1 - want: "that is the fraction AWQ still loses, not what it recovers.",
+                           (rtn["perplexity"] - awq["perplexity"]) / base["perplexity"]:
+                               "divide by RTN's loss (RTN - fp32), not by the fp32 perplexity.",
+                           1 - awq["kl"] / rtn["kl"]: "that is the share of the KL divergence AWQ removes (printed in "
+                                                      "section 9); the question asks about perplexity.",
+                           (rtn["perplexity"] - sweep[(3, None, "GPTQ act-order")]["perplexity"]) / loss:
+                               "that is GPTQ's (act-order) recovery; the question asks about AWQ."})
+
+
+Q6_OPTIONS = {1: "bf16 weights", 2: "INT8 weight-only (W8A16), round-to-nearest", 3: "W8A8 with SmoothQuant",
+              4: "INT4 W4A16 with groups of 128, round-to-nearest", 5: "INT4 W4A16 with groups of 128, GPTQ or AWQ",
+              6: "INT3 with one scale per channel, GPTQ"}
+
+
+def check_q6_production_choice(answer: Any) -> None:
+    """Llama-3-70B at batch 8 x 8,192 tokens (bf16 cache) on one 80 GB H100 at 90% use: the option that fits and
+    loses least. Only the 4-bit options leave room for the cache; of those, the calibrated one loses least."""
+    shape, gpu = calc.get_preset("Llama-3-70B"), ACCELERATORS["H100-SXM"]
+    kv = calc.kv_cache_bytes(shape, 8192, batch=8)
+    budget = 0.9 * gpu.memory_bytes
+    w8 = calc.weight_bytes(shape, 1)
+    gb = lambda n: f"{n / 1e9:.1f} GB"
+    check_answer(answer, 5, "Q6: the weight format for Llama-3-70B, 8 x 8,192-token requests, one 80 GB H100",
+                 unit="an option number 1-6",
+                 mistakes={1: f"bf16 weights alone take {gb(calc.weight_bytes(shape, 2))}, more than the whole GPU.",
+                           2: f"8-bit weights take {gb(w8)}; with the {gb(kv)} bf16 cache that is {gb(w8 + kv)}, over "
+                              f"the {gb(budget)} usable.",
+                           3: f"W8A8 stores 8-bit weights ({gb(w8)}) and does not fit next to the {gb(kv)} cache; it "
+                              "speeds up compute-bound prefill, it does not shrink weights below one byte.",
+                           4: "it fits, but GPTQ or AWQ store the same bytes and run the same kernel; their calibration "
+                              "is an offline cost paid once, and they lose less where rounding hurts (section 9).",
+                           6: "it fits with room to spare, but with 4 bits fitting there is no reason to pay the larger "
+                              "loss of 3 bits (section 9's sweep)."})
 
 
 def check_q5_gptq_hessian_bytes(answer: Any) -> None:

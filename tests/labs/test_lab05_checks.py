@@ -5,6 +5,7 @@ wrapper, a subclass inheriting update(), its Triton kernel) fail."""
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from minigpt.kernels.dequant_gemv import dequant_gemv, dequant_gemv_reference
 from minigpt.quant.awq import AWQ_GROUPS, apply_awq_scales
 from minigpt.quant.cpu_kernels import Int4WeightOnlyLinear
 from minigpt.quant.formats import pack_int4, quantize, quantize_fp8, unpack_int4
+from minigpt.paths import data_dir
 from minigpt.quant.gptq import gptq_quantize
 from minigpt.quant.kv_cache import QuantizedLayerKVCache
 from minigpt.quant.smoothquant import smoothing_factors
@@ -492,12 +494,30 @@ def test_interview_answers():
     lab05.check_q1_e4m3_max(448.0)
     lab05.check_q2_e5m2_smallest_normal(2.0 ** -14)
     lab05.check_q3_range_ratio(32768.0)
-    ppl = {"fp32": 38.0, "INT4 RTN g64": 39.0, "INT4 GPTQ g64": 38.4}
-    lab05.check_q4_gptq_recovery(0.6, ppl)
     lab05.check_q5_gptq_hessian_bytes(6 * (3 * 384 ** 2 + 1024 ** 2) * 4)
+    lab05.check_q6_production_choice(5)
     for check, wrong in ((lab05.check_q1_e4m3_max, 240.0), (lab05.check_q2_e5m2_smallest_normal, 2.0 ** -6),
                          (lab05.check_q3_range_ratio, 57344 / 448), (lab05.check_q5_gptq_hessian_bytes, 7 * 6 * 384 ** 2 * 4)):
         with pytest.raises(AssertionError, match="Likely mistake"):
             check(wrong)
-    with pytest.raises(AssertionError, match="still loses"):
-        lab05.check_q4_gptq_recovery(0.4, ppl)
+
+
+def _shipped_sweep():
+    table = json.loads((data_dir() / "lab05_quality_table.json").read_text())
+    sweep = {(r["weight_bits"], r["group_size"], r["method"]): r for r in table["sweep"]}
+    return next(r for r in table["rows"] if r["name"] == "fp32"), sweep
+
+
+def test_q4_reads_the_shipped_table_and_diagnoses_the_kl_share():
+    base, sweep = _shipped_sweep()
+    rtn, awq = sweep[(3, None, "RTN")], sweep[(3, None, "AWQ")]
+    lab05.check_q4_low_bit_recovery((rtn["perplexity"] - awq["perplexity"]) / (rtn["perplexity"] - base["perplexity"]))
+    with pytest.raises(AssertionError, match="share of the KL"):
+        lab05.check_q4_low_bit_recovery(1 - awq["kl"] / rtn["kl"])
+
+
+@pytest.mark.parametrize("wrong,match", [(1, "more than the whole GPU"), (2, "over the"), (3, "does not shrink"),
+                                         (4, "same bytes"), (6, "no reason")])
+def test_q6_diagnoses_each_wrong_format(wrong, match):
+    with pytest.raises(AssertionError, match=match):
+        lab05.check_q6_production_choice(wrong)

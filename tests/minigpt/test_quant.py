@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from minigpt.cache.contiguous import KVCache
 from minigpt.model import GPT
-from minigpt.quant.awq import apply_awq_scales, awq_scales, search_scale
+from minigpt.quant.awq import apply_awq_scales, awq_scales, search_clip, search_scale
 from minigpt.quant.calibration import calibration_tokens, capture_inputs
 from minigpt.quant.cpu_kernels import Int4WeightOnlyLinear, Int8DynamicLinear, Int8WeightOnlyLinear
 from minigpt.quant.formats import (dequantize, fake_quantize, fp8_format, int_range, pack_int4, quantize,
@@ -19,6 +19,7 @@ from minigpt.quant.gptq import gptq_model, gptq_quantize, hessian
 from minigpt.quant.kv_cache import QuantizedKVCache, QuantizedLayerKVCache
 from minigpt.quant.linear import (WeightOnlyLinear, projection_names, quantize_fp8_weights, quantize_linears, quantize_weight_only,
                                   weight_bytes)
+from minigpt.quant.quality import fidelity, perplexity
 from minigpt.quant.smoothquant import W8A8Linear, quantize_per_token, smooth_model, smoothquant_model
 
 
@@ -269,3 +270,77 @@ def test_quantize_linears_keeps_weights_of_plain_linears(tiny_model):
     tokens = torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(copy_model(tokens), tiny_model(tokens))
+
+
+def _correlated_inputs(seed=0, n=512, d=64, rank=8):
+    """Inputs whose channels are strongly correlated (a few latent factors plus a little noise): X = Z A + 0.1 E."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, rank, generator=g) @ torch.randn(rank, d, generator=g) + 0.1 * torch.randn(n, d, generator=g)
+
+
+def _output_error(x, w, w_hat):
+    return (x @ (w_hat - w).T).pow(2).mean().item()          # ||X W^T - X Q^T||^2 / (N out)
+
+
+@pytest.mark.parametrize("group_size", [None, 16])
+@pytest.mark.parametrize("act_order", [False, True])
+def test_gptq_reduces_the_output_error_on_correlated_inputs(group_size, act_order):
+    w, x = _w(32, 64, seed=1), _correlated_inputs()
+    qt = gptq_quantize(w, hessian(x), 3, group_size, act_order=act_order)
+    err_gptq = _output_error(x, w, dequantize(qt))
+    err_rtn = _output_error(x, w, fake_quantize(w, 3, group_size=group_size))
+    assert err_gptq < 0.5 * err_rtn, f"GPTQ output error {err_gptq:.4g} vs round-to-nearest {err_rtn:.4g}"
+
+
+def test_gptq_lies_between_the_exhaustive_optimum_and_round_to_nearest():
+    """A 6-input layer at 3 bits, one scale per row: every code vector (7^6) is tried for each row."""
+    w, x = _w(4, 6, seed=2), _correlated_inputs(n=256, d=6, rank=2)
+    H = hessian(x)
+    qt = gptq_quantize(w, H, 3, None, damp=0.0)
+    codes = torch.cartesian_prod(*[torch.arange(-3, 4, dtype=torch.float64)] * 6)          # (117649, 6)
+    for row in range(4):
+        s, wr = qt.scale[row, 0].double(), w[row].double()
+        d = codes * s - wr
+        optimum = torch.einsum("ci,ij,cj->c", d, H, d).min().item()
+        quad = lambda v: ((v.double() - wr) @ H @ (v.double() - wr)).item()
+        err_gptq, err_rtn = quad(dequantize(qt)[row]), quad(fake_quantize(w, 3)[row])
+        assert optimum - 1e-9 <= err_gptq <= err_rtn + 1e-9
+    total = lambda w_hat: torch.einsum("oi,ij,oj->", (w_hat - w).double(), H, (w_hat - w).double()).item()
+    assert total(dequantize(qt)) < 0.5 * total(fake_quantize(w, 3))
+
+
+def test_gptq_act_order_with_independent_inputs_is_round_to_nearest():
+    """Uncorrelated inputs (diagonal H) leave nothing to compensate: any column order gives RTN's codes back."""
+    w = _w(8, 32, seed=3)
+    H = torch.diag(torch.rand(32, generator=torch.Generator().manual_seed(3)) * 10 + 0.1)
+    for group_size in (None, 16):
+        qt = gptq_quantize(w, H, 4, group_size, damp=0.0, act_order=True)
+        assert torch.equal(qt.q, quantize(w, 4, group_size=group_size).q)
+
+
+@pytest.mark.parametrize("bits,symmetric", [(3, True), (2, False)])
+def test_awq_clip_search_is_never_worse_and_helps_at_low_bits(bits, symmetric):
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(32, 64, generator=g) ** 3                  # heavy-tailed rows: a few large weights per group
+    x = _calib_inputs(seed=4)
+    clipped = search_clip(x, w, bits, 16, symmetric=symmetric)
+    err_clip = _output_error(x, w, fake_quantize(clipped, bits, symmetric=symmetric, group_size=16))
+    err_rtn = _output_error(x, w, fake_quantize(w, bits, symmetric=symmetric, group_size=16))
+    assert err_clip < 0.9 * err_rtn
+
+
+def test_low_bit_weight_only_linear_round_trips():
+    w = _w(8, 32, seed=5)
+    for bits, symmetric in [(3, True), (2, False)]:
+        lin = WeightOnlyLinear.from_weight(w, bits, 16, symmetric)
+        assert torch.equal(lin.dequantized_weight(), fake_quantize(w, bits, symmetric=symmetric, group_size=16))
+
+
+def test_fidelity_of_a_model_against_itself(tiny_model):
+    x = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(6))
+    y = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(7))
+    same = fidelity(tiny_model, tiny_model, x, y)
+    assert same["kl"] == pytest.approx(0.0, abs=1e-6) and same["top1"] == 1.0
+    assert same["perplexity"] == pytest.approx(perplexity(tiny_model, x, y), rel=1e-6)
+    worse = fidelity(quantize_weight_only(tiny_model, 2, 16, symmetric=False), tiny_model, x, y)
+    assert worse["kl"] > 0                         # (the untrained tiny model is too flat for its argmax to move)

@@ -9,6 +9,11 @@ so one Cholesky replaces a re-inversion per column. Columns are processed in blo
 are immediate, those to later blocks are applied once per block (a matrix product: "lazy batch" updates).
 
 H is damped, H + damp * mean(diag H) * I, so the Cholesky exists even for rarely active inputs.
+
+act_order=True quantizes the columns in decreasing order of diag(H) (the inputs with the most energy first,
+while the most columns are left to absorb their error), then puts the codes back in the original order. With
+groups, their scales are then fixed up front from the original weights ("static groups"), since a group's
+columns are no longer quantized together.
 """
 
 from __future__ import annotations
@@ -44,7 +49,8 @@ def _scale_for(w: Tensor, bits: int, symmetric: bool) -> tuple[Tensor, Tensor | 
 
 
 def gptq_quantize(weight: Tensor, H: Tensor, bits: int = 4, group_size: int | None = 128, *,
-                  symmetric: bool = True, block_size: int = 128, damp: float = 0.01) -> QuantizedTensor:
+                  symmetric: bool = True, block_size: int = 128, damp: float = 0.01,
+                  act_order: bool = False) -> QuantizedTensor:
     """GPTQ codes for weight (out, in) given the Hessian H (in, in) of the layer's calibration inputs."""
     check_bits(bits)
     out_f, in_f = weight.shape
@@ -61,30 +67,36 @@ def gptq_quantize(weight: Tensor, H: Tensor, bits: int = 4, group_size: int | No
     H[dead, dead] = 1.0
     W[:, dead] = 0.0
     H += damp * torch.diag(H).mean() * torch.eye(in_f, dtype=H.dtype)
-    U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
 
     n_groups = 1 if group_size is None else in_f // group_size
-    Q = torch.zeros(out_f, in_f, dtype=torch.int16)
     scales = torch.zeros(out_f, n_groups, dtype=torch.float64)
     zeros = None if symmetric else torch.zeros(out_f, n_groups, dtype=torch.float64)
-    if group_size is None:
-        scale, zero = _scale_for(W, bits, symmetric)
-        scales[:, 0] = scale
-        if zeros is not None:
-            zeros[:, 0] = zero
+    static = group_size is None or act_order                     # scales fixed before any column moves
+    if static:
+        for k in range(n_groups):
+            cols = slice(None) if group_size is None else slice(k * group_size, (k + 1) * group_size)
+            scale, zero = _scale_for(W[:, cols], bits, symmetric)
+            scales[:, k] = scale
+            if zeros is not None:
+                zeros[:, k] = zero
+    order = torch.argsort(torch.diag(H), descending=True, stable=True) if act_order else torch.arange(in_f)
+    W, H = W[:, order], H[order][:, order]
+    U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
+
+    Q = torch.zeros(out_f, in_f, dtype=torch.int16)
     for b0 in range(0, in_f, block_size):
         b1 = min(b0 + block_size, in_f)
         Wb = W[:, b0:b1].clone()
         Err = torch.zeros_like(Wb)
         Ub = U[b0:b1, b0:b1]
         for i in range(b1 - b0):
-            col = b0 + i
-            if group_size is not None and col % group_size == 0:       # scales from the already-updated weights
+            col = b0 + i                                                # position in processing order
+            g = 0 if group_size is None else int(order[col]) // group_size
+            if not static and col % group_size == 0:                     # scales from the already-updated weights
                 scale, zero = _scale_for(Wb[:, i:i + group_size], bits, symmetric)
-                scales[:, col // group_size] = scale
+                scales[:, g] = scale
                 if zeros is not None:
-                    zeros[:, col // group_size] = zero
-            g = 0 if group_size is None else col // group_size
+                    zeros[:, g] = zero
             s = scales[:, g]
             z = 0.0 if zeros is None else zeros[:, g]
             w = Wb[:, i]
@@ -94,12 +106,13 @@ def gptq_quantize(weight: Tensor, H: Tensor, bits: int = 4, group_size: int | No
             Wb[:, i:] -= err[:, None] * Ub[i, i:][None, :]              # error to the rest of the block now
             Err[:, i] = err
         W[:, b1:] -= Err @ U[b0:b1, b1:]                                 # and to later blocks once per block
+    Q = Q[:, torch.argsort(order)]                                       # back to the original column order
     dtype = torch.uint8 if (not symmetric and bits == 8) else torch.int8
     return QuantizedTensor(Q.to(dtype), scales.float(), None if zeros is None else zeros.float(), bits, group_size)
 
 
 def gptq_model(model: GPT, calibration: Tensor, bits: int = 4, group_size: int | None = 128, *,
-               symmetric: bool = True, block_size: int = 128, damp: float = 0.01) -> GPT:
+               symmetric: bool = True, block_size: int = 128, damp: float = 0.01, act_order: bool = False) -> GPT:
     """A W4A16 (or W8A16) copy of `model` quantized by GPTQ, the Hessians taken from the full-precision model's
     inputs on `calibration` tokens (N, T). (The paper quantizes layer by layer, feeding each the outputs of the
     already-quantized layers; using the full-precision inputs everywhere is simpler and close on small models.)"""
@@ -107,11 +120,18 @@ def gptq_model(model: GPT, calibration: Tensor, bits: int = 4, group_size: int |
         raise ValueError("the calibration set is empty: GPTQ needs at least one sequence of tokens")
     names = projection_names(model)
     inputs = capture_inputs(model, calibration, names)
-    hessians: dict[int, Tensor] = {}
-    codes = {}
+    by_input: dict[int, list[str]] = {}                 # wq, wk, wv (and w_gate, w_up) read one input: one pass
     for name in names:
-        x = inputs[name]
-        H = hessians.setdefault(id(x), hessian(x))
-        weight = model.get_submodule(name).weight
-        codes[name] = gptq_quantize(weight, H, bits, group_size, symmetric=symmetric, block_size=block_size, damp=damp)
+        by_input.setdefault(id(inputs[name]), []).append(name)
+    codes = {}
+    for group in by_input.values():
+        weights = [model.get_submodule(name).weight for name in group]
+        qt = gptq_quantize(torch.cat(weights), hessian(inputs[group[0]]), bits, group_size, symmetric=symmetric,
+                           block_size=block_size, damp=damp, act_order=act_order)   # rows are independent given H
+        first = 0
+        for name, w in zip(group, weights):
+            rows = slice(first, first + w.shape[0])
+            codes[name] = QuantizedTensor(qt.q[rows], qt.scale[rows], None if qt.zero is None else qt.zero[rows],
+                                          qt.bits, qt.group_size)
+            first += w.shape[0]
     return quantize_linears(model, lambda name, w: WeightOnlyLinear(codes[name]))

@@ -31,15 +31,17 @@ class WeightOnlyLinear(nn.Module):
 
     Buffers: qweight int8 (out, in) for 8 bits, or uint8 (out, in / 2) with two INT4 codes per byte;
     scale float32 (out, n_groups); zero (out, n_groups) for asymmetric codes, else absent.
+    2- and 3-bit codes (lab 05's low-bit sweep) are stored in the same nibbles: the arithmetic is exact, the bytes
+    are those of INT4 (a real 3-bit kernel packs them tighter).
     """
 
     def __init__(self, qt: QuantizedTensor) -> None:
         super().__init__()
-        if qt.bits not in (4, 8):
-            raise ValueError(f"WeightOnlyLinear stores 4- or 8-bit codes, got bits={qt.bits}")
+        if qt.bits not in (2, 3, 4, 8):
+            raise ValueError(f"WeightOnlyLinear stores 2-, 3-, 4- or 8-bit codes, got bits={qt.bits}")
         self.bits, self.group_size = qt.bits, qt.group_size
         self.out_features, self.in_features = qt.q.shape
-        self.register_buffer("qweight", pack_int4(qt.q) if qt.bits == 4 else qt.q.clone())
+        self.register_buffer("qweight", pack_int4(qt.q) if qt.bits <= 4 else qt.q.clone())
         self.register_buffer("scale", qt.scale.float().clone())
         self.register_buffer("zero", None if qt.zero is None else qt.zero.float().clone())
 
@@ -50,7 +52,7 @@ class WeightOnlyLinear(nn.Module):
         return cls(quantize(weight.detach(), bits, symmetric=symmetric, group_size=group_size))
 
     def codes(self) -> QuantizedTensor:
-        q = unpack_int4(self.qweight, signed=self.zero is None) if self.bits == 4 else self.qweight
+        q = unpack_int4(self.qweight, signed=self.zero is None) if self.bits <= 4 else self.qweight
         return QuantizedTensor(q, self.scale, self.zero, self.bits, self.group_size)
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> Tensor:
