@@ -27,7 +27,6 @@ import logging
 import math
 import numbers
 import os
-import sys
 import warnings
 from typing import Any, Callable, Iterator, Mapping, Sequence, Tuple, Union
 
@@ -199,28 +198,6 @@ def _log_measurement(record: dict[str, Any]) -> None:
 
 
 @contextlib.contextmanager
-def _fd2_to_devnull() -> Iterator[None]:
-    """Send file descriptor 2 (C-level stderr: torch/triton native warnings) to /dev/null."""
-    try:
-        sys.stderr.flush()
-    except Exception:
-        pass
-    try:
-        saved = os.dup(2)
-    except OSError:          # no fd 2 at all: nothing to silence
-        yield
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
-@contextlib.contextmanager
 def quiet() -> Iterator[None]:
     """Silence warnings, logging and progress bars inside a check, so nothing reaches stderr.
 
@@ -228,6 +205,8 @@ def quiet() -> Iterator[None]:
     inside the block (Python-level and C-level) is swallowed; stdout is left alone. Exceptions
     propagate unchanged.
     """
+    from minigpt.teaching.profiling import stderr_silenced   # torch is imported only when a check runs
+
     saved_env = os.environ.get("TQDM_DISABLE")
     os.environ["TQDM_DISABLE"] = "1"
     previous_disable = logging.root.manager.disable
@@ -235,7 +214,7 @@ def quiet() -> Iterator[None]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with contextlib.redirect_stderr(io.StringIO()), _fd2_to_devnull():
+            with contextlib.redirect_stderr(io.StringIO()), stderr_silenced():
                 yield
     finally:
         logging.disable(previous_disable)

@@ -39,38 +39,15 @@ import triton.language as tl
 from torch import Tensor
 
 from minigpt.attention import ATTENTION_IMPLEMENTATIONS
-from minigpt.kernels.tiled_attention import as_heads, check_attention_shapes
+from minigpt.kernels.flash_backward import flash_attention_backward
+from minigpt.kernels.tiled_attention import check_attention_shapes, function_backward, function_forward
+from minigpt.kernels.triton_support import check_triton_device, dot_options, interpreting
 
 __all__ = ["flash_attention_forward", "flash_attention", "FlashAttentionFunction", "interpreting",
            "AUTOTUNE_CONFIGS", "check_triton_device", "dot_options"]
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
-
-
-def interpreting() -> bool:
-    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1 at import time)."""
-    return bool(triton.knobs.runtime.interpret)
-
-
-def dot_options(dtype: torch.dtype) -> dict[str, object]:
-    """Kernel constexprs for the dots: exact fp32 dots for fp32 inputs (no TF32 rounding), and under the
-    interpreter bf16 tiles upcast to fp32 right after loading (Triton 3.9's interpreter miscomputes bf16
-    arithmetic; on a GPU bf16 goes to the tensor cores as is)."""
-    upcast = interpreting() and dtype == torch.bfloat16
-    return {"PRECISION": "ieee" if dtype == torch.float32 or upcast else "tf32", "UPCAST": upcast}
-
-
-def check_triton_device(*tensors: Tensor) -> None:
-    """Triton needs CUDA tensors, or CPU tensors under the interpreter; say so clearly otherwise."""
-    on_cuda = [t.is_cuda for t in tensors]
-    if all(on_cuda):
-        return
-    if any(on_cuda):
-        raise ValueError("all tensors must be on the same device (some are on CUDA, some are not)")
-    if not interpreting():
-        raise RuntimeError("Triton kernels need CUDA tensors; on a CPU set the environment variable "
-                           "TRITON_INTERPRET=1 before importing triton (and minigpt.kernels) to use the interpreter")
 
 
 @triton.jit
@@ -248,25 +225,11 @@ class FlashAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
-        q4, k4, v4, three_d = as_heads(q, k, v, bool(is_causal))
-        out, lse = flash_attention_forward(q4, k4, v4, causal=bool(is_causal))
-        if three_d:
-            out, lse = out.squeeze(1), lse.squeeze(1)
-        ctx.save_for_backward(lse, q, k, v, out)
-        ctx.is_causal = bool(is_causal)
-        return out
+        return function_forward(ctx, flash_attention_forward, q, k, v, is_causal)
 
     @staticmethod
     def backward(ctx, d_out: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
-        from minigpt.kernels.flash_backward import flash_attention_backward
-
-        lse, q, k, v, out = ctx.saved_tensors
-        if q.ndim == 3:
-            dq, dk, dv = flash_attention_backward(q[:, None], k[:, None], v[:, None], out[:, None], lse[:, None],
-                                                  d_out[:, None], causal=ctx.is_causal)
-            return dq[:, 0], dk[:, 0], dv[:, 0], None
-        dq, dk, dv = flash_attention_backward(q, k, v, out, lse, d_out, causal=ctx.is_causal)
-        return dq, dk, dv, None
+        return function_backward(ctx, flash_attention_backward, d_out)
 
 
 # attention="triton" in minigpt: the core keeps no import of this folder, the kernel registers itself.

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from minigpt.kernels.flash_attention import check_triton_device, dot_options, interpreting
+from minigpt.kernels.triton_support import check_triton_device, dot_options, interpreting
 from minigpt.kernels.tiled_attention import check_attention_shapes
 
 __all__ = ["flash_attention_backward", "attention_delta", "BackwardTiles", "backward_tiles"]

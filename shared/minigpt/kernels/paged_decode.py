@@ -29,7 +29,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from minigpt.kernels.flash_attention import LOG2E, check_triton_device, dot_options
+from minigpt.kernels.flash_attention import LOG2E
+from minigpt.kernels.triton_support import check_triton_device, dot_options
 
 __all__ = ["paged_decode", "paged_decode_partials", "merge_partials",
            "gather_then_sdpa", "check_paged_inputs", "random_paged_inputs"]

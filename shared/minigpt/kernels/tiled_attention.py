@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import math
 
+from typing import Callable
+
 import torch
 from torch import Tensor
 
@@ -201,20 +203,32 @@ class TiledAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
-        q4, k4, v4, three_d = as_heads(q, k, v, bool(is_causal))
-        out, lse = tiled_attention_forward(q4, k4, v4, causal=bool(is_causal))
-        if three_d:
-            out, lse = out.squeeze(1), lse.squeeze(1)
-        ctx.save_for_backward(lse, q, k, v, out)
-        ctx.is_causal = bool(is_causal)
-        return out
+        return function_forward(ctx, tiled_attention_forward, q, k, v, is_causal)
 
     @staticmethod
     def backward(ctx, d_out: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
-        lse, q, k, v, out = ctx.saved_tensors
-        if q.ndim == 3:
-            dq, dk, dv = tiled_attention_backward(q[:, None], k[:, None], v[:, None], out[:, None], lse[:, None],
-                                                  d_out[:, None], causal=ctx.is_causal)
-            return dq[:, 0], dk[:, 0], dv[:, 0], None
-        dq, dk, dv = tiled_attention_backward(q, k, v, out, lse, d_out, causal=ctx.is_causal)
-        return dq, dk, dv, None
+        return function_backward(ctx, tiled_attention_backward, d_out)
+
+
+def function_forward(ctx, forward: Callable, q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> Tensor:
+    """The forward both attention Functions share: (B, T, D) or (B, H, T, D) in, `forward(q4, k4, v4, causal)` ->
+    (out, lse) on heads, out shaped like q; saves exactly one LSE ((B, Tq) for 3-D inputs) with q, k, v, out."""
+    q4, k4, v4, three_d = as_heads(q, k, v, bool(is_causal))
+    out, lse = forward(q4, k4, v4, causal=bool(is_causal))
+    if three_d:
+        out, lse = out.squeeze(1), lse.squeeze(1)
+    ctx.save_for_backward(lse, q, k, v, out)
+    ctx.is_causal = bool(is_causal)
+    return out
+
+
+def function_backward(ctx, backward: Callable, d_out: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
+    """The backward both attention Functions share: `backward(q, k, v, out, lse, d_out, causal)` on heads (3-D
+    inputs get a head axis of 1 and lose it again), no gradient for is_causal."""
+    lse, q, k, v, out = ctx.saved_tensors
+    if q.ndim == 3:
+        dq, dk, dv = backward(q[:, None], k[:, None], v[:, None], out[:, None], lse[:, None], d_out[:, None],
+                              causal=ctx.is_causal)
+        return dq[:, 0], dk[:, 0], dv[:, 0], None
+    dq, dk, dv = backward(q, k, v, out, lse, d_out, causal=ctx.is_causal)
+    return dq, dk, dv, None

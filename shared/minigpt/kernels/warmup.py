@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from minigpt.kernels.flash_attention import check_triton_device
+from minigpt.kernels.triton_support import check_triton_device
 
 __all__ = ["add", "row_softmax", "matmul", "add_kernel", "row_softmax_kernel", "matmul_kernel"]
 

@@ -44,11 +44,19 @@ def default_activities() -> list[ProfilerActivity]:
 
 
 @contextlib.contextmanager
-def _stderr_silenced() -> Iterator[None]:
-    """File descriptor 2 sent to /dev/null inside the block (the profiler's C++ library prints a line on stderr
-    at every start and stop in some torch builds; a notebook would show it as an error)."""
-    sys.stderr.flush()
-    saved = os.dup(2)
+def stderr_silenced() -> Iterator[None]:
+    """File descriptor 2 (C-level stderr) sent to /dev/null inside the block: the profiler's C++ library prints a
+    line there at every start and stop in some torch builds, and native torch/Triton warnings go there too; a
+    notebook shows such lines as errors (and nbgrader scores a test cell with stderr 0)."""
+    try:
+        sys.stderr.flush()
+    except Exception:
+        pass
+    try:
+        saved = os.dup(2)
+    except OSError:          # no fd 2 at all: nothing to silence
+        yield
+        return
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
         os.dup2(devnull, 2)
@@ -63,14 +71,14 @@ def _stderr_silenced() -> Iterator[None]:
 def quiet_profile(activities: list[ProfilerActivity] | None = None) -> Iterator[profile]:
     """torch.profiler.profile(activities) around the block, with only its start and stop kept off stderr."""
     prof = profile(activities=activities if activities is not None else default_activities())
-    with _stderr_silenced():
+    with stderr_silenced():
         prof.__enter__()
     try:
         yield prof
     finally:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        with _stderr_silenced():
+        with stderr_silenced():
             prof.__exit__(None, None, None)
 
 
