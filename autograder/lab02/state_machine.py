@@ -217,12 +217,7 @@ def make_state_machine(make_manager: Callable[[int, int, bool], Any],
         @_reports_failure
         def fork_and_write(self, data: Any, child_tokens: list[int], parent_tokens: list[int]) -> None:
             """Parallel sampling: fork, then both siblings write different tokens (copy-on-write)."""
-            parent = data.draw(st.sampled_from(sorted(self.expected)))
-            child = self.next_id
-            with watch():
-                _call(f"fork({parent}, {child})", self.m.fork, parent, child)
-            self.next_id += 1
-            self.expected[child] = list(self.expected[parent])
+            parent, child = self._fork_one(data)
             self._append(child, child_tokens)
             self._append(parent, parent_tokens)
 
@@ -230,12 +225,17 @@ def make_state_machine(make_manager: Callable[[int, int, bool], Any],
         @rule(data=st.data())
         @_reports_failure
         def fork(self, data: Any) -> None:
+            self._fork_one(data)
+
+        def _fork_one(self, data: Any) -> tuple[int, int]:
+            """Fork a live sequence (drawn from data) into the next id; the child expects the parent's tokens."""
             parent = data.draw(st.sampled_from(sorted(self.expected)))
             child = self.next_id
             with watch():
                 _call(f"fork({parent}, {child})", self.m.fork, parent, child)
             self.next_id += 1
             self.expected[child] = list(self.expected[parent])
+            return parent, child
 
         @precondition(lambda self: bool(self.expected))
         @rule(data=st.data())
