@@ -91,11 +91,13 @@ def _stage(course_root: Path, assignment: str, work: Path) -> tuple[list[str], l
     """Lay out work/students/<student>/<grade_id>.py, work/others/<reference|solution>/<grade_id>.py and
     work/stubs/<grade_id>.py; returns (students, notes)."""
     notes: list[str] = []
-    released = {p.name: nbformat.read(str(p), as_version=4) for p in (course_root / "labs" / assignment).glob("*.ipynb")}
+    released = {p.name: nbformat.read(str(p), as_version=4)
+                for p in (course_root / "labs" / assignment).glob("*.ipynb")}
     solutions = {p.name: nbformat.read(str(p), as_version=4)
                  for p in (course_root / "solutions" / assignment).glob("*.ipynb")}
     if not released:
-        raise FileNotFoundError(f"no released notebook under labs/{assignment}/ (run `python -m autograder release`)")
+        raise grading.GradingError(f"no released notebook under labs/{assignment}/ (an assignment name such as "
+                                   "02_paged_kv_cache; `python -m autograder release` writes labs/)")
     stubs = {gid: src for nb in released.values() for gid, src in _solution_cells(nb).items()}
     for gid, src in stubs.items():
         _write(work / "stubs" / f"{gid}.py", src)

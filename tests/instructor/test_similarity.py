@@ -85,3 +85,8 @@ def test_command_prints_table_and_writes_csv_and_html(course, tmp_path, capsys):
     assert "bob" in out and similarity.REFERENCE in out
     assert csv_path.read_text().splitlines()[0].startswith("exercise,student,other,similarity")
     assert html.stat().st_size > 0
+
+
+def test_unknown_assignment_is_a_clear_error(course, capsys):
+    assert main(["--course", str(course), "similarity", "--assignment", "nope"]) == 2
+    assert "no released notebook under labs/nope/" in capsys.readouterr().err
