@@ -3,7 +3,10 @@
 * `LimitOutputSize`  cut any single output above max_chars (nbgrader's LimitOutput only counts lines).
 * `StoppingExecute`  nbgrader's Execute, except that a cell which ignores the interrupt after its time
   limit (or kills the kernel) ends the run *for the cells after it*: they are marked as not run, and the
-  points of the cells before it stand. nbgrader's own Execute raises, which loses every point.
+  points of the cells before it stand. nbgrader's own Execute raises, which loses every point. Test cells
+  are not run in the learner's kernel: the judge runs them (autograder/judge.py) while the kernel serves
+  it (autograder/observe.py), and the cell's outputs are the judge's. COURSE_JUDGE=0 turns that off
+  (test cells run in the kernel, as nbgrader does; for measuring what judging costs).
 * `HideTestSources`  for feedback: a test cell shows its grade and failure message, not its source, its
   traceback (whose frames quote hidden test lines) or what learner code printed from inside it.
 """
@@ -13,7 +16,7 @@ from __future__ import annotations
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
-from traitlets import Integer
+from traitlets import Bool, Integer
 
 STUCK_ENAME = "CellTimeoutError"
 STUCK_NOTE = "ran past its time limit and did not stop when interrupted (SIGINT ignored?)"
@@ -61,16 +64,32 @@ class StoppingExecute(Execute):
             kwargs.setdefault("kernel_manager_class", SandboxedKernelManager)
         super().__init__(*args, **kwargs)
 
+    judge_test_cells = Bool(True, help="run test cells in the judge, not in the learner's kernel").tag(config=True)
+
     def preprocess(self, nb, resources=None, km=None):
+        import os
+
         self._stopped = ""
-        return super().preprocess(nb, resources, km)
+        self._judge = None
+        self._judging = self.judge_test_cells and os.environ.get("COURSE_JUDGE", "1") != "0"
+        self._cwd = ((resources or {}).get("metadata") or {}).get("path") or None
+        try:
+            return super().preprocess(nb, resources, km)
+        finally:
+            if self._judge is not None:
+                self._judge.close()
+                self._judge = None
 
     def preprocess_cell(self, cell, resources, index):
         if self._stopped:
             if cell.cell_type == "code" and cell.source.strip():
                 cell.outputs = [error_output(NOT_RUN_ENAME, f"not run: {self._stopped}")]
             return cell, resources
+        meta = cell.metadata.get("nbgrader", {}) if cell.cell_type == "code" else {}
+        judged = self._judging and meta.get("grade") and not meta.get("solution") and cell.source.strip()
         try:
+            if judged:
+                return self._judged_cell(cell, resources, index)
             return super().preprocess_cell(cell, resources, index)
         except CellTimeoutError:
             self._stopped = f"cell {index + 1} {STUCK_NOTE}"
@@ -80,6 +99,43 @@ class StoppingExecute(Execute):
             self._stopped = f"the kernel died in cell {index + 1}"
             cell.outputs.append(error_output(DEAD_ENAME, "the kernel died while running this cell "
                                              "(os._exit, a crash, or a resource limit)"))
+        return cell, resources
+
+    def _judged_cell(self, cell, resources, index):
+        """Run a test cell in the judge while the kernel serves it; the cell's outputs are the judge's."""
+        import secrets
+        import tempfile
+
+        from nbformat.v4 import new_code_cell, new_output
+
+        from autograder.judge import JudgeProcess
+
+        if self._judge is None:
+            socket_dir = getattr(self.km, "_socket_dir", None) or tempfile.mkdtemp(prefix="judge-")
+            self._judge = JudgeProcess(socket_dir, cwd=self._cwd)
+        token = secrets.token_hex(8)
+        self._judge.run(cell.source, token, timeout=float(self.timeout or 300))
+        serving = new_code_cell(f"import autograder.observe\nautograder.observe.serve({self._judge.path!r}, {token!r})")
+        try:
+            super().preprocess_cell(serving, resources, index)
+        except BaseException:          # stuck or dead kernel: the judge's cell is void, the run stops here
+            self._judge.kill()
+            self._judge = None
+            cell.outputs = []
+            raise
+        finally:
+            self.nb.cells[index] = cell    # nbclient stored the serving cell in the test cell's place
+        result = self._judge.result(wait=float(self.timeout or 300))
+        if result["error"] and result["error"]["ename"] == "JudgeTimeout":
+            self._judge.kill()
+            self._judge = None
+        cell.execution_count = serving.get("execution_count")
+        cell.outputs = []
+        for name in ("stdout", "stderr"):
+            if result.get(name):
+                cell.outputs.append(new_output("stream", name=name, text=result[name]))
+        if result.get("error"):
+            cell.outputs.append(error_output(result["error"]["ename"], result["error"]["evalue"]))
         return cell, resources
 
     def _kill_kernel(self) -> None:

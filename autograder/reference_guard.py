@@ -89,6 +89,12 @@ def own_work(answer: Any, reference: Any | Iterable[Any], *, what: str, methods:
     methods the exercise asks for from the reference instead of defining them. `given`: attributes of the class that
     may hold the package's code (an earlier exercise's piece, which the learner may replace by the reference)."""
     refs = list(reference) if isinstance(reference, (list, tuple, set)) else [reference]
+    from autograder.wire import Remote
+
+    if isinstance(answer, Remote):       # the learner's object lives in the kernel: look at it there
+        answer._endpoint.request("package", path="autograder.reference_guard:own_work", args=[answer, refs],
+                                 kwargs={"what": what, "methods": list(methods), "given": list(given)})
+        return
     target = _unwrap(answer)
     for ref in refs:
         if target is _unwrap(ref):
@@ -148,6 +154,8 @@ def no_calls_into(*references: Any, what: str, allow: Iterable[str] = ()) -> Ite
     constructor the exercise's API requires: "BlockPool.__init__")."""
     watched = {code: name for code, name in _code_objects(references).items() if name not in set(allow)}
     entered: list[str] = []
+    spec = {"refs": [_path(r) for r in references], "what": what, "allow": list(allow)}
+    _WATCHES.append(spec)
 
     def profile(frame, event, arg):
         if event == "call" and frame.f_code in watched and not entered:
@@ -161,9 +169,23 @@ def no_calls_into(*references: Any, what: str, allow: Iterable[str] = ()) -> Ite
     finally:
         sys.setprofile(previous)
         threading.setprofile(previous_threading)
+        _WATCHES.remove(spec)
     if entered:
         raise ReferenceHandedIn(f"{what}: your code calls the course's reference ({entered[0]}) instead of doing "
                                 "the work itself.")
+
+
+_WATCHES: list[dict] = []     # open no_calls_into blocks (a judged call asks the kernel to watch as well)
+
+
+def _path(ref: Any) -> str:
+    obj = _unwrap(ref)
+    return f"{obj.__module__}:{obj.__qualname__}"
+
+
+def remote_options() -> dict:
+    """What a judged call asks the kernel for: the same watches as the blocks open here."""
+    return {"watch": [dict(w) for w in _WATCHES]} if _WATCHES else {}
 
 
 def watched(fn: Callable, references: tuple, what: str) -> Callable:

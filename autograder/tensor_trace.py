@@ -6,6 +6,9 @@ tensors that went in and came out (a `TorchFunctionMode`), for checks of the met
     any(shape[-2:] == (T, T) for shape in trace.shapes())     # a (T x T) tensor held?
     trace.calls_named("softmax")                               # torch.softmax / Tensor.softmax / F.softmax called?
     trace.grad_used                                            # autograd switched on (requires_grad, backward)?
+
+When the learner's code runs in another process (a judged check, autograder/judge.py), the call is traced
+there and its records are added here.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ class TorchCall:
     outputs: tuple[tuple[int, ...], ...]
 
 
+_ACTIVE: list["TensorTrace"] = []       # traces open in this process (a judged call asks the kernel to trace too)
+
+
 class TensorTrace(TorchFunctionMode):
     """Records every torch function called inside the block (names without leading underscores, e.g. "amax")."""
 
@@ -49,9 +55,34 @@ class TensorTrace(TorchFunctionMode):
                                     tuple(tuple(t.shape) for t in results)))
         return out
 
+    def __enter__(self) -> "TensorTrace":
+        _ACTIVE.append(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        _ACTIVE.remove(self)
+
     def calls_named(self, *names: str) -> list[TorchCall]:
         return [c for c in self.calls if c.name in names]
 
     def shapes(self) -> list[tuple[int, ...]]:
         """Every tensor shape that went in or came out of a call."""
         return [s for c in self.calls for s in (*c.inputs, *c.outputs)]
+
+
+def remote_options() -> dict:
+    """What a judged call asks the kernel for: a trace of the learner's code when one is open here."""
+    return {"trace": True} if _ACTIVE else {}
+
+
+def merge_remote(findings: dict) -> None:
+    """Add the kernel's trace of a judged call to every trace open here (as if the call had run here)."""
+    found = findings.get("trace")
+    if not found:
+        return
+    calls = [TorchCall(name, tuple(tuple(s) for s in ins), tuple(tuple(s) for s in outs))
+             for name, ins, outs in found["calls"]]
+    for trace in _ACTIVE:
+        trace.calls.extend(calls)
+        trace.grad_used = trace.grad_used or bool(found["grad_used"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from autograder.wire import storage_address
+
 from typing import Any
 
 import torch
@@ -63,7 +65,7 @@ def _check_dtype_device_and_views(cache_cls: type) -> None:
         if not (torch.equal(k_all, k) and torch.equal(v_all, v)) or k_all.dtype != dtype:
             raise AssertionError(f"a {dtype} cache returned {k_all.dtype} keys/values that differ from those written")
         for name, buf, out in (("k", cache.k, k_all), ("v", cache.v, v_all)):
-            if out.untyped_storage().data_ptr() != buf.untyped_storage().data_ptr():
+            if storage_address(out) != storage_address(buf):
                 raise AssertionError(f"update returned {name}_all in new memory, not a view of cache.{name}: return "
                                      f"cache.{name}[:, :length] (a slice, no copy: no .clone(), torch.cat or .to())")
     cache = _make_cache(cache_cls, B, S, H, D, device="meta")

@@ -6,6 +6,8 @@ it accepts the package's LayerKVCache inside the learner's loop, so a learner wh
 
 from __future__ import annotations
 
+from autograder.wire import storage_address
+
 import contextlib
 from typing import Any, Callable
 
@@ -33,7 +35,7 @@ class _Recorder:
 
         def recording_attention(q, k, v):
             self.attn_shapes.append((tuple(q.shape), tuple(k.shape)))
-            self.key_buffers.append(k.untyped_storage().data_ptr())
+            self.key_buffers.append(storage_address(k))
             return inner(q, k, v)
 
         model.set_attention(recording_attention)

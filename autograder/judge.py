@@ -1,0 +1,209 @@
+"""The judge: runs a notebook's test cells in a process where no learner code ever runs.
+
+nbgrader scores a test cell by whether it raised, so whoever runs the cell decides the grade. Under
+autograde the cell runs here instead of in the learner's kernel:
+
+    nbgrader (trusted)          judge process (trusted)             kernel (learner's code, sandboxed)
+    StoppingExecute ----cell--> exec(test cell)
+                                  needs `kv_cache_bytes` ---------> observe.serve(): a handle to the function
+                                  check_kv_cache_bytes(Remote)
+                                    picks inputs from its seed ---> runs the learner's function on them
+                                    compares with the reference <-- the outputs, as data
+    <--outputs, error or none--
+
+The checks are the lab's own `check_*` functions, imported here; the learner's functions, classes and
+answers arrive as data or as `autograder.wire.Remote` handles whose every use is a request to the kernel.
+So nothing the notebook does to its own copy of the check modules, to `autograder.harness`, to IPython's input
+transformers or to `sys.modules` reaches the verdict: the kernel only ever sees requests to run its own code.
+A test cell whose kernel never answers (its serving cell rewritten away) fails.
+
+Seeds: the checks draw their inputs from their own seeded generators, here; the kernel sees an input only when
+it is asked to run the learner's code on it.
+
+`python -m autograder.judge SOCKET CONTROL_FD` is the process; `JudgeProcess` starts and drives it.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import contextlib
+import io
+import os
+import select
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from autograder import wire
+
+ACCEPT_POLL_S = 0.2
+
+
+# ----------------------------------------------------------------------------- the judge process
+
+def cell_names(source: str) -> tuple[set[str], set[str]]:
+    """(names a cell reads, names it assigns at top level) from its source."""
+    tree = ast.parse(source)
+    loaded = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    assigned = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    return loaded - set(dir(builtins)), assigned
+
+
+def _plain(value: Any, endpoint: wire.Endpoint) -> bool:
+    """True when value travels to the kernel as data (or is one of the kernel's own objects)."""
+    import torch
+
+    if value is None or isinstance(value, (bool, int, float, str, torch.Tensor)):
+        return True
+    if isinstance(value, wire.Remote):
+        return value._endpoint is endpoint
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return all(_plain(v, endpoint) for v in value)
+    if isinstance(value, dict):
+        return all(_plain(k, endpoint) and _plain(v, endpoint) for k, v in value.items())
+    return False
+
+
+def run_cell(endpoint: wire.Endpoint, source: str) -> dict:
+    """Execute one test cell against the kernel behind `endpoint`; {"stdout", "stderr", "error"}."""
+    from autograder import reference_guard, tensor_trace
+
+    endpoint.call_options = lambda: {**tensor_trace.remote_options(), **reference_guard.remote_options()}
+    endpoint.on_reply = tensor_trace.merge_remote
+    wire.forget_origins()
+    out, err = io.StringIO(), io.StringIO()
+    error = None
+    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+    try:
+        loaded, assigned = cell_names(source)
+        for name in sorted(loaded):
+            with contextlib.suppress(NameError):
+                namespace[name] = endpoint.request("getname", name=name)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            exec(compile(source, "<test cell>", "exec"), namespace)     # noqa: S102 (the course's own test cell)
+    except wire.ChannelClosed:
+        error = {"ename": "KernelStopped", "evalue": "the notebook's kernel stopped answering the grader in this cell"}
+        assigned = set()
+    except BaseException as exc:       # noqa: BLE001  (a failed check is the normal case)
+        error = {"ename": type(exc).__name__, "evalue": str(exc)}
+        assigned = set() if isinstance(exc, SyntaxError) else assigned
+    pushes = {k: namespace[k] for k in assigned if k in namespace and _plain(namespace[k], endpoint)}
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        endpoint.finish(pushes=pushes)
+    return {"stdout": out.getvalue(), "stderr": err.getvalue(), "error": error}
+
+
+def _accept(server: socket.socket, control: socket.socket, token: str, timeout: float) -> socket.socket | None:
+    """The kernel's connection for this cell, or None when the grader says "abort" or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([server, control], [], [], ACCEPT_POLL_S)
+        if control in ready:
+            header, _ = wire._recv_frame(control)
+            if header.get("op") == "abort":
+                return None
+        if server in ready:
+            conn, _ = server.accept()
+            conn.settimeout(None)
+            if wire.Endpoint(conn).expect_hello() == token:
+                return conn
+            conn.close()
+    return None
+
+
+def main(argv: list[str]) -> int:
+    path, control_fd = argv[0], int(argv[1])
+    import torch
+
+    torch.set_num_threads(1)
+    control = socket.socket(fileno=control_fd)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    os.chmod(path, 0o777)        # the sandboxed kernel runs under a uid of its own
+    server.listen(4)
+    wire._send_frame(control, {"ready": True}, {})
+    while True:
+        try:
+            header, _ = wire._recv_frame(control)
+        except wire.ChannelClosed:
+            return 0
+        if header.get("op") == "quit":
+            return 0
+        if header.get("op") != "cell":
+            continue
+        conn = _accept(server, control, header["token"], header["timeout"])
+        if conn is None:
+            result = _failed("KernelSilent", "the notebook's kernel never answered the grader for this cell (was "
+                             "the cell's code replaced before it ran?), so it earns no points")
+        else:
+            with conn:
+                result = run_cell(wire.Endpoint(conn), header["source"])
+        wire._send_frame(control, {"result": result}, {})
+
+
+# ----------------------------------------------------------------------------- driving it from nbgrader
+
+def _failed(ename: str, evalue: str) -> dict:
+    return {"stdout": "", "stderr": "", "error": {"ename": ename, "evalue": evalue}}
+
+
+class JudgeProcess:
+    """A judge for one notebook run: `run(source)` starts a cell, `result()` collects its verdict."""
+
+    def __init__(self, socket_dir: str, cwd: str | None = None) -> None:
+        self.path = str(Path(socket_dir) / "judge.sock")
+        ours, theirs = socket.socketpair()
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+               "NBGRADER_EXECUTION": os.environ.get("NBGRADER_EXECUTION", "autograde")}
+        env.pop("COURSE_SANDBOX", None)
+        self.proc = subprocess.Popen([sys.executable, "-P", "-m", "autograder.judge", self.path, str(theirs.fileno())],
+                                     pass_fds=[theirs.fileno()], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        theirs.close()
+        self.control = ours
+        header, _ = wire._recv_frame(self.control)
+        if not header.get("ready"):
+            raise RuntimeError("the judge did not start")
+
+    def run(self, source: str, token: str, timeout: float) -> None:
+        wire._send_frame(self.control, {"op": "cell", "source": source, "token": token, "timeout": timeout}, {})
+
+    def result(self, wait: float) -> dict:
+        """The verdict of the cell started last, once the kernel has stopped serving it: the judge is finishing,
+        or still waiting for a connection that will not come (it is told to give up). A judge that says nothing
+        within `wait` seconds (a kernel that holds the connection open and went on) is a failed cell."""
+        with contextlib.suppress(OSError):
+            wire._send_frame(self.control, {"op": "abort"}, {})
+        self.control.settimeout(wait)
+        try:
+            header, _ = wire._recv_frame(self.control)
+            return header["result"]
+        except (socket.timeout, TimeoutError):
+            return _failed("JudgeTimeout", "the kernel stopped serving the grader but held on to its connection")
+        except (wire.ChannelClosed, OSError):
+            return _failed("JudgeFailed", "the grader's judge process stopped")
+        finally:
+            self.control.settimeout(None)
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        self.control.close()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            wire._send_frame(self.control, {"op": "quit"}, {})
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.control.close()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
