@@ -20,7 +20,7 @@ import sys
 import tempfile
 from typing import Any
 
-CHECK_CALL = re.compile(r"\bcheck_\w+\s*\(")
+CHECK_CALL = re.compile(r"(?<![\w.])check_\w+\s*\(|\blab\d\d\.check_\w+\s*\(")   # check_x(...) or lab08.check_x(...)
 _judge: Any = None
 
 

@@ -1,15 +1,17 @@
-"""The four ways a notebook can patch its own grading from inside the kernel (issue 20), as cells to insert.
+"""The ways a notebook can patch its own grading from inside the kernel (issue 20), as cells to insert.
 
 Each is a code cell a learner could add to a submission. When test cells ran in the learner's kernel, each won
-points for unanswered exercises (lab 00: 32 of 32 CPU points for the first two, 28 for the fourth); with test
-cells run by the judge (autograder/judge.py) none of them earns anything.
+points for unanswered exercises; with test cells run by the judge (autograder/judge.py) none of them earns
+anything. The four in ATTACKS leave the notebook's other cells as they were (so the graded notebook still
+shows where Run All would stop); SILENCE_EVERYTHING turns every later cell into `pass`, the judge's serving
+cells included.
 """
 
 from __future__ import annotations
 
 import nbformat
 
-NO_OP_CHECKS = """\
+NO_OP_CHECKS = '''\
 import importlib, pkgutil, autograder
 for info in pkgutil.iter_modules(autograder.__path__, 'autograder.'):
     if info.name.startswith('autograder.lab'):
@@ -17,37 +19,45 @@ for info in pkgutil.iter_modules(autograder.__path__, 'autograder.'):
         for name in dir(module):
             if name.startswith('check_'):
                 setattr(module, name, lambda *args, **kwargs: {})
-"""
+'''
 
-FAKE_MODULES = """\
-import sys, types
-class _Anything(types.ModuleType):
+FAKE_MODULES = '''\
+import importlib, sys, types
+class _Passing(types.ModuleType):
+    """The real check module, except that every check passes."""
+    def __init__(self, real):
+        super().__init__(real.__name__)
+        self._real = real
     def __getattr__(self, name):
-        return (lambda *args, **kwargs: {}) if not name.isupper() else ()
+        return (lambda *args, **kwargs: {}) if name.startswith('check_') else getattr(self._real, name)
 for lab in range(10):
-    for name in (f'autograder.lab{lab:02d}',):
-        sys.modules[name] = _Anything(name)
-"""
+    name = f'autograder.lab{lab:02d}'
+    sys.modules[name] = _Passing(importlib.import_module(name))
+'''
 
-INPUT_TRANSFORMER = """\
+INPUT_TRANSFORMER = '''\
+import re
 def _skip_tests(lines):
-    text = ''.join(lines)
-    return ['pass\\n'] if ('check_' in text or 'autograder' in text) else lines
+    return ['pass\\n'] if re.search(r'(?<![\\w.])check_\\w+\\(|lab\\d\\d\\.check_', ''.join(lines)) else lines
 get_ipython().input_transformers_cleanup.append(_skip_tests)
-"""
+'''
 
-PATCHED_HARNESS = """\
+PATCHED_HARNESS = '''\
 import autograder.harness as _h
 _h.check_answer = lambda *args, **kwargs: None
-"""
+'''
+
+SILENCE_EVERYTHING = '''\
+get_ipython().input_transformers_cleanup.append(lambda lines: ['pass\\n'])
+'''
 
 ATTACKS = {"no-op checks": NO_OP_CHECKS, "fake check modules": FAKE_MODULES,
            "input transformer": INPUT_TRANSFORMER, "patched harness": PATCHED_HARNESS}
 
 
-def with_attacks(notebook_path, dest, attacks=tuple(ATTACKS)) -> None:
+def with_attacks(notebook_path, dest, attacks=tuple(ATTACKS), extra: dict[str, str] | None = None) -> None:
     """Copy a notebook, adding the chosen attacks as plain code cells before its first cell."""
+    sources = {**ATTACKS, **(extra or {})}
     nb = nbformat.read(str(notebook_path), as_version=4)
-    cells = [nbformat.v4.new_code_cell(ATTACKS[a]) for a in attacks]
-    nb.cells = cells + nb.cells
+    nb.cells = [nbformat.v4.new_code_cell(sources[a]) for a in attacks] + nb.cells
     nbformat.write(nb, str(dest))

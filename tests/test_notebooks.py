@@ -1,5 +1,5 @@
 """Every lab, through real nbgrader: the solution scores full marks, the released notebook scores zero
-on every graded cell, labs/ is what nbgrader generates from solutions/ (not stale), and every committed
+on every graded cell (also with cells that patch the checks from the kernel, tests/attacks.py), labs/ is what nbgrader generates from solutions/ (not stale), and every committed
 notebook is stored normalized (no outputs).
 
 Labs are found under solutions/NN_topic/; a new lab is picked up without touching this file.
@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from attacks import with_attacks
 
 from autograder import grading, notebooks
 
@@ -60,7 +61,10 @@ def graded_lab(released_lab):
         d = course / "submitted" / student / a
         d.mkdir(parents=True)
         for nb in src.glob("*.ipynb"):
-            shutil.copy(nb, d / nb.name)
+            if student == "released":      # the release, plus the four ways to patch the checks from the kernel
+                with_attacks(nb, d / nb.name)
+            else:
+                shutil.copy(nb, d / nb.name)
     return {s: grading.autograde_one(course, a, s, db=db, released=folder, timeout=LAB_TIMEOUT_S)
             for s in ("solution", "released")}
 
@@ -121,6 +125,9 @@ class LabNotebook:
 
     @pytest.mark.slow
     def test_released_notebook_scores_zero_everywhere(self, graded_lab):
+        """The released stub earns nothing, even with cells that patch the checks in the kernel (tests/attacks.py:
+        no-op check functions, fake check modules, an input transformer that skips test cells, a patched harness):
+        test cells run in the judge."""
         r = graded_lab["released"]
         assert r.status == "ok", _table(r)
         earned = [c for c in r.cells if c.score > 0]

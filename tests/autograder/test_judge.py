@@ -1,0 +1,78 @@
+"""Test cells run in the judge, not in the learner's kernel: what the kernel does to its own copy of the checks
+earns nothing (autograder/judge.py, observe.py, the StoppingExecute preprocessor)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from attacks import ATTACKS, SILENCE_EVERYTHING  # noqa: E402
+
+from autograder.preprocessors import StoppingExecute  # noqa: E402
+
+ANSWER = "answer = {answer}"
+TEST = ("from autograder.lab00 import check_q1_kv_gib\n"
+        "check_q1_kv_gib(answer)\n"
+        "verdict = 'passed'")
+RIGHT = ANSWER.format(answer=11.71875)
+
+
+def _test_cell(source: str, grade_id: str = "t1"):
+    cell = nbformat.v4.new_code_cell(source)
+    cell.metadata["nbgrader"] = {"grade": True, "solution": False, "locked": True, "grade_id": grade_id, "points": 1,
+                                 "schema_version": 3}
+    return cell
+
+
+def _run(tmp_path, *cells, judged: bool = True, monkeypatch=None):
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = list(cells)
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    monkeypatch.setenv("COURSE_JUDGE", "1" if judged else "0")
+    StoppingExecute(timeout=120).preprocess(nb, {"metadata": {"path": str(tmp_path)}})
+    return nb
+
+
+def _errors(cell) -> list[str]:
+    return [f"{o.ename}: {o.evalue}" for o in cell.outputs if o.output_type == "error"]
+
+
+@pytest.mark.slow
+def test_a_right_answer_passes_and_its_assignments_reach_the_kernel(tmp_path, monkeypatch):
+    nb = _run(tmp_path, nbformat.v4.new_code_cell(RIGHT), _test_cell(TEST),
+              nbformat.v4.new_code_cell("print(verdict)"), monkeypatch=monkeypatch)
+    assert _errors(nb.cells[1]) == []
+    assert nb.cells[1].metadata["nbgrader"]["grade_id"] == "t1"       # the test cell itself, not the serving cell
+    assert [o.text for o in nb.cells[2].outputs] == ["passed\n"]
+
+
+@pytest.mark.slow
+def test_a_wrong_answer_fails_with_the_checks_message(tmp_path, monkeypatch):
+    nb = _run(tmp_path, nbformat.v4.new_code_cell(ANSWER.format(answer=12.5)), _test_cell(TEST),
+              monkeypatch=monkeypatch)
+    assert _errors(nb.cells[1]) and "Q1" in _errors(nb.cells[1])[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attack", list(ATTACKS))
+def test_patching_the_kernel_earns_nothing(tmp_path, monkeypatch, attack):
+    wrong = nbformat.v4.new_code_cell(ANSWER.format(answer=0.0))
+    in_kernel = _run(tmp_path, nbformat.v4.new_code_cell(ATTACKS[attack]), wrong, _test_cell(TEST), judged=False,
+                     monkeypatch=monkeypatch)
+    assert _errors(in_kernel.cells[2]) == [], "the attack should win when the kernel runs its own test cells"
+    judged = _run(tmp_path, nbformat.v4.new_code_cell(ATTACKS[attack]), wrong, _test_cell(TEST),
+                  monkeypatch=monkeypatch)
+    assert _errors(judged.cells[2]), f"{attack} won a judged test cell"
+
+
+@pytest.mark.slow
+def test_a_kernel_that_never_answers_fails_the_cell(tmp_path, monkeypatch):
+    nb = _run(tmp_path, nbformat.v4.new_code_cell(SILENCE_EVERYTHING),
+              nbformat.v4.new_code_cell(RIGHT), _test_cell(TEST),
+              monkeypatch=monkeypatch)
+    assert any("never answered" in e for e in _errors(nb.cells[2]))
