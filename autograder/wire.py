@@ -19,7 +19,9 @@ instance, a generator) travels as a handle and arrives as a `Remote`: calling it
 attribute, indexing, len() or iterating it asks the other side. An exception comes back as its type name and
 message: builtins and the course's own exception types are raised as themselves, anything else as
 `RemoteError`. A tensor handed to a call by value is copied back into the caller's tensor if the call
-changed it (a kernel that writes into its output, an in-place cache update).
+changed it (a kernel that writes into its output, an in-place cache update); a torch.Generator travels by value
+and comes back in the state the call left it in; torch's global RNG state goes with every call and comes back,
+so `torch.manual_seed(0)` before a judged call seeds the learner's draws as it would in one process.
 
 Decoding never runs the sender's code: it builds plain values, tensors, and instances of the course
 package's dataclasses, enums and exceptions (looked up by module name under `minigpt.` or `autograder.`).
@@ -259,6 +261,8 @@ class Endpoint:
         if op == "call":
             payload["opts"] = self.call_options()
         body = {k: self._encode(v, tensors, sent) for k, v in payload.items()}
+        if op in ("call", "method"):
+            tensors["rng"] = torch.get_rng_state()     # torch's global RNG goes with the call, and comes back
         _send_frame(self.sock, {"op": op, **body}, tensors)
         while True:
             header, blob = _recv_frame(self.sock)
@@ -270,6 +274,8 @@ class Endpoint:
             with torch.no_grad():
                 for index, key in header.get("changed", {}).items():
                     _write_back(sent[int(index)], blob[key])
+            if "rng" in blob:
+                torch.set_rng_state(blob["rng"])
             if header.get("extra"):
                 self.on_reply(header["extra"])
             return self._decode(header.get("value"), blob)
@@ -303,13 +309,18 @@ class Endpoint:
         received: list[torch.Tensor] = []
         try:
             args = {k: self._decode(v, blob, received) for k, v in header.items() if k not in ("op", "opts")}
-            before = [t.detach().clone() for t in received]
+            before = [_snapshot(t) for t in received]
+            if "rng" in blob:
+                torch.set_rng_state(blob["rng"])
             value, extra = self._perform(header["op"], args, header.get("opts") or {})
+            if "rng" in blob:
+                tensors["rng"] = torch.get_rng_state()
             changed = {}
             for i, (old, new) in enumerate(zip(before, received)):
-                if old.shape != new.shape or old.dtype != new.dtype or not torch.equal(old, new.detach()):
+                now = _snapshot(new)
+                if old.shape != now.shape or old.dtype != now.dtype or not torch.equal(old, now):
                     changed[str(i)] = f"w{i}"
-                    tensors[f"w{i}"] = new.detach().cpu().contiguous().clone()
+                    tensors[f"w{i}"] = now.cpu().contiguous().clone()
             reply = {"value": self._encode(value, tensors, []), "changed": changed, "extra": extra}
         except BaseException as err:      # noqa: BLE001  (the other side gets every error, KeyboardInterrupt too)
             if isinstance(err, (KeyboardInterrupt, SystemExit, ChannelClosed)):
@@ -386,6 +397,11 @@ class Endpoint:
                     "param": isinstance(x, torch.nn.Parameter), "storage": storage_address(x)}
         if isinstance(x, Remote) and x._endpoint is self:
             return {"yours": x._handle}
+        if isinstance(x, torch.Generator):      # by value; the state it ends in comes back (a sampler drew from it)
+            key = f"t{len(tensors)}"
+            tensors[key] = x.get_state()
+            sent.append(x)
+            return {"gen": key, "device": str(x.device)}
         if isinstance(x, tuple) and type(x) is tuple:
             return {"tuple": [enc(v) for v in x]}
         if isinstance(x, list):
@@ -448,6 +464,12 @@ class Endpoint:
             if x.get("storage"):
                 _ORIGINS[t.untyped_storage().data_ptr()] = (int(x["storage"]), t)
             return t
+        if "gen" in x:
+            g = torch.Generator(device=x["device"] if torch.device(x["device"]).type == "cpu" or
+                                torch.cuda.is_available() else "cpu")
+            g.set_state(blob[x["gen"]])
+            received.append(g)
+            return g
         if "f" in x:
             return float(x["f"])
         if "yours" in x:
@@ -577,9 +599,16 @@ def _hashable(x: Any) -> Any:
     return tuple(_hashable(v) for v in x) if isinstance(x, list) else x
 
 
-def _write_back(target: torch.Tensor, value: torch.Tensor) -> None:
-    """Copy what the other side wrote into a tensor it got by value back into the original."""
-    if target.shape == value.shape:
+def _snapshot(x: torch.Tensor | torch.Generator) -> torch.Tensor:
+    return x.get_state() if isinstance(x, torch.Generator) else x.detach().clone()
+
+
+def _write_back(target: torch.Tensor | torch.Generator, value: torch.Tensor) -> None:
+    """Copy what the other side wrote into a tensor it got by value (or the state a generator it got ended in) back
+    into the original."""
+    if isinstance(target, torch.Generator):
+        target.set_state(value)
+    elif target.shape == value.shape:
         target.copy_(value.to(target.device, target.dtype))
     else:
         target.data = value.to(target.device, target.dtype)

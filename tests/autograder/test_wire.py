@@ -106,6 +106,24 @@ def test_a_tensor_the_callee_writes_into_is_written_back(pair):
     assert out.tolist() == [7.0, 7.0, 7.0]
 
 
+def test_a_generator_travels_by_value_and_comes_back_advanced(pair):
+    def draw(g):
+        return torch.rand(3, generator=g)
+
+    g, same = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    first = pair({"draw": draw}).get("draw")(g)
+    assert torch.equal(first, torch.rand(3, generator=same))
+    assert torch.equal(torch.rand(2, generator=g), torch.rand(2, generator=same))   # g advanced like `same`
+
+
+def test_the_global_rng_goes_with_the_call(pair):
+    f = pair({"draw": lambda: torch.rand(2)}).get("draw")
+    torch.manual_seed(11)
+    remote = torch.cat([f(), torch.rand(2)])
+    torch.manual_seed(11)
+    assert torch.equal(remote, torch.rand(4))
+
+
 def test_storage_address_tells_views_from_copies(pair):
     buf = torch.zeros(4, 4)
     p = pair({"view": lambda: buf[:2], "copy": lambda: buf[:2].clone(), "buf": lambda: buf})
