@@ -27,12 +27,12 @@ _judge: Any = None
 class CheckFailed(AssertionError):
     """A check cell's verdict: the check's error type and message, shown without a traceback into the grader."""
 
-    def __init__(self, ename: str, evalue: str) -> None:
+    def __init__(self, ename: str, evalue: str, lines: list[str] | None = None) -> None:
         super().__init__(f"{ename}: {evalue}")
-        self.ename, self.evalue = ename, evalue
+        self.ename, self.evalue, self.lines = ename, evalue, lines or [f"{ename}: {evalue}"]
 
     def _render_traceback_(self) -> list[str]:       # IPython shows this instead of a traceback
-        return [f"{self.ename}: {self.evalue}"]
+        return self.lines
 
 
 def is_check_cell(source: str) -> bool:
@@ -65,7 +65,8 @@ def judge_cell(source: str) -> None:
     sys.stdout.write(result["stdout"])
     sys.stderr.write(result["stderr"])
     if result["error"]:
-        raise CheckFailed(result["error"]["ename"], result["error"]["evalue"])
+        error = result["error"]
+        raise CheckFailed(error["ename"], error["evalue"], error.get("lines"))
 
 
 def _stop(judge: Any, folder: str) -> None:

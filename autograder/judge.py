@@ -29,6 +29,7 @@ import ast
 import builtins
 import contextlib
 import io
+import linecache
 import os
 import select
 import socket
@@ -83,18 +84,32 @@ def run_cell(endpoint: wire.Endpoint, source: str) -> dict:
         for name in sorted(loaded):
             with contextlib.suppress(NameError):
                 namespace[name] = endpoint.request("getname", name=name)
+        linecache.cache["<test cell>"] = (len(source), None, source.splitlines(True), "<test cell>")
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             exec(compile(source, "<test cell>", "exec"), namespace)     # noqa: S102 (the course's own test cell)
     except wire.ChannelClosed:
         error = {"ename": "KernelStopped", "evalue": "the notebook's kernel stopped answering the grader in this cell"}
         assigned = set()
     except BaseException as exc:       # noqa: BLE001  (a failed check is the normal case)
-        error = {"ename": type(exc).__name__, "evalue": str(exc)}
+        error = {"ename": type(exc).__name__, "evalue": str(exc), "lines": _explained(exc)}
         assigned = set() if isinstance(exc, SyntaxError) else assigned
     pushes = {k: namespace[k] for k in assigned if k in namespace and _plain(namespace[k], endpoint)}
     with contextlib.suppress(OSError, ValueError, TypeError):
         endpoint.finish(pushes=pushes)
     return {"stdout": out.getvalue(), "stderr": err.getvalue(), "error": error}
+
+
+def _explained(exc: BaseException) -> list[str]:
+    """What the learner is shown for a failed check: the exercise it belongs to and the check's message, not the
+    judge's traceback (autograder/learner_errors.py)."""
+    from autograder.learner_errors import explain
+
+    try:
+        lines = explain(type(exc), exc, exc.__traceback__)
+    except Exception:
+        lines = None
+    lines = lines or [f"{type(exc).__name__}: {exc}"]
+    return [line.replace("<test cell>", "this check cell") for line in lines]
 
 
 def _accept(server: socket.socket, control: socket.socket, token: str, timeout: float) -> socket.socket | None:

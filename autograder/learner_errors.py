@@ -205,7 +205,10 @@ def _short(cell_frames: list[traceback.FrameSummary], last: str, cell_names: dic
 def _handler(shell, etype, value, tb, tb_offset=None) -> None:
     """IPython's custom exception handler: show our lines (or IPython's own traceback) as the cell's error."""
     try:
-        lines = explain(etype, value, tb, getattr(shell.compile, "_filename_map", None))
+        if hasattr(value, "_render_traceback_"):      # a judged check's verdict (autograder/interactive.py)
+            lines = value._render_traceback_()
+        else:
+            lines = explain(etype, value, tb, getattr(shell.compile, "_filename_map", None))
     except Exception:
         lines = None
     if lines is None:

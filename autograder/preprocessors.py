@@ -25,8 +25,8 @@ NOT_RUN_ENAME = "CellNotRun"
 HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 
 
-def error_output(ename: str, evalue: str) -> NotebookNode:
-    return NotebookNode(output_type="error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
+def error_output(ename: str, evalue: str, lines: list[str] | None = None) -> NotebookNode:
+    return NotebookNode(output_type="error", ename=ename, evalue=evalue, traceback=lines or [f"{ename}: {evalue}"])
 
 
 class LimitOutputSize(NbGraderPreprocessor):
@@ -135,7 +135,8 @@ class StoppingExecute(Execute):
             if result.get(name):
                 cell.outputs.append(new_output("stream", name=name, text=result[name]))
         if result.get("error"):
-            cell.outputs.append(error_output(result["error"]["ename"], result["error"]["evalue"]))
+            error = result["error"]
+            cell.outputs.append(error_output(error["ename"], error["evalue"], error.get("lines")))
         return cell, resources
 
     def _kill_kernel(self) -> None:

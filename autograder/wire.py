@@ -326,8 +326,12 @@ class Endpoint:
             if isinstance(err, (KeyboardInterrupt, SystemExit, ChannelClosed)):
                 raise
             tensors = {}
+            message = str(err)
+            if isinstance(err, NotImplementedError) and not message and header.get("op") == "call":
+                name = getattr(self._objects.get(header.get("h")), "__name__", None)
+                message = f"`{name}` still raises NotImplementedError" if name else ""
             reply = {"raise": {"type": path_of(type(err)) if type(err).__module__ != "builtins" else type(err).__name__,
-                               "message": str(err)[:2000], "name": type(err).__name__}}
+                               "message": message[:2000], "name": type(err).__name__}}
         _send_frame(self.sock, reply, tensors)
 
     def _perform(self, op: str, a: dict, opts: dict) -> tuple[Any, dict]:
