@@ -25,7 +25,8 @@ _judge: Any = None
 
 
 class CheckFailed(AssertionError):
-    """A check cell's verdict: the check's error type and message, shown without a traceback into the grader."""
+    """A check cell's verdict: the check's message, shown without a traceback into the grader (raised as a subclass
+    named after the check's own error, so the cell's error reads `AssertionError`, `NotImplementedError`, ...)."""
 
     def __init__(self, ename: str, evalue: str, lines: list[str] | None = None) -> None:
         super().__init__(f"{ename}: {evalue}")
@@ -48,6 +49,8 @@ def _route(lines: list[str]) -> list[str]:
 
 def judge_cell(source: str) -> None:
     """Have the judge run `source` against this kernel; print its output, raise its error."""
+    from IPython import get_ipython
+
     from autograder import observe
     from autograder.judge import JudgeProcess
 
@@ -66,7 +69,11 @@ def judge_cell(source: str) -> None:
     sys.stderr.write(result["stderr"])
     if result["error"]:
         error = result["error"]
-        raise CheckFailed(error["ename"], error["evalue"], error.get("lines"))
+        cell_file = sys._getframe(1).f_code.co_filename       # the check cell judge_cell was called from
+        here = f"Cell In[{getattr(get_ipython().compile, '_filename_map', {}).get(cell_file, '?')}]"
+        lines = [line.replace("this check cell", here) for line in error.get("lines") or []]
+        named = type(error["ename"], (CheckFailed,), {"__module__": "builtins"})   # shown with the check's error name
+        raise named(error["ename"], error["evalue"], lines)
 
 
 def _stop(judge: Any, folder: str) -> None:

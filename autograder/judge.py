@@ -109,6 +109,11 @@ def _explained(exc: BaseException) -> list[str]:
     except Exception:
         lines = None
     lines = lines or [f"{type(exc).__name__}: {exc}"]
+    cause: BaseException | None = exc
+    while cause is not None and not getattr(cause, "learner_frames", None):
+        cause = cause.__context__
+    if cause is not None and len(lines) > 1:      # the check's line, then the learner's own frames, then the message
+        lines = lines[:-1] + cause.learner_frames + lines[-1:]
     return [line.replace("<test cell>", "this check cell") for line in lines]
 
 

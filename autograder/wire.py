@@ -252,6 +252,7 @@ class Endpoint:
         self._remotes: dict[int, Remote] = {}       # handle -> proxy of the other side's object
         self.call_options: Callable[[], dict] = dict   # extra options sent with each call (judge: traces, watches)
         self.on_reply: Callable[[dict], None] = lambda extra: None
+        self.describe_error: Callable[[BaseException], list[str]] | None = None   # the kernel: the learner's frames
 
     # -- requests this side makes
 
@@ -331,7 +332,8 @@ class Endpoint:
                 name = getattr(self._objects.get(header.get("h")), "__name__", None)
                 message = f"`{name}` still raises NotImplementedError" if name else ""
             reply = {"raise": {"type": path_of(type(err)) if type(err).__module__ != "builtins" else type(err).__name__,
-                               "message": message[:2000], "name": type(err).__name__}}
+                               "message": message[:2000], "name": type(err).__name__,
+                               "frames": self.describe_error(err) if self.describe_error else []}}
         _send_frame(self.sock, reply, tensors)
 
     def _perform(self, op: str, a: dict, opts: dict) -> tuple[Any, dict]:
@@ -535,9 +537,12 @@ class Endpoint:
         name, message = info["type"], info["message"]
         cls = _builtin_exception(name) if ":" not in name else _course_exception(name)
         if cls is None:
-            return RemoteError(f"{info['name']}: {message}")
+            err = RemoteError(f"{info['name']}: {message}")
+            err.learner_frames = [str(f) for f in info.get("frames", [])][:20]
+            return err
         err = cls.__new__(cls)
         Exception.__init__(err, message)
+        err.learner_frames = [str(f) for f in info.get("frames", [])][:20]
         return err
 
 
