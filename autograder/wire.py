@@ -19,7 +19,8 @@ instance, a generator) travels as a handle and arrives as a `Remote`: calling it
 attribute, indexing, len() or iterating it asks the other side. An exception comes back as its type name and
 message: builtins and the course's own exception types are raised as themselves, anything else as
 `RemoteError`. A tensor handed to a call by value is copied back into the caller's tensor if the call
-changed it (a kernel that writes into its output, an in-place cache update).
+changed it (a kernel that writes into its output, an in-place cache update). A tensor on the meta device
+travels as its shape and dtype (it holds no data).
 
 Decoding never runs the sender's code: it builds plain values, tensors, and instances of the course
 package's dataclasses, enums and exceptions (looked up by module name under `minigpt.` or `autograder.`).
@@ -374,6 +375,8 @@ class Endpoint:
             return x
         if type(x) is float:
             return {"f": repr(x)} if x != x or x in (float("inf"), float("-inf")) else x
+        if isinstance(x, torch.Tensor) and type(x) in (torch.Tensor, torch.nn.Parameter) and x.is_meta:
+            return {"meta": list(x.shape), "dt": str(x.dtype).removeprefix("torch."), "grad": bool(x.requires_grad)}
         if isinstance(x, torch.Tensor) and type(x) in (torch.Tensor, torch.nn.Parameter):
             key = f"t{len(tensors)}"
             tensors[key] = x.detach().cpu().contiguous().clone()
@@ -444,6 +447,11 @@ class Endpoint:
             if x.get("storage"):
                 _ORIGINS[t.untyped_storage().data_ptr()] = (int(x["storage"]), t)
             return t
+        if "meta" in x:         # a tensor on the meta device has a shape and a dtype but no data to send
+            dtype = getattr(torch, x["dt"])
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError(f"not a dtype: {x['dt']!r}")
+            return torch.empty(x["meta"], dtype=dtype, device="meta").requires_grad_(x["grad"])
         if "f" in x:
             return float(x["f"])
         if "yours" in x:
