@@ -41,6 +41,8 @@ def exercise_4_alone(manager: type | Callable[[int, int, bool], Any]) -> Any:
         return
     own = vars_of(manager)
     saved = {name: own[name] for name in EARLIER_PIECES if name in own}
+    # Judged, BlockPool arrives in the kernel as the package's class (by path); the staticmethod as a handle, so the
+    # kernel's manager calls back here for each hash (the judge's own hash_block, which the kernel cannot patch).
     manager.pool_class, manager.hash_fn = ReferenceBlockPool, staticmethod(reference_hash_block)
     try:
         yield lambda num_blocks, block_size, prefix: manager(num_blocks, block_size, enable_prefix_caching=prefix)
