@@ -21,7 +21,8 @@ message: builtins and the course's own exception types are raised as themselves,
 `RemoteError`. A tensor handed to a call by value is copied back into the caller's tensor if the call
 changed it (a kernel that writes into its output, an in-place cache update); a torch.Generator travels by value
 and comes back in the state the call left it in; torch's global RNG state goes with every call and comes back,
-so `torch.manual_seed(0)` before a judged call seeds the learner's draws as it would in one process.
+so `torch.manual_seed(0)` before a judged call seeds the learner's draws as it would in one process. A tensor
+on the meta device travels as its shape and dtype (it holds no data).
 
 Decoding never runs the sender's code: it builds plain values, tensors, and instances of the course
 package's dataclasses, enums and exceptions (looked up by module name under `minigpt.` or `autograder.`).
@@ -395,6 +396,8 @@ class Endpoint:
             return x
         if type(x) is float:
             return {"f": repr(x)} if x != x or x in (float("inf"), float("-inf")) else x
+        if isinstance(x, torch.Tensor) and type(x) in (torch.Tensor, torch.nn.Parameter) and x.is_meta:
+            return {"meta": list(x.shape), "dt": str(x.dtype).removeprefix("torch."), "grad": bool(x.requires_grad)}
         if isinstance(x, torch.Tensor) and type(x) in (torch.Tensor, torch.nn.Parameter):
             key = f"t{len(tensors)}"
             tensors[key] = x.detach().cpu().contiguous().clone()
@@ -476,6 +479,11 @@ class Endpoint:
             g.set_state(blob[x["gen"]])
             received.append(g)
             return g
+        if "meta" in x:         # a tensor on the meta device has a shape and a dtype but no data to send
+            dtype = getattr(torch, x["dt"])
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError(f"not a dtype: {x['dt']!r}")
+            return torch.empty(x["meta"], dtype=dtype, device="meta").requires_grad_(x["grad"])
         if "f" in x:
             return float(x["f"])
         if "yours" in x:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from autograder.wire import storage_address
-
 from typing import Any
 
 import torch
@@ -11,6 +9,8 @@ import torch
 from autograder.harness import quiet
 from autograder.lab01.common import REFERENCE_CACHES
 from autograder.reference_guard import no_calls_into, own_work
+from autograder.wire import storage_address
+
 
 def _make_cache(cache_cls: type, B: int, S: int, H: int, D: int, **kw: Any) -> Any:
     try:

@@ -6,14 +6,13 @@ it accepts the package's LayerKVCache inside the learner's loop, so a learner wh
 
 from __future__ import annotations
 
-from autograder.wire import storage_address
-
 import contextlib
 from typing import Any, Callable
 
 from autograder.harness import quiet
 from autograder.lab01.common import ATOL, SMALL_CONFIGS, random_prompt, small_model
 from autograder.reference_guard import no_calls_into, own_work
+from autograder.wire import storage_address
 from minigpt.attention import resolve_attention
 from minigpt.config import ModelConfig
 from minigpt.engine.cached_generation import generate_kv_cache
@@ -21,6 +20,7 @@ from minigpt.generate import Generation, generate_naive
 from minigpt.model import GPT
 from minigpt.sampling import SamplingParams
 from minigpt.timing import fixed_threads
+
 
 class _Recorder:
     """Records, per forward call of a model: tokens fed, positions, last-position logits, and the key/value

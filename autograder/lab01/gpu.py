@@ -8,11 +8,18 @@ import torch
 
 from autograder.harness import check_speedup, quiet
 from autograder.lab01.common import GRAPH_SPEED_CHECK, random_prompt
+from autograder.wire import in_kernel
 from minigpt.cache.contiguous import KVCache
 from minigpt.config import TARGET_CONFIG
 from minigpt.engine.cuda_graph import GraphedDecodeStep
 from minigpt.model import GPT
 
+
+# In the kernel (autograder.wire.in_kernel), not judged: the learner's step captures a CUDA graph of the model's
+# forward and writes the cache in place on the device, so the model and the cache must live in the process that
+# captures and replays it (a judge-side model would be a round trip per forward, which a capture cannot record),
+# and the graphed and eager steps are timed with CUDA events of that one process.
+@in_kernel
 def check_graphed_decode(make_step: Callable, *, prompt_len: int = 32, steps: int = 64) -> dict[str, float]:
     """make_step(model, cache) -> step(tokens (1, 1), position) -> logits (1, V) on a GPU: logits match the eager
     cached decode step, and `steps` graphed steps beat `steps` eager ones by the calibrated fraction

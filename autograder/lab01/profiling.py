@@ -12,39 +12,50 @@ from typing import Any, Mapping
 from torch.profiler import profile
 
 from autograder.harness import check_answer
-from minigpt.teaching.profiling import CATEGORIES, self_seconds_by_category, self_seconds_total
+from autograder.wire import class_of, run_where
+from minigpt.teaching.profiling import CATEGORIES, self_seconds_by_category
 
 PASSES = (("prefill", 1), ("decode", 1), ("prefill", 32), ("decode", 32))
 NEAR_TIE = 0.8      # a category within 80% of the largest one's self time is accepted too (a near tie)
 
 
-def _profiles(profiles: Any, what: str) -> Mapping[tuple[str, int], profile]:
-    """The notebook's profiles, validated: every pass present, each a profile holding matrix multiplies."""
+def is_profile(obj: Any) -> bool:
+    """isinstance(obj, torch.profiler.profile) (asked where the object lives: see `_profiles`)."""
+    return isinstance(obj, profile)
+
+
+def _profiles(profiles: Any, what: str) -> dict[tuple[str, int], dict[str, float]]:
+    """The notebook's profiles, validated (every pass present, each a profile holding matrix multiplies), as the
+    self seconds by category of each pass. A profile cannot leave the kernel it was recorded in, so when the
+    check is judged (the profiles are `Remote`s) its tables are read there (`run_where`) and only the sums travel."""
     if not isinstance(profiles, Mapping) or any(key not in profiles for key in PASSES):
         raise AssertionError(f"{what}: pass the notebook's `profiles`, a dict with keys {list(PASSES)}; run the "
                              "profiling cell above first")
+    seconds = {}
     for key in PASSES:
         prof = profiles[key]
-        if not isinstance(prof, profile):
-            raise AssertionError(f"{what}: profiles[{key}] is a {type(prof).__name__}, not a torch.profiler.profile")
-        if self_seconds_by_category(prof)["matmul"] <= 0:
+        if not run_where(prof, is_profile, prof):
+            raise AssertionError(f"{what}: profiles[{key}] is a {class_of(prof).__name__}, not a "
+                                 "torch.profiler.profile")
+        seconds[key] = run_where(prof, self_seconds_by_category, prof)
+        if seconds[key]["matmul"] <= 0:
             raise AssertionError(f"{what}: profiles[{key}] holds no matrix multiply: it did not profile a forward "
                                  "pass of the model; run the profiling cell again")
-    return profiles
+    return seconds
 
 
 def check_q5_dominant_category(answer: Any, profiles: Any) -> None:
     """answer[(kind, batch)] is the category ("matmul", "attention" or "other") with the most self CPU time in
     the learner's profile of that pass (or one within NEAR_TIE of it)."""
     what = "Q5 (what dominates each pass)"
-    profiles = _profiles(profiles, what)
+    by_pass = _profiles(profiles, what)
     if not isinstance(answer, Mapping):
         raise AssertionError(f"{what}: answer with a dict {{(kind, batch): category}}, got {type(answer).__name__}")
     for kind, batch in PASSES:
         given = answer.get((kind, batch))
         if given not in CATEGORIES:
             raise AssertionError(f"{what}: answer[({kind!r}, {batch})] must be one of {CATEGORIES}, got {given!r}")
-        seconds = self_seconds_by_category(profiles[kind, batch])
+        seconds = by_pass[kind, batch]
         best = max(seconds.values())
         if seconds[given] >= NEAR_TIE * best:
             continue
@@ -61,15 +72,14 @@ def check_q6_decode_position_cost(answer: Any, profiles: Any, prompt_len: int) -
     """Self CPU time of the batch-1 decode step (one position) divided by the batch-1 prefill's self CPU time per
     position (its total over prompt_len), from the learner's profiles."""
     what = "Q6 (cost of a decode position over a prefill position)"
-    profiles = _profiles(profiles, what)
-    decode = self_seconds_total(profiles["decode", 1])
-    prefill = self_seconds_total(profiles["prefill", 1])
+    total = {key: sum(seconds.values()) for key, seconds in _profiles(profiles, what).items()}
+    decode, prefill = total["decode", 1], total["prefill", 1]
     ratio = decode / (prefill / prompt_len)
     check_answer(answer, ratio, what,
                  {1 / ratio: "inverted: divide the decode step's time by the prefill's time PER POSITION.",
                   decode / prefill: f"the prefill processed {prompt_len} positions: divide its time by {prompt_len} "
                                     "before comparing it with the decode step's single position.",
-                  self_seconds_total(profiles["decode", 32]) / (self_seconds_total(profiles["prefill", 32]) / prompt_len):
+                  total["decode", 32] / (total["prefill", 32] / prompt_len):
                       "those are the batch-32 profiles; the question is about batch 1."},
                  unit="times (a ratio)", rel=0.01,
                  hint="Use the 'Self CPU time total' line under each batch-1 table: decode total / (prefill total / "

@@ -3,7 +3,7 @@ speedup measured in the same run."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -11,11 +11,14 @@ from autograder.harness import check_speedup, quiet
 from autograder.lab01.common import CACHED_SPEED_CHECK, random_prompt
 from autograder.lab01.generation import GENERATE_WHAT, _check_preallocated, _run
 from autograder.reference_guard import own_work
+from autograder.wire import run_where
 from minigpt.config import TARGET_CONFIG
 from minigpt.engine.cached_generation import generate_kv_cache
-from minigpt.generate import generate_naive
+from minigpt.generate import Generation, generate_naive
 from minigpt.model import GPT
 from minigpt.sampling import SamplingParams
+from minigpt.timing import fixed_threads
+
 
 def check_cached_speedup(generate_fn: Callable, *, prompt_len: int = 128, new_tokens: int = 32,
                          repeats: int = 3) -> dict[str, float]:
@@ -33,10 +36,27 @@ def time_cached_speedup(generate_fn: Callable, *, prompt_len: int = 128, new_tok
     return _cached_speedup(generate_fn, prompt_len, new_tokens, repeats, graded=False)
 
 
+def target_model() -> GPT:
+    """The timed model: the target's shape, random weights drawn from seed 0 (the caller's RNG left as it was)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return GPT(TARGET_CONFIG).eval()
+
+
+def generate_on_threads(generate_fn: Callable, threads: int, *args: Any, **kwargs: Any) -> Generation:
+    """generate_fn(*args, **kwargs) with torch on `threads` CPU threads (the count the baselines are timed on)."""
+    with fixed_threads(threads):
+        return generate_fn(*args, **kwargs)
+
+
 def _cached_speedup(generate_fn: Callable, prompt_len: int, new_tokens: int, repeats: int, *,
                     graded: bool) -> dict[str, float]:
-    torch.manual_seed(0)
-    model = GPT(TARGET_CONFIG).eval()
+    """Correctness first, on a model here (recorded: one prefill, then one token per step, a preallocated cache).
+    Then the timing: the learner's generator runs where it lives, on a copy of the model built there, one call per
+    generation. Judged, a model here would cost a round trip per forward and per cache write, so the learner's
+    side gets its own copy (checked to produce the same tokens); the two baselines are timed here, unreachable
+    from the learner's kernel, on the same number of threads."""
+    model = target_model()
     prompt = random_prompt(prompt_len, TARGET_CONFIG.vocab_size, seed=3)
     kw = {"stop_token_ids": ()}
     what = f"target-shaped model, prompt of {prompt_len} tokens, {new_tokens} new tokens"
@@ -47,8 +67,17 @@ def _cached_speedup(generate_fn: Callable, prompt_len: int, new_tokens: int, rep
     if got.tokens != want.tokens:
         raise AssertionError(f"{what}: your generator's tokens differ from generate_naive's, so its speed does not "
                              "count; pass check_generate_kv_cache first")
+    timed_model = run_where(generate_fn, target_model)
+
+    def candidate() -> Generation:
+        return run_where(generate_fn, generate_on_threads, generate_fn, torch.get_num_threads(), timed_model, prompt,
+                         new_tokens, SamplingParams(), **kw)
+
     with quiet():
-        return check_speedup(lambda: generate_fn(model, prompt, new_tokens, SamplingParams(), **kw),
+        if candidate().tokens != want.tokens:
+            raise AssertionError(f"{what}: your generator's tokens on the timed copy of the model differ from "
+                                 "generate_naive's, so its speed does not count")
+        return check_speedup(candidate,
                              lambda: generate_naive(model, prompt, new_tokens, SamplingParams(), **kw),
                              lambda: generate_kv_cache(model, prompt, new_tokens, SamplingParams(), **kw),
                              what=f"cached generation of {new_tokens} tokens after a {prompt_len}-token prompt",

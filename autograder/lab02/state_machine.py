@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from autograder.harness import call_learner, quiet
 from autograder.reference_guard import ReferenceHandedIn, no_calls_into, own_work
+from autograder.wire import class_of, del_attribute, is_class, vars_of
 from minigpt.cache.block_manager import BlockManager as ReferenceBlockManager
 from minigpt.cache.block_pool import BlockPool as ReferenceBlockPool
 from minigpt.cache.block_pool import OutOfBlocks
@@ -35,10 +36,13 @@ def exercise_4_alone(manager: type | Callable[[int, int, bool], Any]) -> Any:
     """Yield make_manager(num_blocks, block_size, prefix) for the learner's manager, graded on its own: given the
     notebook's class, its `pool_class` and `hash_fn` (the learner's exercises 1 and 3) are the package's BlockPool and
     hash_block for the duration, and the learner's are put back afterwards. A factory is used as it is."""
-    if not isinstance(manager, type):
+    if not is_class(manager):
         yield manager
         return
-    saved = {name: manager.__dict__[name] for name in EARLIER_PIECES if name in manager.__dict__}
+    own = vars_of(manager)
+    saved = {name: own[name] for name in EARLIER_PIECES if name in own}
+    # Judged, BlockPool arrives in the kernel as the package's class (by path); the staticmethod as a handle, so the
+    # kernel's manager calls back here for each hash (the judge's own hash_block, which the kernel cannot patch).
     manager.pool_class, manager.hash_fn = ReferenceBlockPool, staticmethod(reference_hash_block)
     try:
         yield lambda num_blocks, block_size, prefix: manager(num_blocks, block_size, enable_prefix_caching=prefix)
@@ -47,15 +51,15 @@ def exercise_4_alone(manager: type | Callable[[int, int, bool], Any]) -> Any:
             if name in saved:
                 setattr(manager, name, saved[name])
             else:
-                delattr(manager, name)
+                del_attribute(manager, name)
 
 
 def manager_class(make_manager: Callable[[int, int, bool], Any]) -> type:
     """The class of the learner's manager (built once, small), checked against the package's BlockManager."""
     manager = _call("make_manager(4, 2, True)", make_manager, 4, 2, True)
-    own_work(type(manager), ReferenceBlockManager, what=MANAGER_WHAT, methods=MANAGER_METHODS,
+    own_work(class_of(manager), ReferenceBlockManager, what=MANAGER_WHAT, methods=MANAGER_METHODS,
              given=EARLIER_PIECES)
-    return type(manager)
+    return class_of(manager)
 
 
 @contextlib.contextmanager

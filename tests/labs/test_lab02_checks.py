@@ -576,10 +576,11 @@ def state_machine_verdict(examples: int = lab02.GRADED_EXAMPLES) -> str:
     return "passed"
 
 
-def test_state_machine_verdict_is_the_same_in_a_script_python_c_and_a_kernel(tmp_path):
+def test_state_machine_verdict_is_the_same_in_a_script_python_c_a_kernel_and_the_judge(tmp_path):
     """hypothesis mixes constants from loaded modules' source into its examples; the graded check draws from a
-    fixed example source instead, so a script, `python -c` and a Jupyter kernel (which load different modules)
-    reach the same verdict. Costs about 15 s (three fresh processes)."""
+    fixed example source instead, so a script, `python -c`, a Jupyter kernel (which load different modules) and the
+    judge (autograder/judge.py: a check cell in the course kernel runs there, the manager a Remote in the kernel)
+    reach the same verdict. Costs about 15 s (three fresh processes) and the judged run."""
     import os
     import subprocess
     import sys
@@ -597,11 +598,20 @@ def test_state_machine_verdict_is_the_same_in_a_script_python_c_and_a_kernel(tmp
                                timeout=300).stdout.strip()
     by_c = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root,
                           timeout=300).stdout.strip()
+    judged = ("from autograder.lab02 import check_block_manager\n"      # a check cell: the kernel hands it to the judge
+              "from autograder.wire import is_remote\nprint('judged' if is_remote(make_manager) else 'in the kernel')\n"
+              "try:\n    check_block_manager(make_manager)\nexcept AssertionError as err:\n    print(err)\n"
+              "else:\n    print('passed')\n")
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
         "import sys\nsys.path[:0] = %r\nimport matplotlib.pyplot, IPython.display\n" % [str(root / "shared"), str(root)]
-        + code)])
+        + code), nbformat.v4.new_code_cell(
+        "from tests.labs.test_lab02_checks import SharedTailWriteManager, factory\n"
+        "make_manager = factory(SharedTailWriteManager)"), nbformat.v4.new_code_cell(judged)])
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
-    by_kernel = "".join(o.get("text", "") for o in nb.cells[0].outputs if o.get("name") == "stdout").strip()
+    by_kernel, by_judge = ("".join(o.get("text", "") for o in nb.cells[i].outputs if o.get("name") == "stdout").strip()
+                           for i in (0, 2))
+    where, _, by_judge = by_judge.partition("\n")
+    assert where == ("in the kernel" if os.environ.get("COURSE_JUDGE") == "0" else "judged"), where
     assert by_script, "the script printed nothing"
     assert by_script.startswith("block manager state machine: sequence"), by_script[:300]   # caught, in the graded count
-    assert by_script == by_c == by_kernel, (by_script[:300], by_c[:300], by_kernel[:300])
+    assert by_script == by_c == by_kernel == by_judge, (by_script[:300], by_c[:300], by_kernel[:300], by_judge[:300])
