@@ -1,9 +1,10 @@
 """Lab 04's method checks when judged: the learner's code runs in another process (tests/labs/judged.py) and the check
 gets Remote handles, as in a graded notebook. The wrong methods are still refused (torch.softmax over the whole row,
 a full T x T score matrix, autograd in the tiled backward, a kernel writing past the end of its output, the
-package's kernel behind the notebook's launcher, a Triton Function without a Triton kernel), and the solution's
-answers pass. One learner process for the module (about 10 s to start); the cases are the cheap ones (each Triton
-check below stops at its first case, or runs the small warm-up kernel): about 40 s on a 2-core CPU.
+package's kernel behind the notebook's launcher, a Triton Function without a Triton kernel), the solution's answers
+pass, and the GPU tier's measurements run in the learner's process. One learner process for the module (about 10 s
+to start); the cases are the cheap ones (each Triton check below stops at its first case, or runs a small kernel):
+about 40 s on a 2-core CPU.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from autograder import lab04
+from autograder.thresholds import fixed
 from autograder.reference_guard import ReferenceHandedIn
 from tests.labs.judged import learner_process
 from tests.labs.test_lab04_backward_checks import SOLUTION as BACKWARD_SOLUTION
@@ -24,8 +26,9 @@ from tests.labs.test_lab04_warmup_checks import add_no_mask
 online_softmax = SOLUTION["online_softmax"]
 TiledFunction = BACKWARD_SOLUTION["TiledFunction"]
 add = WARMUP_SOLUTION["add"]
+TritonFunction = BACKWARD_SOLUTION["TritonFunction"]
 SERVED = ["online_softmax", "softmax_torch", "tiled_full_attention", "backward_autograd", "backward_full_p",
-          "flash_reference", "add", "add_no_mask", "TiledFunction", "_SavesLseWithHeadAxis"]
+          "flash_reference", "add", "add_no_mask", "TiledFunction", "TritonFunction", "_SavesLseWithHeadAxis"]
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +74,14 @@ def test_judged_function_checks(learner):
         lab04.check_attention_function(learner["TiledFunction"], triton=True)
     with pytest.raises(AssertionError, match="exactly one log-sum-exp"):
         lab04.check_attention_function(learner["_SavesLseWithHeadAxis"], triton=False)
+
+
+def test_judged_gpu_tier_measures_where_the_learner_code_runs(learner):
+    """The GPU tier's code path on the CPU (small shapes, threshold pinned): the timing and the autograd through the
+    learner's Function happen in the learner's process, the verdict here."""
+    with fixed(0.0):
+        r = lab04.check_flash_speed(learner["flash_reference"], seq_len=32, head_dim=16, batch=1, heads=2, rounds=1,
+                                    device="cpu")
+        b = lab04.check_flash_backward_speed(learner["TritonFunction"], seq_len=20, head_dim=16, batch=1, heads=2,
+                                             rounds=1, device="cpu")
+    assert r["speedup"] > 0 and set(b["times_ms"]) == {"sdpa_flash", "learner", "reference"}
