@@ -312,9 +312,10 @@ class Endpoint:
         try:
             args = {k: self._decode(v, blob, received) for k, v in header.items() if k not in ("op", "opts")}
             before = [_snapshot(t) for t in received]
+            opts = self._decode(header.get("opts"), blob) or {}      # sent encoded, like every value
             if "rng" in blob:
                 torch.set_rng_state(blob["rng"])
-            value, extra = self._perform(header["op"], args, header.get("opts") or {})
+            value, extra = self._perform(header["op"], args, opts)
             if "rng" in blob:
                 tensors["rng"] = torch.get_rng_state()
             changed = {}

@@ -33,11 +33,17 @@ GPU tier (speed, memory; behind autograder.harness.require_gpu):
     check_flash_speed(fn), check_paged_decode_speed(fn), check_flash_memory(fn),
     check_flash_backward_speed(cls)   fwd+bwd of an autograd Function against SDPA-flash's fwd+bwd
 Not graded, reported by `make gpu-check`: causal_fast_path_speedup (fast path over the single loop).
+
+Judged (autograder/judge.py: the learner's objects are Remotes here), three things happen where the learner's code
+lives, through run_where, and come back as data for the verdict made here: a Triton launcher's call with its launches
+counted (call_launcher; a warm-up's padded buffer travels whole with the view the launcher gets), one forward and
+backward of an autograd Function (FunctionRun: autograd cannot cross processes), and the GPU tier's timings and peak
+memory (measure_*: a call across processes would time the copies and allocate elsewhere).
 """
 
 from autograder.lab04.common import (ATTENTION_CASES, BACKWARD_SPEED_CHECK, DECODE_SPEED_CHECK, FLASH_SPEED_CHECK,
                                      MEMORY_CHECK, PAGED_CASES, TOL, reference_lse)
-from autograder.lab04.backward import (BACKWARD_CASES, FLASH_BACKWARD, FUNCTIONS, backward64,
+from autograder.lab04.backward import (BACKWARD_CASES, FLASH_BACKWARD, FUNCTIONS, FunctionRun, backward64,
                                        check_attention_function, check_flash_backward)
 from autograder.lab04.gpu import (causal_fast_path_speedup, check_flash_backward_speed, check_flash_memory,
                                   check_flash_speed, check_paged_decode_speed, growth_per_doubling)
@@ -46,9 +52,9 @@ from autograder.lab04.questions import (Q1_BLOCKS, Q2_SHAPE, Q3_MEMORY, check_q1
 from autograder.lab04.softmax import ONLINE_SOFTMAX, check_online_softmax
 from autograder.lab04.tiled import (BACKWARD_TILE, TILED_BACKWARD, TILED_FORWARD, check_tiled_attention,
                                     check_tiled_backward)
-from autograder.lab04.triton_kernels import (FLASH_FORWARD, MERGE, PAGED_DECODE, Launches, check_flash_forward,
-                                             check_merge_partials, check_paged_decode, count_triton_launches,
-                                             own_kernels)
+from autograder.lab04.triton_kernels import (FLASH_FORWARD, MERGE, PAGED_DECODE, Launches, call_counting_launches,
+                                             call_launcher, check_flash_forward, check_merge_partials,
+                                             check_paged_decode, count_triton_launches, own_kernels)
 from autograder.lab04.warmup import check_row_softmax, check_tiled_matmul, check_vector_add
 
 __all__ = ["check_vector_add", "check_row_softmax", "check_tiled_matmul", "check_online_softmax",
@@ -58,4 +64,5 @@ __all__ = ["check_vector_add", "check_row_softmax", "check_tiled_matmul", "check
            "ATTENTION_CASES", "PAGED_CASES", "FLASH_SPEED_CHECK", "DECODE_SPEED_CHECK", "MEMORY_CHECK",
            "growth_per_doubling", "Q1_BLOCKS", "Q2_SHAPE", "Q3_MEMORY", "peak_bytes_naive_and_tiled",
            "count_triton_launches", "check_flash_backward", "check_attention_function", "BACKWARD_CASES",
-           "check_flash_backward_speed", "causal_fast_path_speedup", "BACKWARD_SPEED_CHECK"]
+           "check_flash_backward_speed", "causal_fast_path_speedup", "BACKWARD_SPEED_CHECK", "call_launcher",
+           "call_counting_launches"]

@@ -12,8 +12,9 @@ import torch
 import minigpt.kernels  # noqa: F401  (on a CPU: TRITON_INTERPRET=1 before any kernel is built)
 from autograder.harness import call_learner
 from autograder.lab04.common import ATTENTION_CASES, TOL, _close, _err, _full_attention, _qkv
-from autograder.lab04.triton_kernels import count_triton_launches, own_kernels
+from autograder.lab04.triton_kernels import call_launcher, count_triton_launches
 from autograder.reference_guard import ReferenceHandedIn, no_calls_into, own_work
+from autograder.wire import is_class, run_where
 from minigpt.kernels.flash_attention import FlashAttentionFunction
 from minigpt.kernels.flash_backward import attention_delta, flash_attention_backward
 from minigpt.kernels.tiled_attention import (TiledAttentionFunction, as_heads, tiled_attention_backward)
@@ -110,14 +111,12 @@ def check_flash_backward(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.
             args = [t.to(dtype).to(device) for t in (q, k, v, out, lse, d_out)]
             args[4] = lse.float().to(device)
             # the first case also refuses a call into the reference, as check_flash_forward does
-            guard = no_calls_into(*_BACKWARD_REFERENCES, what=FLASH_BACKWARD) if first else contextlib.nullcontext()
-            with count_triton_launches() as launches, guard:
-                got = call_learner("flash_backward", fn, *args, causal, context=context)
+            got, launches = call_launcher("flash_backward", fn, *args, causal, exercise=FLASH_BACKWARD,
+                                          context=context, watch=_BACKWARD_REFERENCES if first else ())
             first = False
-            if not launches[0]:
+            if not launches:
                 raise AssertionError(f"{context}: flash_backward launched no Triton kernel; write the preprocessing, "
                                      "dK/dV and dQ passes as @triton.jit kernels and launch them")
-            own_kernels(launches, FLASH_BACKWARD)
             if not (isinstance(got, tuple) and len(got) == 3 and all(isinstance(t, torch.Tensor) for t in got)):
                 raise AssertionError(f"{context}: return a tuple (dq, dk, dv) of tensors, got {type(got).__name__}")
             for name, g_, t in zip(("dq", "dk", "dv"), got, (q, k, v)):
@@ -136,53 +135,89 @@ def check_flash_backward(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.
 # The autograd Functions in the course-suite interface
 # ---------------------------------------------------------------------------------------------------
 
-def _saved_lse(out: torch.Tensor, shape: tuple[int, ...], context: str) -> torch.Tensor:
-    if out.grad_fn is None:
+class FunctionRun:
+    """One forward and backward of a learner's autograd Function, run in the process where the Function lives (the
+    learner's kernel when the check is judged: an autograd graph cannot cross processes). Each step returns plain
+    data (tensors, counts) for the check to judge; `watch` names references a step must not call (no_calls_into)."""
+
+    def __init__(self, cls: type) -> None:
+        self.cls = cls
+        self.inputs: tuple[torch.Tensor, ...] = ()
+        self.out: Any = None
+
+    def forward(self, qkv: tuple, is_causal: bool, pass_as: str, watch: tuple, what: str) -> dict:
+        """cls.apply(q, k, v, is_causal) on leaf copies of qkv: {"out" (detached, or None), "returned" (type name),
+        "grad_fn" (bool), "saved" (the saved tensors shaped like q without its last axis), "launches"}."""
+        q, k, v = self.inputs = tuple(t.clone().requires_grad_() for t in qkv)
+        guard = no_calls_into(*watch, what=what) if watch else contextlib.nullcontext()
+        with count_triton_launches() as launches, guard:
+            if pass_as == "keyword":
+                self.out = self.cls.apply(q, k, v, is_causal=is_causal)
+            else:
+                self.out = self.cls.apply(q, k, v, is_causal)
+        out = self.out
+        if not isinstance(out, torch.Tensor):
+            return {"out": None, "returned": type(out).__name__, "grad_fn": False, "saved": [],
+                    "launches": launches[0]}
+        lse_shape = tuple(q.shape[:-1])
+        saved = [t.detach() for t in out.grad_fn.saved_tensors if tuple(t.shape) == lse_shape] if out.grad_fn else []
+        return {"out": out.detach(), "returned": "Tensor", "grad_fn": out.grad_fn is not None, "saved": saved,
+                "launches": launches[0]}
+
+    def backward(self, d_out: torch.Tensor, watch: tuple, what: str) -> dict:
+        """out.backward(d_out): {"grads": [q.grad, k.grad, v.grad] (None where none), "launches"}."""
+        guard = no_calls_into(*watch, what=what) if watch else contextlib.nullcontext()
+        with count_triton_launches() as launches, guard:
+            self.out.backward(d_out)
+        return {"grads": [t.grad for t in self.inputs], "launches": launches[0]}
+
+
+def is_autograd_function(cls: Any) -> bool:
+    """True when cls is a subclass of torch.autograd.Function (asked where cls lives: run_where)."""
+    return isinstance(cls, type) and issubclass(cls, torch.autograd.Function)
+
+
+def _function_case(cls: Any, qkv: tuple, is_causal: bool, pass_as: str, context: str, triton: bool,
+                   watch: tuple = ()) -> None:
+    """One call of cls.apply and its backward (each refusing calls into `watch`), checked against float64
+    attention. The Function runs where it lives (FunctionRun); what it returned, saved and computed is judged here."""
+    name = cls.__name__
+    run = run_where(cls, FunctionRun, cls)
+    q = qkv[0]
+    forward = call_learner(f"{name}.apply", run.forward, qkv, is_causal, pass_as, watch, FUNCTIONS, context=context)
+    out = forward["out"]
+    if out is None or out.shape != q.shape:
+        raise AssertionError(f"{context}: apply must return the output shaped like q {tuple(q.shape)}, got "
+                             f"{tuple(out.shape) if out is not None else forward['returned']}")
+    heads = (qkv[0].unsqueeze(1), qkv[1].unsqueeze(1), qkv[2].unsqueeze(1)) if q.ndim == 3 else qkv
+    want, want_lse = _full_attention(*heads, is_causal)
+    want, want_lse = (want.squeeze(1), want_lse.squeeze(1)) if q.ndim == 3 else (want, want_lse)
+    if not _close(out, want, 1e-4):
+        raise AssertionError(f"{context}: output {_err(out, want)} against attention in float64")
+    if not forward["grad_fn"]:
         raise AssertionError(f"{context}: the output has no grad_fn: return it from forward of a "
                              "torch.autograd.Function (and call Function.apply)")
-    saved = [t for t in out.grad_fn.saved_tensors if tuple(t.shape) == shape]
+    shape, saved = tuple(q.shape[:-1]), forward["saved"]
     if len(saved) != 1:
         raise AssertionError(f"{context}: the Function must save exactly one log-sum-exp tensor of shape {shape} "
                              f"with ctx.save_for_backward; found {len(saved)} tensors of that shape")
-    return saved[0]
-
-
-def _function_case(cls: type, qkv: tuple, is_causal: bool, pass_as: str, context: str, triton: bool,
-                   guard: Callable[[], Any] = contextlib.nullcontext) -> None:
-    """One call of cls.apply and its backward (each under guard()), checked against float64 attention."""
-    q, k, v = (t.clone().requires_grad_() for t in qkv)
-    with count_triton_launches() as forward_launches, guard():
-        if pass_as == "keyword":
-            out = call_learner(f"{cls.__name__}.apply", cls.apply, q, k, v, is_causal=is_causal, context=context)
-        else:
-            out = call_learner(f"{cls.__name__}.apply", cls.apply, q, k, v, is_causal, context=context)
-    if not isinstance(out, torch.Tensor) or out.shape != q.shape:
-        raise AssertionError(f"{context}: apply must return the output shaped like q {tuple(q.shape)}, got "
-                             f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
-    heads = (q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)) if q.ndim == 3 else (q, k, v)
-    want, want_lse = _full_attention(*(t.detach() for t in heads), is_causal)
-    want, want_lse = (want.squeeze(1), want_lse.squeeze(1)) if q.ndim == 3 else (want, want_lse)
-    if not _close(out.detach(), want, 1e-4):
-        raise AssertionError(f"{context}: output {_err(out.detach(), want)} against attention in float64")
-    lse = _saved_lse(out, tuple(q.shape[:-1]), context)
-    if not _close(lse.detach(), want_lse, 1e-4):
-        raise AssertionError(f"{context}: the saved tensor of shape {tuple(lse.shape)} is not the log-sum-exp "
-                             f"({_err(lse.detach(), want_lse)}): save the forward's lse, squeezed to (batch, Nq) for "
+    if not _close(saved[0], want_lse, 1e-4):
+        raise AssertionError(f"{context}: the saved tensor of shape {shape} is not the log-sum-exp "
+                             f"({_err(saved[0], want_lse)}): save the forward's lse, squeezed to (batch, Nq) for "
                              "(batch, seq, dim) inputs")
     d_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(21))
-    with count_triton_launches() as backward_launches, guard():
-        call_learner(f"{cls.__name__}.backward", out.backward, d_out, context=context)
-    if triton and not (forward_launches[0] and backward_launches[0]):
-        part = "forward" if not forward_launches[0] else "backward"
+    backward = call_learner(f"{name}.backward", run.backward, d_out, watch, FUNCTIONS, context=context)
+    if triton and not (forward["launches"] and backward["launches"]):
+        part = "forward" if not forward["launches"] else "backward"
         raise AssertionError(f"{context}: the Triton Function's {part} launched no Triton kernel: use flash_forward "
                              "and flash_backward (or the package's kernels meanwhile)")
-    grads = backward64(*(t.detach() for t in heads), d_out.unsqueeze(1) if q.ndim == 3 else d_out, is_causal)
-    for name, t, w in zip(("dq", "dk", "dv"), (q, k, v), grads):
+    grads = backward64(*heads, d_out.unsqueeze(1) if q.ndim == 3 else d_out, is_causal)
+    for grad_name, got, w in zip(("dq", "dk", "dv"), backward["grads"], grads):
         w = w.squeeze(1) if q.ndim == 3 else w
-        if t.grad is None or not _close(t.grad, w, 1e-4):
-            err = _err(t.grad, w) if t.grad is not None else "no gradient"
-            raise AssertionError(f"{context}: {name} {err} against autograd of naive attention: return (dq, dk, dv, "
-                                 "None) from backward, shaped like the inputs (squeeze the head axis back for "
+        if got is None or not _close(got, w, 1e-4):
+            err = _err(got, w) if got is not None else "no gradient"
+            raise AssertionError(f"{context}: {grad_name} {err} against autograd of naive attention: return (dq, dk, "
+                                 "dv, None) from backward, shaped like the inputs (squeeze the head axis back for "
                                  "(batch, seq, dim) inputs)")
 
 
@@ -194,7 +229,7 @@ def check_attention_function(cls: Any, triton: bool) -> None:
     Triton kernels."""
     what = FUNCTIONS
     own_work(cls, (TiledAttentionFunction, FlashAttentionFunction), what=what, methods=("forward", "backward"))
-    if not (isinstance(cls, type) and issubclass(cls, torch.autograd.Function)):
+    if not (is_class(cls) and run_where(cls, is_autograd_function, cls)):
         raise AssertionError(f"{what}: pass the class, a subclass of torch.autograd.Function (got "
                              f"{cls!r:.60})")
     g = torch.Generator().manual_seed(20)
@@ -207,10 +242,10 @@ def check_attention_function(cls: Any, triton: bool) -> None:
     ]
     name = cls.__name__
     for i, (qkv, is_causal, pass_as, context) in enumerate(cases):
-        # the first case also refuses calls into the reference (forward and backward, each guarded on its own so that
+        # the first case also refuses calls into the reference (forward and backward, each watched on its own so that
         # the refusal comes before any other verdict on what the reference returned)
-        guard = (lambda: no_calls_into(*_FUNCTION_REFERENCES, what=what)) if i == 0 else contextlib.nullcontext
-        _function_case(cls, qkv, is_causal, pass_as, f"{name}, {context}", triton, guard)
+        _function_case(cls, qkv, is_causal, pass_as, f"{name}, {context}", triton,
+                       _FUNCTION_REFERENCES if i == 0 else ())
     q, k, v = torch.randn(1, 3, 8, generator=g), torch.randn(1, 7, 8, generator=g), torch.randn(1, 7, 8, generator=g)
     try:
         cls.apply(q, k, v, True)

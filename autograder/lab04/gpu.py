@@ -10,6 +10,7 @@ import torch
 import minigpt.kernels  # noqa: F401  (on a CPU: TRITON_INTERPRET=1 before any kernel is built)
 from autograder.harness import call_learner, quiet
 from autograder.lab04.common import BACKWARD_SPEED_CHECK, DECODE_SPEED_CHECK, FLASH_SPEED_CHECK, MEMORY_CHECK
+from autograder.wire import run_where
 from minigpt.attention import naive_attention
 from minigpt.kernels.flash_attention import flash_attention_forward
 from minigpt.kernels.paged_decode import gather_then_sdpa, paged_decode, random_paged_inputs
@@ -19,59 +20,72 @@ from minigpt.kernels.paged_decode import gather_then_sdpa, paged_decode, random_
 # the kernels in Triton's interpreter (tests); grading uses the GPU and the default shapes.
 # ---------------------------------------------------------------------------------------------------
 
-def check_flash_speed(fn: Callable, *, seq_len: int = 4096, head_dim: int = 64, batch: int = 4, heads: int = 32,
-                      device: str = "cuda", rounds: int = 5) -> dict:
-    """Learner's fn(q, k, v, causal) speedup over naive attention >= the calibrated fraction (FLASH_SPEED_CHECK)
-    of the reference kernel's, fp16, causal, timed in interleaved rounds. On a GPU whose free memory cannot hold
-    naive attention's temporaries (3 fp32 copies of B x H x T x T scores: 26 GB at the default shape) the batch is
-    halved until they fit; the result says which batch was timed."""
-    from autograder.gpu_bench import fits, free_bytes, naive_attention_bytes
+def check_flash_speed(fn: Callable, *, kwargs: dict | None = None, seq_len: int = 4096, head_dim: int = 64,
+                      batch: int = 4, heads: int = 32, device: str = "cuda", rounds: int = 5) -> dict:
+    """Learner's fn(q, k, v, causal, **kwargs) speedup over naive attention >= the calibrated fraction
+    (FLASH_SPEED_CHECK) of the reference kernel's, fp16, causal, timed in interleaved rounds. On a GPU whose free memory
+    cannot hold naive attention's temporaries (3 fp32 copies of B x H x T x T scores: 26 GB at the default shape) the
+    batch is halved until they fit; the result says which batch was timed. The timing runs where fn lives (the
+    learner's kernel when judged: a call across processes would time the copies), the verdict here."""
     from autograder.thresholds import threshold
-    from minigpt.attention import naive_attention
-    from minigpt.timing import bench_interleaved, device_class
+    from minigpt.timing import device_class
 
     fraction = threshold(FLASH_SPEED_CHECK, device_class(device))
-    if torch.device(device).type == "cuda":
-        while batch > 1 and not fits(naive_attention_bytes(batch, heads, seq_len, seq_len), free_bytes(device)):
-            batch //= 2
-    g = torch.Generator(device=device).manual_seed(0)
-    q, k, v = (torch.randn(batch, heads, seq_len, head_dim, device=device, generator=g).half() for _ in range(3))
-    with quiet():
-        out = call_learner("your forward kernel at the benchmark shape", fn, q, k, v, True)[0]
-        want = flash_attention_forward(q, k, v, causal=True)[0]
-    if not torch.allclose(out.float(), want.float(), atol=1e-2, rtol=1e-2):
+    m = run_where(fn, measure_flash_speed, fn, kwargs or {}, seq_len, head_dim, batch, heads, device, rounds)
+    if not m["close"]:
         raise AssertionError("the kernel's output differs from the reference at the benchmark shape")
-    with quiet():
-        times = bench_interleaved({"naive": lambda: naive_attention(q, k, v), "learner": lambda: fn(q, k, v, True),
-                                   "reference": lambda: flash_attention_forward(q, k, v, causal=True)},
-                                  rounds=rounds, device=device)
+    times = m["times"]
     learner, ref = times["naive"] / times["learner"], times["naive"] / times["reference"]
     need = fraction * ref
     if learner < need:
         raise AssertionError(f"forward kernel speedup over naive attention {learner:.2f}x; the reference reaches "
                              f"{ref:.2f}x here and {need:.2f}x is needed. Skip fully masked tiles, keep the tiles in "
                              "fp16 for tl.dot, and do not re-read Q inside the loop.")
-    return {"speedup": learner, "reference_speedup": ref, "threshold": need, "batch": batch,
+    return {"speedup": learner, "reference_speedup": ref, "threshold": need, "batch": m["batch"],
             "times_ms": {n: t * 1e3 for n, t in times.items()}}
 
 
-def check_paged_decode_speed(fn: Callable, *, batch: int = 32, context: int = 8192, heads: int = 32,
-                             kv_heads: int = 8, head_dim: int = 128, block_size: int = 16, device: str = "cuda",
-                             rounds: int = 5) -> dict:
-    """Learner's paged decode speedup over gather-then-SDPA >= the calibrated fraction (DECODE_SPEED_CHECK) of the
-    reference kernel's, fp16, timed in interleaved rounds."""
+def measure_flash_speed(fn: Callable, kwargs: dict, seq_len: int, head_dim: int, batch: int, heads: int,
+                        device: str, rounds: int) -> dict:
+    """Run where fn lives: {"close": fn's output matches the reference kernel's, "times": median seconds of naive
+    attention, fn and the reference kernel (interleaved), "batch": the batch timed}."""
+    from autograder.gpu_bench import fits, free_bytes, naive_attention_bytes
+    from minigpt.timing import bench_interleaved
+
+    if torch.device(device).type == "cuda":
+        while batch > 1 and not fits(naive_attention_bytes(batch, heads, seq_len, seq_len), free_bytes(device)):
+            batch //= 2
+    g = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn(batch, heads, seq_len, head_dim, device=device, generator=g).half() for _ in range(3))
+    with quiet():
+        out = call_learner("your forward kernel at the benchmark shape", fn, q, k, v, True, **kwargs)[0]
+        want = flash_attention_forward(q, k, v, causal=True)[0]
+    close = isinstance(out, torch.Tensor) and out.shape == want.shape and torch.allclose(
+        out.float(), want.float(), atol=1e-2, rtol=1e-2)
+    if not close:
+        return {"close": False, "times": {}, "batch": batch}
+    with quiet():
+        times = bench_interleaved({"naive": lambda: naive_attention(q, k, v),
+                                   "learner": lambda: fn(q, k, v, True, **kwargs),
+                                   "reference": lambda: flash_attention_forward(q, k, v, causal=True)},
+                                  rounds=rounds, device=device)
+    return {"close": True, "times": times, "batch": batch}
+
+
+def check_paged_decode_speed(fn: Callable, *, kwargs: dict | None = None, batch: int = 32, context: int = 8192,
+                             heads: int = 32, kv_heads: int = 8, head_dim: int = 128, block_size: int = 16,
+                             device: str = "cuda", rounds: int = 5) -> dict:
+    """Learner's paged decode fn(*inputs, **kwargs) speedup over gather-then-SDPA >= the calibrated fraction
+    (DECODE_SPEED_CHECK) of the reference kernel's, fp16, timed in interleaved rounds where fn lives."""
     from autograder.thresholds import threshold
-    from minigpt.timing import bench_interleaved, device_class
+    from minigpt.timing import device_class
 
     fraction = threshold(DECODE_SPEED_CHECK, device_class(device))
-    args = random_paged_inputs([context] * batch, n_heads=heads, n_kv_heads=kv_heads, head_dim=head_dim,
-                               block_size=block_size, dtype=torch.float16, device=device)
-    with quiet():
-        got = call_learner("your decode kernel at the benchmark shape", fn, *args)
-        if not torch.allclose(got.float(), paged_decode(*args).float(), atol=1e-2, rtol=1e-2):
-            raise AssertionError("the decode kernel's output differs from the reference at the benchmark shape")
-        times = bench_interleaved({"gather_sdpa": lambda: gather_then_sdpa(*args), "learner": lambda: fn(*args),
-                                   "reference": lambda: paged_decode(*args)}, rounds=rounds, device=device)
+    m = run_where(fn, measure_paged_decode_speed, fn, kwargs or {}, batch, context, heads, kv_heads, head_dim,
+                  block_size, device, rounds)
+    if not m["close"]:
+        raise AssertionError("the decode kernel's output differs from the reference at the benchmark shape")
+    times = m["times"]
     learner, ref = times["gather_sdpa"] / times["learner"], times["gather_sdpa"] / times["reference"]
     need = fraction * ref
     if learner < need:
@@ -81,30 +95,40 @@ def check_paged_decode_speed(fn: Callable, *, batch: int = 32, context: int = 81
             "times_ms": {n: t * 1e3 for n, t in times.items()}}
 
 
+def measure_paged_decode_speed(fn: Callable, kwargs: dict, batch: int, context: int, heads: int, kv_heads: int,
+                               head_dim: int, block_size: int, device: str, rounds: int) -> dict:
+    """Run where fn lives: {"close": fn matches the reference kernel, "times": median seconds of gather-then-SDPA,
+    fn and the reference kernel (interleaved)}."""
+    from minigpt.timing import bench_interleaved
+
+    args = random_paged_inputs([context] * batch, n_heads=heads, n_kv_heads=kv_heads, head_dim=head_dim,
+                               block_size=block_size, dtype=torch.float16, device=device)
+    with quiet():
+        got = call_learner("your decode kernel at the benchmark shape", fn, *args, **kwargs)
+        want = paged_decode(*args)
+        if not (isinstance(got, torch.Tensor) and got.shape == want.shape and torch.allclose(
+                got.float(), want.float(), atol=1e-2, rtol=1e-2)):
+            return {"close": False, "times": {}}
+        times = bench_interleaved({"gather_sdpa": lambda: gather_then_sdpa(*args), "learner": lambda: fn(*args, **kwargs),
+                                   "reference": lambda: paged_decode(*args)}, rounds=rounds, device=device)
+    return {"close": True, "times": times}
+
+
 def growth_per_doubling(peaks: list[int]) -> list[float]:
     """Ratios of successive peak byte counts (T doubling each step): about 2 for O(T) memory, 4 for O(T^2)."""
     return [b / max(a, 1) for a, b in zip(peaks, peaks[1:])]
 
 
-def check_flash_memory(fn: Callable, *, seq_lens: tuple[int, ...] = (2048, 4096, 8192), heads: int = 8,
-                       head_dim: int = 64) -> dict:
-    """Peak extra memory of fn(q, k, v, causal) grows O(T) per doubling of T (about 2x), not O(T^2) (4x): at most the
-    calibrated growth (MEMORY_CHECK) per doubling."""
+def check_flash_memory(fn: Callable, *, kwargs: dict | None = None, seq_lens: tuple[int, ...] = (2048, 4096, 8192),
+                       heads: int = 8, head_dim: int = 64) -> dict:
+    """Peak extra memory of fn(q, k, v, causal, **kwargs) grows O(T) per doubling of T (about 2x), not O(T^2) (4x): at
+    most the calibrated growth (MEMORY_CHECK) per doubling. Measured in the process where fn runs (its allocations
+    happen there), judged here."""
     from autograder.thresholds import threshold
     from minigpt.timing import device_class
 
     most = threshold(MEMORY_CHECK, device_class("cuda"))
-    peaks = []
-    for T in seq_lens:
-        q, k, v = (torch.randn(1, heads, T, head_dim, device="cuda", dtype=torch.float16) for _ in range(3))
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        with quiet():
-            call_learner(f"your forward kernel at T={T}", fn, q, k, v, True)
-        torch.cuda.synchronize()
-        peaks.append(torch.cuda.max_memory_allocated() - base)
-        del q, k, v
+    peaks = run_where(fn, measure_flash_memory, fn, kwargs or {}, tuple(seq_lens), heads, head_dim)
     growth = growth_per_doubling(peaks)
     if max(growth) > most:
         raise AssertionError(f"peak extra memory grows {', '.join(f'{g:.1f}x' for g in growth)} per doubling of T "
@@ -112,6 +136,22 @@ def check_flash_memory(fn: Callable, *, seq_lens: tuple[int, ...] = (2048, 4096,
                              "materialised")
     return {"seq_lens": list(seq_lens), "peak_bytes": peaks, "growth": growth, "max_growth": max(growth),
             "threshold": most}
+
+
+def measure_flash_memory(fn: Callable, kwargs: dict, seq_lens: tuple[int, ...], heads: int, head_dim: int) -> list[int]:
+    """Run where fn lives: the peak CUDA bytes fn(q, k, v, True, **kwargs) allocates beyond its inputs, per T."""
+    peaks = []
+    for T in seq_lens:
+        q, k, v = (torch.randn(1, heads, T, head_dim, device="cuda", dtype=torch.float16) for _ in range(3))
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        with quiet():
+            call_learner(f"your forward kernel at T={T}", fn, q, k, v, True, **kwargs)
+        torch.cuda.synchronize()
+        peaks.append(torch.cuda.max_memory_allocated() - base)
+        del q, k, v
+    return peaks
 
 
 def _sdpa_fwd_bwd(q, k, v, d_out, causal: bool):
@@ -143,12 +183,36 @@ def check_flash_backward_speed(cls, *, seq_len: int = 4096, head_dim: int = 64, 
                                rounds: int = 5) -> dict:
     """Forward + backward of the learner's autograd Function cls (apply(q, k, v, is_causal) on (B, H, T, D)) against
     SDPA-flash's forward + backward: its speedup over SDPA (t_sdpa / t_cls, usually below 1) must reach the calibrated
-    fraction (BACKWARD_SPEED_CHECK) of the reference Function's, all timed in interleaved rounds (medians)."""
+    fraction (BACKWARD_SPEED_CHECK) of the reference Function's, all timed in interleaved rounds (medians) where cls
+    lives (autograd through the learner's Function cannot cross processes)."""
     from autograder.thresholds import threshold
-    from minigpt.kernels.flash_attention import FlashAttentionFunction
-    from minigpt.timing import bench_interleaved, device_class
+    from minigpt.timing import device_class
 
     fraction = threshold(BACKWARD_SPEED_CHECK, device_class(device))
+    m = run_where(cls, measure_flash_backward_speed, cls, seq_len, head_dim, batch, heads, dtype, causal, device,
+                  rounds)
+    errs = m["errors"]
+    if max(errs) > 2e-2:
+        raise AssertionError(f"the Function's gradients differ from the reference at the benchmark shape (relative "
+                             f"errors {', '.join(f'{e:.2g}' for e in errs)})")
+    times = m["times"]
+    learner, ref = times["sdpa_flash"] / times["learner"], times["sdpa_flash"] / times["reference"]
+    need = fraction * ref
+    if learner < need:
+        raise AssertionError(f"forward + backward at {learner:.2f}x SDPA-flash's speed; the reference reaches "
+                             f"{ref:.2f}x here and {need:.2f}x is needed. Keep dK, dV (and dQ) in fp32 registers "
+                             "across the loop, skip the tiles the causal mask hides, and use tiles of at least 32.")
+    return {"speedup": learner, "reference_speedup": ref, "threshold": need,
+            "times_ms": {n: t * 1e3 for n, t in times.items()}}
+
+
+def measure_flash_backward_speed(cls, seq_len: int, head_dim: int, batch: int, heads: int, dtype: torch.dtype,
+                                 causal: bool, device: str, rounds: int) -> dict:
+    """Run where cls lives: {"errors": relative errors of cls's (dq, dk, dv) against the reference Function's,
+    "times": median seconds of forward + backward of SDPA-flash, cls and the reference (interleaved)}."""
+    from minigpt.kernels.flash_attention import FlashAttentionFunction
+    from minigpt.timing import bench_interleaved
+
     g = torch.Generator(device=device).manual_seed(0)
     q, k, v, d_out = (torch.randn(batch, heads, seq_len, head_dim, device=device, generator=g).to(dtype)
                       for _ in range(4))
@@ -160,18 +224,10 @@ def check_flash_backward_speed(cls, *, seq_len: int = 4096, head_dim: int = 64, 
         want = fns["reference"]()
     errs = [_rel_err(a, b) for a, b in zip(got, want)] if isinstance(got, tuple) and len(got) == 3 else [math.inf]
     if max(errs) > 2e-2:
-        raise AssertionError(f"the Function's gradients differ from the reference at the benchmark shape (relative "
-                             f"errors {', '.join(f'{e:.2g}' for e in errs)})")
+        return {"errors": errs, "times": {}}
     with quiet():
         times = bench_interleaved(fns, rounds=rounds, device=device)
-    learner, ref = times["sdpa_flash"] / times["learner"], times["sdpa_flash"] / times["reference"]
-    need = fraction * ref
-    if learner < need:
-        raise AssertionError(f"forward + backward at {learner:.2f}x SDPA-flash's speed; the reference reaches "
-                             f"{ref:.2f}x here and {need:.2f}x is needed. Keep dK, dV (and dQ) in fp32 registers "
-                             "across the loop, skip the tiles the causal mask hides, and use tiles of at least 32.")
-    return {"speedup": learner, "reference_speedup": ref, "threshold": need,
-            "times_ms": {n: t * 1e3 for n, t in times.items()}}
+    return {"errors": errs, "times": times}
 
 
 def causal_fast_path_speedup(*, seq_len: int = 4096, head_dim: int = 64, batch: int = 4, heads: int = 32,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -14,6 +14,7 @@ from autograder.harness import call_learner
 from autograder.lab04.common import ATTENTION_CASES, PAGED_CASES, TOL, _close, _err, _qkv
 from autograder.lab04.tiled import _ATTENTION_REFERENCES, _compare_out_lse
 from autograder.reference_guard import no_calls_into, own_work
+from autograder.wire import run_where
 from minigpt.cache.paged_attention import paged_decode_attention
 from minigpt.kernels.paged_decode import (gather_then_sdpa, merge_partials, paged_decode, paged_decode_partials,
                                           random_paged_inputs)
@@ -63,6 +64,40 @@ def own_kernels(launches: Launches, what: str) -> None:
         own_work(kernel, (), what=what)
 
 
+def call_counting_launches(fn: Callable, args: list, kwargs: dict, what: str, watch: tuple = (),
+                           views: dict | None = None) -> tuple[Any, int]:
+    """fn(*args, **kwargs), run in the process where fn lives (the learner's kernel when the check is judged: a
+    Triton launch happens there, so it is counted there); returns (its value, the number of Triton launches).
+
+    Raises ReferenceHandedIn for a launch of one of the package's kernels, and, when `watch` names references,
+    for a call into them (no_calls_into). `views`: {index in args: (shape, stride, offset)}: that argument is a
+    whole buffer and fn gets this view of it (the buffer travels whole, so a store past the view shows in it)."""
+    args = list(args)
+    for index, (shape, stride, offset) in (views or {}).items():
+        args[index] = args[index].as_strided(shape, stride, offset)
+    guard = no_calls_into(*watch, what=what) if watch else contextlib.nullcontext()
+    with count_triton_launches() as launches, guard:
+        value = fn(*args, **kwargs)
+    own_kernels(launches, what)
+    return value, launches[0]
+
+
+def call_launcher(what: str, fn: Callable, *args: Any, exercise: str, context: str = "", watch: tuple = (),
+                  **kwargs: Any) -> tuple[Any, int]:
+    """call_learner for a launcher of Triton kernels: (fn(*args, **kwargs), number of Triton launches), counted
+    where fn runs; a launch of the package's kernel, or a call into `watch`, is refused naming `exercise`. A tensor
+    argument that is a view of a larger buffer reaches fn as the same view of that buffer."""
+    if fn is None or not callable(fn):
+        raise AssertionError(f"{what}: expected your function, got {fn!r}")
+    sent, views = list(args), {}
+    for i, a in enumerate(args):
+        base = a._base if isinstance(a, torch.Tensor) else None
+        if base is not None and base.is_contiguous() and base.storage_offset() == 0:
+            sent[i], views[i] = base, (tuple(a.shape), tuple(a.stride()), a.storage_offset())
+    return call_learner(what, lambda: run_where(fn, call_counting_launches, fn, sent, kwargs, exercise, tuple(watch),
+                                                views), context=context)
+
+
 FLASH_FORWARD = "Exercise 4 (the forward kernel)"
 _PAGED_REFERENCES = (paged_decode, paged_decode_partials, paged_decode_attention, gather_then_sdpa)
 PAGED_DECODE = "Exercise 6 (the paged decode kernel)"
@@ -80,14 +115,12 @@ def check_flash_forward(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.f
             q, k, v = (t.to(device) for t in _qkv(B, Hq, Hkv, Tq, Tk, D, dtype=dtype, seed=3))
             # the first case also refuses a call into the reference (profiling every case in the interpreter would
             # double the check's time); every launch is checked to be the notebook's kernel
-            guard = no_calls_into(*_ATTENTION_REFERENCES, what=FLASH_FORWARD) if first else contextlib.nullcontext()
-            with count_triton_launches() as launches, guard:
-                got = call_learner("flash_forward", fn, q, k, v, causal, context=f"{what}, {dtype}")
+            got, launches = call_launcher("flash_forward", fn, q, k, v, causal, exercise=FLASH_FORWARD,
+                                          context=f"{what}, {dtype}", watch=_ATTENTION_REFERENCES if first else ())
             first = False
-            if not launches[0]:
+            if not launches:
                 raise AssertionError(f"{what}: flash_forward launched no Triton kernel; write the forward pass as "
                                      "a @triton.jit kernel and launch it over a grid")
-            own_kernels(launches, FLASH_FORWARD)
             if isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], torch.Tensor) and got[0].dtype != dtype:
                 raise AssertionError(f"{what}: the output must be in the input dtype {dtype}, got {got[0].dtype}")
             _compare_out_lse(tuple(t.cpu() for t in got) if isinstance(got, tuple) else got,
@@ -141,19 +174,17 @@ def check_paged_decode(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.fl
     alone: a wrong Exercise 5 does not fail this one."""
     own_work(fn, _PAGED_REFERENCES, what=PAGED_DECODE)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    merge = {"merge": merge_partials} if _takes_merge(fn) else {}
+    merge = {"merge": merge_partials} if run_where(fn, _takes_merge, fn) else {}
     first = True
     for dtype in dtypes:
         for B, Hq, Hkv, D, bs, lens, what in PAGED_CASES:
             args = _paged(B, Hq, Hkv, D, bs, lens, dtype, device=device)
-            guard = no_calls_into(*_PAGED_REFERENCES, what=PAGED_DECODE) if first else contextlib.nullcontext()
-            with count_triton_launches() as launches, guard:          # the first case only, as in check_flash_forward
-                got = call_learner("paged_decode", fn, *(a.clone() for a in args), context=f"{what}, {dtype}",
-                                   **merge)
+            got, launches = call_launcher("paged_decode", fn, *(a.clone() for a in args), exercise=PAGED_DECODE,
+                                          context=f"{what}, {dtype}", watch=_PAGED_REFERENCES if first else (),
+                                          **merge)        # the first case watched only, as in check_flash_forward
             first = False
-            if not launches[0]:
+            if not launches:
                 raise AssertionError(f"{what}: paged_decode launched no Triton kernel")
-            own_kernels(launches, PAGED_DECODE)
             cpu = [a.cpu() for a in args]
             want = paged_decode_attention(*(a.double() if a.is_floating_point() else a for a in cpu))
             if not isinstance(got, torch.Tensor) or not _close(got.cpu(), want, TOL[dtype]):
