@@ -22,6 +22,7 @@ STUCK_ENAME = "CellTimeoutError"
 STUCK_NOTE = "ran past its time limit and did not stop when interrupted (SIGINT ignored?)"
 DEAD_ENAME = "DeadKernelError"
 NOT_RUN_ENAME = "CellNotRun"
+WARM_UP_TIMEOUT_S = 300     # importing the judge's counterpart (and torch) in a fresh kernel, before the first test cell
 HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 
 
@@ -71,6 +72,7 @@ class StoppingExecute(Execute):
 
         self._stopped = ""
         self._judge = None
+        self._kernel_ready = False
         self._judging = self.judge_test_cells and os.environ.get("COURSE_JUDGE", "1") != "0"
         self._cwd = ((resources or {}).get("metadata") or {}).get("path") or None
         try:
@@ -113,6 +115,14 @@ class StoppingExecute(Execute):
         if self._judge is None:
             socket_dir = getattr(self.km, "_socket_dir", None) or tempfile.mkdtemp(prefix="judge-")
             self._judge = JudgeProcess(socket_dir, cwd=self._cwd)
+        if not self._kernel_ready:     # the kernel's side imports torch: not on the first test cell's time limit
+            saved, self.timeout = self.timeout, max(self.timeout or 0, WARM_UP_TIMEOUT_S)
+            try:
+                super().preprocess_cell(new_code_cell("import autograder.observe"), resources, index)
+            finally:
+                self.timeout = saved
+                self.nb.cells[index] = cell
+            self._kernel_ready = True
         token = secrets.token_hex(8)
         self._judge.run(cell.source, token, timeout=float(self.timeout or 300))
         serving = new_code_cell(f"import autograder.observe\nautograder.observe.serve({self._judge.path!r}, {token!r})")
