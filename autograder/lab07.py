@@ -20,12 +20,14 @@ the drain-every-step formula diagnosed), check_q4 (all-reduce time per step at b
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable
 
 import torch
 
 from autograder.harness import call_learner, check_answer, quiet
 from autograder.reference_guard import watched as _watched, no_calls_into, own_work
+from autograder.wire import is_remote, run_where
 from minigpt.config import ModelConfig
 from minigpt.engine.cached_generation import generate_kv_cache
 from minigpt.model import GPT
@@ -63,10 +65,22 @@ def _tokens(cfg: ModelConfig, B: int = 2, T: int = 6, seed: int = 1) -> torch.Te
     return torch.randint(0, cfg.vocab_size, (B, T), generator=torch.Generator().manual_seed(seed))
 
 
-def _run(worker: Callable, tp: int, *args: Any, backend: str = "threads") -> list[Any]:
+def _on_ranks(worker: Callable, tp: int, *args: Any, backend: str = "threads", watch: tuple = (),
+              what: str = "") -> list[Any]:
+    """worker(comm, *args) on tp ranks of this process (threads) or forked from it (gloo), every rank's result in
+    rank order; calls into `watch` (the references) refused. Judged, this runs in the learner's kernel (the ranks
+    call the learner's classes at once, which one connection to the judge cannot serve) and only the results, as
+    data, come back: the verdict stays in the check."""
+    with quiet(), fixed_threads(1), no_calls_into(*watch, what=what) if watch else contextlib.nullcontext():
+        return run_ranks(worker, tp, *args, backend=backend, timeout_s=90, collective_timeout_s=20)
+
+
+def _run(worker: Callable, tp: int, *args: Any, backend: str = "threads", watch: tuple = (),
+         what: str = "") -> list[Any]:
+    """_on_ranks where the learner's objects among args live: here, or in the kernel when they are Remotes."""
+    learner = next((a for a in args if is_remote(a)), None)
     try:
-        with quiet(), fixed_threads(1):
-            return run_ranks(worker, tp, *args, backend=backend, timeout_s=90, collective_timeout_s=20)
+        return run_where(learner, _on_ranks, worker, tp, *args, backend=backend, watch=tuple(watch), what=what)
     except RankError as err:
         msg = str(err)
         if "NotImplementedError" in msg:
@@ -174,7 +188,8 @@ def _check_parallel_linears(column_cls: type, row_cls: type) -> None:
         full = _model(name)
         with torch.no_grad():
             want = full(_tokens(cfg))
-        outs = _run(_linear_worker, tp, name, full.state_dict(), column_cls, row_cls, backend=backend)
+        outs = _run(_linear_worker, tp, name, full.state_dict(), column_cls, row_cls, backend=backend,
+                    watch=(ColumnParallelLinear, RowParallelLinear), what="Exercise 2 (the parallel linears)")
         what = f"model {name}, tp={tp} ({backend} ranks), prefill of {tuple(_tokens(cfg).shape)} tokens"
         for rank, (logits, calls, nbytes) in enumerate(outs):
             n_ar = calls.get("all_reduce", 0)
@@ -223,7 +238,8 @@ def _check_vocab_parallel_logits(fn: Callable) -> None:
     x, weight = torch.randn(2, 3, 32, generator=g), torch.randn(64, 32, generator=g)
     want = x @ weight.t()
     for tp in (2, 4):
-        outs = _run(_vocab_worker, tp, fn, x, weight)
+        outs = _run(_vocab_worker, tp, fn, x, weight, watch=(vocab_parallel_logits,),
+                    what="Exercise 3 (vocab_parallel_logits)")
         for rank, (got, calls) in enumerate(outs):
             what = f"tp={tp}, rank {rank}, x {tuple(x.shape)}, full weight {tuple(weight.shape)}"
             if not isinstance(got, torch.Tensor) or got.shape != want.shape:
@@ -265,7 +281,8 @@ def _check_tp_kv_cache(make_cache: Callable) -> None:
         cfg = CONFIGS[name]
         full = _model(name)
         want = generate_kv_cache(full, prompt, n).tokens
-        outs = _run(_cache_worker, tp, make_cache, name, full.state_dict(), prompt, n)
+        outs = _run(_cache_worker, tp, make_cache, name, full.state_dict(), prompt, n, watch=(tp_kv_cache,),
+                    what="Exercise 4 (make_tp_cache)")
         local = len(sharding.kv_heads(cfg, tp, 0))
         for rank, (tokens, heads, nbytes) in enumerate(outs):
             what = f"model {name}, tp={tp}, rank {rank}"
