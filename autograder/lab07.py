@@ -2,12 +2,15 @@
 
 Each check takes the learner's function or classes, runs them on tiny seeded models (sharding checks need
 no processes; the layer checks run TP = 2 and 4 as thread ranks and TP = 2 as two real gloo processes)
-and raises AssertionError saying what is wrong.
+and raises AssertionError saying what is wrong. Judged (autograder/judge.py), the ranks that call the learner's
+classes run in the learner's kernel (`_on_ranks`, through wire.run_where) and send back only their results.
 
 CPU tier (correctness):
     check_shard_weight(shard_weight)                        every parameter's slice, GQA/MQA/MHA, replication, bad tp
     check_parallel_linears(ColumnParallelLinear, RowParallelLinear)   TP logits == one process, 2 all-reduces a layer
-    check_vocab_parallel_logits(vocab_parallel_logits)     gathered, not all-reduced
+    check_vocab_parallel_logits(vocab_parallel_logits)     gathered, not all-reduced (its ranks are replayed one after
+                                                            another in this process: a judged function is called
+                                                            over the wire, its collectives answered here)
     check_tp_kv_cache(make_tp_cache)                        each rank caches only its KV heads; generation identical
     check_allreduce_bytes(allreduce_bytes_per_token)       the formula, exact against counted collectives
 Every check first refuses the package's reference handed in as the answer (the object, a subclass inheriting
@@ -220,9 +223,58 @@ def _check_parallel_linears(column_cls: type, row_cls: type) -> None:
 # 3. Vocabulary-parallel LM head
 # ---------------------------------------------------------------------------------------------------
 
-def _vocab_worker(comm: CountingComm, fn: Callable, x: torch.Tensor, weight: torch.Tensor):
-    rows = sharding.vocab_rows(CONFIGS["GQA 4q/2kv"], comm.world_size, comm.rank)
-    return fn(x, weight[rows.start:rows.stop].clone(), comm), dict(comm.stats.calls)
+class _ReplayBackend:
+    """One rank of a world run one rank at a time (no threads, no processes): the k-th collective of a round
+    answers with what every rank gave its k-th collective in the previous round (copies of this rank's own tensor
+    in the first). Rounds repeat until the tensors given are the ones answered for: then each rank saw exactly
+    what real collectives would have given it. For a deterministic function of its inputs, as the LM head is."""
+
+    def __init__(self, rank: int, world_size: int, previous: list[list[tuple[str, torch.Tensor]]] | None) -> None:
+        self.rank, self.world_size, self.previous = rank, world_size, previous
+        self.given: list[tuple[str, torch.Tensor]] = []
+
+    def _parts(self, op: str, t: torch.Tensor) -> list[torch.Tensor]:
+        k = len(self.given)
+        self.given.append((op, t.detach().clone()))
+        if self.previous is None or any(len(p) <= k for p in self.previous):
+            return [t.detach().clone() for _ in range(self.world_size)]
+        return [p[k][1].clone() for p in self.previous]
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        parts = self._parts("all_reduce", t)
+        out = parts[0].clone()
+        for p in parts[1:]:
+            out += p
+        return out
+
+    def all_gather(self, t: torch.Tensor) -> list[torch.Tensor]:
+        return self._parts("all_gather", t)
+
+
+def _replayed_ranks(fn: Callable, tp: int, args_of_rank: Callable[[int], tuple], what: str,
+                    rounds: int = 4) -> list[tuple[Any, dict]]:
+    """fn(*args_of_rank(rank), comm) on tp ranks simulated one after another (_ReplayBackend); every rank's
+    (result, collective calls). The learner's function is called from this thread only, so a judged one (a
+    Remote) is called over the wire like any other."""
+    previous = None
+    for _ in range(rounds):
+        results, given = [], []
+        for rank in range(tp):
+            backend = _ReplayBackend(rank, tp, previous)
+            comm = CountingComm(backend)
+            out = call_learner(what, fn, *args_of_rank(rank), comm, context=f"tp={tp}, rank {rank}")
+            results.append((out, dict(comm.stats.calls)))
+            given.append(backend.given)
+        ops = [[op for op, _ in g] for g in given]
+        if any(o != ops[0] for o in ops):
+            raise AssertionError(f"{what}, tp={tp}: the ranks called different collectives ({ops}): every rank must "
+                                 "call the same collectives in the same order, or they wait for each other forever")
+        if previous is not None and all(a[1].shape == b[1].shape and torch.equal(a[1], b[1])
+                                        for g, p in zip(given, previous) for a, b in zip(g, p)):
+            return results
+        previous = given
+    raise AssertionError(f"{what}, tp={tp}: what your function gives its collectives kept changing from one run to "
+                         "the next with the same inputs; it must depend only on x, weight_shard and the collectives")
 
 
 def check_vocab_parallel_logits(fn: Callable) -> None:
@@ -238,8 +290,10 @@ def _check_vocab_parallel_logits(fn: Callable) -> None:
     x, weight = torch.randn(2, 3, 32, generator=g), torch.randn(64, 32, generator=g)
     want = x @ weight.t()
     for tp in (2, 4):
-        outs = _run(_vocab_worker, tp, fn, x, weight, watch=(vocab_parallel_logits,),
-                    what="Exercise 3 (vocab_parallel_logits)")
+        def args_of_rank(rank: int, tp: int = tp) -> tuple:
+            rows = sharding.vocab_rows(CONFIGS["GQA 4q/2kv"], tp, rank)
+            return x, weight[rows.start:rows.stop].clone()
+        outs = _replayed_ranks(fn, tp, args_of_rank, "vocab_parallel_logits")
         for rank, (got, calls) in enumerate(outs):
             what = f"tp={tp}, rank {rank}, x {tuple(x.shape)}, full weight {tuple(weight.shape)}"
             if not isinstance(got, torch.Tensor) or got.shape != want.shape:
