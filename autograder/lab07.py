@@ -83,12 +83,16 @@ def _run(worker: Callable, tp: int, *args: Any, backend: str = "threads", watch:
     """_on_ranks where the learner's objects among args live: here, or in the kernel when they are Remotes."""
     learner = next((a for a in args if is_remote(a)), None)
     try:
-        return run_where(learner, _on_ranks, worker, tp, *args, backend=backend, watch=tuple(watch), what=what)
+        results = run_where(learner, _on_ranks, worker, tp, *args, backend=backend, watch=tuple(watch), what=what)
     except RankError as err:
         msg = str(err)
         if "NotImplementedError" in msg:
             raise AssertionError("not implemented yet (NotImplementedError) on the ranks:\n" + msg) from None
         raise AssertionError(f"the tensor-parallel run failed ({backend} ranks):\n{msg}") from None
+    if not isinstance(results, list) or len(results) != tp or not all(isinstance(r, tuple) for r in results):
+        raise AssertionError(f"the {tp} ranks did not report one result each (got {type(results).__name__}): was "
+                             "the grader's rank runner replaced in the notebook?")
+    return results
 
 
 # ---------------------------------------------------------------------------------------------------

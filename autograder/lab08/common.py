@@ -82,7 +82,11 @@ def observe_where(fn: Any, observe: Callable[..., dict], *args: Any, watch: tupl
     """observe(*args), run where the learner's `fn` lives: here, or in the notebook's kernel when `fn` is a Remote
     (its servers and threads call `fn` at once, which one connection to the judge cannot serve). `observe` only
     collects what happened, as data; the check decides. Calls into `watch` (the references) are refused there."""
-    return run_where(fn, _observe_watched, observe, *args, watch=tuple(watch), what=what)
+    seen = run_where(fn, _observe_watched, observe, *args, watch=tuple(watch), what=what)
+    if not isinstance(seen, dict):
+        raise AssertionError(f"{what}: the grader's scenario reported {type(seen).__name__}, not what happened (was it "
+                             "replaced in the notebook?)")
+    return seen
 
 
 def _observe_watched(observe: Callable[..., dict], *args: Any, watch: tuple = (), what: str = "") -> dict:

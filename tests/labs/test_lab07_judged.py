@@ -20,3 +20,10 @@ def test_vocab_parallel_ranks_are_replayed_here_calling_the_remote_function():
 def test_cache_ranks_run_where_the_learner_function_lives():
     with judged(make_cache=ref_make_cache) as learner:
         lab07.check_tp_kv_cache(learner.make_cache)
+
+
+def test_a_rank_runner_replaced_in_the_kernel_earns_nothing(monkeypatch):
+    """Judged, the ranks run in the kernel's copy of this module; one that reports no ranks must not pass."""
+    monkeypatch.setattr(lab07, "_on_ranks", lambda *args, **kwargs: [])
+    with pytest.raises(AssertionError, match="did not report one result each"):
+        lab07.check_tp_kv_cache(ref_make_cache)
