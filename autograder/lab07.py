@@ -2,12 +2,15 @@
 
 Each check takes the learner's function or classes, runs them on tiny seeded models (sharding checks need
 no processes; the layer checks run TP = 2 and 4 as thread ranks and TP = 2 as two real gloo processes)
-and raises AssertionError saying what is wrong.
+and raises AssertionError saying what is wrong. Judged (autograder/judge.py), the ranks that call the learner's
+classes run in the learner's kernel (`_on_ranks`, through wire.run_where) and send back only their results.
 
 CPU tier (correctness):
     check_shard_weight(shard_weight)                        every parameter's slice, GQA/MQA/MHA, replication, bad tp
     check_parallel_linears(ColumnParallelLinear, RowParallelLinear)   TP logits == one process, 2 all-reduces a layer
-    check_vocab_parallel_logits(vocab_parallel_logits)     gathered, not all-reduced
+    check_vocab_parallel_logits(vocab_parallel_logits)     gathered, not all-reduced (its ranks are replayed one after
+                                                            another in this process: a judged function is called
+                                                            over the wire, its collectives answered here)
     check_tp_kv_cache(make_tp_cache)                        each rank caches only its KV heads; generation identical
     check_allreduce_bytes(allreduce_bytes_per_token)       the formula, exact against counted collectives
 Every check first refuses the package's reference handed in as the answer (the object, a subclass inheriting
@@ -20,12 +23,14 @@ the drain-every-step formula diagnosed), check_q4 (all-reduce time per step at b
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable
 
 import torch
 
 from autograder.harness import call_learner, check_answer, quiet
 from autograder.reference_guard import watched as _watched, no_calls_into, own_work
+from autograder.wire import is_remote, run_where
 from minigpt.config import ModelConfig
 from minigpt.engine.cached_generation import generate_kv_cache
 from minigpt.model import GPT
@@ -63,15 +68,31 @@ def _tokens(cfg: ModelConfig, B: int = 2, T: int = 6, seed: int = 1) -> torch.Te
     return torch.randint(0, cfg.vocab_size, (B, T), generator=torch.Generator().manual_seed(seed))
 
 
-def _run(worker: Callable, tp: int, *args: Any, backend: str = "threads") -> list[Any]:
+def _on_ranks(worker: Callable, tp: int, *args: Any, backend: str = "threads", watch: tuple = (),
+              what: str = "") -> list[Any]:
+    """worker(comm, *args) on tp ranks of this process (threads) or forked from it (gloo), every rank's result in
+    rank order; calls into `watch` (the references) refused. Judged, this runs in the learner's kernel (the ranks
+    call the learner's classes at once, which one connection to the judge cannot serve) and only the results, as
+    data, come back: the verdict stays in the check."""
+    with quiet(), fixed_threads(1), no_calls_into(*watch, what=what) if watch else contextlib.nullcontext():
+        return run_ranks(worker, tp, *args, backend=backend, timeout_s=90, collective_timeout_s=20)
+
+
+def _run(worker: Callable, tp: int, *args: Any, backend: str = "threads", watch: tuple = (),
+         what: str = "") -> list[Any]:
+    """_on_ranks where the learner's objects among args live: here, or in the kernel when they are Remotes."""
+    learner = next((a for a in args if is_remote(a)), None)
     try:
-        with quiet(), fixed_threads(1):
-            return run_ranks(worker, tp, *args, backend=backend, timeout_s=90, collective_timeout_s=20)
+        results = run_where(learner, _on_ranks, worker, tp, *args, backend=backend, watch=tuple(watch), what=what)
     except RankError as err:
         msg = str(err)
         if "NotImplementedError" in msg:
             raise AssertionError("not implemented yet (NotImplementedError) on the ranks:\n" + msg) from None
         raise AssertionError(f"the tensor-parallel run failed ({backend} ranks):\n{msg}") from None
+    if not isinstance(results, list) or len(results) != tp or not all(isinstance(r, tuple) for r in results):
+        raise AssertionError(f"the {tp} ranks did not report one result each (got {type(results).__name__}): was "
+                             "the grader's rank runner replaced in the notebook?")
+    return results
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -174,7 +195,8 @@ def _check_parallel_linears(column_cls: type, row_cls: type) -> None:
         full = _model(name)
         with torch.no_grad():
             want = full(_tokens(cfg))
-        outs = _run(_linear_worker, tp, name, full.state_dict(), column_cls, row_cls, backend=backend)
+        outs = _run(_linear_worker, tp, name, full.state_dict(), column_cls, row_cls, backend=backend,
+                    watch=(ColumnParallelLinear, RowParallelLinear), what="Exercise 2 (the parallel linears)")
         what = f"model {name}, tp={tp} ({backend} ranks), prefill of {tuple(_tokens(cfg).shape)} tokens"
         for rank, (logits, calls, nbytes) in enumerate(outs):
             n_ar = calls.get("all_reduce", 0)
@@ -205,9 +227,58 @@ def _check_parallel_linears(column_cls: type, row_cls: type) -> None:
 # 3. Vocabulary-parallel LM head
 # ---------------------------------------------------------------------------------------------------
 
-def _vocab_worker(comm: CountingComm, fn: Callable, x: torch.Tensor, weight: torch.Tensor):
-    rows = sharding.vocab_rows(CONFIGS["GQA 4q/2kv"], comm.world_size, comm.rank)
-    return fn(x, weight[rows.start:rows.stop].clone(), comm), dict(comm.stats.calls)
+class _ReplayBackend:
+    """One rank of a world run one rank at a time (no threads, no processes): the k-th collective of a round
+    answers with what every rank gave its k-th collective in the previous round (copies of this rank's own tensor
+    in the first). Rounds repeat until the tensors given are the ones answered for: then each rank saw exactly
+    what real collectives would have given it. For a deterministic function of its inputs, as the LM head is."""
+
+    def __init__(self, rank: int, world_size: int, previous: list[list[tuple[str, torch.Tensor]]] | None) -> None:
+        self.rank, self.world_size, self.previous = rank, world_size, previous
+        self.given: list[tuple[str, torch.Tensor]] = []
+
+    def _parts(self, op: str, t: torch.Tensor) -> list[torch.Tensor]:
+        k = len(self.given)
+        self.given.append((op, t.detach().clone()))
+        if self.previous is None or any(len(p) <= k for p in self.previous):
+            return [t.detach().clone() for _ in range(self.world_size)]
+        return [p[k][1].clone() for p in self.previous]
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        parts = self._parts("all_reduce", t)
+        out = parts[0].clone()
+        for p in parts[1:]:
+            out += p
+        return out
+
+    def all_gather(self, t: torch.Tensor) -> list[torch.Tensor]:
+        return self._parts("all_gather", t)
+
+
+def _replayed_ranks(fn: Callable, tp: int, args_of_rank: Callable[[int], tuple], what: str,
+                    rounds: int = 4) -> list[tuple[Any, dict]]:
+    """fn(*args_of_rank(rank), comm) on tp ranks simulated one after another (_ReplayBackend); every rank's
+    (result, collective calls). The learner's function is called from this thread only, so a judged one (a
+    Remote) is called over the wire like any other."""
+    previous = None
+    for _ in range(rounds):
+        results, given = [], []
+        for rank in range(tp):
+            backend = _ReplayBackend(rank, tp, previous)
+            comm = CountingComm(backend)
+            out = call_learner(what, fn, *args_of_rank(rank), comm, context=f"tp={tp}, rank {rank}")
+            results.append((out, dict(comm.stats.calls)))
+            given.append(backend.given)
+        ops = [[op for op, _ in g] for g in given]
+        if any(o != ops[0] for o in ops):
+            raise AssertionError(f"{what}, tp={tp}: the ranks called different collectives ({ops}): every rank must "
+                                 "call the same collectives in the same order, or they wait for each other forever")
+        if previous is not None and all(a[1].shape == b[1].shape and torch.equal(a[1], b[1])
+                                        for g, p in zip(given, previous) for a, b in zip(g, p)):
+            return results
+        previous = given
+    raise AssertionError(f"{what}, tp={tp}: what your function gives its collectives kept changing from one run to "
+                         "the next with the same inputs; it must depend only on x, weight_shard and the collectives")
 
 
 def check_vocab_parallel_logits(fn: Callable) -> None:
@@ -223,7 +294,10 @@ def _check_vocab_parallel_logits(fn: Callable) -> None:
     x, weight = torch.randn(2, 3, 32, generator=g), torch.randn(64, 32, generator=g)
     want = x @ weight.t()
     for tp in (2, 4):
-        outs = _run(_vocab_worker, tp, fn, x, weight)
+        def args_of_rank(rank: int, tp: int = tp) -> tuple:
+            rows = sharding.vocab_rows(CONFIGS["GQA 4q/2kv"], tp, rank)
+            return x, weight[rows.start:rows.stop].clone()
+        outs = _replayed_ranks(fn, tp, args_of_rank, "vocab_parallel_logits")
         for rank, (got, calls) in enumerate(outs):
             what = f"tp={tp}, rank {rank}, x {tuple(x.shape)}, full weight {tuple(weight.shape)}"
             if not isinstance(got, torch.Tensor) or got.shape != want.shape:
@@ -265,7 +339,8 @@ def _check_tp_kv_cache(make_cache: Callable) -> None:
         cfg = CONFIGS[name]
         full = _model(name)
         want = generate_kv_cache(full, prompt, n).tokens
-        outs = _run(_cache_worker, tp, make_cache, name, full.state_dict(), prompt, n)
+        outs = _run(_cache_worker, tp, make_cache, name, full.state_dict(), prompt, n, watch=(tp_kv_cache,),
+                    what="Exercise 4 (make_tp_cache)")
         local = len(sharding.kv_heads(cfg, tp, 0))
         for rank, (tokens, heads, nbytes) in enumerate(outs):
             what = f"model {name}, tp={tp}, rank {rank}"

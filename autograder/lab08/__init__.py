@@ -46,6 +46,13 @@ Interview questions:
     100 LoRA adapters (lora_questions.py): check_q1_adapter_mib, check_q2_hundred_adapters_share, check_q5_gather_mib (the
                  bytes exercise 4's per-row gather copies in a step, against a kernel reading each adapter once)
 Shared (common.py): the tiny check model, the reference server in a thread (check_server), waits and guards.
+
+Judged (autograder/judge.py: the learner's functions arrive as wire.Remote handles), every verdict is decided here:
+exercises 1 and 2 run their scripted cases and their live server where the learner's function lives (the kernel;
+common.observe_where) and get back only what happened, as data; lora_delta's torch calls are counted there too, and
+route's salted-hash case runs there (a salt changed in the judge would not reach the kernel's hash()). The LoRA
+engine, the LoRA server and the router run here and call the judged function from their threads one call at a time
+(common.one_call_at_a_time). No check runs @in_kernel.
 """
 
 from autograder.lab08.admission import _check_admission_server, check_admission

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import inspect
+import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, Callable, Iterator
 
-from autograder.harness import call_learner
+from autograder.harness import call_learner, quiet
 from autograder.lab03 import _model as lab03_model
+from autograder.reference_guard import no_calls_into
 from autograder.reference_guard import watched as _watched
+from autograder.wire import run_where
 from minigpt.config import ModelConfig
 from minigpt.model import GPT
 from minigpt.serving.admission import admitted
@@ -73,3 +76,30 @@ def _stub_guard(what: str, fn: Callable, kind: str, *args: Any) -> None:
 
 
 
+
+
+def observe_where(fn: Any, observe: Callable[..., dict], *args: Any, watch: tuple = (), what: str = "") -> dict:
+    """observe(*args), run where the learner's `fn` lives: here, or in the notebook's kernel when `fn` is a Remote
+    (its servers and threads call `fn` at once, which one connection to the judge cannot serve). `observe` only
+    collects what happened, as data; the check decides. Calls into `watch` (the references) are refused there."""
+    seen = run_where(fn, _observe_watched, observe, *args, watch=tuple(watch), what=what)
+    if not isinstance(seen, dict):
+        raise AssertionError(f"{what}: the grader's scenario reported {type(seen).__name__}, not what happened (was it "
+                             "replaced in the notebook?)")
+    return seen
+
+
+def _observe_watched(observe: Callable[..., dict], *args: Any, watch: tuple = (), what: str = "") -> dict:
+    with quiet(), no_calls_into(*watch, what=what) if watch else nullcontext():
+        return observe(*args)
+
+
+def one_call_at_a_time(fn: Callable) -> Callable:
+    """fn, its calls serialised: an engine's or a router's thread may call the learner's function while another
+    waits, and a judged function (a Remote) answers one call at a time over its one connection."""
+    lock = threading.Lock()
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with lock:
+            return fn(*args, **kwargs)
+    return call

@@ -13,8 +13,9 @@ from torch.overrides import TorchFunctionMode
 from autograder.harness import call_learner, quiet
 from autograder.lab03 import NEAR_TIE, SMALL_CONFIG
 from autograder.lab03 import _model as lab03_model
-from autograder.lab08.common import CHECK_CONFIG, _watched
+from autograder.lab08.common import CHECK_CONFIG, _watched, one_call_at_a_time
 from autograder.reference_guard import own_work
+from autograder.wire import run_where
 from minigpt.cache.paged import PagedKVCache
 from minigpt.engine.cached_generation import generate_kv_cache
 from minigpt.engine.request import Request
@@ -47,6 +48,12 @@ def count_torch_calls(fn: Callable[..., Any], *args: Any) -> tuple[Any, int]:
     with Counter():
         out = fn(*args)
     return out, Counter.calls
+
+
+def _torch_calls_of(fn: Callable[..., Any], what: str, *args: Any) -> int:
+    """How many torch calls fn(*args) makes, counted where fn runs (the learner's kernel, when judged: a torch
+    function mode sees only the calls of its own process)."""
+    return count_torch_calls(call_learner, what, fn, *args)[1]
 
 
 def _delta_inputs(d_in: int, d_out: int, r: int, n: int, rows: int, seed: int) -> tuple[Tensor, ...]:
@@ -111,7 +118,7 @@ def _own_lora(lora_delta_fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
     """Refuse the reference handed in; the returned function refuses a wrapper that calls it, in any thread."""
     what = "Exercise 4 (lora_delta)"
     own_work(lora_delta_fn, lora_delta, what=what)
-    return _watched(lora_delta_fn, (lora_delta,), what)
+    return one_call_at_a_time(_watched(lora_delta_fn, (lora_delta,), what))
 
 
 def check_lora_delta(lora_delta_fn: Callable[..., Tensor]) -> None:
@@ -121,7 +128,7 @@ def check_lora_delta(lora_delta_fn: Callable[..., Tensor]) -> None:
     the MERGED weight W + s B_a A_a (W alone for -1); the inputs must be left unchanged; and the number of torch
     calls must not grow with the number of rows (gather + batched matmuls, no Python loop over rows).
     """
-    lora_delta_fn = _own_lora(lora_delta_fn)
+    learner_fn, lora_delta_fn = lora_delta_fn, _own_lora(lora_delta_fn)
     for case, (d_in, d_out, r, n, rows) in enumerate(_DELTA_CASES):
         x, A, B, idx = _delta_inputs(d_in, d_out, r, n, rows, seed=case)
         s = 2.0 / r if r != 2 else 0.75                  # never 1: a missing scaling shows
@@ -152,11 +159,11 @@ def check_lora_delta(lora_delta_fn: Callable[..., Tensor]) -> None:
             raise AssertionError(f"{what}: {len(wrong)} of {rows} rows differ from running each row alone with its "
                                  f"adapter merged (W + s B_a A_a); row {i} (adapter index {int(idx[i])}; indices "
                                  f"{idx.tolist()}): {why[i]}")
-    # no Python loop over rows: the same adapters, 8 rows against 64 rows
+    # no Python loop over rows: the same adapters, 8 rows against 64 rows, counted where the function runs
     x8, A8, B8, i8 = _delta_inputs(16, 16, 4, 4, 8, seed=7)
     x64, _, _, i64 = _delta_inputs(16, 16, 4, 4, 64, seed=8)
-    _, few = count_torch_calls(lambda: call_learner("lora_delta on 8 rows", lora_delta_fn, x8, A8, B8, i8, 0.5))
-    _, many = count_torch_calls(lambda: call_learner("lora_delta on 64 rows", lora_delta_fn, x64, A8, B8, i64, 0.5))
+    few = run_where(learner_fn, _torch_calls_of, learner_fn, "lora_delta on 8 rows", x8, A8, B8, i8, 0.5)
+    many = run_where(learner_fn, _torch_calls_of, learner_fn, "lora_delta on 64 rows", x64, A8, B8, i64, 0.5)
     if many > few + 8:
         raise AssertionError(f"lora_delta made {few} torch calls for 8 rows and {many} for 64 rows (same 4 adapters): "
                              "it loops over rows in Python. Gather every row's factors at once (A[idx], B[idx]) and "

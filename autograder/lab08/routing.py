@@ -11,8 +11,9 @@ from typing import Any, Callable, Iterator
 import httpx
 
 from autograder.harness import call_learner, quiet
-from autograder.lab08.common import _watched
+from autograder.lab08.common import _watched, one_call_at_a_time
 from autograder.reference_guard import own_work
+from autograder.wire import run_where
 from minigpt.serving.launch import serve_in_thread
 from minigpt.serving.routing import HashRing, prefix_key
 from minigpt.serving.routing import route as reference_route
@@ -77,7 +78,7 @@ def check_route(route_fn: Callable[..., Any]) -> None:
     """Prefix-aware consistent-hashing routing on token lists (no server)."""
     what = "Exercise 5 (route)"
     own_work(route_fn, ROUTE_REFERENCES, what=what)
-    _check_route(_watched_first(route_fn, ROUTE_REFERENCES, what))
+    _check_route(_watched_first(route_fn, ROUTE_REFERENCES, what), learner_fn=route_fn)
 
 
 def _watched_first(fn: Callable, references: tuple, what: str, calls: int = 50) -> Callable:
@@ -92,7 +93,14 @@ def _watched_first(fn: Callable, references: tuple, what: str, calls: int = 50) 
     return call
 
 
-def _check_route(route_fn: Callable[..., Any]) -> None:
+def _routes_with_another_hash_seed(route_fn: Callable, prompts: list[list[int]], replicas: list[str]) -> list[str]:
+    """route_fn's replica for each prompt with Python's hash() salted differently, run where route_fn lives (the
+    learner's kernel, when judged: a salt changed here would not reach the hash() it calls there)."""
+    with _another_hash_seed():
+        return [_call_route(route_fn, p, replicas) for p in prompts]
+
+
+def _check_route(route_fn: Callable[..., Any], learner_fn: Callable[..., Any] | None = None) -> None:
     rng = random.Random(0)
     two = REPLICAS4[:2]
     # 1. affinity: equal first prefix_blocks blocks -> one replica, whatever follows (longer, shorter, partial blocks)
@@ -159,8 +167,8 @@ def _check_route(route_fn: Callable[..., Any]) -> None:
         raise AssertionError(f"adding a fifth replica moved {moved} prompts between the OLD replicas; only keys "
                              "taken by the new replica may move")
     # 6. the same in every process: nothing may depend on Python's salted hash() of strings
-    with _another_hash_seed():
-        elsewhere = [_call_route(route_fn, p, REPLICAS4) for p in prompts[:100]]
+    learner_fn = route_fn if learner_fn is None else learner_fn
+    elsewhere = run_where(learner_fn, _routes_with_another_hash_seed, learner_fn, prompts[:100], REPLICAS4)
     if elsewhere != before[:100]:
         changed = sum(a != b for a, b in zip(elsewhere, before))
         raise AssertionError(
@@ -199,7 +207,7 @@ def check_router(route_fn: Callable[..., Any], *, num_prefixes: int = 12, questi
 
     what = "Exercise 5 (route, inside the router)"
     own_work(route_fn, ROUTE_REFERENCES, what=what)
-    route_fn = _watched(route_fn, ROUTE_REFERENCES, what)
+    route_fn = one_call_at_a_time(_watched(route_fn, ROUTE_REFERENCES, what))
     work = shared_prefix_prompts(num_prefixes, questions, seed=0)
     _call_route(route_fn, list(range(70)), REPLICAS4[:2])          # a clear message if it is not implemented yet
     served: dict[int, set[str]] = {}

@@ -278,9 +278,16 @@ def lm_head_gather_wrong_dim(x, weight_shard, comm):
     return comm.all_gather(x @ weight_shard.t(), dim=0)
 
 
+def lm_head_gathered_on_rank_0_only(x, weight_shard, comm):
+    """Only rank 0 gathers (the others would wait for it forever in a real group)."""
+    local = x @ weight_shard.t()
+    return comm.all_gather(local, dim=-1) if comm.rank == 0 else local
+
+
 @pytest.mark.parametrize("wrong, message", [(lm_head_all_reduced, "gather the pieces along the vocabulary"),
                                             (lm_head_local_only, "expected logits of shape"),
-                                            (lm_head_gather_wrong_dim, "expected logits of shape")])
+                                            (lm_head_gather_wrong_dim, "expected logits of shape"),
+                                            (lm_head_gathered_on_rank_0_only, "called different collectives")])
 def test_wrong_lm_heads_are_rejected(wrong, message) -> None:
     with pytest.raises(AssertionError, match=message):
         lab07.check_vocab_parallel_logits(wrong)

@@ -1,0 +1,40 @@
+"""A judge and a learner's kernel in one process, for tests of checks that receive Remotes.
+
+    with judged(fn=my_fn) as learner:
+        lab08.check_lora_delta(learner.fn)      # learner.fn is a wire.Remote; my_fn runs in the serving thread
+
+The kernel's side is a thread serving one end of a socket pair exactly as autograder/observe.py serves the
+judge (names, the same observed calls); the check runs here with the learner's objects as Remotes, as it does
+in autograder/judge.py. Torch function modes are per thread, so what a check counts or traces here does not
+see the learner's calls, as in two processes; a patched builtin (hash) is seen by both sides, unlike in two.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from types import SimpleNamespace
+from typing import Any, Iterator
+
+from autograder import observe, reference_guard, tensor_trace, wire
+
+
+@contextlib.contextmanager
+def judged(**names: Any) -> Iterator[SimpleNamespace]:
+    """The given objects as Remotes served by a 'kernel' thread; the thread is joined on exit."""
+    judge_end, kernel_end = socket.socketpair()
+    kernel = wire.Endpoint(kernel_end, names=dict(names), on_call=observe.observed_call)
+    thread = threading.Thread(target=kernel.serve, name="test-kernel", daemon=True)
+    thread.start()
+    judge = wire.Endpoint(judge_end)
+    judge.call_options = lambda: {**tensor_trace.remote_options(), **reference_guard.remote_options()}
+    judge.on_reply = tensor_trace.merge_remote
+    try:
+        yield SimpleNamespace(**{name: judge.request("getname", name=name) for name in names})
+    finally:
+        with contextlib.suppress(OSError):
+            judge.finish()
+        thread.join(10)
+        judge_end.close()
+        kernel_end.close()
