@@ -47,11 +47,32 @@ ACCEPT_POLL_S = 0.2
 # ----------------------------------------------------------------------------- the judge process
 
 def cell_names(source: str) -> tuple[set[str], set[str]]:
-    """(names a cell reads, names it assigns at top level) from its source."""
+    """(names a cell reads from the notebook, names it assigns) from its source; names it imports are its own."""
     tree = ast.parse(source)
     loaded = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     assigned = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-    return loaded - set(dir(builtins)), assigned
+    imported = {(a.asname or a.name).split(".")[0] for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+                for a in n.names}
+    return loaded - set(dir(builtins)) - imported, assigned
+
+
+def grader_names(source: str, names: set[str]) -> dict[str, Any]:
+    """The names a test cell reads that belong to the grader, bound to the judge's own objects instead of whatever
+    the notebook holds under them: a module the judge has loaded (`torch`, `time`), a function of
+    `autograder.harness` (`require_gpu`), and a constant of the check modules the cell imports from (a calibration
+    name such as `FLASH_SPEED_CHECK`). A notebook that rebinds
+    `require_gpu` to a function returning False would otherwise skip a GPU check and keep its points."""
+    import importlib
+
+    harness = importlib.import_module("autograder.harness")
+    own: dict[str, Any] = {name: sys.modules[name] for name in names if name in sys.modules}
+    own.update({name: getattr(harness, name) for name in names
+                if getattr(getattr(harness, name, None), "__module__", None) == harness.__name__})
+    for node in ast.walk(ast.parse(source)):          # a check module's constants (calibration names)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("autograder"):
+            module = importlib.import_module(node.module)
+            own.update({name: getattr(module, name) for name in names if name.isupper() and hasattr(module, name)})
+    return own
 
 
 def _plain(value: Any, endpoint: wire.Endpoint) -> bool:
@@ -81,7 +102,8 @@ def run_cell(endpoint: wire.Endpoint, source: str) -> dict:
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
     try:
         loaded, assigned = cell_names(source)
-        for name in sorted(loaded):
+        namespace.update(grader_names(source, loaded))
+        for name in sorted(loaded - set(namespace)):
             with contextlib.suppress(NameError):
                 namespace[name] = endpoint.request("getname", name=name)
         linecache.cache["<test cell>"] = (len(source), None, source.splitlines(True), "<test cell>")

@@ -76,3 +76,18 @@ def test_a_kernel_that_never_answers_fails_the_cell(tmp_path, monkeypatch):
               nbformat.v4.new_code_cell(RIGHT), _test_cell(TEST),
               monkeypatch=monkeypatch)
     assert any("never answered" in e for e in _errors(nb.cells[2]))
+
+
+def test_grader_names_in_a_test_cell_are_the_judges_own():
+    """A notebook that rebinds `require_gpu` (to skip a GPU check) or `torch` cannot hand the judge its version."""
+    import torch
+
+    from autograder import harness
+    from autograder.judge import cell_names, grader_names
+
+    source = ("from autograder.lab04 import FLASH_SPEED_CHECK, check_flash_speed\n"
+              "if require_gpu('flash speed', calibrated=[FLASH_SPEED_CHECK]):\n"
+              "    check_flash_speed(flash_forward, torch.float16)")
+    loaded, _ = cell_names(source)
+    assert loaded == {"require_gpu", "flash_forward", "torch"}
+    assert grader_names(source, loaded) == {"require_gpu": harness.require_gpu, "torch": torch}
