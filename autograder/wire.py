@@ -299,10 +299,10 @@ class Endpoint:
         received: list[torch.Tensor] = []
         try:
             args = {k: self._decode(v, blob, received) for k, v in header.items() if k not in ("op", "opts")}
-            before = [t.detach().clone() for t in received]
+            before = [_contents(t).clone() for t in received]
             value, extra = self._perform(header["op"], args, header.get("opts") or {})
             changed = {}
-            for i, (old, new) in enumerate(zip(before, received)):
+            for i, (old, new) in enumerate(zip(before, map(_contents, received))):
                 if old.shape != new.shape or old.dtype != new.dtype or not torch.equal(old, new.detach()):
                     changed[str(i)] = f"w{i}"
                     tensors[f"w{i}"] = new.detach().cpu().contiguous().clone()
@@ -380,6 +380,11 @@ class Endpoint:
             sent.append(x)
             return {"T": key, "grad": bool(x.requires_grad), "device": str(x.device),
                     "param": isinstance(x, torch.nn.Parameter), "storage": storage_address(x)}
+        if isinstance(x, torch.Generator):           # its state, written back when the call drew from it
+            key = f"t{len(tensors)}"
+            tensors[key] = x.get_state().clone()
+            sent.append(x)
+            return {"G": key, "device": str(x.device)}
         if isinstance(x, Remote) and x._endpoint is self:
             return {"yours": x._handle}
         if isinstance(x, tuple) and type(x) is tuple:
@@ -444,6 +449,8 @@ class Endpoint:
             if x.get("storage"):
                 _ORIGINS[t.untyped_storage().data_ptr()] = (int(x["storage"]), t)
             return t
+        if "G" in x:
+            return _generator(blob[x["G"]], x["device"], received)
         if "f" in x:
             return float(x["f"])
         if "yours" in x:
@@ -576,7 +583,29 @@ def _hashable(x: Any) -> Any:
 
 def _write_back(target: torch.Tensor, value: torch.Tensor) -> None:
     """Copy what the other side wrote into a tensor it got by value back into the original."""
+    if isinstance(target, torch.Generator):
+        target.set_state(value)
+        return
     if target.shape == value.shape:
         target.copy_(value.to(target.device, target.dtype))
     else:
         target.data = value.to(target.device, target.dtype)
+
+
+# ----------------------------------------------------------------------------- random generators by value
+# A torch.Generator travels as its device and state; the callee draws from a copy, and the caller's generator takes
+# the copy's state afterwards (like a tensor written in place), so a seeded sequence of draws goes on exactly as if
+# the call had run here. (A callee that keeps the generator after the call keeps its own copy.)
+
+def _contents(x: Any) -> torch.Tensor:
+    """What the write-back compares: a tensor's values, a generator's state."""
+    return x.get_state() if isinstance(x, torch.Generator) else x.detach()
+
+
+def _generator(state: torch.Tensor, device: str, received: list) -> torch.Generator:
+    if torch.device(device).type != "cpu" and not torch.cuda.is_available():
+        raise ValueError(f"a random generator on {device} cannot be used here (no GPU)")
+    g = torch.Generator(device=device)
+    g.set_state(state)
+    received.append(g)
+    return g
