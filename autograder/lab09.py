@@ -25,6 +25,7 @@ from typing import Any, Callable
 import torch
 
 from autograder.harness import call_learner, check_answer, quiet
+from autograder.wire import run_where
 from minigpt.attention import naive_attention
 from minigpt.config import ModelConfig
 from minigpt.longctx import kv_compression as kvc
@@ -46,9 +47,14 @@ TINY = ModelConfig(vocab_size=64, max_seq_len=32, d_model=32, n_layers=2, n_head
 ATOL = 1e-4
 
 
+def module_of(obj: Any) -> str:
+    """The module an object was defined in ("" when it has none); run where the object lives (run_where)."""
+    return getattr(obj, "__module__", "") or ""
+
+
 def _own(fn: Any, what: str) -> None:
     """Refuse the package's reference handed in as the answer (the lab asks for the learner's own code)."""
-    module = getattr(fn, "__module__", "") or ""
+    module = run_where(fn, module_of, fn)
     if module.startswith("minigpt.") or module.startswith("autograder."):
         raise AssertionError(f"{what}: this is {module}.{getattr(fn, '__name__', '?')}, the package's reference; "
                              "hand in your own implementation (the reference is there to continue with if you are stuck)")
@@ -261,10 +267,17 @@ def check_snapkv_keep(fn: Callable) -> None:
 # 6-7. Ring attention on ranks
 # ---------------------------------------------------------------------------------------------------
 
+def ring_outputs(fn: Callable, n: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str) -> list:
+    """[(rank's output, its calls, its bytes sent)] of fn on n ranks (ring_worker), run where fn lives: ranks (threads
+    calling fn at once, forked gloo processes) cannot reach a function across the judge's wire, so the kernel runs
+    them and hands back only their outputs, as data; the check compares them here."""
+    with quiet(), fixed_threads(1):
+        return run_ranks(ring_worker, n, fn, q, k, v, backend=backend, timeout_s=90, collective_timeout_s=20)
+
+
 def _ring_run(fn: Callable, n: int, q, k, v, backend: str) -> list:
     try:
-        with quiet(), fixed_threads(1):
-            return run_ranks(ring_worker, n, fn, q, k, v, backend=backend, timeout_s=90, collective_timeout_s=20)
+        return run_where(fn, ring_outputs, fn, n, q, k, v, backend)
     except RankError as err:
         msg = str(err)
         if "NotImplementedError" in msg:

@@ -630,3 +630,4 @@ def _write_back(target: torch.Tensor | torch.Generator, value: torch.Tensor) -> 
         target.copy_(value.to(target.device, target.dtype))
     else:
         target.data = value.to(target.device, target.dtype)
+

@@ -35,6 +35,9 @@ verify_draft (common.with_reference_pieces), so they grade its loop alone.
 Interview questions (questions.py): check_q1_acceptance, check_q2_best_k (pick k for a stated alpha and draft
 cost, each wrong pick diagnosed), check_q3_break_even_alpha, check_q4_break_even_batch.
 Shared (common.py): the sample sizes, the toy models, the chi-square power arithmetic.
+Judged (the learner's functions are `Remote`s in the judge): a model whose forwards a check counts or traces is the
+judge's (a handle: each forward is a request to the judge); a model whose calls only feed outputs compared in the
+judge is built where the learner's code runs (common.where_it_runs), so a sample or a timed generation is one request.
 """
 
 from autograder.lab06.common import (ENGINE_SAMPLES, SIGNIFICANCE, SPEED_CHECK, TOY_SAMPLING, VERIFY_SAMPLES, BigramLM,

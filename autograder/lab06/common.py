@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from autograder.reference_guard import watched as _watched
+from autograder.wire import is_remote, run_where
 from minigpt.cache.rollback import truncate_cache
 from minigpt.config import ModelConfig
 from minigpt.engine.speculative import sampling_probs, verify_draft
@@ -47,7 +48,10 @@ def with_reference_pieces(fn: Callable) -> Callable:
     `verify_draft` it reads from its notebook bound to the package's reference, under torch.inference_mode: the
     checks of exercise 4 and of the speed grade its loop, not exercises 1-3 again. The learner's namespace is
     not changed (the function is rebuilt over a copy of it). Anything that is not a plain function is returned as is.
+    Judged (fn is a `Remote`), the rebuilding happens in the kernel, where fn lives; a handle to the result comes back.
     """
+    if is_remote(fn):
+        return run_where(fn, with_reference_pieces, fn)
     inner = fn
     while getattr(inner, "__wrapped__", None) is not None:          # @torch.inference_mode() and the like
         inner = inner.__wrapped__
@@ -106,6 +110,16 @@ class BigramLM(GPT):
 def toy_pair(seed: int = 0) -> tuple[BigramLM, BigramLM]:
     target, draft = _toy_tables(seed)
     return BigramLM(target).eval(), BigramLM(draft).eval()
+
+
+def where_it_runs(fn: Any, factory: Callable[..., Any], *args: Any, here: Any = None) -> Any:
+    """factory(*args) (a course function: models, drafters) built where `fn` runs: `here` when given and fn runs in
+    this process, else the kernel's own copies when fn is a judged `Remote`. For models whose calls only feed outputs
+    the check compares here: the learner's loop then runs them without a round trip to the judge per forward (a model
+    passed from here is a handle). Models whose calls the check counts or traces stay on this side."""
+    if here is not None and not is_remote(fn):
+        return here
+    return run_where(fn, factory, *args)
 
 
 def rejection_threshold(dof: int, significance: float = SIGNIFICANCE) -> float:

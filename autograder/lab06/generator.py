@@ -11,7 +11,7 @@ from torch import nn
 
 from autograder.harness import call_learner, quiet
 from autograder.lab06.common import (ENGINE_SAMPLES, SIGNIFICANCE, TOY_SAMPLING, TOY_VOCAB, _chi2_report,
-                                     _exact_three, toy_pair, with_reference_pieces)
+                                     _exact_three, _toy_tables, toy_pair, where_it_runs, with_reference_pieces)
 from autograder.reference_guard import no_calls_into, own_work
 from minigpt.checkpoint import load_model
 from minigpt.config import ModelConfig
@@ -96,8 +96,9 @@ def engine_distribution_test(generate_fn: Callable, n: int = ENGINE_SAMPLES, k: 
                              ) -> tuple[ChiSquareResult, ChiSquareResult, ChiSquareResult]:
     """n seeded runs of generate_fn(target, draft, prompt, 3, sampling, k=k) on the bigram toy pair: chi-square tests
     of the first token, the first two, and the second and third (the first round's bonus token when both drafts are
-    accepted) against the target's exact distribution."""
-    target, draft = toy_pair(seed)
+    accepted) against the target's exact distribution. The toy models are built where generate_fn runs (judged: in
+    the kernel, so a sample is one request); the counts and the test are made here."""
+    target, draft = where_it_runs(generate_fn, toy_pair, seed)
     prompt = [1, 4, 2]
     V = TOY_VOCAB
     first = torch.zeros(V, dtype=torch.long)
@@ -111,7 +112,7 @@ def engine_distribution_test(generate_fn: Callable, n: int = ENGINE_SAMPLES, k: 
         first[out.tokens[0]] += 1
         pairs[out.tokens[0] * V + out.tokens[1]] += 1
         later[out.tokens[1] * V + out.tokens[2]] += 1
-    p1, p12, p23 = _exact_three(target.table, prompt[-1], sampling)
+    p1, p12, p23 = _exact_three(_toy_tables(seed)[0], prompt[-1], sampling)
     return chi_square_test(first, p1), chi_square_test(pairs, p12), chi_square_test(later, p23)
 
 
@@ -128,6 +129,12 @@ def _tiny_pair() -> tuple[GPT, GPT]:
         g = torch.Generator().manual_seed(1)
         draft.lm_head.weight.add_(torch.randn(draft.lm_head.weight.shape, generator=g) * 0.3)
     return target, draft
+
+
+def trained_pair() -> tuple[GPT, GPT]:
+    """The course's trained target and draft (load_model), quietly."""
+    with quiet():
+        return load_model("target"), load_model("draft")
 
 
 def _val_prompts(n: int, length: int) -> list[list[int]]:
@@ -151,14 +158,16 @@ def check_generate_speculative(generate_fn: Callable, *, n_prompts: int = 4, new
 
 
 def _check_greedy_trained(generate_fn: Callable, n_prompts: int, new_tokens: int) -> None:
-    # 1. Greedy equality with the trained pair, on validation prompts.
-    with quiet():
-        target, draft = load_model("target"), load_model("draft")
+    # 1. Greedy equality with the trained pair, on validation prompts (only outputs compared: the learner's loop runs
+    # the models built where it runs, the expected tokens come from this side's).
+    target, draft = trained_pair()
+    their_target, their_draft = where_it_runs(generate_fn, trained_pair, here=(target, draft))
     for i, prompt in enumerate(_val_prompts(n_prompts, 24)):
         k = 2 + i % 3
         want = generate_kv_cache(target, prompt, new_tokens, stop_token_ids=())
         what = f"trained target/draft, validation prompt #{i} (24 tokens), {new_tokens} new tokens, greedy, k={k}"
-        got = _gen(generate_fn, what, target, draft, list(prompt), new_tokens, SamplingParams(), k=k, stop_token_ids=())
+        got = _gen(generate_fn, what, their_target, their_draft, list(prompt), new_tokens, SamplingParams(), k=k,
+                   stop_token_ids=())
         if got.tokens != want.tokens:
             step = next((j for j, (a, b) in enumerate(zip(got.tokens, want.tokens)) if a != b),
                         min(len(got.tokens), len(want.tokens)))
@@ -172,7 +181,8 @@ def _check_greedy_trained(generate_fn: Callable, n_prompts: int, new_tokens: int
 
 
 def _check_generate(generate_fn: Callable) -> None:
-    # 2. Caches rolled back: what each cache holds is always part of the final sequence (tiny random GPTs).
+    # 2. Caches rolled back: what each cache holds is always part of the final sequence (tiny random GPTs). Parts 2
+    # and 3 trace every forward, so the models are this side's (judged: handles, each forward a request here).
     tiny_target, tiny_draft = _tiny_pair()
     for params in (SamplingParams(), SamplingParams(temperature=1.0, seed=3)):
         prompt = [5, 9, 2, 7, 1]
@@ -210,12 +220,13 @@ def _check_generate(generate_fn: Callable) -> None:
                     if tracer.calls["target"] == math.ceil(n / k) else "")
             raise AssertionError(f"{what}: each round should emit k + 1 = {k + 1} tokens, so the target should run {rounds} "
                                  f"times; it ran {tracer.calls['target']} times.{hint}")
-    # 4. A stop token ends generation like the target would.
+    # 4. A stop token ends generation like the target would (4-6 compare outputs only: the models where it runs).
+    their_target, their_draft = where_it_runs(generate_fn, _tiny_pair, here=(tiny_target, tiny_draft))
     prompt = [5, 9, 2, 7, 1]
     ref = generate_kv_cache(tiny_target, prompt, 30, stop_token_ids=())
     stop = ref.tokens[6]
     want = generate_kv_cache(tiny_target, prompt, 30, stop_token_ids=(stop,))
-    got = _gen(generate_fn, "stop token", tiny_target, tiny_draft, list(prompt), 30, SamplingParams(), k=3,
+    got = _gen(generate_fn, "stop token", their_target, their_draft, list(prompt), 30, SamplingParams(), k=3,
                stop_token_ids=(stop,))
     if (got.tokens, got.finish_reason) != (want.tokens, want.finish_reason):
         raise AssertionError(f"greedy with stop_token_ids=({stop},): expected {want.tokens} ({want.finish_reason!r}), got "
@@ -223,7 +234,7 @@ def _check_generate(generate_fn: Callable) -> None:
                              "and stop at the first one that ends generation")
     # 5. The same seed twice gives the same tokens; another seed other tokens.
     params = SamplingParams(temperature=1.0, seed=7)
-    runs = [_gen(generate_fn, f"sampling with {p}", tiny_target, tiny_draft, [5, 9, 2, 7, 1], 20, p, k=3,
+    runs = [_gen(generate_fn, f"sampling with {p}", their_target, their_draft, [5, 9, 2, 7, 1], 20, p, k=3,
                  stop_token_ids=()).tokens for p in (params, params)]
     if runs[0] != runs[1]:
         raise AssertionError(f"two runs with the same {params} gave different tokens ({runs[0][:8]}... and "

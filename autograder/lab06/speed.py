@@ -8,6 +8,11 @@ Two grades, on `code_edit_prompts()[LOOKUP_PROMPT]`, greedy, k = LOOKUP_K:
                                 trained draft model (k = DRAFT_K), below plain decoding's 1 and at most the reference's + 1
     check_speculative_speedup   wall clock: speedup over generate_kv_cache > 1 (medians, interleaved, one process) and at
                                 least the calibrated fraction of the reference's speedup (harness.check_speedup)
+
+Judged (the learner's function is a `Remote` in the judge process), the counted target is the judge's: each forward
+the learner's loop makes is a request to the judge, counted there. Drafters, and every model whose calls are not
+counted, are built in the kernel (`where_it_runs`): the speed check times one request per generation, run in full
+in the kernel, against baselines run in the judge.
 """
 
 from __future__ import annotations
@@ -15,9 +20,10 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from autograder.harness import call_learner, check_speedup, quiet
-from autograder.lab06.common import SPEED_CHECK, _watched, with_reference_pieces
-from autograder.lab06.generator import _gen
+from autograder.lab06.common import SPEED_CHECK, _watched, where_it_runs, with_reference_pieces
+from autograder.lab06.generator import _gen, trained_pair
 from autograder.reference_guard import own_work
+from autograder.wire import is_remote, run_where
 from minigpt.checkpoint import load_model
 from minigpt.engine.cached_generation import generate_kv_cache
 from minigpt.engine.ngram_draft import PromptLookupModel
@@ -55,9 +61,11 @@ def _learners(generate_fn: Callable, what: str, allow_reference: bool = False) -
     return _watched(alone, (generate_speculative,), what), alone
 
 
-def _same_greedy_output(fn: Callable, target: Any, draft: Any, prompt: list[int], k: int, what: str) -> None:
+def _same_greedy_output(fn: Callable, target: Any, their_target: Any, their_draft: Any, prompt: list[int], k: int,
+                        what: str) -> None:
+    """fn's greedy tokens (on the models where it runs) equal generate_kv_cache's with this side's target."""
     want = generate_kv_cache(target, prompt, NEW_TOKENS, stop_token_ids=())
-    got = _gen(fn, what, target, draft, list(prompt), NEW_TOKENS, SamplingParams(), k=k, stop_token_ids=())
+    got = _gen(fn, what, their_target, their_draft, list(prompt), NEW_TOKENS, SamplingParams(), k=k, stop_token_ids=())
     if got.tokens != want.tokens:
         raise AssertionError(f"{what}: your generator's greedy output differs from generate_kv_cache's, so its speed does "
                              "not count; pass check_generate_speculative first")
@@ -84,19 +92,24 @@ def check_target_calls(generate_fn: Callable) -> dict[str, dict[str, float]]:
     calls per token."""
     what = "the target-calls check (generate_speculative)"
     fn, _ = _learners(generate_fn, what)
-    with quiet():
-        target, draft = load_model("target"), load_model("draft")
+    target, draft = trained_pair()
+    their_target, their_draft = where_it_runs(generate_fn, trained_pair, here=(target, draft))
+    their_lookup = where_it_runs(generate_fn, PromptLookupModel, target.config.vocab_size,
+                                 here=PromptLookupModel(target.config.vocab_size))
     prompts = code_edit_prompts()
-    setups = {"prompt lookup": (PromptLookupModel(target.config.vocab_size), prompts[LOOKUP_PROMPT], LOOKUP_K),
-              "draft model": (draft, prompts[DRAFT_PROMPT], DRAFT_K)}
+    # (drafter here, drafter where the learner's code runs, prompt, k): the counted target is always this side's
+    # (judged: a handle, so every forward the learner's loop makes is a request here and is counted here)
+    setups = {"prompt lookup": (PromptLookupModel(target.config.vocab_size), their_lookup, prompts[LOOKUP_PROMPT],
+                                LOOKUP_K),
+              "draft model": (draft, their_draft, prompts[DRAFT_PROMPT], DRAFT_K)}
     out: dict[str, dict[str, float]] = {}
     with fixed_threads(1):
-        for name, (drafter, prompt, k) in setups.items():
+        for name, (drafter, their_drafter, prompt, k) in setups.items():
             label = f"{what}, {name}, k={k}"
-            _same_greedy_output(fn, target, drafter, prompt, k, label)
+            _same_greedy_output(fn, target, their_target, their_drafter, prompt, k, label)
             kw = dict(k=k, stop_token_ids=())
-            learner = _target_calls(target, lambda: call_learner(label, fn, target, drafter, list(prompt), NEW_TOKENS,
-                                                                 SamplingParams(), **kw))
+            learner = _target_calls(target, lambda: call_learner(label, fn, target, their_drafter, list(prompt),
+                                                                 NEW_TOKENS, SamplingParams(), **kw))
             reference = _target_calls(target, lambda: generate_speculative(target, drafter, list(prompt), NEW_TOKENS,
                                                                            SamplingParams(), **kw))
             plain = _target_calls(target, lambda: generate_kv_cache(target, list(prompt), NEW_TOKENS, stop_token_ids=()))
@@ -111,23 +124,47 @@ def check_target_calls(generate_fn: Callable) -> dict[str, dict[str, float]]:
     return out
 
 
+def speed_models() -> tuple[Any, PromptLookupModel]:
+    """The speed check's target and prompt-lookup drafter (built where the learner's generator runs: run_where)."""
+    with quiet():
+        target = load_model("target")
+    return target, PromptLookupModel(target.config.vocab_size)
+
+
+def one_thread_alone(generate_fn: Callable) -> Callable:
+    """generate_fn graded alone (with_reference_pieces) and on one thread: what the speed check times. Judged, this
+    is built in the kernel (run_where), so a timed call is one request and the generation runs there in full."""
+    alone = with_reference_pieces(generate_fn)
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        with fixed_threads(1):
+            return alone(*args, **kwargs)
+    return timed
+
+
 def check_speculative_speedup(generate_fn: Callable, *, new_tokens: int = NEW_TOKENS, k: int = LOOKUP_K,
                               repeats: int = 5, require_real_speedup: bool = True,
                               allow_reference: bool = False) -> dict[str, float]:
     """Greedy speculative generation drafting by prompt lookup (PromptLookupModel) must beat lab 01's
     generate_kv_cache: a speedup above 1 and at least the calibrated fraction (SPEED_CHECK) of the reference's
     speedup, timed interleaved in this process. Calibration only: `require_real_speedup=False` drops the first bar,
-    `allow_reference=True` measures the reference itself."""
+    `allow_reference=True` measures the reference itself.
+
+    Judged (generate_fn is a `Remote`), the learner's generator runs in the kernel on the kernel's own copy of the
+    models (a forward of a model passed from here would be a round trip, which the baselines do not pay): each timed
+    call is one request, timed here; the baselines run here, interleaved with it, on this side's models."""
     what = "the speed check (generate_speculative)"
     fn, timed_fn = _learners(generate_fn, what, allow_reference)
-    with quiet():
-        target = load_model("target")
-    lookup = PromptLookupModel(target.config.vocab_size)
+    target, lookup = speed_models()
+    their_target, their_lookup = where_it_runs(generate_fn, speed_models, here=(target, lookup))
+    if is_remote(generate_fn):
+        timed_fn = run_where(generate_fn, one_thread_alone, generate_fn)
     prompt = code_edit_prompts()[LOOKUP_PROMPT]
     kw = {"stop_token_ids": ()}
     with fixed_threads(1):
         want = generate_kv_cache(target, prompt, new_tokens, **kw)
-        got = _gen(fn, "speed check run", target, lookup, list(prompt), new_tokens, SamplingParams(), k=k, **kw)
+        got = _gen(fn, "speed check run", their_target, their_lookup, list(prompt), new_tokens, SamplingParams(), k=k,
+                   **kw)
     if got.tokens != want.tokens:
         raise AssertionError("your generator's greedy output differs from generate_kv_cache's, so its speed does not count; "
                              "pass check_generate_speculative first")
@@ -142,7 +179,8 @@ def check_speculative_speedup(generate_fn: Callable, *, new_tokens: int = NEW_TO
 
     label = f"speculative decoding with prompt lookup (k={k}) vs cached decoding, {new_tokens} tokens"
     with quiet():
-        result = check_speedup(one_thread(lambda: timed_fn(target, lookup, prompt, new_tokens, SamplingParams(), k=k, **kw)),
+        result = check_speedup(one_thread(lambda: timed_fn(their_target, their_lookup, prompt, new_tokens, SamplingParams(),
+                                                            k=k, **kw)),
                                one_thread(lambda: generate_kv_cache(target, prompt, new_tokens, **kw)),
                                one_thread(lambda: generate_speculative(target, lookup, prompt, new_tokens, SamplingParams(),
                                                                        k=k, **kw)),

@@ -110,12 +110,14 @@ class KVCache:
     @classmethod
     def for_model(cls, model: GPT | ModelConfig, batch_size: int = 1, max_seq_len: int | None = None, *,
                   dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> "KVCache":
-        """An empty cache shaped for `model` (or a config); by default its context, dtype and device."""
-        cfg = model.config if isinstance(model, GPT) else model
+        """An empty cache shaped for `model` (or a config); by default its context, dtype and device. A model is
+        anything with .config, .dtype and .device (a GPT, or a grader's handle to one in another process)."""
+        is_config = isinstance(model, ModelConfig)
+        cfg = model if is_config else model.config
         if dtype is None:
-            dtype = model.dtype if isinstance(model, GPT) else torch.float32
+            dtype = torch.float32 if is_config else model.dtype
         if device is None:
-            device = model.device if isinstance(model, GPT) else "cpu"
+            device = "cpu" if is_config else model.device
         max_seq_len = cfg.max_seq_len if max_seq_len is None else max_seq_len
         return cls([LayerKVCache(batch_size, max_seq_len, cfg.n_kv_heads, cfg.head_dim, dtype=dtype, device=device)
                     for _ in range(cfg.n_layers)])
