@@ -90,12 +90,19 @@ def _plain(value: Any, endpoint: wire.Endpoint) -> bool:
     return False
 
 
-def run_cell(endpoint: wire.Endpoint, source: str) -> dict:
-    """Execute one test cell against the kernel behind `endpoint`; {"stdout", "stderr", "error"}."""
+def judge_endpoint(sock: socket.socket) -> wire.Endpoint:
+    """The judge's end of a conversation: each call asks the kernel for the traces and watches open here, and what
+    the kernel traced comes back into them."""
     from autograder import reference_guard, tensor_trace
 
+    endpoint = wire.Endpoint(sock)
     endpoint.call_options = lambda: {**tensor_trace.remote_options(), **reference_guard.remote_options()}
     endpoint.on_reply = tensor_trace.merge_remote
+    return endpoint
+
+
+def run_cell(endpoint: wire.Endpoint, source: str) -> dict:
+    """Execute one test cell against the kernel behind `endpoint` (a `judge_endpoint`); {"stdout", "stderr", "error"}."""
     wire.forget_origins()
     out, err = io.StringIO(), io.StringIO()
     error = None
@@ -183,7 +190,7 @@ def main(argv: list[str]) -> int:
                              "the cell's code replaced before it ran?), so it earns no points")
         else:
             with conn:
-                result = run_cell(wire.Endpoint(conn), header["source"])
+                result = run_cell(judge_endpoint(conn), header["source"])
         wire._send_frame(control, {"result": result}, {})
 
 

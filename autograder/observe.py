@@ -30,13 +30,19 @@ def serve(path: str, token: str) -> None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(path)
     try:
-        endpoint = wire.Endpoint(sock, names=names, on_call=observed_call)
-        endpoint.describe_error = learner_frames
+        endpoint = kernel_endpoint(sock, names)
         endpoint.hello(token)
         done = endpoint.serve()
         names.update(done.get("pushes") or {})
     finally:
         sock.close()
+
+
+def kernel_endpoint(sock: socket.socket, names: dict[str, Any]) -> wire.Endpoint:
+    """The kernel's end of a conversation: `names` answers the judge's lookups, calls run under `observed_call`."""
+    endpoint = wire.Endpoint(sock, names=names, on_call=observed_call)
+    endpoint.describe_error = learner_frames
+    return endpoint
 
 
 def learner_frames(err: BaseException) -> list[str]:

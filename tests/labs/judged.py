@@ -19,19 +19,18 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
-from autograder import reference_guard, tensor_trace, wire
+from autograder.judge import judge_endpoint
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 _KERNEL = """
 import importlib, socket, sys
 import minigpt.kernels
-from autograder import wire
-from autograder.observe import observed_call
+from autograder.observe import kernel_endpoint
 module = importlib.import_module(sys.argv[2])
 names = {name: getattr(module, name) for name in sys.argv[3:]}
 sock = socket.socket(fileno=int(sys.argv[1]))
-wire.Endpoint(sock, names=names, on_call=observed_call).serve()
+kernel_endpoint(sock, names).serve()
 """
 
 
@@ -44,9 +43,7 @@ def learner_process(module: str, names: list[str]) -> Iterator[dict[str, Any]]:
     proc = subprocess.Popen([sys.executable, "-c", _KERNEL, str(theirs.fileno()), module, *names],
                             pass_fds=[theirs.fileno()], cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL)
     theirs.close()
-    endpoint = wire.Endpoint(ours)
-    endpoint.call_options = lambda: {**tensor_trace.remote_options(), **reference_guard.remote_options()}
-    endpoint.on_reply = tensor_trace.merge_remote
+    endpoint = judge_endpoint(ours)
     try:
         yield {name: endpoint.request("getname", name=name) for name in names}
     finally:

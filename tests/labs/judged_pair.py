@@ -17,19 +17,18 @@ import threading
 from types import SimpleNamespace
 from typing import Any, Iterator
 
-from autograder import observe, reference_guard, tensor_trace, wire
+from autograder import observe
+from autograder.judge import judge_endpoint
 
 
 @contextlib.contextmanager
 def judged(**names: Any) -> Iterator[SimpleNamespace]:
     """The given objects as Remotes served by a 'kernel' thread; the thread is joined on exit."""
     judge_end, kernel_end = socket.socketpair()
-    kernel = wire.Endpoint(kernel_end, names=dict(names), on_call=observe.observed_call)
+    kernel = observe.kernel_endpoint(kernel_end, dict(names))
     thread = threading.Thread(target=kernel.serve, name="test-kernel", daemon=True)
     thread.start()
-    judge = wire.Endpoint(judge_end)
-    judge.call_options = lambda: {**tensor_trace.remote_options(), **reference_guard.remote_options()}
-    judge.on_reply = tensor_trace.merge_remote
+    judge = judge_endpoint(judge_end)
     try:
         yield SimpleNamespace(**{name: judge.request("getname", name=name) for name in names})
     finally:
