@@ -300,7 +300,8 @@ class Endpoint:
         try:
             args = {k: self._decode(v, blob, received) for k, v in header.items() if k not in ("op", "opts")}
             before = [t.detach().clone() for t in received]
-            value, extra = self._perform(header["op"], args, header.get("opts") or {})
+            opts = self._decode(header.get("opts"), blob) or {}       # sent encoded like every value
+            value, extra = self._perform(header["op"], args, opts)
             changed = {}
             for i, (old, new) in enumerate(zip(before, received)):
                 if old.shape != new.shape or old.dtype != new.dtype or not torch.equal(old, new.detach()):
