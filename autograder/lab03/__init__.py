@@ -18,6 +18,9 @@ learner's continuous scheduler on a skewed workload, relative to the reference's
 Files: common.py (shared helpers, the refusal of the reference scheduler), packing.py (Exercise 1), scheduler.py
 (Exercise 2: drive, the invariants, scheduler_invariants for the package's own tests), outputs.py (Exercises 2 and 3
 on a model), metrics.py (Exercise 4), speed.py, questions.py.
+Judged (autograder/judge.py), the learner's scheduler stays in the kernel with what it works on: its BlockManager
+(manager_beside), the runs it is driven through (FakeTokenRun, a stretch of steps per request, each step read back
+as data by scheduler_view and checked in the judge; serve_outputs), and copies of the models (model_beside).
 Every check refuses the package's reference handed in as the answer (reference_guard: the object itself, a subclass
 inheriting `schedule`, a thin wrapper calling into it).
 Interview questions: check_q1_continuous_vs_static (a step cost that grows with the batch), check_q2_compute_bound_batch,

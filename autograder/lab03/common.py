@@ -9,6 +9,7 @@ from typing import Any, Hashable
 import torch
 
 from autograder.reference_guard import no_calls_into, own_work
+from autograder.wire import is_remote, run_where
 from minigpt.cache.block_manager import BlockManager
 from minigpt.config import ModelConfig
 from minigpt.engine.baselines import StaticBatchScheduler
@@ -37,6 +38,22 @@ def _model(seed: int = 0, config: ModelConfig = SMALL_CONFIG, scale: float = 6.0
         for p in model.parameters():
             if p.ndim == 2:
                 p.mul_(scale)
+    return model
+
+
+def model_beside(side: Any, model: GPT) -> GPT:
+    """`model` itself, or when `side` (the learner's function or class) is a Remote, a copy of it built in the learner's
+    kernel from its weights (sent as data): the package's generation code needs a real GPT, and a model left in the
+    judge would make each of its forward calls a round trip."""
+    if not is_remote(side):
+        return model
+    return run_where(side, _model_from_weights, model.config, model.state_dict())
+
+
+def _model_from_weights(config: ModelConfig, weights: dict[str, torch.Tensor]) -> GPT:
+    with torch.random.fork_rng(devices=[]):       # the initial weights are overwritten: leave the learner's RNG alone
+        model = GPT(config).eval()
+    model.load_state_dict(weights)
     return model
 
 
@@ -70,6 +87,12 @@ def construct(scheduler_cls: type, manager: BlockManager, config: SchedulerConfi
         return scheduler_cls(manager, config, max_model_len=max_model_len)
     except NotImplementedError:
         raise AssertionError("the scheduler is not implemented yet (NotImplementedError)") from None
+
+
+def manager_beside(scheduler_cls: Any, num_blocks: int, block_size: int) -> BlockManager:
+    """A BlockManager built where `scheduler_cls` lives: in the learner's kernel when the check runs in the judge (a
+    manager of the judge's would make every block operation of the learner's scheduler a round trip)."""
+    return run_where(scheduler_cls, BlockManager, num_blocks, block_size)
 
 
 def _fake_token(seq_id: Hashable, index: int) -> int:

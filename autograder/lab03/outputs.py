@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
 from autograder.harness import call_learner, quiet
-from autograder.lab03.common import NEAR_TIE, SMALL_CONFIG, _model, _rand_tokens, construct
+from autograder.lab03.common import NEAR_TIE, SMALL_CONFIG, _model, _rand_tokens, construct, model_beside
 from autograder.lab03.packing import refuse_thin_pack
 from autograder.lab03.scheduler import refuse_thin_wrapper
 from autograder.reference_guard import no_calls_into, own_work
+from autograder.wire import run_where
 from minigpt.cache.paged import PagedKVCache
 from minigpt.engine.baselines import StaticBatchScheduler, static_generate
 from minigpt.engine.cached_generation import generate_kv_cache
@@ -38,11 +39,30 @@ def _first_real_divergence(model: GPT, req: Request, got: list[int], want: list[
     return None
 
 
+def serve_outputs(scheduler_cls: type, pack_fn: Callable | None, model: GPT, requests: list[Request], num_blocks: int,
+                  budget: int, layout: str) -> list[tuple[Any, list[int], int]]:
+    """Serve `requests` with a new scheduler_cls (4 sequences, `budget` tokens a step) on a paged cache of `num_blocks`
+    blocks of 4 tokens, the runner packing with `pack_fn` (the reference when None): [(seq_id, output tokens,
+    number of preemptions)]. Runs where the scheduler lives (`run_where`): the whole loop in the learner's kernel when
+    judged, only its outputs coming back."""
+    import minigpt.engine.runner as runner_mod
+
+    cache = PagedKVCache.for_model(model, num_blocks, 4)
+    sch = construct(scheduler_cls, cache.manager, SchedulerConfig(4, budget), SMALL_CONFIG.max_seq_len, guard=False)
+    saved = runner_mod.pack_chunks
+    if pack_fn is not None:
+        runner_mod.pack_chunks = pack_fn
+    try:
+        with fixed_threads(1), quiet():        # tiny matmuls: one thread is fastest and robust on a busy machine
+            res = serve(requests, sch, ModelRunner(model, cache, layout).execute)
+    finally:
+        runner_mod.pack_chunks = saved
+    return [(seq.seq_id, list(seq.output_tokens), seq.num_preemptions) for seq in res.sequences]
+
+
 def check_greedy_outputs(scheduler_cls: type = Scheduler, pack_fn: Callable | None = None) -> None:
     """Serve seeded workloads (chunked prefill; a pool small enough to force preemption) with the learner's scheduler
     (and packing function) on a small random model: each greedy output must equal generate_kv_cache alone."""
-    import minigpt.engine.runner as runner_mod
-
     refuse_thin_wrapper(scheduler_cls)         # a cheap probe: profiling the model run would double its cost
     if pack_fn is not None:
         own_work(pack_fn, pack_chunks, what="Exercise 1 (pack_chunks)")
@@ -52,28 +72,22 @@ def check_greedy_outputs(scheduler_cls: type = Scheduler, pack_fn: Callable | No
     reqs = [Request(i, _rand_tokens(int(torch.randint(2, 40, (1,), generator=g)), g),
                     int(torch.randint(1, 24, (1,), generator=g)), arrival_time=0.0, stop_token_ids=())
             for i in range(10)]
+    by_id = {r.request_id: r for r in reqs}
     with fixed_threads(1):
         want = {r.request_id: generate_kv_cache(model, list(r.prompt), r.max_new_tokens, stop_token_ids=()).tokens
                 for r in reqs}
-    saved = runner_mod.pack_chunks
-    if pack_fn is not None:
-        runner_mod.pack_chunks = pack_fn
-    try:
-        with fixed_threads(1):         # tiny matmuls: one thread is fastest and robust on a busy machine
-            for num_blocks, budget, layout in [(64, 12, "packed"), (16, 16, "packed"), (16, 12, "padded")]:
-                what = f"10 requests, {num_blocks} blocks of 4 tokens, budget {budget} tokens/step, {layout} layout"
-                cache = PagedKVCache.for_model(model, num_blocks, 4)
-                sch = construct(scheduler_cls, cache.manager, SchedulerConfig(4, budget), SMALL_CONFIG.max_seq_len)
-                with quiet():
-                    res = call_learner(what, serve, reqs, sch, ModelRunner(model, cache, layout).execute)
-                for seq in res.sequences:
-                    bad = _first_real_divergence(model, seq.request, list(seq.output_tokens), want[seq.seq_id])
-                    if bad:
-                        raise AssertionError(f"{what}: request {seq.seq_id} (prompt {len(seq.prompt)} tokens, preempted "
-                                             f"{seq.num_preemptions}x) differs from generating it alone at {bad}. Check "
-                                             "chunk positions, that preemption keeps the output, and the KV slots.")
-    finally:
-        runner_mod.pack_chunks = saved
+    served_model = model_beside(scheduler_cls, model)
+    for num_blocks, budget, layout in [(64, 12, "packed"), (16, 16, "packed"), (16, 12, "padded")]:
+        what = f"10 requests, {num_blocks} blocks of 4 tokens, budget {budget} tokens/step, {layout} layout"
+        served = call_learner(what, run_where, scheduler_cls, serve_outputs, scheduler_cls, pack_fn, served_model,
+                              reqs, num_blocks, budget, layout)
+        for seq_id, output, preemptions in served:
+            req = by_id[seq_id]
+            bad = _first_real_divergence(model, req, list(output), want[seq_id])
+            if bad:
+                raise AssertionError(f"{what}: request {seq_id} (prompt {len(req.prompt)} tokens, preempted "
+                                     f"{preemptions}x) differs from generating it alone at {bad}. Check "
+                                     "chunk positions, that preemption keeps the output, and the KV slots.")
 
 
 def check_static_batching(static_fn: Callable) -> None:
@@ -84,14 +98,16 @@ def check_static_batching(static_fn: Callable) -> None:
     what = "Exercise 3 (static batching)"
     own_work(static_fn, static_generate, what=what)
     model = _model(1)
+    learner_model = model_beside(static_fn, model)      # in the learner's kernel when judged (a copy)
     g = torch.Generator().manual_seed(12)
     prompts = [_rand_tokens(n, g) for n in (3, 17, 9, 30, 5)]
     new = [6, 2, 9, 4, 7]
     rows: list[int] = []
-    hook = model.tok_emb.register_forward_pre_hook(lambda module, args: rows.append(int(args[0].shape[0])))
+    # counts rows where the model runs (when judged, the kernel calls this judge-side hook: one request per call)
+    hook = learner_model.tok_emb.register_forward_pre_hook(lambda module, args: rows.append(int(args[0].shape[0])))
     try:
         with fixed_threads(1), no_calls_into(static_generate, StaticBatchScheduler, what=what):
-            got = call_learner("static batching", static_fn, model, prompts, new, 3)
+            got = call_learner("static batching", static_fn, learner_model, prompts, new, 3)
     finally:
         hook.remove()
     if not isinstance(got, (list, tuple)) or len(got) != len(prompts):

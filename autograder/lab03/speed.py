@@ -7,10 +7,12 @@ from typing import Any, Callable
 import torch
 
 from autograder.harness import call_learner, quiet
-from autograder.lab03.common import GPU_SPEED_CHECK, SPEED_MIN_FRACTION, _fake_token, _request, construct
+from autograder.lab03.common import (GPU_SPEED_CHECK, SPEED_MIN_FRACTION, _fake_token, _request, construct,
+                                     manager_beside)
 from autograder.lab03.packing import refuse_thin_pack
-from autograder.lab03.scheduler import refuse_thin_wrapper
+from autograder.lab03.scheduler import refuse_thin_wrapper, scheduler_view
 from autograder.reference_guard import own_work
+from autograder.wire import run_where
 from minigpt.cache.block_manager import BlockManager
 from minigpt.cache.paged import PagedKVCache
 from minigpt.config import ModelConfig
@@ -32,18 +34,24 @@ def _skewed_requests(n: int = 24, seed: int = 0) -> list[tuple[int, Request]]:
     return out
 
 
-def _steps(make: Callable[[BlockManager], Any], arrivals: list) -> int:
-    sch = make(BlockManager(400, 4))
+def _steps(make: Callable[[BlockManager], Any], arrivals: list, side: Any = None) -> int:
+    """Steps to serve `arrivals` with fake tokens: make(manager) builds the scheduler; its manager is built beside
+    `side` (the learner's class: in the kernel when judged), and each step is read back in one `scheduler_view`."""
+    sch = make(manager_beside(side, 400, 4) if side is not None else BlockManager(400, 4))
+    ends_arrivals = hasattr(sch, "end_of_arrivals")
     pending, step = sorted(arrivals, key=lambda x: x[0]), 0
-    while pending or sch.has_unfinished():
+    unfinished = False
+    while pending or unfinished:
         while pending and pending[0][0] <= step:
             sch.add_request(pending.pop(0)[1])
-        if len(pending) == 0 and hasattr(sch, "end_of_arrivals"):
+        if len(pending) == 0 and ends_arrivals:
             sch.end_of_arrivals()
         out = sch.schedule()
-        sampled = {c.seq_id: _fake_token(c.seq_id, len(c.seq.output_tokens)) for c in out.chunks
-                   if c.start + len(c.tokens) == c.seq.num_tokens}
+        chunks = run_where(sch, scheduler_view, sch, out=out)["chunks"]
+        sampled = {c["seq_id"]: _fake_token(c["seq_id"], c["num_output"]) for c in chunks
+                   if c["start"] + len(c["tokens"]) == c["num_tokens"]}
         sch.update(out, sampled, float(step))
+        unfinished = run_where(sch, scheduler_view, sch)["unfinished"]
         step += 1
         if step > 10_000:
             raise AssertionError("the workload did not finish in 10,000 steps")
@@ -59,7 +67,8 @@ def check_continuous_speedup(scheduler_cls: type) -> dict[str, float]:
     with quiet():
         ref = _steps(lambda m: Scheduler(m, cfg, max_model_len=96), arrivals)
         refuse_thin_wrapper(scheduler_cls)
-        learner = call_learner("the skewed workload", _steps, lambda m: construct(scheduler_cls, m, cfg, 96), arrivals)
+        learner = call_learner("the skewed workload", _steps, lambda m: construct(scheduler_cls, m, cfg, 96), arrivals,
+                               scheduler_cls)
     ref_ratio, ratio = static / ref, static / learner
     if ratio < SPEED_MIN_FRACTION * ref_ratio:
         raise AssertionError(f"static batching needs {static} steps, your scheduler {learner} ({ratio:.2f}x fewer), the "

@@ -7,8 +7,10 @@ from typing import Callable
 
 import torch
 
+from autograder.lab03.common import model_beside
 from autograder.lab05.common import TINY_CONFIG, _AWQ, _SMOOTH, _call
 from autograder.reference_guard import own_work
+from autograder.wire import class_of
 from minigpt.model import GPT
 from minigpt.quant.awq import AWQ_GROUPS
 from minigpt.quant.smoothquant import smoothing_factors
@@ -41,10 +43,13 @@ def check_awq_fold(fn: Callable) -> None:
     before = copy.deepcopy(model.state_dict())
     scales = _tiny_scales(model)
     own_work(fn, _AWQ, what="Exercise 5 (fold_awq_scales)")
-    new = _call(_AWQ, "Exercise 5 (fold_awq_scales)", "fold_awq_scales", fn, model, {k: v.clone() for k, v in scales.items()})
-    if not isinstance(new, GPT):
-        raise AssertionError(f"fold_awq_scales must return a GPT, got {type(new).__name__}")
-    if any(not torch.equal(v, model.state_dict()[k]) for k, v in before.items()):
+    given = model_beside(fn, model)        # judged: a copy in the learner's kernel (the judge's cannot be deep-copied)
+    new = _call(_AWQ, "Exercise 5 (fold_awq_scales)", "fold_awq_scales", fn, given,
+                {k: v.clone() for k, v in scales.items()})
+    if class_of(new) is not GPT and not isinstance(new, GPT):
+        raise AssertionError(f"fold_awq_scales must return a GPT, got {getattr(class_of(new), '__name__', '?')}")
+    given_after = given.state_dict()
+    if any(not torch.equal(v, given_after[k]) for k, v in before.items()):
         raise AssertionError("fold_awq_scales modified the model it was given: work on a copy (copy.deepcopy)")
     wq = new.layers[0].attn.wq.weight.detach()
     s = scales["layers.0.attn_norm"]

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from autograder.harness import call_learner, check_speedup, quiet
 from autograder.lab05.common import GEMV_SPEED_CHECKS, INT4_CPU_SPEED_CHECK, _call, _randn
 from autograder.reference_guard import own_work
+from autograder.wire import run_where
 from minigpt.quant.cpu_kernels import Int4WeightOnlyLinear
 from minigpt.quant.formats import quantize
 from minigpt.quant.linear import WeightOnlyLinear
@@ -22,22 +23,35 @@ def _gemv_case(bits: int, N: int, K: int, group: int, seed: int) -> tuple[torch.
     return x, (pack_int4(qt.q) if bits == 4 else qt.q), qt.scale
 
 
+class LaunchCounting:
+    """fn(*args) -> (its value, the number of Triton kernel launches, the launched kernels' functions), counted where
+    fn runs. Built with run_where beside the learner's function: when judged it lives in the learner's kernel and the
+    judge calls it like the learner's own code (the reference watch of `_call` applies to it)."""
+
+    def __call__(self, fn: Callable, *args: Any) -> tuple[Any, int, list[Callable]]:
+        from autograder.lab04 import count_triton_launches
+
+        with count_triton_launches() as launches:
+            value = fn(*args)
+        return value, launches[0], list(launches.kernels)
+
+
 def check_dequant_gemv(fn: Callable) -> None:
     """fn(x (K,), qweight, scale (N, K / group_size), bits, group_size) -> y (N,) = dequantized W @ x, with qweight
     int8 (N, K) or uint8 (N, K / 2) packed low nibble first (minigpt.quant.formats.pack_int4)."""
-    from autograder.lab04 import count_triton_launches, own_kernels
     from minigpt.kernels.dequant_gemv import dequant_gemv, dequant_gemv_reference
     ex = "Exercise 9 (the dequantizing GEMV kernel)"
     own_work(fn, (dequant_gemv, dequant_gemv_reference), what=ex)
+    counting = run_where(fn, LaunchCounting)       # where fn runs (the learner's kernel when judged): so does Triton
     for bits, N, K, group, seed in ((8, 20, 64, 32, 0), (4, 20, 64, 32, 1), (4, 33, 128, 64, 2)):
         x, qw, scale = _gemv_case(bits, N, K, group, seed)
         what = f"dequant_gemv(INT{bits}, N={N}, K={K}, group_size={group})"
-        with count_triton_launches() as launches:
-            y = _call((dequant_gemv, dequant_gemv_reference), ex, what, fn, x.clone(), qw.clone(), scale.clone(), bits,
-                      group)
-        if not launches[0]:
+        y, launches, kernels = _call((dequant_gemv, dequant_gemv_reference), ex, what, counting, fn, x.clone(),
+                                     qw.clone(), scale.clone(), bits, group)
+        if not launches:
             raise AssertionError(f"{what}: no Triton kernel was launched; write the GEMV as a @triton.jit kernel")
-        own_kernels(launches, ex)
+        for kernel in kernels:                     # the package's Triton kernel behind the learner's launcher
+            own_work(kernel, (), what=ex)
         want = dequant_gemv_reference(x, qw, scale, bits, group)
         if not isinstance(y, torch.Tensor) or tuple(y.shape) != (N,):
             raise AssertionError(f"{what}: expected y of shape ({N},), got "
@@ -83,13 +97,38 @@ def check_int4_cpu_linear(make: Callable, *, K: int = 4096, N: int = 4096, group
                 " The kernel computes (q - 8) * scale + zero per group, so pass zero = min + 8 * scale, "
                 "and scales_and_zeros as (n_groups, N, 2) in bf16.")
         raise AssertionError(f"the INT4 linear differs from x @ W_hat^T by {rel:.3g} (relative).{hint}")
-    W = _randn(N, K, seed=2) * 0.02
-    xb = _randn(1, K, seed=3)
+    learner, dense, reference = run_where(make, int4_speed_contenders, make, N, K, group_size)
+    return check_speedup(learner, dense, reference, what=f"INT4 GEMV {N}x{K} against fp32", check=INT4_CPU_SPEED_CHECK,
+                         repeats=repeats)
+
+
+class GemvCalls:
+    """A zero-argument callable: f(x) `calls` times. The speed check's three contenders are built where the learner's
+    function lives (`int4_speed_contenders`): when judged, in the learner's kernel, so they run in the same process and
+    one timed request covers `calls` GEMVs instead of a round trip (x and y over the wire) for each."""
+
+    def __init__(self, f: Callable, x: torch.Tensor, calls: int) -> None:
+        self.f, self.x, self.calls = f, x, calls
+
+    def __call__(self) -> None:
+        for _ in range(self.calls):
+            self.f(self.x)
+
+
+def _dense(w: torch.Tensor) -> Callable:
+    return lambda x: F.linear(x, w)
+
+
+def int4_speed_contenders(make: Callable, N: int, K: int, group_size: int,
+                          calls: int = 4) -> tuple[GemvCalls, GemvCalls, GemvCalls]:
+    """(the learner's INT4 linear, the fp32 matmul, the reference INT4 linear) on the same seeded W (N, K) and x (1, K),
+    each as `GemvCalls`; run with run_where beside `make` (W is built there: 64 MiB never cross the wire)."""
+    w = _randn(N, K, seed=2) * 0.02
+    x = _randn(1, K, seed=3)
     with quiet():
-        learner = make(W, group_size)
-        reference = Int4WeightOnlyLinear(W, group_size)
-    return check_speedup(lambda: learner(xb), lambda: F.linear(xb, W), lambda: reference(xb),
-                         what=f"INT4 GEMV {N}x{K} against fp32", check=INT4_CPU_SPEED_CHECK, repeats=repeats)
+        learner = make(w, group_size)
+        reference = Int4WeightOnlyLinear(w, group_size)
+    return GemvCalls(learner, x, calls), GemvCalls(_dense(w), x, calls), GemvCalls(reference, x, calls)
 
 
 def check_gemv_speed(fn: Callable, *, N: int = 8192, K: int = 8192, group_size: int = 128, bits: tuple[int, ...] = (8, 4),

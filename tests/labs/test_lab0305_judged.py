@@ -1,0 +1,88 @@
+"""Labs 03 and 05 judged: a test cell run by a real judge process (autograder/judge.py) against this process, which
+plays the learner's kernel (autograder/observe.py's side of the wire), with the solution notebook's answers.
+
+Guards what made these checks slow or broken once their answers arrived as Remotes: lab 03's scheduler check asked
+~116,000 questions over the wire (every attribute of every step), lab 05's fold_awq_scales deep-copied a judge's
+model, and its Triton launches were counted in the judge, where no kernel runs. About 15 s on a 2-core CPU.
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import tempfile
+from typing import Any
+
+import pytest
+
+from autograder import judge, wire
+from autograder.observe import observed_call
+from tests.labs.test_lab03_checks import SOLUTION as LAB03
+from tests.labs.test_lab03_checks import Solution as Lab03Scheduler
+from tests.labs.test_lab05_checks import SOLUTION as LAB05
+
+
+class CountingEndpoint(wire.Endpoint):
+    """The kernel's endpoint, counting the judge's requests it answers."""
+
+    answered = 0
+
+    def _answer(self, header: dict, blob: dict) -> None:
+        self.answered += 1
+        super()._answer(header, blob)
+
+
+@pytest.fixture(scope="module")
+def judge_process():
+    process = judge.JudgeProcess(tempfile.mkdtemp(prefix="judge-"))
+    yield process
+    process.close()
+
+
+def judged(process: judge.JudgeProcess, source: str, names: dict[str, Any]) -> tuple[dict, int]:
+    """Run the test cell `source` in the judge, answering from `names`; (its result, requests answered here)."""
+    token = secrets.token_hex(8)
+    process.run(source, token, 30)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(process.path)
+    with sock:
+        endpoint = CountingEndpoint(sock, names=names, on_call=observed_call)
+        endpoint.hello(token)
+        endpoint.serve()
+    return process.result(60), endpoint.answered
+
+
+def test_lab03_scheduler_check_judged_in_few_requests(judge_process):
+    result, requests = judged(judge_process, "from autograder.lab03 import check_scheduler\n"
+                                             "check_scheduler(MyScheduler, max_examples=8)\n",
+                              {"MyScheduler": Lab03Scheduler})
+    assert result["error"] is None, result["error"]
+    assert requests < 200, f"{requests} requests: the driver asks per attribute again"
+
+
+def test_lab03_model_checks_judged(judge_process):
+    result, _ = judged(judge_process, "from autograder.lab03 import check_static_batching\n"
+                                      "check_static_batching(static_generate)\n",
+                       {"static_generate": LAB03["static_generate"]})
+    assert result["error"] is None, result["error"]
+
+
+def test_lab03_judged_scheduler_check_still_refuses_the_reference(judge_process):
+    from minigpt.engine.scheduler import Scheduler
+
+    class CallsSuper(Scheduler):
+        def schedule(self):
+            return super().schedule()
+
+    result, _ = judged(judge_process, "from autograder.lab03 import check_scheduler\n"
+                                      "check_scheduler(MyScheduler, max_examples=2)\n", {"MyScheduler": CallsSuper})
+    assert result["error"] and "reference" in result["error"]["evalue"], result["error"]
+
+
+def test_lab05_awq_fold_and_triton_gemv_judged(judge_process):
+    result, _ = judged(judge_process, "from autograder.lab05 import check_awq_fold, check_dequant_gemv\n"
+                                      "check_awq_fold(fold_awq_scales)\n"
+                                      "check_dequant_gemv(triton_dequant_gemv)\n",
+                       {"fold_awq_scales": LAB05["fold_awq_scales"],
+                        "triton_dequant_gemv": LAB05["triton_dequant_gemv"]})
+    assert result["error"] is None, result["error"]
