@@ -52,7 +52,8 @@ def learner_frames(err: BaseException) -> list[str]:
 
     from IPython import get_ipython
 
-    cells = getattr(get_ipython().compile, "_filename_map", {}) or {}
+    shell = get_ipython()
+    cells = (getattr(shell.compile, "_filename_map", {}) or {}) if shell is not None else {}
     out = []
     for frame in traceback.extract_tb(err.__traceback__):
         if frame.filename in cells:

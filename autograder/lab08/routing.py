@@ -198,9 +198,10 @@ def _fake_cluster(route_fn: Callable, n: int = 2) -> Iterator[tuple[str, list[st
         yield router, urls
 
 
-def check_router(route_fn: Callable[..., Any], *, num_prefixes: int = 12, questions: int = 2) -> None:
+def check_router(route_fn: Callable[..., Any], *, num_prefixes: int = 32, questions: int = 2) -> None:
     """The learner's route_fn inside the router, two fake replicas: each system prompt's requests are served by one
-    replica, and both replicas serve some."""
+    replica, and both replicas serve some. (The replicas are named by their URLs, whose ports change from run to run,
+    so the ring changes too: with 12 system prompts an uneven ring once sent all of them to one replica.)"""
     import httpx
 
     from minigpt.serving.load_generator import shared_prefix_prompts
