@@ -345,13 +345,14 @@ def test_q1_flat_cost_answer_is_diagnosed():
 
 
 def test_gpu_speed_check_code_path_on_cpu():
-    """The GPU-tier check's code runs on CPU with a small model (a threshold pinned: the CPU does not grade it)."""
+    """The GPU-tier check's code runs on CPU with a small model (a threshold pinned low: one timing sample on a CPU is
+    not what the GPU tier grades, and at 0.5 it failed once under load, 1.12x against the reference's 2.59x)."""
     from autograder.thresholds import fixed
     from minigpt.timing import fixed_threads
-    with fixed_threads(1), fixed(0.5):
+    with fixed_threads(1), fixed(0.05):
         res = lab03.check_continuous_speedup_gpu(Solution, SOLUTION["pack_chunks"], device="cpu", repeats=1,
                                                  config=lab03.SMALL_CONFIG)
-    assert res["reference_speedup"] > 0 and res["threshold"] == 0.5 * res["reference_speedup"]
+    assert res["reference_speedup"] > 0 and res["threshold"] == 0.05 * res["reference_speedup"]
     with pytest.raises(AssertionError, match="needs a CUDA GPU"):
         if not torch.cuda.is_available():
             lab03.check_continuous_speedup_gpu(Solution)
