@@ -35,6 +35,7 @@ import select
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from typing import Any
 from autograder import wire
 
 ACCEPT_POLL_S = 0.2
+START_TIMEOUT_S = 120       # importing torch in a fresh sandbox, on a loaded machine
 
 
 # ----------------------------------------------------------------------------- the judge process
@@ -91,11 +93,11 @@ def _plain(value: Any, endpoint: wire.Endpoint) -> bool:
 
 
 def judge_endpoint(sock: socket.socket) -> wire.Endpoint:
-    """The judge's end of a conversation: each call asks the kernel for the traces and watches open here, and what
-    the kernel traced comes back into them."""
+    """The judge's end of a conversation: it serves the kernel only `wire.judge_services()`; each call asks the
+    kernel for the traces and watches open here, and what the kernel traced comes back into them."""
     from autograder import reference_guard, tensor_trace
 
-    endpoint = wire.Endpoint(sock)
+    endpoint = wire.Endpoint(sock, services=wire.judge_services())
     endpoint.call_options = lambda: {**tensor_trace.remote_options(), **reference_guard.remote_options()}
     endpoint.on_reply = tensor_trace.merge_remote
     return endpoint
@@ -152,7 +154,7 @@ def _accept(server: socket.socket, control: socket.socket, token: str, timeout: 
     while time.monotonic() < deadline:
         ready, _, _ = select.select([server, control], [], [], ACCEPT_POLL_S)
         if control in ready:
-            header, _ = wire._recv_frame(control)
+            header, _ = wire.recv_frame(control)
             if header.get("op") == "abort":
                 return None
         if server in ready:
@@ -174,10 +176,10 @@ def main(argv: list[str]) -> int:
     server.bind(path)
     os.chmod(path, 0o777)        # the sandboxed kernel runs under a uid of its own
     server.listen(4)
-    wire._send_frame(control, {"ready": True}, {})
+    wire.send_frame(control, {"ready": True}, {})
     while True:
         try:
-            header, _ = wire._recv_frame(control)
+            header, _ = wire.recv_frame(control)
         except wire.ChannelClosed:
             return 0
         if header.get("op") == "quit":
@@ -191,7 +193,7 @@ def main(argv: list[str]) -> int:
         else:
             with conn:
                 result = run_cell(judge_endpoint(conn), header["source"])
-        wire._send_frame(control, {"result": result}, {})
+        wire.send_frame(control, {"result": result}, {})
 
 
 # ----------------------------------------------------------------------------- driving it from nbgrader
@@ -201,35 +203,63 @@ def _failed(ename: str, evalue: str) -> dict:
 
 
 class JudgeProcess:
-    """A judge for one notebook run: `run(source)` starts a cell, `result()` collects its verdict."""
+    """A judge for one notebook run: `run(source)` starts a cell, `result()` collects its verdict.
+
+    Where the kernel is sandboxed (COURSE_SANDBOX set, as under autograde), the judge is too, in a sandbox of its
+    own (autograder/sandbox.py's bubblewrap, with the same policy): the course package and the interpreter
+    read-only, no course root, gradebook, solutions/, home or instructor's environment; its own unprivileged uid,
+    memory, CPU, process and file-size limits; no network; every process it starts dies with it. It shares with
+    the kernel only a folder holding its socket."""
 
     def __init__(self, socket_dir: str, cwd: str | None = None) -> None:
-        self.path = str(Path(socket_dir) / "judge.sock")
+        from autograder import sandbox
+
         ours, theirs = socket.socketpair()
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-               "NBGRADER_EXECUTION": os.environ.get("NBGRADER_EXECUTION", "autograde")}
-        env.pop("COURSE_SANDBOX", None)
-        self.proc = subprocess.Popen([sys.executable, "-P", "-m", "autograder.judge", self.path, str(theirs.fileno())],
-                                     pass_fds=[theirs.fileno()], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+        policy = sandbox.SandboxPolicy.from_env() if os.environ.get(sandbox.ENV_VAR) else None
+        cmd = [sys.executable, "-P", "-m", "autograder.judge", "", str(theirs.fileno())]
+        if policy is not None and policy.enabled:
+            folder = Path(tempfile.mkdtemp(prefix="judge-", dir=socket_dir))
+            uid = sandbox.sandbox_uid()
+            if os.geteuid() == 0:        # its own uid: the kernel's uid cannot signal, trace or write into it
+                os.chown(folder, uid, uid)
+            folder.chmod(0o755)
+            self.path = str(folder / "judge.sock")
+            cmd[4] = self.path
+            argv = sandbox.bwrap_argv(policy, cmd, submission_dir=None, socket_dir=str(folder), uid=uid,
+                                      extra_env={"NBGRADER_EXECUTION": os.environ.get("NBGRADER_EXECUTION", "autograde")})
+            env, cwd = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}, None
+        else:
+            self.path = cmd[4] = str(Path(socket_dir) / "judge.sock")
+            argv = cmd
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                   "NBGRADER_EXECUTION": os.environ.get("NBGRADER_EXECUTION", "autograde")}
+        self.sandboxed = argv is not cmd
+        self.proc = subprocess.Popen(argv, pass_fds=[theirs.fileno()], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         theirs.close()
         self.control = ours
-        header, _ = wire._recv_frame(self.control)
+        self.control.settimeout(START_TIMEOUT_S)
+        try:
+            header, _ = wire.recv_frame(self.control)
+        except (OSError, wire.ChannelClosed) as exc:
+            self.kill()
+            raise RuntimeError(f"the judge did not start: {exc}") from None
+        self.control.settimeout(None)
         if not header.get("ready"):
             raise RuntimeError("the judge did not start")
 
     def run(self, source: str, token: str, timeout: float) -> None:
-        wire._send_frame(self.control, {"op": "cell", "source": source, "token": token, "timeout": timeout}, {})
+        wire.send_frame(self.control, {"op": "cell", "source": source, "token": token, "timeout": timeout}, {})
 
     def result(self, wait: float) -> dict:
         """The verdict of the cell started last, once the kernel has stopped serving it: the judge is finishing,
         or still waiting for a connection that will not come (it is told to give up). A judge that says nothing
         within `wait` seconds (a kernel that holds the connection open and went on) is a failed cell."""
         with contextlib.suppress(OSError):
-            wire._send_frame(self.control, {"op": "abort"}, {})
+            wire.send_frame(self.control, {"op": "abort"}, {})
         self.control.settimeout(wait)
         try:
-            header, _ = wire._recv_frame(self.control)
+            header, _ = wire.recv_frame(self.control)
             return header["result"]
         except (socket.timeout, TimeoutError):
             return _failed("JudgeTimeout", "the kernel stopped serving the grader but held on to its connection")
@@ -245,7 +275,7 @@ class JudgeProcess:
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
-            wire._send_frame(self.control, {"op": "quit"}, {})
+            wire.send_frame(self.control, {"op": "quit"}, {})
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:

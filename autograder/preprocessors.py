@@ -136,7 +136,7 @@ class StoppingExecute(Execute):
         finally:
             self.nb.cells[index] = cell    # nbclient stored the serving cell in the test cell's place
         result = self._judge.result(wait=float(self.timeout or 300))
-        if result["error"] and result["error"]["ename"] == "JudgeTimeout":
+        if result["error"] and result["error"]["ename"] in ("JudgeTimeout", "JudgeFailed"):   # a fresh judge next cell
             self._judge.kill()
             self._judge = None
         cell.execution_count = serving.get("execution_count")

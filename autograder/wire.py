@@ -26,6 +26,16 @@ on the meta device travels as its shape and dtype (it holds no data).
 
 Decoding never runs the sender's code: it builds plain values, tensors, and instances of the course
 package's dataclasses, enums and exceptions (looked up by module name under `minigpt.` or `autograder.`).
+It is bounded: a frame's JSON at most MAX_HEADER_BYTES, at most MAX_DEPTH levels of nesting and MAX_ITEMS values.
+
+The two ends are not alike. The kernel's end answers whatever the judge asks (the judge is trusted). The judge's
+end serves nothing but a short list of operations on a few kinds of its objects (`JUDGE_SERVICES`, given to
+`Endpoint(services=...)`): a model may be called and its config, dtype and device read; a collective may be
+called; a KV cache's layers may be listed, read and have their length set. Any other object of the judge's is
+refused before it is sent (a check that tried would fail, not leak), and any other request about one is refused
+when it arrives: no attribute outside the list, no double-underscore name, no `getname`, `package`, `type` or
+`vars`. So learner code can make the judge run only the model, collective and cache code the list names, on
+data it sends.
 """
 
 from __future__ import annotations
@@ -43,12 +53,84 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["Endpoint", "Remote", "RemoteError", "ChannelClosed", "trusted_object", "path_of", "is_remote", "is_class",
+__all__ = ["Endpoint", "Remote", "RemoteError", "ChannelClosed", "Refused", "Service", "Callback", "judge_services",
+           "trusted_object", "send_frame", "recv_frame", "path_of", "is_remote", "is_class",
            "class_of", "vars_of", "run_where", "in_kernel", "storage_address"]
 
 _HEADER = struct.Struct("!II")          # JSON length, tensor blob length
 MAX_FRAME_BYTES = 1 << 30               # a frame larger than this is refused (a kernel cannot exhaust the judge)
+MAX_HEADER_BYTES = 8 << 20              # a frame's JSON part (values other than tensors)
+MAX_DEPTH = 64                          # levels of nesting in one value
+MAX_ITEMS = 2_000_000                   # values decoded from one frame
 TRUSTED_PREFIXES = ("minigpt.", "autograder.")
+
+
+class Refused(PermissionError):
+    """The judge's end does not serve this (an object it does not hand out, or a request it does not answer)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Service:
+    """What the other side may do with one kind of this side's objects: call it, call these methods, read these
+    attributes, set these attributes (to an int), list its items (`for x in obj`, `len(obj)`, `obj[i]`)."""
+
+    call: bool = False
+    methods: frozenset[str] = frozenset()
+    get: frozenset[str] = frozenset()
+    set: frozenset[str] = frozenset()
+    items: bool = False
+
+    def allows(self, op: str, name: str | None) -> bool:
+        if name is not None and name.startswith("_"):
+            return False
+        return ((op == "call" and self.call) or (op == "method" and name in self.methods)
+                or (op == "getattr" and (name in self.get or name in self.methods))
+                or (op == "setattr" and name in self.set) or (op in ("iter", "len", "getitem") and self.items))
+
+
+class Callback:
+    """A function of the judge's that a check hands the kernel to call (a stand-in piece it must not patch, such as
+    the package's hash of a block): the kernel can call it, and nothing else."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+
+class _BoundService:
+    """`obj.name`, for a method a Service lists: the other side gets a handle it can only call."""
+
+    __slots__ = ("obj", "name")
+
+    def __init__(self, obj: Any, name: str) -> None:
+        self.obj, self.name = obj, name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.obj, self.name)(*args, **kwargs)
+
+
+def judge_services() -> dict[type, Service]:
+    """The judge's objects a learner's code may use, and how (everything else of the judge's is refused)."""
+    from minigpt.cache.block_manager import BlockManager
+    from minigpt.cache.contiguous import KVCache, LayerKVCache
+    from minigpt.model import GPT
+    from minigpt.parallel.comm import CountingComm
+
+    return {
+        GPT: Service(call=True, methods=frozenset({"forward"}), get=frozenset({"config", "dtype", "device"})),
+        CountingComm: Service(methods=frozenset({"all_reduce", "all_gather"}),
+                              get=frozenset({"rank", "world_size"})),
+        KVCache: Service(items=True, get=frozenset({"length", "max_seq_len", "batch_size"})),
+        LayerKVCache: Service(get=frozenset({"length", "max_seq_len", "batch_size", "n_kv_heads", "head_dim", "k",
+                                             "v"}), set=frozenset({"length"})),
+        BlockManager: Service(methods=frozenset({"table", "num_tokens"}), get=frozenset({"block_size"})),
+        Callback: Service(call=True),
+        _BoundService: Service(call=True),
+    }
 
 
 class RemoteError(Exception):
@@ -67,8 +149,8 @@ def path_of(obj: Any) -> str:
 def trusted_object(path: str) -> Any:
     """The object at "module:qualname" when the module belongs to the course's package; else ValueError."""
     module, _, qualname = path.partition(":")
-    if not module.startswith(TRUSTED_PREFIXES) and module not in ("minigpt", "autograder"):
-        raise ValueError(f"not a course object: {path!r}")
+    if (not module.startswith(TRUSTED_PREFIXES) and module not in ("minigpt", "autograder")) or "__main__" in module:
+        raise ValueError(f"not a course object: {path!r}")      # (importing a __main__ would run a command)
     obj: Any = importlib.import_module(module)
     for part in qualname.split("."):
         obj = getattr(obj, part)
@@ -77,7 +159,7 @@ def trusted_object(path: str) -> Any:
 
 # ----------------------------------------------------------------------------- framing
 
-def _send_frame(sock: socket.socket, header: dict, tensors: dict[str, torch.Tensor]) -> None:
+def send_frame(sock: socket.socket, header: dict, tensors: dict[str, torch.Tensor]) -> None:
     from safetensors.torch import save
 
     blob = save(tensors) if tensors else b""
@@ -96,15 +178,35 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def _recv_frame(sock: socket.socket) -> tuple[dict, dict[str, torch.Tensor]]:
+def recv_frame(sock: socket.socket) -> tuple[dict, dict[str, torch.Tensor]]:
     from safetensors.torch import load
 
     n_text, n_blob = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
-    if n_text + n_blob > MAX_FRAME_BYTES:
-        raise ChannelClosed(f"refused a frame of {n_text + n_blob:,} bytes (more than {MAX_FRAME_BYTES:,})")
-    header = json.loads(_recv_exact(sock, n_text))
+    if n_text + n_blob > MAX_FRAME_BYTES or n_text > MAX_HEADER_BYTES:
+        raise ChannelClosed(f"refused a frame of {n_text:,} + {n_blob:,} bytes (at most {MAX_HEADER_BYTES:,} of JSON and "
+                            f"{MAX_FRAME_BYTES:,} in all)")
+    try:
+        header = json.loads(_recv_exact(sock, n_text))
+    except RecursionError:
+        raise ChannelClosed("refused a frame nested too deeply") from None
+    _check_bounds(header)
     tensors = load(_recv_exact(sock, n_blob)) if n_blob else {}
     return header, tensors
+
+
+def _check_bounds(header: Any) -> None:
+    """Refuse a frame whose values nest deeper than MAX_DEPTH or number more than MAX_ITEMS (walked without
+    recursion, before anything is decoded)."""
+    stack, items = [(header, 0)], 0
+    while stack:
+        value, depth = stack.pop()
+        items += 1
+        if depth > MAX_DEPTH or items > MAX_ITEMS:
+            raise ChannelClosed(f"refused a frame of more than {MAX_ITEMS:,} values or {MAX_DEPTH} levels of nesting")
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
 
 
 # ----------------------------------------------------------------------------- the proxy
@@ -141,7 +243,8 @@ class Remote:
         return self._endpoint.request("len", h=self._handle)
 
     def __iter__(self) -> Any:
-        return self._endpoint.request("iter", h=self._handle)
+        items = self._endpoint.request("iter", h=self._handle)
+        return iter(items) if isinstance(items, list) else items     # the judge's end sends the items as a list
 
     def __next__(self) -> Any:
         return self._endpoint.request("next", h=self._handle)
@@ -240,14 +343,18 @@ class Endpoint:
     """One side of the conversation: sends requests, answers the other side's, keeps this side's handles.
 
     `names` answers "getname" (the kernel's user namespace); `on_call` wraps every local call the other side
-    asks for (the kernel traces or watches the learner's code there when the judge asks it to).
+    asks for (the kernel traces or watches the learner's code there when the judge asks it to). `services` makes
+    this end serve nothing else (the judge's): only objects of those types are handed out, only as each Service
+    says; every other object and request is `Refused`.
     """
 
     def __init__(self, sock: socket.socket, *, names: dict[str, Any] | None = None,
-                 on_call: Callable[[Callable[[], Any], dict], tuple[Any, dict]] | None = None) -> None:
+                 on_call: Callable[[Callable[[], Any], dict], tuple[Any, dict]] | None = None,
+                 services: dict[type, Service] | None = None) -> None:
         self.sock = sock
         self.names = names
         self.on_call = on_call
+        self.services = services
         self._objects: dict[int, Any] = {}          # handle -> local object the other side holds
         self._handles: dict[int, int] = {}          # id(local object) -> handle
         self._remotes: dict[int, Remote] = {}       # handle -> proxy of the other side's object
@@ -265,9 +372,9 @@ class Endpoint:
         body = {k: self._encode(v, tensors, sent) for k, v in payload.items()}
         if op in ("call", "method"):
             tensors["rng"] = torch.get_rng_state()     # torch's global RNG goes with the call, and comes back
-        _send_frame(self.sock, {"op": op, **body}, tensors)
+        send_frame(self.sock, {"op": op, **body}, tensors)
         while True:
-            header, blob = _recv_frame(self.sock)
+            header, blob = recv_frame(self.sock)
             if "op" in header:
                 self._answer(header, blob)
                 continue
@@ -284,22 +391,22 @@ class Endpoint:
 
     def hello(self, token: str) -> None:
         """The first frame of a conversation: which request it answers."""
-        _send_frame(self.sock, {"hello": token}, {})
+        send_frame(self.sock, {"hello": token}, {})
 
     def expect_hello(self) -> str:
-        header, _ = _recv_frame(self.sock)
+        header, _ = recv_frame(self.sock)
         return str(header.get("hello", ""))
 
     def finish(self, **payload: Any) -> None:
         """Tell the other side the conversation is over (it returns from `serve`)."""
         tensors: dict[str, torch.Tensor] = {}
-        _send_frame(self.sock, {"op": "done", **{k: self._encode(v, tensors, []) for k, v in payload.items()}},
+        send_frame(self.sock, {"op": "done", **{k: self._encode(v, tensors, []) for k, v in payload.items()}},
                     tensors)
 
     def serve(self) -> dict:
         """Answer requests until the other side says "done"; returns what it sent with it (decoded)."""
         while True:
-            header, blob = _recv_frame(self.sock)
+            header, blob = recv_frame(self.sock)
             if header.get("op") == "done":
                 return {k: self._decode(v, blob) for k, v in header.items() if k != "op"}
             self._answer(header, blob)
@@ -313,11 +420,16 @@ class Endpoint:
             args = {k: self._decode(v, blob, received) for k, v in header.items() if k not in ("op", "opts")}
             before = [_snapshot(t) for t in received]
             opts = self._decode(header.get("opts"), blob) or {}      # sent encoded, like every value
-            if "rng" in blob:
-                torch.set_rng_state(blob["rng"])
-            value, extra = self._perform(header["op"], args, opts)
-            if "rng" in blob:
-                tensors["rng"] = torch.get_rng_state()
+            if self.services is not None:       # the judge's end: its RNG is its own, the caller's goes back as it came
+                value, extra = self._served(header["op"], args)
+                if "rng" in blob:
+                    tensors["rng"] = blob["rng"]
+            else:
+                if "rng" in blob:
+                    torch.set_rng_state(blob["rng"])
+                value, extra = self._perform(header["op"], args, opts)
+                if "rng" in blob:
+                    tensors["rng"] = torch.get_rng_state()
             changed = {}
             for i, (old, new) in enumerate(zip(before, received)):
                 now = _snapshot(new)
@@ -336,7 +448,27 @@ class Endpoint:
             reply = {"raise": {"type": path_of(type(err)) if type(err).__module__ != "builtins" else type(err).__name__,
                                "message": message[:2000], "name": type(err).__name__,
                                "frames": self.describe_error(err) if self.describe_error else []}}
-        _send_frame(self.sock, reply, tensors)
+        send_frame(self.sock, reply, tensors)
+
+    def _served(self, op: str, a: dict) -> tuple[Any, dict]:
+        """A request to the judge's end: only what `services` lists, on the objects it handed out."""
+        obj = self._objects.get(a.get("h")) if "h" in a else None
+        name = a.get("name")
+        service = self.services.get(type(obj)) if obj is not None else None
+        if service is None or not service.allows(op, name if isinstance(name, str) or name is None else "_"):
+            what = f"{op} {name!r}" if name is not None else op
+            raise Refused(f"the grader does not answer {what}" + (f" on its {type(obj).__name__}" if obj is not None
+                          else "") + "; its objects only answer what a check needs of them (a model: model(...), "
+                          ".forward(...), .config, .dtype, .device)")
+        if op == "getattr" and name in service.methods:
+            return _BoundService(obj, name), {}
+        if op == "setattr" and type(a["value"]) is not int:
+            raise Refused(f"the grader's {type(obj).__name__}.{name} takes an int, not {type(a['value']).__name__}")
+        if op == "iter":
+            return list(obj), {}
+        if op == "call":
+            return obj(*a["args"], **a["kwargs"]), {}
+        return self._perform(op, a, {})
 
     def _perform(self, op: str, a: dict, opts: dict) -> tuple[Any, dict]:
         if op == "getname":
@@ -440,8 +572,8 @@ class Endpoint:
             return enc(x.item())
         if isinstance(x, types.ModuleType) and x.__name__ != "__main__":
             return {"module": x.__name__}
-        if isinstance(x, (type, types.FunctionType)) and _is_course_object(x):
-            return {"obj": path_of(x)}
+        if isinstance(x, (type, types.FunctionType, types.MethodType)) and _is_course_object(x):
+            return {"obj": path_of(x)}        # a class's classmethod (WeightOnlyLinear.from_weight) too
         kind = type(x)
         if kind.__module__.startswith(TRUSTED_PREFIXES):
             if isinstance(x, enum.Enum):
@@ -452,6 +584,9 @@ class Endpoint:
         if isinstance(x, (int, float, str, tuple)):   # subclasses of plain values (IntEnum of a learner, a namedtuple)
             base = int if isinstance(x, int) else float if isinstance(x, float) else str if isinstance(x, str) else tuple
             return enc(base(x))
+        if self.services is not None and type(x) not in self.services:
+            raise Refused(f"the grader hands the notebook data, not its own {type(x).__module__}.{type(x).__qualname__} "
+                          "(a check that needs to must build it where the learner's code runs: wire.run_where)")
         return {"mine": self._handle_of(x), "kind": _kind(x)}
 
     def _decode(self, x: Any, blob: dict[str, torch.Tensor], received: list[torch.Tensor] | None = None) -> Any:
@@ -495,9 +630,14 @@ class Endpoint:
                 self._remotes[handle] = Remote(self, handle, x.get("kind", "object"))
             return self._remotes[handle]
         if "module" in x:
+            if self.services is not None:
+                raise Refused(f"the grader takes no module from the notebook ({x['module']!r})")
             return installed_module(x["module"])
         if "obj" in x:
-            return trusted_object(x["obj"])
+            obj = self._course_object(x["obj"])
+            if self.services is not None and not _is_course_object(obj):
+                raise Refused(f"not a function or class of the course: {x['obj']!r}")
+            return obj
         if "tuple" in x:
             return tuple(dec(v) for v in x["tuple"])
         if "list" in x:
@@ -527,12 +667,12 @@ class Endpoint:
         if "complex" in x:
             return complex(*x["complex"])
         if "enum" in x:
-            cls = trusted_object(x["enum"])
+            cls = self._course_object(x["enum"])
             if not (isinstance(cls, type) and issubclass(cls, enum.Enum)):
                 raise ValueError(f"not an enum: {x['enum']}")
             return cls[x["name"]]
         if "dc" in x:
-            cls = trusted_object(x["dc"])
+            cls = self._course_object(x["dc"])
             if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
                 raise ValueError(f"not a dataclass: {x['dc']}")
             obj = object.__new__(cls)
@@ -541,10 +681,19 @@ class Endpoint:
             return obj
         raise ValueError(f"cannot decode {sorted(x)}")
 
+    def _course_object(self, path: str) -> Any:
+        """trusted_object(path); the judge's end takes only the minigpt package's (never the grader's own)."""
+        if self.services is not None and not (path.startswith("minigpt.") or path.startswith("minigpt:")):
+            raise Refused(f"the grader takes only the course package's objects from the notebook, not {path!r}")
+        return trusted_object(path)
+
     def _exception(self, info: dict) -> BaseException:
         """The exception the other side raised, as this side's own type where it knows it."""
         name, message = info["type"], info["message"]
-        cls = _builtin_exception(name) if ":" not in name else _course_exception(name)
+        if self.services is not None and ":" in name and not name.startswith("minigpt."):
+            cls = None                         # the grader's own exception types are not the kernel's to raise
+        else:
+            cls = _builtin_exception(name) if ":" not in name else _course_exception(name)
         if cls is None:
             err = RemoteError(f"{info['name']}: {message}")
             err.learner_frames = [str(f) for f in info.get("frames", [])][:20]
@@ -591,10 +740,14 @@ def forget_origins() -> None:
 
 def _is_course_object(obj: Any) -> bool:
     """A function or class of the course's package, found again at its own path (not one that only claims it)."""
+    if isinstance(obj, types.MethodType) and not isinstance(obj.__self__, type):
+        return False                          # a method bound to an instance is that instance's, not the course's
     try:
-        return trusted_object(path_of(obj)) is obj
+        found = trusted_object(path_of(obj))
     except (ValueError, ImportError, AttributeError, TypeError):
         return False
+    return found is obj or (isinstance(obj, types.MethodType) and isinstance(found, types.MethodType)
+                            and found.__func__ is obj.__func__ and found.__self__ is obj.__self__)
 
 
 def _builtin_exception(name: str) -> type | None:

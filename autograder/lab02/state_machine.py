@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from autograder.harness import call_learner, quiet
 from autograder.reference_guard import ReferenceHandedIn, no_calls_into, own_work
-from autograder.wire import class_of, del_attribute, is_class, vars_of
+from autograder.wire import Callback, class_of, del_attribute, is_class, is_remote, vars_of
 from minigpt.cache.block_manager import BlockManager as ReferenceBlockManager
 from minigpt.cache.block_pool import BlockPool as ReferenceBlockPool
 from minigpt.cache.block_pool import OutOfBlocks
@@ -41,9 +41,10 @@ def exercise_4_alone(manager: type | Callable[[int, int, bool], Any]) -> Any:
         return
     own = vars_of(manager)
     saved = {name: own[name] for name in EARLIER_PIECES if name in own}
-    # Judged, BlockPool arrives in the kernel as the package's class (by path); the staticmethod as a handle, so the
+    # Judged, BlockPool arrives in the kernel as the package's class (by path); the hash as a wire.Callback, so the
     # kernel's manager calls back here for each hash (the judge's own hash_block, which the kernel cannot patch).
-    manager.pool_class, manager.hash_fn = ReferenceBlockPool, staticmethod(reference_hash_block)
+    manager.pool_class = ReferenceBlockPool
+    manager.hash_fn = Callback(reference_hash_block) if is_remote(manager) else staticmethod(reference_hash_block)
     try:
         yield lambda num_blocks, block_size, prefix: manager(num_blocks, block_size, enable_prefix_caching=prefix)
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 from autograder.harness import call_learner
@@ -10,10 +11,19 @@ from autograder.reference_guard import no_calls_into, own_work
 from minigpt.engine.metrics import goodput, request_metrics
 
 
-class _Timeline:
-    def __init__(self, rid: str, arrival: float, times: list[float], finish: float | None = None) -> None:
-        self.seq_id, self.arrival_time, self.token_times = rid, arrival, times
-        self.first_token_time, self.finish_time = times[0], finish if finish is not None else times[-1]
+@dataclass
+class Timeline:
+    """What request_metrics reads of a finished request (a dataclass: judged, it travels to the kernel as data)."""
+
+    seq_id: str
+    arrival_time: float
+    token_times: list[float]
+    first_token_time: float
+    finish_time: float
+
+
+def timeline(rid: str, arrival: float, times: list[float], finish: float | None = None) -> Timeline:
+    return Timeline(rid, arrival, times, times[0], finish if finish is not None else times[-1])
 
 
 def check_metrics(request_metrics_fn: Callable, goodput_fn: Callable) -> None:
@@ -28,9 +38,9 @@ def check_metrics(request_metrics_fn: Callable, goodput_fn: Callable) -> None:
 
 def metrics_cases(request_metrics_fn: Callable, goodput_fn: Callable) -> None:
     """The cases of check_metrics without the refusal of the reference (the package's tests run it on the reference)."""
-    a = _Timeline("a", 1.0, [1.5, 1.6, 1.8, 2.1])
-    b = _Timeline("b", 0.0, [0.2])
-    c = _Timeline("c", 0.5, [3.5, 3.55, 3.6], finish=3.7)
+    a = timeline("a", 1.0, [1.5, 1.6, 1.8, 2.1])
+    b = timeline("b", 0.0, [0.2])
+    c = timeline("c", 0.5, [3.5, 3.55, 3.6], finish=3.7)
     got = call_learner("request_metrics", request_metrics_fn, a)
     for name, want in {"ttft": 0.5, "tpot": 0.2, "e2e": 1.1, "num_output_tokens": 4}.items():
         val = getattr(got, name, None)

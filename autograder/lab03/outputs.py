@@ -11,7 +11,7 @@ from autograder.lab03.common import NEAR_TIE, SMALL_CONFIG, _model, _rand_tokens
 from autograder.lab03.packing import refuse_thin_pack
 from autograder.lab03.scheduler import refuse_thin_wrapper
 from autograder.reference_guard import no_calls_into, own_work
-from autograder.wire import run_where
+from autograder.wire import Callback, is_remote, run_where
 from minigpt.cache.paged import PagedKVCache
 from minigpt.engine.baselines import StaticBatchScheduler, static_generate
 from minigpt.engine.cached_generation import generate_kv_cache
@@ -103,8 +103,13 @@ def check_static_batching(static_fn: Callable) -> None:
     prompts = [_rand_tokens(n, g) for n in (3, 17, 9, 30, 5)]
     new = [6, 2, 9, 4, 7]
     rows: list[int] = []
-    # counts rows where the model runs (when judged, the kernel calls this judge-side hook: one request per call)
-    hook = learner_model.tok_emb.register_forward_pre_hook(lambda module, args: rows.append(int(args[0].shape[0])))
+    # counts rows where the model runs (when judged, the kernel calls this judge-side hook: one request per call;
+    # the kernel's copy swaps its attention per batch, which the judge's own model cannot let learner code do)
+    def count_rows(module: Any, args: tuple) -> None:
+        rows.append(int(args[0].shape[0]))
+
+    hook = learner_model.tok_emb.register_forward_pre_hook(Callback(count_rows) if is_remote(learner_model)
+                                                           else count_rows)
     try:
         with fixed_threads(1), no_calls_into(static_generate, StaticBatchScheduler, what=what):
             got = call_learner("static batching", static_fn, learner_model, prompts, new, 3)

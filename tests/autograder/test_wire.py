@@ -195,7 +195,7 @@ def test_oversized_frames_are_refused(monkeypatch):
     monkeypatch.setattr(wire, "MAX_FRAME_BYTES", 1000)
     a.sendall(wire._HEADER.pack(10, 5000))
     with pytest.raises(wire.ChannelClosed, match="refused a frame"):
-        wire._recv_frame(b)
+        wire.recv_frame(b)
 
 
 def test_modules_beside_a_submission_are_not_imported(tmp_path, monkeypatch):

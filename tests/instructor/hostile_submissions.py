@@ -137,6 +137,50 @@ while True:
 '''
 
 
+# The judge (autograder/judge.py) runs the test cells; while it waits for the kernel to run `add(2, 3)`, learner code
+# can write to the judge's socket itself. Each of these asks the judge for what would run code there (a course
+# function by a path that reaches os.system, a dunder of a handle, the names of its namespace) and tries to read a
+# canary file outside every sandbox and to write beside it. Had one worked, `answer` would be 4 (q1's point).
+_JUDGE_REACH = '''import gc
+from autograder import wire
+answer = 0
+tried = []
+def _ask(op, **payload):
+    endpoint = next(o for o in gc.get_objects() if isinstance(o, wire.Endpoint) and o.names is not None)
+    wire.send_frame(endpoint.sock, {{"op": op, **payload}}, {{}})
+    header, _ = wire.recv_frame(endpoint.sock)
+    return header
+def _attack():
+    global answer
+    canary, out = {canary!r}, {written!r}
+    asks = [("package", dict(path="autograder.judge:linecache.getline", args={{"list": [canary, 1]}}, kwargs={{"dict": []}})),
+            ("package", dict(path="autograder.judge:os.system", args={{"list": ["echo pwned > " + out]}},
+                             kwargs={{"dict": []}})),
+            ("getname", dict(name="__builtins__")), ("type", dict(h=1)), ("vars", dict(h=1))]
+    asks += [("getattr", dict(h=h, name=n)) for h in range(1, 6) for n in ("__globals__", "__class__", "_endpoint")]
+    for op, payload in asks:
+        reply = _ask(op, **payload)
+        tried.append((op, sorted(reply)))
+        if "raise" not in reply and {secret!r} in str(reply.get("value")):
+            answer = 4
+def add(a, b):
+    _attack()
+    return a + b
+'''
+
+# A reply the judge must refuse before it decodes it: a value of about 48 MB of JSON, or nested 200,000 deep.
+_JUDGE_FLOOD = '''import gc, struct
+from autograder import wire
+def add(a, b):
+    endpoint = next(o for o in gc.get_objects() if isinstance(o, wire.Endpoint) and o.names is not None)
+    text = {payload}
+    endpoint.sock.sendall(struct.pack("!II", len(text), 0) + text)
+    return a + b
+'''
+FLOOD_WIDE = 'b\'{"value": {"list": [\' + b", ".join([b\'{"list": [1, 2, 3]}\'] * 2_500_000) + b"]}}"'
+FLOOD_DEEP = 'b\'{"value": \' + b"[" * 200_000 + b"]" * 200_000 + b"}"'
+
+
 def _edit_metadata(nb) -> None:
     """Name another kernel, tag the test cells to be skipped, invent a 100-point cell, duplicate one."""
     nb["metadata"]["kernelspec"] = {"name": "instructor-unsandboxed", "display_name": "x", "language": "python"}
@@ -163,8 +207,13 @@ def _hardlink_to(target: Path):
     return lambda dest: os.link(target, dest)
 
 
-def hostile_class(course: Path, port: int, good: dict[str, str]) -> dict[str, tuple[dict, float, str]]:
-    """student -> (spec for make_submission, expected score, expected status)."""
+CANARY_SECRET = "canary-7f3a9c"
+
+
+def hostile_class(course: Path, port: int, good: dict[str, str],
+                  canary: Path) -> dict[str, tuple[dict, float, str]]:
+    """student -> (spec for make_submission, expected score, expected status). `canary` is a file outside every
+    sandbox holding CANARY_SECRET: no submission may read it or write beside it."""
     me = lambda s: _MINE.format(me=s)   # noqa: E731
     solution = course / "solutions" / "ex_fixture" / "ex_fixture.ipynb"
     q1 = lambda code: {**good, "q1_answer": code}   # noqa: E731
@@ -191,4 +240,9 @@ def hostile_class(course: Path, port: int, good: dict[str, str]) -> dict[str, tu
         "read_hidden": (q1(_READ_HIDDEN.format(course=str(course), attack="")), 3, "ok"),
         "sigint_loop": ({**good, "ex2_code": _SIGINT}, 1, "timeout"),
         "metadata": ({**good, "ex1_code": "def add(a, b):\n    return a - b", "#edit": _edit_metadata}, 3, "ok"),
+        "judge_reach": ({**good, "q1_answer": "answer = answer", "ex1_code": _JUDGE_REACH.format(
+            canary=str(canary), written=str(canary.with_name("written-by-the-judge")), secret=CANARY_SECRET)},
+            3, "ok"),
+        "judge_flood_wide": ({**good, "ex1_code": _JUDGE_FLOOD.format(payload=FLOOD_WIDE)}, 3, "ok"),
+        "judge_flood_deep": ({**good, "ex1_code": _JUDGE_FLOOD.format(payload=FLOOD_DEEP)}, 3, "ok"),
     }

@@ -156,7 +156,9 @@ def graded_class(tmp_path_factory, listener):
     """Run the whole instructor workflow once, honest and hostile class together, two jobs at a time."""
     root = tmp_path_factory.mktemp("instructor")
     port, hits = listener
-    cls = {**CLASS, **hostile.hostile_class(root / "course", port, GOOD)}
+    canary = root / "canary.txt"          # outside every sandbox: no submission may read it or write beside it
+    canary.write_text(hostile.CANARY_SECRET)
+    cls = {**CLASS, **hostile.hostile_class(root / "course", port, GOOD, canary)}
     # a 128 MiB tmpfs (default 512 MiB) so that the 2 GiB writer hits the cap well within the 5 s cell limit
     policy = sandbox.SandboxPolicy(tmp_bytes=128 << 20, cpu_seconds=125)
     course, lab, released, env, results, lines = _grade_course(root, cls, jobs=2, policy=policy)
@@ -165,7 +167,7 @@ def graded_class(tmp_path_factory, listener):
     feedback = grading.generate_feedback(course, env=env)
     csv_path = grading.export_grades(course, course / "grades.csv", env=env)
     return {"course": course, "lab": lab, "results": results, "lines": lines, "class": cls,
-            "feedback": feedback, "csv": csv_path, "listener_hits": hits, "survivors": _survivors()}
+            "feedback": feedback, "csv": csv_path, "listener_hits": hits, "survivors": _survivors(), "canary": canary}
 
 
 def test_release_is_nbgrader_output_and_normalized(graded_class):
@@ -230,6 +232,27 @@ def test_hostile_submissions_are_contained(graded_class):
     sig = {c.grade_id: c for c in graded_class["results"]["sigint_loop"].cells}
     assert (sig["ex1_check"].score, sig["ex2_check"].score, sig["q1_check"].score) == (1, 0, 0)
     assert "not run" in sig["q1_check"].note
+
+
+def test_learner_code_cannot_reach_into_the_judge(graded_class):
+    """Learner code that writes to the judge's socket itself gets no code run there: no course function by path, no
+    dunder, no name of the judge's namespace; the canary outside every sandbox is neither read nor written beside,
+    and the judged cells score as the honest code does (q1 would be 4 had the canary been read)."""
+    results = graded_class["results"]
+    reach = {c.grade_id: c.score for c in results["judge_reach"].cells}
+    assert reach == {"ex1_check": 1, "ex2_check": 2, "q1_check": 0}, reach
+    canary = graded_class["canary"]
+    assert canary.read_text() == hostile.CANARY_SECRET
+    assert sorted(p.name for p in canary.parent.iterdir() if p.is_file()) == ["canary.txt"], \
+        "something wrote beside the canary"
+
+
+def test_a_flood_from_the_kernel_fails_only_its_cell(graded_class):
+    """A reply of 50 MB of JSON, or nested 200,000 deep, is refused before it is decoded: that check fails, the judge
+    stays up (the checks after it are graded), and nothing else is touched."""
+    for student in ("judge_flood_wide", "judge_flood_deep"):
+        cells = {c.grade_id: c.score for c in graded_class["results"][student].cells}
+        assert cells == {"ex1_check": 0, "ex2_check": 2, "q1_check": 1}, (student, cells)
 
 
 def test_gradebook_is_intact_after_the_hostile_class(graded_class):

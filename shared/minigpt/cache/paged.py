@@ -86,9 +86,10 @@ class PagedKVCache:
     def for_model(cls, model: GPT | ModelConfig, num_blocks: int, block_size: int = 16, *,
                   enable_prefix_caching: bool = False, dtype: torch.dtype | None = None,
                   device: torch.device | str | None = None) -> "PagedKVCache":
-        cfg = model.config if isinstance(model, GPT) else model
-        dtype = dtype or (model.dtype if isinstance(model, GPT) else torch.float32)
-        device = device or (model.device if isinstance(model, GPT) else "cpu")
+        is_config = isinstance(model, ModelConfig)     # a model: anything with .config, .dtype, .device (a handle too)
+        cfg = model if is_config else model.config
+        dtype = dtype or (torch.float32 if is_config else model.dtype)
+        device = device or ("cpu" if is_config else model.device)
         return cls(cfg.n_layers, num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim, dtype=dtype, device=device,
                    enable_prefix_caching=enable_prefix_caching)
 

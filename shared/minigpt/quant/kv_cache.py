@@ -102,9 +102,10 @@ class QuantizedKVCache(KVCache):
     def for_model(cls, model: GPT | ModelConfig, batch_size: int = 1, max_seq_len: int | None = None, *,
                   fmt: str = "int8", dtype: torch.dtype | None = None,
                   device: torch.device | str | None = None) -> "QuantizedKVCache":
-        cfg = model.config if isinstance(model, GPT) else model
-        dtype = dtype or (model.dtype if isinstance(model, GPT) else torch.float32)
-        device = device or (model.device if isinstance(model, GPT) else "cpu")
+        is_config = isinstance(model, ModelConfig)     # a model: anything with .config, .dtype, .device (a handle too)
+        cfg = model if is_config else model.config
+        dtype = dtype or (torch.float32 if is_config else model.dtype)
+        device = device or ("cpu" if is_config else model.device)
         max_seq_len = cfg.max_seq_len if max_seq_len is None else max_seq_len
         return cls([QuantizedLayerKVCache(batch_size, max_seq_len, cfg.n_kv_heads, cfg.head_dim, fmt=fmt,
                                           dtype=dtype, device=device) for _ in range(cfg.n_layers)])
