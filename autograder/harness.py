@@ -17,7 +17,7 @@ Speed is always graded as a ratio measured in one process (``minigpt.timing.comp
 with `fraction` the threshold `make calibrate` measured for the check on this device class
 (autograder.thresholds; autograder/calibration/<check>.<device class>.json).
 
-Numbers against a tolerance go through `within`, `at_least`, `assert_finite` or `assert_close`, never a bare
+Numbers against a tolerance go through `within` or `at_least` (`assert_finite` says where NaN/inf are), never a bare
 `err > tol`: every comparison with NaN is False, so an output of NaN would pass that test
 (tests/autograder/test_nan_safe_comparisons.py finds such comparisons in the check modules).
 """
@@ -35,7 +35,7 @@ import warnings
 from typing import Any, Callable, Iterator, Mapping, Sequence, Tuple, Union
 
 __all__ = ["gpu_available", "under_autograde", "require_gpu", "check_speedup", "threshold_for", "quiet", "check_answer",
-           "call_learner", "within", "at_least", "assert_finite", "assert_close"]
+           "call_learner", "within", "at_least", "assert_finite"]
 
 Mistakes = Union[Mapping[float, str], Sequence[Tuple[float, str]]]
 Numbers = Any       # a number, a sequence of numbers or a torch.Tensor (torch is imported only when a check runs)
@@ -197,29 +197,6 @@ def assert_finite(got: Numbers, what: str, want: Numbers = None, hint: str = "")
     bad = _non_finite(got, want)
     if bad is not None:
         raise AssertionError(f"{what} produced NaN/inf ({bad}).{' ' + hint if hint else ''}")
-
-
-def assert_close(got: Numbers, want: Numbers, *, atol: float, rtol: float = 0.0, what: str, hint: str = "") -> None:
-    """Raise AssertionError naming `what` unless `got` has want's shape, is finite where want is, equals want where
-    want is +-inf (masked positions), and |got - want| <= atol + rtol * |want| elsewhere. `hint` ends the message."""
-    import torch
-
-    g = got if isinstance(got, torch.Tensor) else torch.as_tensor(got, dtype=torch.float64)
-    w = want if isinstance(want, torch.Tensor) else torch.as_tensor(want, dtype=torch.float64)
-    if g.shape != w.shape:
-        raise AssertionError(f"{what}: expected shape {tuple(w.shape)}, got {tuple(g.shape)}")
-    tail = f" {hint}" if hint else ""
-    assert_finite(g, what, w, hint)
-    g, w = g.detach().cpu().double(), w.detach().cpu().double()
-    finite = torch.isfinite(w)
-    if not bool((g[~finite] == w[~finite]).all()):
-        raise AssertionError(f"{what}: the expected values are +-inf at masked positions, yours are not "
-                             f"({_positions(~finite & (g != w))}).{tail}")
-    err = torch.where(finite, g - w, torch.zeros_like(w)).abs()
-    if not within(err, atol + rtol * w.abs().masked_fill(~finite, 0.0)):
-        allowed = f"{atol:g}" + (f" + {rtol:g} * |expected|" if rtol else "")
-        raise AssertionError(f"{what}: differs from the expected values by up to {err.max().item():.3g} (allowed "
-                             f"{allowed}).{tail}")
 
 
 def threshold_for(min_fraction: dict[str, float], device_class: str) -> float:

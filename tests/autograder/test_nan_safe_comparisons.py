@@ -1,8 +1,8 @@
 """No check passes an output of NaN or inf.
 
 `err > tol` as a check's failure test is False for NaN (every comparison with NaN is), so a NaN output passes it.
-The checks compare numbers with a tolerance through autograder.harness (within, at_least, assert_finite,
-assert_close) or torch.allclose / math.isclose (NaN is never close). Two kinds of test:
+The checks compare numbers with a tolerance through autograder.harness (within, at_least; assert_finite says where
+the NaN/inf is) or torch.allclose / math.isclose (NaN is never close). Two kinds of test:
 
 * a scan (ast) of every check module for a hand-written <, <=, >, >= whose side names a tolerance or an error
   (tol, atol, eps, margin, err, diff, rel, bound, need, threshold...) or computes one (abs(), .abs(), .norm()):
@@ -121,7 +121,7 @@ def _scan() -> tuple[list[str], set[tuple[str, str]]]:
 def test_check_modules_compare_errors_only_through_the_nan_safe_helpers() -> None:
     offending, _ = _scan()
     assert not offending, ("comparisons of an error with a tolerance that NaN would pass (use autograder.harness."
-                           "within / at_least / assert_finite / assert_close):\n" + "\n".join(offending))
+                           "within / at_least):\n" + "\n".join(offending))
 
 
 def test_every_exemption_is_still_needed() -> None:
