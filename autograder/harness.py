@@ -183,12 +183,9 @@ def _non_finite(got: Any, want: Any = None) -> str | None:
             bad &= ~(torch.isinf(w) & (g.to(w.dtype) == w))
     if not bool(bad.any()):
         return None
-    return f"got {g.item()}" if g.dim() == 0 else _positions(bad)
-
-
-def _positions(mask: Any) -> str:
-    """'3 of 96 values, the first at index (0, 1, 2)' for a boolean tensor with at least one dimension."""
-    return f"{int(mask.sum())} of {mask.numel()} values, the first at index {tuple(int(i) for i in mask.nonzero()[0])}"
+    if g.dim() == 0:
+        return f"got {g.item()}"
+    return f"{int(bad.sum())} of {bad.numel()} values, the first at index {tuple(int(i) for i in bad.nonzero()[0])}"
 
 
 def assert_finite(got: Numbers, what: str, want: Numbers = None, hint: str = "") -> None:
