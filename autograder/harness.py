@@ -16,6 +16,10 @@ Speed is always graded as a ratio measured in one process (``minigpt.timing.comp
 
 with `fraction` the threshold `make calibrate` measured for the check on this device class
 (autograder.thresholds; autograder/calibration/<check>.<device class>.json).
+
+Numbers against a tolerance go through `within` or `at_least` (`assert_finite` says where NaN/inf are), never a bare
+`err > tol`: every comparison with NaN is False, so an output of NaN would pass that test
+(tests/autograder/test_nan_safe_comparisons.py finds such comparisons in the check modules).
 """
 
 from __future__ import annotations
@@ -30,9 +34,11 @@ import os
 import warnings
 from typing import Any, Callable, Iterator, Mapping, Sequence, Tuple, Union
 
-__all__ = ["gpu_available", "under_autograde", "require_gpu", "check_speedup", "threshold_for", "quiet", "check_answer", "call_learner"]
+__all__ = ["gpu_available", "under_autograde", "require_gpu", "check_speedup", "threshold_for", "quiet", "check_answer",
+           "call_learner", "within", "at_least", "assert_finite"]
 
 Mistakes = Union[Mapping[float, str], Sequence[Tuple[float, str]]]
+Numbers = Any       # a number, a sequence of numbers or a torch.Tensor (torch is imported only when a check runs)
 
 
 def gpu_available() -> bool:
@@ -141,6 +147,55 @@ def call_learner(what: str, fn: Callable[..., Any], *args: Any, context: str = "
         raise AssertionError(f"{what} raised {type(err).__name__}: {str(err)[:300]}{where}") from None
 
 
+# ---------------------------------------------------------------------------------------------------
+# Numbers against a tolerance: NaN and inf never pass
+# ---------------------------------------------------------------------------------------------------
+
+def within(err: Numbers, tol: Numbers) -> bool:
+    """True when every value of `err` (a number, a sequence of numbers or a tensor) is finite and at most `tol` (a
+    number, or a tensor that broadcasts against err). NaN and inf are never within a tolerance."""
+    if isinstance(err, numbers.Real) and isinstance(tol, numbers.Real):
+        return math.isfinite(err) and err <= tol
+    import torch
+
+    e = err.detach().double() if isinstance(err, torch.Tensor) else torch.as_tensor(err, dtype=torch.float64)
+    t = torch.as_tensor(tol, dtype=torch.float64, device=e.device)
+    return bool(torch.isfinite(e).all()) and bool((e <= t).all())
+
+
+def at_least(value: float, floor: float) -> bool:
+    """True when `value` (a speedup, a p-value...) is finite and at least `floor`: NaN and inf never pass."""
+    return math.isfinite(value) and value >= floor
+
+
+def _non_finite(got: Any, want: Any = None) -> str | None:
+    """Where `got` holds NaN/inf that `want` does not (a masked -inf in want may be the same -inf in got), as
+    "3 of 96 values, the first at index (0, 1, 2)"; None when there is none."""
+    import torch
+
+    g = got.detach().cpu() if isinstance(got, torch.Tensor) else torch.as_tensor(got, dtype=torch.float64)
+    if not g.is_floating_point():
+        return None
+    bad = ~torch.isfinite(g)
+    if want is not None:
+        w = want.detach().cpu() if isinstance(want, torch.Tensor) else torch.as_tensor(want, dtype=torch.float64)
+        if w.shape == g.shape:
+            bad &= ~(torch.isinf(w) & (g.to(w.dtype) == w))
+    if not bool(bad.any()):
+        return None
+    if g.dim() == 0:
+        return f"got {g.item()}"
+    return f"{int(bad.sum())} of {bad.numel()} values, the first at index {tuple(int(i) for i in bad.nonzero()[0])}"
+
+
+def assert_finite(got: Numbers, what: str, want: Numbers = None, hint: str = "") -> None:
+    """Raise AssertionError "`what` produced NaN/inf ..." when `got` holds NaN or inf (where `want`, if given, holds
+    a finite value: the same infinity where want has one, a masked -inf, is right)."""
+    bad = _non_finite(got, want)
+    if bad is not None:
+        raise AssertionError(f"{what} produced NaN/inf ({bad}).{' ' + hint if hint else ''}")
+
+
 def threshold_for(min_fraction: dict[str, float], device_class: str) -> float:
     """The min_fraction entry for this device class ("cuda" is the fallback for any cuda-smXX)."""
     if device_class in min_fraction:
@@ -179,8 +234,8 @@ def check_speedup(candidate: Callable[[], Any], baseline: Callable[[], Any], ref
     ref = t_base / results["reference"].median
     threshold = fraction * ref
     _log_measurement({"what": what, "check": check, "device_class": dev_class, "speedup": learner, "reference_speedup": ref,
-                      "min_fraction": fraction, "threshold": threshold, "passed": learner >= threshold})
-    if not learner >= threshold:
+                      "min_fraction": fraction, "threshold": threshold, "passed": at_least(learner, threshold)})
+    if not at_least(learner, threshold):
         raise AssertionError(
             f"{what}: your speedup over the baseline is {learner:.2f}x, the reference solution reaches "
             f"{ref:.2f}x on this machine, and at least {threshold:.2f}x ({fraction:.0%} of the reference, "

@@ -24,6 +24,7 @@ the drain-every-step formula diagnosed), check_q4 (all-reduce time per step at b
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any, Callable
 
 import torch
@@ -394,10 +395,10 @@ def _byte_mistakes(payload: float, wire: float, tp: int, flag: bool, element: in
     if element != 4:
         mistakes.append((measured * 4 / element, f"that is the float32 figure: use bytes_per_element ({element} here), "
                                                  "not 4."))
-    if all(abs(measured / 2 - v) > 1e-9 for v, _ in mistakes):
+    if not any(math.isclose(measured / 2, v, rel_tol=0.0, abs_tol=1e-9) for v, _ in mistakes):
         mistakes.append((measured / 2, "one all-reduce per layer? There are two: after attention's wo and after "
                                        "w_down."))
-    return [(v, m) for v, m in mistakes if abs(v - measured) > 1e-9]
+    return [(v, m) for v, m in mistakes if not math.isclose(v, measured, rel_tol=0.0, abs_tol=1e-9)]
 
 
 def _check_allreduce_bytes(fn: Callable) -> None:

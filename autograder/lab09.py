@@ -2,7 +2,9 @@
 and ring attention on ranks.
 
 Each check takes the learner's function or class, runs it on seeded inputs or a tiny seeded model, compares
-with the package's reference (`minigpt.longctx`) and raises AssertionError saying what is wrong.
+with the package's reference (`minigpt.longctx`) and raises AssertionError saying what is wrong. Every check first
+refuses the package's reference handed in as the answer, and a call into it while the learner's code runs (a thin
+wrapper): autograder.reference_guard.
 
 CPU tier (correctness):
     check_scaled_inv_freq(fn)        frequencies of none/pi/ntk/yarn for two shapes, and the perplexity they give
@@ -19,12 +21,14 @@ Interview questions: check_q1_yarn_pairs ... check_q4_ring_overlap (the numbers 
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Callable
 
 import torch
 
-from autograder.harness import call_learner, check_answer, quiet
+from autograder.harness import assert_finite, call_learner, check_answer, quiet, within
+from autograder.reference_guard import no_calls_into, own_work, watched
 from autograder.wire import run_where
 from minigpt.attention import naive_attention
 from minigpt.config import ModelConfig
@@ -33,7 +37,7 @@ from minigpt.longctx.eviction import snapkv_keep
 from minigpt.longctx.long_forward import long_logits, position_nll
 from minigpt.longctx.ring_attention import ring_attention, ring_bytes_per_rank, ring_worker
 from minigpt.longctx.rope_scaling import METHODS, base_inv_freq, rotations_in_context, scaled_inv_freq
-from minigpt.longctx.sliding_window import cached_logits, streaming_attention
+from minigpt.longctx.sliding_window import RingKVCache, cached_logits, streaming_attention
 from minigpt.model import GPT
 from minigpt.parallel.launch import RankError, run_ranks
 from minigpt.teaching.hardware import ACCELERATORS
@@ -46,18 +50,24 @@ __all__ = ["check_scaled_inv_freq", "check_ring_cache", "check_sink_cache", "che
 TINY = ModelConfig(vocab_size=64, max_seq_len=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48)
 ATOL = 1e-4
 
+EX1 = "Exercise 1 (scaled_inv_freq)"
+EX2 = "Exercise 2 (RingKVCache, the window)"
+EX3 = "Exercise 3 (RingKVCache with sinks)"
+EX4 = "Exercise 4 (kv_bytes_per_token)"
+EX5 = "Exercise 5 (snapkv_keep)"
+EX6 = "Exercise 6 (ring_attention)"
+EX7 = "Exercise 7 (ring_bytes_per_rank)"
 
-def module_of(obj: Any) -> str:
-    """The module an object was defined in ("" when it has none); run where the object lives (run_where)."""
-    return getattr(obj, "__module__", "") or ""
-
-
-def _own(fn: Any, what: str) -> None:
-    """Refuse the package's reference handed in as the answer (the lab asks for the learner's own code)."""
-    module = run_where(fn, module_of, fn)
-    if module.startswith("minigpt.") or module.startswith("autograder."):
-        raise AssertionError(f"{what}: this is {module}.{getattr(fn, '__name__', '?')}, the package's reference; "
-                             "hand in your own implementation (the reference is there to continue with if you are stuck)")
+# Each exercise's reference in the package: handed in, or entered while the learner's code runs, it is refused. The
+# helpers the notebook imports (base_inv_freq, kept_positions, rotate_keys, block_attention, ring_pass,
+# merge_partials...) are not references: calling them is expected.
+FREQ_REFERENCES = (scaled_inv_freq,)
+CACHE_REFERENCES = (RingKVCache,)
+CACHE_METHODS = ("next_positions", "slot", "update", "read")
+KV_BYTES_REFERENCES = (kvc.kv_bytes_per_token, kvc.kv_elements_per_token_layer)
+SNAPKV_REFERENCES = (snapkv_keep,)
+RING_REFERENCES = (ring_attention,)
+RING_BYTES_REFERENCES = (ring_bytes_per_rank,)
 
 
 def _tiny_model(seed: int = 0) -> GPT:
@@ -75,18 +85,21 @@ def _tokens(T: int, seed: int = 1, vocab: int = 64) -> torch.Tensor:
 
 def check_scaled_inv_freq(fn: Callable) -> None:
     """fn(head_dim, theta, factor, method, original_max_len) -> (head_dim/2,) frequencies, for every method."""
-    _own(fn, "scaled_inv_freq")
+    own_work(fn, FREQ_REFERENCES, what=EX1)
+    fn = watched(fn, FREQ_REFERENCES, EX1)
     cases = [(64, 10_000.0, 8.0, 512), (64, 10_000.0, 2.0, 512), (128, 500_000.0, 16.0, 8192)]
     for head_dim, theta, factor, L in cases:
         base = base_inv_freq(head_dim, theta)
         for method in METHODS:
-            what = f"head_dim={head_dim}, theta={theta:g}, factor={factor:g}, method={method!r}, trained length {L}"
-            got = call_learner("scaled_inv_freq", fn, head_dim, theta, factor, method, L, context=what)
+            what = (f"{EX1}, head_dim={head_dim}, theta={theta:g}, factor={factor:g}, method={method!r}, "
+                    f"trained length {L}")
+            got = call_learner(EX1, fn, head_dim, theta, factor, method, L, context=what)
             want = scaled_inv_freq(head_dim, theta, factor, method, L)
             if not isinstance(got, torch.Tensor) or got.shape != want.shape:
                 shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
                 raise AssertionError(f"{what}: expected a tensor of shape {tuple(want.shape)} (one frequency per "
                                      f"pair), got {shape}")
+            assert_finite(got, what, want)
             got = got.double()
             if torch.allclose(got, want, rtol=1e-5, atol=0):
                 continue
@@ -124,27 +137,29 @@ def _check_freq_perplexity(fn: Callable) -> None:
         want = float(position_nll(model, tokens, scaled_inv_freq(TINY.head_dim, TINY.rope_theta, 4.0, method,
                                                                  TINY.max_seq_len)).mean().exp())
         if not math.isclose(got, want, rel_tol=1e-4):
-            raise AssertionError(f"{method}: perplexity at 4x the trained length is {got:.4f} with your frequencies, "
-                                 f"{want:.4f} with the reference's")
+            raise AssertionError(f"{EX1}, {method}: perplexity at 4x the trained length is {got:.4f} with your "
+                                 f"frequencies, {want:.4f} with the reference's")
 
 
 # ---------------------------------------------------------------------------------------------------
 # 2-3. The ring-buffer cache, without and with sinks
 # ---------------------------------------------------------------------------------------------------
 
-def _stream_check(cls: type, window: int, n_sinks: int, T: int, prefill: int, what: str) -> list:
+def _stream_check(cls: type, window: int, n_sinks: int, T: int, prefill: int, what: str, exercise: str) -> list:
     model, tokens = _tiny_model(), _tokens(T, seed=window + n_sinks)
     f = base_inv_freq(TINY.head_dim, TINY.rope_theta)
-    caches = [call_learner(f"{cls.__name__}(...)", cls, 1, TINY.n_kv_heads, TINY.head_dim, window, n_sinks, f,
-                           context=what) for _ in range(TINY.n_layers)]
-    nbytes0 = caches[0].nbytes
     want = long_logits(model, tokens, f, attention=streaming_attention(window, n_sinks, f, block=16))
-    got = call_learner("streaming through your cache", cached_logits, model, tokens, caches, f, prefill=prefill,
-                       context=what)
+    with no_calls_into(*CACHE_REFERENCES, what=exercise):
+        caches = [call_learner(f"{exercise}: {cls.__name__}(...)", cls, 1, TINY.n_kv_heads, TINY.head_dim, window,
+                               n_sinks, f, context=what) for _ in range(TINY.n_layers)]
+        nbytes0 = caches[0].nbytes
+        got = call_learner(f"{exercise}: streaming through your cache", cached_logits, model, tokens, caches, f,
+                           prefill=prefill, context=what)
+    assert_finite(got, f"{what}: the logits through your cache", want)
     err = (got - want).abs().amax(-1)[0]
-    bad = (err > ATOL).nonzero()
-    if len(bad):
-        p = int(bad[0])
+    bad = [p for p, e in enumerate(err.tolist()) if not within(e, ATOL)]
+    if bad:
+        p = bad[0]
         seen = caches[0].length if hasattr(caches[0], "length") else "?"
         raise AssertionError(f"{what}: logits differ from masked sliding-window attention from position {p} on "
                              f"(by up to {err.max().item():.3g}; {seen} tokens seen). " + _stream_hint(p, window, n_sinks))
@@ -168,40 +183,52 @@ def _stream_hint(p: int, window: int, n_sinks: int) -> str:
 
 def _refuses_big_update(cls: type, what: str) -> None:
     f = base_inv_freq(TINY.head_dim, TINY.rope_theta)
-    cache = cls(1, TINY.n_kv_heads, TINY.head_dim, 4, 0, f)
     g = torch.Generator().manual_seed(5)
     k = torch.randn(1, 3, TINY.n_kv_heads, TINY.head_dim, generator=g)
-    with quiet():
-        cache.update(k, k.clone())
-        before = cache.read()[0].clone()
+    with no_calls_into(*CACHE_REFERENCES, what=EX2):
+        cache = call_learner(f"{EX2}: {cls.__name__}(...)", cls, 1, TINY.n_kv_heads, TINY.head_dim, 4, 0, f,
+                             context=what)
+        with quiet():
+            cache.update(k, k.clone())
+            before = cache.read()[0].clone()
+        refused = _update_refused(cache, torch.cat([k, k], 1))
+        with quiet():
+            after = cache.read()[0]
+    if not refused:
+        raise AssertionError(f"{what}: 6 tokens at once into a window of 4 holding 3 would evict tokens that earlier "
+                             "queries of the same chunk still need; update must raise ValueError")
+    if cache.length != 3 or not torch.equal(before, after):
+        raise AssertionError(f"{what}: after refusing the update the cache changed (length {cache.length}, "
+                             "expected 3): check before writing anything")
+
+
+def _update_refused(cache: Any, chunk: torch.Tensor) -> bool:
+    """True when cache.update(chunk, chunk) raises ValueError (False when it accepts the chunk)."""
     try:
         with quiet():
-            cache.update(torch.cat([k, k], 1), torch.cat([k, k], 1))
+            cache.update(chunk, chunk.clone())
     except ValueError:
-        after = cache.read()[0]
-        if cache.length != 3 or not torch.equal(before, after):
-            raise AssertionError(f"{what}: after refusing the update the cache changed (length {cache.length}, "
-                                 "expected 3): check before writing anything") from None
-        return
+        return True
     except NotImplementedError:
-        raise AssertionError(f"{cls.__name__}.update is not implemented yet (NotImplementedError)") from None
-    raise AssertionError(f"{what}: 6 tokens at once into a window of 4 holding 3 would evict tokens that earlier "
-                         "queries of the same chunk still need; update must raise ValueError")
+        raise AssertionError(f"{EX2}: update is not implemented yet (NotImplementedError)") from None
+    return False
 
 
 def check_ring_cache(cls: type) -> None:
     """cls(batch, n_kv_heads, head_dim, window, n_sinks, inv_freq) with n_sinks=0: a sliding-window cache."""
-    _own(cls, "RingKVCache")
+    own_work(cls, CACHE_REFERENCES, what=EX2, methods=CACHE_METHODS)
     for window, T, prefill in ((8, 40, 5), (5, 23, 1), (16, 16, 16)):
-        _stream_check(cls, window, 0, T, prefill, f"window={window}, no sinks, {T} tokens, prefill {prefill}")
-    _refuses_big_update(cls, "window=4")
+        _stream_check(cls, window, 0, T, prefill, f"{EX2}, window={window}, no sinks, {T} tokens, prefill {prefill}",
+                      EX2)
+    _refuses_big_update(cls, f"{EX2}, window=4")
 
 
 def check_sink_cache(cls: type) -> None:
     """The same class with n_sinks > 0: sinks never evicted, rotated to sit just before the window."""
-    _own(cls, "RingKVCache")
+    own_work(cls, CACHE_REFERENCES, what=EX3, methods=CACHE_METHODS)
     for window, sinks, T, prefill in ((8, 2, 40, 6), (5, 4, 30, 1), (6, 1, 25, 7)):
-        _stream_check(cls, window, sinks, T, prefill, f"window={window}, n_sinks={sinks}, {T} tokens, prefill {prefill}")
+        _stream_check(cls, window, sinks, T, prefill,
+                      f"{EX3}, window={window}, n_sinks={sinks}, {T} tokens, prefill {prefill}", EX3)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -210,11 +237,12 @@ def check_sink_cache(cls: type) -> None:
 
 def check_kv_bytes(fn: Callable) -> None:
     """fn(kind, n_layers, n_heads, n_kv_heads, head_dim, bytes_per_element, kv_lora_rank, rope_dim) -> int bytes."""
-    _own(fn, "kv_bytes_per_token")
+    own_work(fn, KV_BYTES_REFERENCES, what=EX4)
+    fn = watched(fn, KV_BYTES_REFERENCES, EX4)
     for layout in kvc.LAYOUTS.values():
         for bpe in (2, 1):
-            what = f"{layout.name}, {bpe} byte(s) per element"
-            got = call_learner("kv_bytes_per_token", fn, layout.kind, layout.n_layers, layout.n_heads,
+            what = f"{EX4}, {layout.name}, {bpe} byte(s) per element"
+            got = call_learner(EX4, fn, layout.kind, layout.n_layers, layout.n_heads,
                                layout.n_kv_heads, layout.head_dim, bpe, layout.kv_lora_rank, layout.rope_dim,
                                context=what)
             want = layout.bytes_per_token(bpe)
@@ -232,8 +260,9 @@ def check_kv_bytes(fn: Callable) -> None:
     except ValueError:
         return
     except Exception as err:
-        raise AssertionError(f"an unknown kind 'XYZ' must raise ValueError, got {type(err).__name__}: {err}") from None
-    raise AssertionError("an unknown kind 'XYZ' must raise ValueError, it returned a value")
+        raise AssertionError(f"{EX4}: an unknown kind 'XYZ' must raise ValueError, got {type(err).__name__}: "
+                             f"{err}") from None
+    raise AssertionError(f"{EX4}: an unknown kind 'XYZ' must raise ValueError, it returned a value")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -242,12 +271,13 @@ def check_kv_bytes(fn: Callable) -> None:
 
 def check_snapkv_keep(fn: Callable) -> None:
     """fn(obs_scores (Hkv, w, N), budget, obs_window) -> (Hkv, budget) ascending kept positions."""
-    _own(fn, "snapkv_keep")
+    own_work(fn, SNAPKV_REFERENCES, what=EX5)
+    fn = watched(fn, SNAPKV_REFERENCES, EX5)
     g = torch.Generator().manual_seed(9)
     for H, w, N, budget in ((2, 4, 40, 12), (3, 8, 100, 8), (1, 2, 10, 10)):
         scores = torch.rand(H, w, N, generator=g).softmax(-1)
-        what = f"obs_scores {(H, w, N)}, budget={budget}, obs_window={w}"
-        got = call_learner("snapkv_keep", fn, scores.clone(), budget, w, context=what)
+        what = f"{EX5}, obs_scores {(H, w, N)}, budget={budget}, obs_window={w}"
+        got = call_learner(EX5, fn, scores.clone(), budget, w, context=what)
         want = snapkv_keep(scores, budget, w)
         if not isinstance(got, torch.Tensor) or got.shape != want.shape:
             shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
@@ -267,41 +297,47 @@ def check_snapkv_keep(fn: Callable) -> None:
 # 6-7. Ring attention on ranks
 # ---------------------------------------------------------------------------------------------------
 
-def ring_outputs(fn: Callable, n: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str) -> list:
+def ring_outputs(fn: Callable, n: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str,
+                 watch: tuple = (), what: str = "") -> list:
     """[(rank's output, its calls, its bytes sent)] of fn on n ranks (ring_worker), run where fn lives: ranks (threads
     calling fn at once, forked gloo processes) cannot reach a function across the judge's wire, so the kernel runs
-    them and hands back only their outputs, as data; the check compares them here."""
-    with quiet(), fixed_threads(1):
+    them and hands back only their outputs, as data; the check compares them here. A call into `watch` (the
+    references) while the ranks run is refused (seen on thread ranks: a forked gloo rank's calls stay in its
+    process)."""
+    guard = no_calls_into(*watch, what=what) if watch else contextlib.nullcontext()
+    with quiet(), fixed_threads(1), guard:
         return run_ranks(ring_worker, n, fn, q, k, v, backend=backend, timeout_s=90, collective_timeout_s=20)
 
 
-def _ring_run(fn: Callable, n: int, q, k, v, backend: str) -> list:
+def _ring_run(fn: Callable, n: int, q, k, v, backend: str, watch: tuple = (), what: str = "") -> list:
     try:
-        return run_where(fn, ring_outputs, fn, n, q, k, v, backend)
+        return run_where(fn, ring_outputs, fn, n, q, k, v, backend, watch=tuple(watch), what=what)
     except RankError as err:
         msg = str(err)
         if "NotImplementedError" in msg:
-            raise AssertionError("not implemented yet (NotImplementedError) on the ranks:\n" + msg) from None
-        raise AssertionError(f"ring attention failed on {n} {backend} ranks:\n{msg}") from None
+            raise AssertionError(f"{what or 'ring attention'}: not implemented yet (NotImplementedError) on the "
+                                 "ranks:\n" + msg) from None
+        raise AssertionError(f"{what or 'ring attention'}: failed on {n} {backend} ranks:\n{msg}") from None
 
 
 def check_ring_attention(fn: Callable) -> None:
     """fn(comm, q, k, v) -> this rank's block of causal attention (float32), using ring_pass and merge_partials."""
-    _own(fn, "ring_attention")
+    own_work(fn, RING_REFERENCES, what=EX6)
     g = torch.Generator().manual_seed(11)
     for n, backend, T in ((2, "gloo", 12), (4, "threads", 16), (3, "threads", 12), (1, "threads", 6)):
         q = torch.randn(1, 4, T, 8, generator=g) * 2
         k, v = torch.randn(1, 2, T, 8, generator=g) * 2, torch.randn(1, 2, T, 8, generator=g)
         want = naive_attention(q, k, v)
-        outs = _ring_run(fn, n, q, k, v, backend)
-        what = f"{n} {backend} ranks, q {tuple(q.shape)}, k/v {tuple(k.shape)} (GQA)"
+        outs = _ring_run(fn, n, q, k, v, backend, watch=RING_REFERENCES, what=EX6)
+        what = f"{EX6}, {n} {backend} ranks, q {tuple(q.shape)}, k/v {tuple(k.shape)} (GQA)"
         for rank, (out, calls, nbytes) in enumerate(outs):
             block = want.chunk(n, dim=2)[rank]
             if not isinstance(out, torch.Tensor) or out.shape != block.shape:
                 shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
                 raise AssertionError(f"{what}: rank {rank} returned {shape}, expected its query block {tuple(block.shape)}")
+            assert_finite(out, f"{what}: rank {rank}'s output", block)
             err = (out.float() - block).abs().max().item()
-            if err > 1e-4:
+            if not within(err, 1e-4):
                 raise AssertionError(f"{what}: rank {rank}'s output differs from full causal attention by {err:.3g}. "
                                      + _ring_hint(rank, n, out.float(), q, k, v))
             if calls.get("ring_send", 0) != 2 * (n - 1):
@@ -321,14 +357,15 @@ def _ring_hint(rank: int, n: int, out, q, k, v) -> str:
 
 def check_ring_bytes(fn: Callable) -> None:
     """fn(seq_len, world_size, batch, n_kv_heads, head_dim, bytes_per_element) -> bytes each rank sends."""
-    _own(fn, "ring_bytes_per_rank")
+    own_work(fn, RING_BYTES_REFERENCES, what=EX7)
+    fn = watched(fn, RING_BYTES_REFERENCES, EX7)
     g = torch.Generator().manual_seed(12)
     for n, T, B, Hkv, D in ((4, 16, 1, 2, 8), (3, 12, 2, 1, 4)):
         q, k, v = torch.randn(B, 4, T, D, generator=g), torch.randn(B, Hkv, T, D, generator=g), \
             torch.randn(B, Hkv, T, D, generator=g)
         counted = _ring_run(ring_attention, n, q, k, v, "threads")[0][2]["ring_send"]
-        what = f"seq_len={T}, world_size={n}, batch={B}, n_kv_heads={Hkv}, head_dim={D}, float32"
-        got = call_learner("ring_bytes_per_rank", fn, T, n, B, Hkv, D, 4, context=what)
+        what = f"{EX7}, seq_len={T}, world_size={n}, batch={B}, n_kv_heads={Hkv}, head_dim={D}, float32"
+        got = call_learner(EX7, fn, T, n, B, Hkv, D, 4, context=what)
         per_pass = B * Hkv * (T // n) * D * 4
         check_answer(got, counted, what,
                      [(counted // 2, "K AND V travel: two blocks per step."),

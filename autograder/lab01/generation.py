@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable
 
-from autograder.harness import quiet
+from autograder.harness import assert_finite, quiet, within
 from autograder.lab01.common import ATOL, SMALL_CONFIGS, random_prompt, small_model
 from autograder.reference_guard import no_calls_into, own_work
 from autograder.wire import storage_address
@@ -121,9 +121,10 @@ def _diagnose(rec: _Recorder, ref: _Recorder, cfg: ModelConfig, prompt: list[int
                                  f"{want if len(want) < 6 else want[:3] + ['...']}. RoPE must be offset by the cache length: "
                                  "positions = arange(length, length + T).")
     for step, (a, b) in enumerate(zip(rec.calls, ref.calls)):
+        where = "prefill" if step == 0 else f"decode step {step} (position {P + step - 1})"
+        assert_finite(a["logits"], f"{GENERATE_WHAT}, {what}: the logits at {where}", b["logits"])
         err = (a["logits"] - b["logits"]).abs().max().item()
-        if not err <= ATOL:
-            where = "prefill" if step == 0 else f"decode step {step} (position {P + step - 1})"
+        if not within(err, ATOL):
             hint = ("the prefill itself is wrong (mask? positions?)" if step == 0 else
                     "the prefill matched, so look at the decode path: keys/values written at the wrong index, "
                     "a causal mask aligned top-left instead of bottom-right, or a cache that was not advanced")

@@ -6,7 +6,7 @@ from typing import Callable
 
 import torch
 
-from autograder.harness import check_speedup, quiet
+from autograder.harness import assert_finite, check_speedup, quiet, within
 from autograder.lab01.common import GRAPH_SPEED_CHECK, random_prompt
 from autograder.wire import in_kernel
 from minigpt.cache.contiguous import KVCache
@@ -55,8 +55,10 @@ def check_graphed_decode(make_step: Callable, *, prompt_len: int = 32, steps: in
             if not isinstance(got, torch.Tensor) or got.shape != want.shape:
                 raise AssertionError(f"decode step {i}: expected logits of shape {tuple(want.shape)}, got "
                                      f"{getattr(got, 'shape', type(got).__name__)}")
+            assert_finite(got, f"make_graphed_decode_step: decode step {i} (position {position}): the graphed logits",
+                          want)
             err = (got.float() - want).abs().max().item()
-            if not err <= 1e-3:
+            if not within(err, 1e-3):
                 raise AssertionError(f"decode step {i} (position {position}): graphed logits differ from the eager cached "
                                      f"step by up to {err:.3g}. Copy new inputs INTO the static buffers (copy_, fill_) "
                                      "before replay(), and make the captured step read/write the cache at the position "

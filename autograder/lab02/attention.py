@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import torch
 
-from autograder.harness import call_learner
+from autograder.harness import assert_finite, call_learner, within
 from autograder.reference_guard import no_calls_into, own_work
 from minigpt.attention import naive_attention
 from minigpt.cache import paged_attention as reference_module
@@ -75,6 +75,7 @@ def check_paged_decode_attention(fn: Callable) -> None:
                                  f"{tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__}")
         for b, (k, v) in enumerate(dense):
             want = naive_attention(q[b][None, :, None], k, v)[0, :, 0]
+            assert_finite(got[b], f"{DECODE_WHAT}: {what}: sequence {b}", want)
             if not torch.allclose(got[b].float(), want, atol=1e-5, rtol=1e-4):
                 err = (got[b].float() - want).abs().max().item()
                 raise AssertionError(f"{what}: sequence {b} (length {lens[b]}) differs from dense attention over its "
@@ -162,7 +163,9 @@ def _check_paged_generation(attention_fn: Callable, block_size: int) -> None:
                     exercise=PAGED_WHAT)
         for i, p in enumerate(prompts):
             want = model(torch.tensor([p]), positions=torch.arange(len(p)), kv_caches=KVCache.for_model(model))[0, -1]
+            assert_finite(got[i], f"{PAGED_WHAT}: prefill of a batch of prompts: the logits of prompt {i}", want)
             err = (got[i].float() - want.float()).abs().max().item()
-            if not err <= 1e-4:
-                raise AssertionError(f"prefill of a batch of prompts of lengths {[len(x) for x in prompts]}: the logits of "
-                                     f"prompt {i} differ from the contiguous cache's by up to {err:.3g}")
+            if not within(err, 1e-4):
+                raise AssertionError(f"{PAGED_WHAT}: prefill of a batch of prompts of lengths "
+                                     f"{[len(x) for x in prompts]}: the logits of prompt {i} differ from the contiguous "
+                                     f"cache's by up to {err:.3g}")

@@ -8,7 +8,7 @@ from typing import Callable
 import torch
 
 import minigpt.kernels  # noqa: F401  (on a CPU: TRITON_INTERPRET=1 before any kernel is built)
-from autograder.harness import call_learner, quiet
+from autograder.harness import at_least, call_learner, quiet, within
 from autograder.lab04.common import BACKWARD_SPEED_CHECK, DECODE_SPEED_CHECK, FLASH_SPEED_CHECK, MEMORY_CHECK
 from autograder.wire import run_where
 from minigpt.attention import naive_attention
@@ -37,7 +37,7 @@ def check_flash_speed(fn: Callable, *, kwargs: dict | None = None, seq_len: int 
     times = m["times"]
     learner, ref = times["naive"] / times["learner"], times["naive"] / times["reference"]
     need = fraction * ref
-    if learner < need:
+    if not at_least(learner, need):
         raise AssertionError(f"forward kernel speedup over naive attention {learner:.2f}x; the reference reaches "
                              f"{ref:.2f}x here and {need:.2f}x is needed. Skip fully masked tiles, keep the tiles in "
                              "fp16 for tl.dot, and do not re-read Q inside the loop.")
@@ -88,7 +88,7 @@ def check_paged_decode_speed(fn: Callable, *, kwargs: dict | None = None, batch:
     times = m["times"]
     learner, ref = times["gather_sdpa"] / times["learner"], times["gather_sdpa"] / times["reference"]
     need = fraction * ref
-    if learner < need:
+    if not at_least(learner, need):
         raise AssertionError(f"decode speedup over gather-then-SDPA {learner:.2f}x; the reference reaches {ref:.2f}x "
                              f"and {need:.2f}x is needed. Split the context over enough programs to fill the GPU.")
     return {"speedup": learner, "reference_speedup": ref, "threshold": need,
@@ -130,7 +130,7 @@ def check_flash_memory(fn: Callable, *, kwargs: dict | None = None, seq_lens: tu
     most = threshold(MEMORY_CHECK, device_class("cuda"))
     peaks = run_where(fn, measure_flash_memory, fn, kwargs or {}, tuple(seq_lens), heads, head_dim)
     growth = growth_per_doubling(peaks)
-    if max(growth) > most:
+    if not within(growth, most):
         raise AssertionError(f"peak extra memory grows {', '.join(f'{g:.1f}x' for g in growth)} per doubling of T "
                              f"({peaks} bytes; at most {most:.2f}x allowed): something of size T x T is being "
                              "materialised")
@@ -192,13 +192,13 @@ def check_flash_backward_speed(cls, *, seq_len: int = 4096, head_dim: int = 64, 
     m = run_where(cls, measure_flash_backward_speed, cls, seq_len, head_dim, batch, heads, dtype, causal, device,
                   rounds)
     errs = m["errors"]
-    if max(errs) > 2e-2:
+    if not within(errs, 2e-2):
         raise AssertionError(f"the Function's gradients differ from the reference at the benchmark shape (relative "
                              f"errors {', '.join(f'{e:.2g}' for e in errs)})")
     times = m["times"]
     learner, ref = times["sdpa_flash"] / times["learner"], times["sdpa_flash"] / times["reference"]
     need = fraction * ref
-    if learner < need:
+    if not at_least(learner, need):
         raise AssertionError(f"forward + backward at {learner:.2f}x SDPA-flash's speed; the reference reaches "
                              f"{ref:.2f}x here and {need:.2f}x is needed. Keep dK, dV (and dQ) in fp32 registers "
                              "across the loop, skip the tiles the causal mask hides, and use tiles of at least 32.")
@@ -223,7 +223,7 @@ def measure_flash_backward_speed(cls, seq_len: int, head_dim: int, batch: int, h
         got = call_learner("your Function's forward + backward at the benchmark shape", fns["learner"])
         want = fns["reference"]()
     errs = [_rel_err(a, b) for a, b in zip(got, want)] if isinstance(got, tuple) and len(got) == 3 else [math.inf]
-    if max(errs) > 2e-2:
+    if not within(errs, 2e-2):
         return {"errors": errs, "times": {}}
     with quiet():
         times = bench_interleaved(fns, rounds=rounds, device=device)

@@ -6,6 +6,7 @@ from typing import Callable
 
 import torch
 
+from autograder.harness import within
 from autograder.lab05.common import _FP8, _call, _randn
 from autograder.reference_guard import own_work
 from minigpt.quant.formats import fp8_format
@@ -38,13 +39,13 @@ def check_quantize_fp8(fn: Callable) -> None:
             back = codes.float() * scale
             x = x.float()
             rel = ((back - x).abs() / x.abs().clamp(min=x.abs().max().item() * 1e-2)).max().item()
-            if not torch.isfinite(back).all() or rel > info["eps"]:
+            if not torch.isfinite(back).all() or not within(rel, info["eps"]):
                 hint = ""
                 if torch.allclose(scale, torch.ones_like(scale)):
                     hint = (f" Your scale is 1: a plain cast saturates at {info['max']:g} (E4M3 has no infinity) and "
                             "loses small values to subnormals and zero. Divide by max|x| / fp8_max first.")
                 raise AssertionError(f"{what}: codes * scale differs from x by up to {rel:.3g} relative "
                                      f"(the format's step is {info['eps']:g}).{hint}")
-            if abs(codes.float().abs().max().item() - info["max"]) > 1e-3 * info["max"]:
+            if not within(abs(codes.float().abs().max().item() - info["max"]), 1e-3 * info["max"]):
                 raise AssertionError(f"{what}: max|x| should map to the format's max {info['max']:g}, "
                                      f"got {codes.float().abs().max().item():g}; scale = max|x| / fp8 max")

@@ -6,6 +6,7 @@ from typing import Callable
 
 import torch
 
+from autograder.harness import assert_finite, within
 from autograder.lab05.common import _GPTQ, _call
 from autograder.reference_guard import own_work
 from minigpt.quant.formats import dequantize, quantize
@@ -47,13 +48,16 @@ def check_gptq(fn: Callable) -> None:
         if int(q.min()) < -7 or int(q.max()) > 7:
             raise AssertionError(f"{what}: 4-bit symmetric codes must lie in [-7, 7], got [{int(q.min())}, {int(q.max())}]")
         w_hat = (q.float().view(d_out, -1, group) * scale.float()[..., None]).view(d_out, d_in)
+        assert_finite(w_hat, f"Exercise 4 (gptq): {what}: the weights q * scale",
+                      hint="A division by zero? Clamp a zero scale to a tiny positive value; the damping (1% of mean "
+                           "diag H) keeps every U[i, i] > 0.")
         err = _output_error(w_hat, w, H)
         results[block] = w_hat
-        if abs(err - err_rtn) <= 1e-6 * err_rtn or torch.equal(q.to(torch.int16), rtn.q.to(torch.int16)):
+        if within(abs(err - err_rtn), 1e-6 * err_rtn) or torch.equal(q.to(torch.int16), rtn.q.to(torch.int16)):
             raise AssertionError(f"{what}: your codes are plain round-to-nearest (output error {err:.4g}, the same as RTN). "
                                  "After quantizing column i, spread its error err = (w_i - q_i) / U[i, i] over the "
                                  "remaining columns: w[:, j] -= err * U[i, j] for j > i (U = cholesky(H^-1), upper).")
-        if err > 1.05 * err_ref:
+        if not within(err, 1.05 * err_ref):
             raise AssertionError(f"{what}: output error tr(dW H dW^T)/out = {err:.4g}; GPTQ reaches {err_ref:.4g} and "
                                  f"round-to-nearest {err_rtn:.4g}. Check the damping (1% of mean diag H), the upper "
                                  "Cholesky factor of H^-1, and that group scales come from the already-updated weights.")

@@ -6,7 +6,7 @@ from typing import Callable
 
 import torch
 
-from autograder.harness import quiet
+from autograder.harness import quiet, within
 from autograder.lab05.common import EX1, _INT_QUANT, _PACKING, _call, _expect_value_error, _randn
 from autograder.reference_guard import own_work
 from minigpt.quant import formats
@@ -55,7 +55,7 @@ def check_quantize_symmetric(fn: Callable) -> None:
         if not torch.allclose(scale.float(), ref.scale, rtol=1e-5, atol=1e-12):
             r = (scale.float() / ref.scale).median().item()
             hint = ""
-            if abs(r - qmax / (qmax + 1)) < 1e-3:
+            if within(abs(r - qmax / (qmax + 1)), 1e-3):
                 hint = (f" Your scale is max|w| / {qmax + 1}: then max|w| maps to {qmax + 1}, which the clamp cuts to "
                         f"{qmax}. Divide by {qmax}.")
             elif r < 0.7:
@@ -64,7 +64,8 @@ def check_quantize_symmetric(fn: Callable) -> None:
                 hint = " Compute one scale per row and per group of group_size consecutive inputs (w.view(out, -1, group_size))."
             raise AssertionError(f"{what}: scales differ from max|w| / {qmax} (median ratio {r:.4f}).{hint}")
         deq = (q.float().view(shape[0], -1, group or shape[1]) * scale.float()[..., None]).view(shape)
-        if (q.to(torch.int16) != ref.q.to(torch.int16)).float().mean() > 1e-3 or (deq - dequantize(ref)).abs().max() > ref.scale.max():
+        mismatched = (q.to(torch.int16) != ref.q.to(torch.int16)).float().mean()
+        if not within(mismatched, 1e-3) or not within((deq - dequantize(ref)).abs(), ref.scale.max()):
             raise AssertionError(f"{what}: the codes differ from round(w / scale): use round-to-nearest and clamp to "
                                  f"[-{qmax}, {qmax}] with each element divided by its own group's scale")
     w = _randn(4, 32)
@@ -98,7 +99,7 @@ def check_int4_model_perplexity(fn: Callable, *, n_windows: int = 2, seq_len: in
         got = perplexity(learner_model, x, y)
         ref = perplexity(quantize_weight_only(model, 4, 128), x, y)
         base = perplexity(model, x, y)
-    if not got <= ref * (1 + max_excess):
+    if not within(got, ref * (1 + max_excess)):
         raise AssertionError(f"the target with your INT4 g128 weights has perplexity {got:.3f} on {x.numel()} validation "
                              f"tokens; the reference round-to-nearest reaches {ref:.3f} (fp32 {base:.3f}), and at most "
                              f"{ref * (1 + max_excess):.3f} is accepted. Check the scale (absolute maximum / 7) and the clamp.")

@@ -7,7 +7,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from autograder.harness import call_learner, check_speedup, quiet
+from autograder.harness import at_least, call_learner, check_speedup, quiet, within
 from autograder.lab05.common import GEMV_SPEED_CHECKS, INT4_CPU_SPEED_CHECK, _call, _randn
 from autograder.reference_guard import own_work
 from autograder.wire import run_where
@@ -91,9 +91,9 @@ def check_int4_cpu_linear(make: Callable, *, K: int = 4096, N: int = 4096, group
         raise AssertionError(f"the INT4 linear must return (3, 192) for x (3, 256), got "
                              f"{tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__}")
     rel = ((y.float() - want).norm() / want.norm()).item()
-    if rel > 0.01:
+    if not within(rel, 0.01):
         hint = (" Your output matches the full-precision weight, not its INT4 version: quantize it."
-                if ((y.float() - exact).norm() / exact.norm()).item() < 0.01 else
+                if within(((y.float() - exact).norm() / exact.norm()).item(), 0.01) else
                 " The kernel computes (q - 8) * scale + zero per group, so pass zero = min + 8 * scale, "
                 "and scales_and_zeros as (n_groups, N, 2) in bf16.")
         raise AssertionError(f"the INT4 linear differs from x @ W_hat^T by {rel:.3g} (relative).{hint}")
@@ -166,7 +166,7 @@ def check_gemv_speed(fn: Callable, *, N: int = 8192, K: int = 8192, group_size: 
         weight_bytes = qw.nbytes + scale.nbytes
         out[f"int{b}"] = {"speedup": speed, "reference_speedup": ref, "threshold": need,
                           "GB/s": weight_bytes / times["learner"] / 1e9}
-        if speed < need:
+        if not at_least(speed, need):
             raise AssertionError(f"INT{b} GEMV: {speed:.2f}x over a {str(dtype)[6:]} matmul, the reference reaches "
                                  f"{ref:.2f}x; at least {need:.2f}x is needed. Dequantize in registers on the way to "
                                  "the multiply: never write a dequantized copy of W to memory.")

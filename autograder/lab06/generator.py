@@ -9,7 +9,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from autograder.harness import call_learner, quiet
+from autograder.harness import at_least, call_learner, quiet
 from autograder.lab06.common import (ENGINE_SAMPLES, SIGNIFICANCE, TOY_SAMPLING, TOY_VOCAB, _chi2_report,
                                      _exact_three, _toy_tables, toy_pair, where_it_runs, with_reference_pieces)
 from autograder.reference_guard import no_calls_into, own_work
@@ -245,7 +245,7 @@ def _check_generate(generate_fn: Callable) -> None:
                               context="in the distribution test")
     for res, what in ((r1, "first token"), (r2, "first two tokens"),
                       (r3, "second and third tokens (the third is the bonus token when both drafts are accepted)")):
-        if not res.p_value >= SIGNIFICANCE:
+        if not at_least(res.p_value, SIGNIFICANCE):
             raise AssertionError(
                 f"sampling with {TOY_SAMPLING}: the {what} do not follow the target's distribution ({_chi2_report(res, what)}, "
                 f"below the significance {SIGNIFICANCE}). Apply the same temperature / top-k / top-p to the draft's logits "

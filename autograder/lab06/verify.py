@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 import torch
 
-from autograder.harness import call_learner, quiet
+from autograder.harness import at_least, call_learner, quiet, within
 from autograder.lab06.common import SIGNIFICANCE, TOY_VOCAB, VERIFY_SAMPLES, _chi2_report, _exact_three, _toy_tables
 from autograder.reference_guard import no_calls_into, own_work
 from minigpt.engine.speculative import sampling_probs, verify_draft
@@ -117,18 +117,18 @@ def _check_verify_draft(verify_fn: Callable) -> None:
     _, accept = _verify_call(verify_fn, "verify_draft", [0, 1], q.clone(), p.clone(), torch.Generator().manual_seed(0))
     accept = torch.as_tensor(accept, dtype=torch.float32).flatten().tolist()
     want = [1.0, 1.0]
-    if len(accept) != 2 or any(abs(a - b) > 1e-6 for a, b in zip(accept, want)):
+    if len(accept) != 2 or not within([abs(a - b) for a, b in zip(accept, want)], 1e-6):
         hint = ""
-        if len(accept) == 2 and abs(accept[0] - 4.0) < 1e-5:
+        if len(accept) == 2 and within(abs(accept[0] - 4.0), 1e-5):
             hint = " p/q = 0.4/0.1 = 4 is not a probability: clip it, min(1, p/q)."
-        elif len(accept) == 2 and abs(accept[0] - 0.25) < 1e-5:
+        elif len(accept) == 2 and within(abs(accept[0] - 0.25), 1e-5):
             hint = " You used q/p: the ratio is target over draft, p/q."
         raise AssertionError(f"draft tokens [0, 1] with p(t)/q(t) = 0.4/0.1 and 0.6/0.25: accept_probs should be "
                              f"min(1, p/q) = {want}, got {accept}.{hint}")
     _, accept = _verify_call(verify_fn, "verify_draft", [1, 0], q.clone(), p.clone(), torch.Generator().manual_seed(0))
     accept = torch.as_tensor(accept, dtype=torch.float32).flatten().tolist()
     want = [0.5, 0.4]
-    if len(accept) != 2 or any(abs(a - b) > 1e-6 for a, b in zip(accept, want)):
+    if len(accept) != 2 or not within([abs(a - b) for a, b in zip(accept, want)], 1e-6):
         raise AssertionError(f"draft tokens [1, 0] with p/q = 0.3/0.6 and 0.2/0.5: accept_probs should be {want}, got {accept}")
     # 3. Greedy: one-hot p and q.
     eye = torch.eye(5)
@@ -162,7 +162,7 @@ def _check_verify_draft(verify_fn: Callable) -> None:
                               context="in the distribution test")
     for res, what in ((r1, "first emitted token"), (r2, "first two emitted tokens"),
                       (r3, "second and third emitted tokens (the third is the bonus token when both drafts are accepted)")):
-        if not res.p_value >= SIGNIFICANCE:
+        if not at_least(res.p_value, SIGNIFICANCE):
             raise AssertionError(
                 f"the {what} do not follow the target's distribution ({_chi2_report(res, what)}, below the significance "
                 f"{SIGNIFICANCE}). Accept t with probability min(1, p(t)/q(t)) (target over draft); at the first rejection "

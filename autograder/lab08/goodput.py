@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Callable, Sequence
 
@@ -71,7 +72,7 @@ def _goodput_mistakes(records: list[RequestRecord], ttft: float, tpot: float) ->
            (len(good), "that is a count; divide by the benchmark's duration in seconds")]
     out += [(len(good) / d, f"divided by {what}; the duration is max(end_time) - min(send_time) over ALL records")
             for what, d in spans.items() if d > 0]
-    return [(v, m) for v, m in out if abs(v - len(good) / span) > 1e-9]
+    return [(v, m) for v, m in out if not math.isclose(v, len(good) / span, rel_tol=0.0, abs_tol=1e-9)]
 
 
 def check_goodput(goodput_fn: Callable[[Sequence[RequestRecord], float, float], float]) -> None:

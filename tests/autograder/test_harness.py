@@ -230,3 +230,66 @@ def test_call_learner_turns_failures_into_graded_messages():
         call_learner("alloc", out_of_room, passthrough=(Expected,))
     with pytest.raises(AssertionError, match="the learner's own assertion"):
         call_learner("f", lambda: (_ for _ in ()).throw(AssertionError("the learner's own assertion")))
+
+
+# ---------------------------------------------------------------- numbers against a tolerance
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("err, tol, ok", [
+    (0.1, 0.2, True), (0.2, 0.2, True), (0.3, 0.2, False), (NAN, 1.0, False), (INF, 1.0, False), (-INF, 1.0, False),
+    ([0.1, 0.01], 0.2, True), ([0.1, NAN], 0.2, False), ([NAN, 0.1], 0.2, False), ([0.1, INF], INF, False)],
+    ids=lambda x: repr(x))
+def test_within_never_passes_nan_or_inf(err, tol, ok):
+    assert harness.within(err, tol) is ok
+
+
+def test_within_compares_tensors_elementwise_with_a_tensor_tolerance():
+    import torch
+
+    bound = torch.tensor([1.0, 2.0])
+    assert harness.within(torch.tensor([1.0, 2.0]), bound)
+    assert not harness.within(torch.tensor([1.5, 0.0]), bound)          # the first bound is 1, not max(bound)
+    assert not harness.within(torch.tensor([0.0, NAN]), bound)
+
+
+def test_at_least_never_passes_nan_or_inf():
+    assert harness.at_least(2.0, 1.0) and harness.at_least(1.0, 1.0)
+    assert not harness.at_least(0.5, 1.0)
+    assert not harness.at_least(NAN, 1.0) and not harness.at_least(INF, 1.0)
+
+
+def test_assert_finite_names_the_exercise_and_where_the_nan_or_inf_is():
+    import torch
+
+    want = torch.tensor([[0.0, 1.0], [2.0, 3.0]])
+    harness.assert_finite(want + 1e-7, "Exercise 9 (f)", want)
+    for poison in (NAN, INF, -INF):
+        got = want.clone()
+        got[1, 0] = poison
+        with pytest.raises(AssertionError, match=r"^Exercise 9 \(f\) produced NaN/inf \(1 of 4 values, the first at "
+                                                 r"index \(1, 0\)\)\. Mind the max\.$"):
+            harness.assert_finite(got, "Exercise 9 (f)", want, hint="Mind the max.")
+    with pytest.raises(AssertionError, match=r"^Exercise 9 \(f\) produced NaN/inf \(got nan\)\.$"):
+        harness.assert_finite(NAN, "Exercise 9 (f)")
+
+
+def test_assert_finite_keeps_masked_minus_inf_right():
+    """A reference with -inf at masked positions: the same -inf there passes, +inf or NaN there fails."""
+    import torch
+
+    want = torch.tensor([[0.5, -INF], [1.0, 2.0]])
+    harness.assert_finite(want.clone(), "Exercise 9 (masked scores)", want)
+    for wrong in (INF, NAN):
+        with pytest.raises(AssertionError, match=r"produced NaN/inf \(1 of 4 values, the first at index \(0, 1\)\)"):
+            harness.assert_finite(torch.tensor([[0.5, wrong], [1.0, 2.0]]), "Exercise 9 (masked scores)", want)
+
+
+def test_assert_finite_ignores_integer_tensors_and_matching_infinities():
+    import torch
+
+    harness.assert_finite(torch.tensor([1, 2, 3]), "Exercise 9 (codes)")
+    harness.assert_finite(torch.tensor([-INF, 1.0]), "Exercise 9 (lse)", torch.tensor([-INF, 0.0]))
+    with pytest.raises(AssertionError, match=r"^Exercise 9 \(lse\) produced NaN/inf"):
+        harness.assert_finite(torch.tensor([-INF, 1.0]), "Exercise 9 (lse)")

@@ -1,54 +1,49 @@
-"""Lab 09 checks: the reference (as a learner would write it) passes; the stub, the package's own reference handed
-in, and each plausible wrong implementation fail with a message that names the mistake.
+"""Lab 09 checks: the solution notebook's answers pass; the stub, the package's own reference handed in (itself, a
+subclass inheriting its methods, a thin wrapper that calls it) and each plausible wrong implementation fail with a
+message that names the exercise and the mistake.
 
 Costs about 25 s on the shared 2-core machine (the ring-attention checks start gloo processes)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
 from autograder import lab09
+from autograder.reference_guard import ReferenceHandedIn
 from minigpt.kernels.paged_decode import merge_partials
 from minigpt.longctx import kv_compression as kvc
 from minigpt.longctx.eviction import snapkv_keep
 from minigpt.longctx.ring_attention import block_attention, ring_attention, ring_bytes_per_rank, ring_pass
 from minigpt.longctx.rope_scaling import base_inv_freq, rotations_in_context, scaled_inv_freq
 from minigpt.longctx.sliding_window import RingKVCache, kept_positions
+from tests.labs.judged_pair import judged
+from tests.labs.notebook_solutions import solution_cells
 
-
-# --- the reference, as a learner would write it (defined here, so not the package's own objects) ----------
-
-def my_scaled_inv_freq(head_dim, theta, factor, method, original_max_len):
-    return scaled_inv_freq(head_dim, theta, factor, method, original_max_len)
-
-
-class MyRingKVCache(RingKVCache):
-    pass
-
-
-def my_kv_bytes(kind, n_layers, n_heads, n_kv_heads, head_dim, bytes_per_element, kv_lora_rank=0, rope_dim=0):
-    return kvc.kv_bytes_per_token(kind, n_layers, n_heads, n_kv_heads, head_dim, bytes_per_element, kv_lora_rank,
-                                  rope_dim)
-
-
-def my_snapkv_keep(obs_scores, budget, obs_window):
-    return snapkv_keep(obs_scores, budget, obs_window)
-
-
-def my_ring_attention(comm, q, k, v):
-    return ring_attention(comm, q, k, v)
-
-
-def my_ring_bytes(seq_len, world_size, batch, n_kv_heads, head_dim, bytes_per_element):
-    return ring_bytes_per_rank(seq_len, world_size, batch, n_kv_heads, head_dim, bytes_per_element)
+# The solution notebook's answers, compiled as notebook code (the checks refuse the package's own objects).
+SOLUTION = solution_cells("09_long_context", "ex1_code", "ex2_code", "ex4_code", "ex5_code", "ex6_code", "ex7_code",
+                          preamble="""
+import math
+import torch
+from minigpt.kernels.paged_decode import merge_partials
+from minigpt.longctx import ring_attention as ra, sliding_window as sw
+from minigpt.parallel.comm import CountingComm
+""")
+my_scaled_inv_freq = SOLUTION["scaled_inv_freq"]
+MyRingKVCache = SOLUTION["RingKVCache"]
+my_kv_bytes = SOLUTION["kv_bytes_per_token"]
+my_snapkv_keep = SOLUTION["snapkv_keep"]
+my_ring_attention = SOLUTION["ring_attention"]
+my_ring_bytes = SOLUTION["ring_bytes_per_rank"]
 
 
 def stub(*args, **kwargs):
     raise NotImplementedError
 
 
-def test_reference_passes() -> None:
+def test_the_solution_passes() -> None:
     lab09.check_scaled_inv_freq(my_scaled_inv_freq)
     lab09.check_ring_cache(MyRingKVCache)
     lab09.check_sink_cache(MyRingKVCache)
@@ -58,15 +53,6 @@ def test_reference_passes() -> None:
     lab09.check_ring_bytes(my_ring_bytes)
 
 
-@pytest.mark.parametrize("check, fn", [
-    (lab09.check_scaled_inv_freq, scaled_inv_freq), (lab09.check_ring_cache, RingKVCache),
-    (lab09.check_kv_bytes, kvc.kv_bytes_per_token), (lab09.check_snapkv_keep, snapkv_keep),
-    (lab09.check_ring_attention, ring_attention), (lab09.check_ring_bytes, ring_bytes_per_rank)])
-def test_the_package_reference_handed_in_is_refused(check, fn) -> None:
-    with pytest.raises(AssertionError, match="package's reference"):
-        check(fn)
-
-
 @pytest.mark.parametrize("check", [lab09.check_scaled_inv_freq, lab09.check_kv_bytes, lab09.check_snapkv_keep,
                                    lab09.check_ring_attention, lab09.check_ring_bytes])
 def test_stub_fails(check) -> None:
@@ -74,12 +60,141 @@ def test_stub_fails(check) -> None:
         check(stub)
 
 
+# --- the package's reference is refused: itself, a subclass inheriting its methods, a thin wrapper ----------
+
+class InheritingCache(RingKVCache):
+    pass
+
+
+class DelegatingCache:
+    """Every method hands the work to the package's RingKVCache."""
+
+    def __init__(self, *args):
+        self.inner = RingKVCache(*args)
+
+    @property
+    def length(self):
+        return self.inner.length
+
+    @property
+    def nbytes(self):
+        return self.inner.nbytes
+
+    def next_positions(self, n):
+        return self.inner.next_positions(n)
+
+    def slot(self, position):
+        return self.inner.slot(position)
+
+    def update(self, k, v):
+        return self.inner.update(k, v)
+
+    def read(self):
+        return self.inner.read()
+
+
+class SuperCache(RingKVCache):
+    """Defines each method the exercise asks for, as a call of the reference's."""
+
+    def next_positions(self, n):
+        return super().next_positions(n)
+
+    def slot(self, position):
+        return super().slot(position)
+
+    def update(self, k, v):
+        return super().update(k, v)
+
+    def read(self):
+        return super().read()
+
+
+def wrapped_scaled_inv_freq(head_dim, theta, factor, method, original_max_len):
+    return scaled_inv_freq(head_dim, theta, factor, method, original_max_len)
+
+
+def wrapped_kv_bytes(kind, n_layers, n_heads, n_kv_heads, head_dim, bytes_per_element, kv_lora_rank=0, rope_dim=0):
+    return kvc.kv_bytes_per_token(kind, n_layers, n_heads, n_kv_heads, head_dim, bytes_per_element, kv_lora_rank,
+                                  rope_dim)
+
+
+def per_layer_from_the_package(kind, n_layers, n_heads, n_kv_heads, head_dim, bytes_per_element, kv_lora_rank=0,
+                               rope_dim=0):
+    """Half a wrapper: the per-layer count is the package's."""
+    return n_layers * bytes_per_element * kvc.kv_elements_per_token_layer(kind, n_heads, n_kv_heads, head_dim,
+                                                                          kv_lora_rank, rope_dim)
+
+
+def wrapped_snapkv_keep(obs_scores, budget, obs_window):
+    return snapkv_keep(obs_scores, budget, obs_window)
+
+
+def wrapped_ring_attention(comm, q, k, v):
+    return ring_attention(comm, q, k, v)
+
+
+def wrapped_ring_bytes(seq_len, world_size, batch, n_kv_heads, head_dim, bytes_per_element):
+    return ring_bytes_per_rank(seq_len, world_size, batch, n_kv_heads, head_dim, bytes_per_element)
+
+
+HANDED_IN = [(lab09.check_scaled_inv_freq, scaled_inv_freq, lab09.EX1),
+             (lab09.check_ring_cache, RingKVCache, lab09.EX2),
+             (lab09.check_sink_cache, RingKVCache, lab09.EX3),
+             (lab09.check_kv_bytes, kvc.kv_bytes_per_token, lab09.EX4),
+             (lab09.check_snapkv_keep, snapkv_keep, lab09.EX5),
+             (lab09.check_ring_attention, ring_attention, lab09.EX6),
+             (lab09.check_ring_bytes, ring_bytes_per_rank, lab09.EX7)]
+
+
+@pytest.mark.parametrize("check, reference, exercise", HANDED_IN, ids=[e for _, _, e in HANDED_IN])
+def test_the_package_reference_handed_in_is_refused(check, reference, exercise) -> None:
+    with pytest.raises(ReferenceHandedIn, match=rf"^{re.escape(exercise)}: this is the course's reference"):
+        check(reference)
+
+
+@pytest.mark.parametrize("check, exercise", [(lab09.check_ring_cache, lab09.EX2), (lab09.check_sink_cache, lab09.EX3)])
+def test_a_subclass_inheriting_the_cache_methods_is_refused(check, exercise) -> None:
+    with pytest.raises(ReferenceHandedIn, match=rf"^{re.escape(exercise)}: InheritingCache inherits next_positions, "
+                                                r"slot, update, read from the course's reference"):
+        check(InheritingCache)
+
+
+WRAPPERS = [(lab09.check_scaled_inv_freq, wrapped_scaled_inv_freq, lab09.EX1, "scaled_inv_freq"),
+            (lab09.check_ring_cache, DelegatingCache, lab09.EX2, "RingKVCache.__init__"),
+            (lab09.check_ring_cache, SuperCache, lab09.EX2, "RingKVCache.__init__"),
+            (lab09.check_sink_cache, DelegatingCache, lab09.EX3, "RingKVCache.__init__"),
+            (lab09.check_kv_bytes, wrapped_kv_bytes, lab09.EX4, "kv_bytes_per_token"),
+            (lab09.check_kv_bytes, per_layer_from_the_package, lab09.EX4, "kv_elements_per_token_layer"),
+            (lab09.check_snapkv_keep, wrapped_snapkv_keep, lab09.EX5, "snapkv_keep"),
+            (lab09.check_ring_attention, wrapped_ring_attention, lab09.EX6, "ring_attention"),
+            (lab09.check_ring_bytes, wrapped_ring_bytes, lab09.EX7, "ring_bytes_per_rank")]
+
+
+@pytest.mark.parametrize("check, wrapper, exercise, entered", WRAPPERS,
+                         ids=[f"{e}-{w.__name__}" for _, w, e, _ in WRAPPERS])
+def test_a_thin_wrapper_around_the_reference_is_refused(check, wrapper, exercise, entered) -> None:
+    with pytest.raises(ReferenceHandedIn, match=rf"^{re.escape(exercise)}: your code calls the course's reference "
+                                                rf"\({re.escape(entered)}\)"):
+        check(wrapper)
+
+
+def test_a_judged_wrapper_is_refused_in_the_kernel() -> None:
+    """Given Remotes (the judge), the watch travels with each call and the kernel's side refuses the wrapper; the
+    ranks of ring attention run in the kernel, under the same watch."""
+    with judged(freq=wrapped_scaled_inv_freq, ring=wrapped_ring_attention, good=my_scaled_inv_freq) as learner:
+        lab09.check_scaled_inv_freq(learner.good)
+        with pytest.raises(ReferenceHandedIn, match=rf"^{re.escape(lab09.EX1)}: your code calls the course's reference"):
+            lab09.check_scaled_inv_freq(learner.freq)
+        with pytest.raises(ReferenceHandedIn, match=rf"^{re.escape(lab09.EX6)}: your code calls the course's reference"):
+            lab09.check_ring_attention(learner.ring)
+
+
 # --- 1. RoPE scaling ---------------------------------------------------------------------------------------
 
 def yarn_on_the_wrong_half(head_dim, theta, factor, method, original_max_len):
     """The ramp reversed: the fast pairs interpolated, the slow ones kept."""
     if method != "yarn":
-        return scaled_inv_freq(head_dim, theta, factor, method, original_max_len)
+        return my_scaled_inv_freq(head_dim, theta, factor, method, original_max_len)
     f = base_inv_freq(head_dim, theta)
     g = ((rotations_in_context(f, original_max_len) - 1) / 31).clamp(0, 1)
     return g * f / factor + (1 - g) * f
@@ -87,7 +202,7 @@ def yarn_on_the_wrong_half(head_dim, theta, factor, method, original_max_len):
 
 def ntk_without_the_exponent(head_dim, theta, factor, method, original_max_len):
     if method != "ntk":
-        return scaled_inv_freq(head_dim, theta, factor, method, original_max_len)
+        return my_scaled_inv_freq(head_dim, theta, factor, method, original_max_len)
     return base_inv_freq(head_dim, theta * factor)
 
 
@@ -100,14 +215,14 @@ def test_wrong_frequency_transforms_fail(wrong, message) -> None:
 
 # --- 2-3. The ring-buffer cache ----------------------------------------------------------------------------
 
-class ReusesPositionsAfterWrap(RingKVCache):
+class ReusesPositionsAfterWrap(MyRingKVCache):
     """Hands out slot numbers as positions: after the first wrap-around they start again from the sinks."""
 
     def next_positions(self, n):
         return torch.tensor([self.slot(p) for p in range(self.length, self.length + n)])
 
 
-class EvictsSinksWithTheWindow(RingKVCache):
+class EvictsSinksWithTheWindow(MyRingKVCache):
     """A plain ring of n_sinks + window slots: the first tokens are overwritten like any other."""
 
     def slot(self, position):
@@ -119,7 +234,7 @@ class EvictsSinksWithTheWindow(RingKVCache):
         return self.k[:, [self.slot(p) for p in positions]], self.v[:, [self.slot(p) for p in positions]]
 
 
-class GrowsWithTheStream(RingKVCache):
+class GrowsWithTheStream(MyRingKVCache):
     """Correct logits, but reallocates a bigger buffer on every token: memory is not fixed."""
 
     def update(self, k, v):
@@ -129,7 +244,7 @@ class GrowsWithTheStream(RingKVCache):
         return out
 
 
-class AcceptsAnyChunk(RingKVCache):
+class AcceptsAnyChunk(MyRingKVCache):
     def update(self, k, v):
         for t in range(k.shape[1]):
             out = super().update(k[:, t:t + 1], v[:, t:t + 1])
@@ -157,7 +272,7 @@ def test_a_chunk_that_would_evict_must_be_refused() -> None:
         lab09.check_ring_cache(AcceptsAnyChunk)
 
 
-class SinksNotRotated(RingKVCache):
+class SinksNotRotated(MyRingKVCache):
     def read(self):
         slots = [self.slot(p) for p in kept_positions(self.length, self.window, self.n_sinks)]
         return self.k[:, slots], self.v[:, slots]
