@@ -13,6 +13,7 @@ import torch
 
 from autograder import lab09
 from autograder.reference_guard import ReferenceHandedIn
+from autograder.wire import RemoteError
 from minigpt.kernels.paged_decode import merge_partials
 from minigpt.longctx import kv_compression as kvc
 from minigpt.longctx.eviction import snapkv_keep
@@ -183,9 +184,12 @@ def test_a_judged_wrapper_is_refused_in_the_kernel() -> None:
     ranks of ring attention run in the kernel, under the same watch."""
     with judged(freq=wrapped_scaled_inv_freq, ring=wrapped_ring_attention, good=my_scaled_inv_freq) as learner:
         lab09.check_scaled_inv_freq(learner.good)
-        with pytest.raises(ReferenceHandedIn, match=rf"^{re.escape(lab09.EX1)}: your code calls the course's reference"):
+        # the kernel's watch raises ReferenceHandedIn there; the judge takes none of the grader's exception types
+        # from the kernel, so it arrives as a RemoteError that the check turns into its failure, the message kept
+        with pytest.raises(AssertionError, match=rf"{re.escape(lab09.EX1)}: your code calls the course's reference"):
             lab09.check_scaled_inv_freq(learner.freq)
-        with pytest.raises(ReferenceHandedIn, match=rf"^{re.escape(lab09.EX6)}: your code calls the course's reference"):
+        with pytest.raises((AssertionError, RemoteError),
+                           match=rf"{re.escape(lab09.EX6)}: your code calls the course's reference"):
             lab09.check_ring_attention(learner.ring)
 
 
