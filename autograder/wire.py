@@ -29,9 +29,10 @@ package's dataclasses, enums and exceptions (looked up by module name under `min
 It is bounded: a frame's JSON at most MAX_HEADER_BYTES, at most MAX_DEPTH levels of nesting and MAX_ITEMS values.
 
 The two ends are not alike. The kernel's end answers whatever the judge asks (the judge is trusted). The judge's
-end serves nothing but a short list of operations on a few kinds of its objects (`JUDGE_SERVICES`, given to
+end serves nothing but a short list of operations on a few kinds of its objects (`judge_services()`, given to
 `Endpoint(services=...)`): a model may be called and its config, dtype and device read; a collective may be
-called; a KV cache's layers may be listed, read and have their length set. Any other object of the judge's is
+called; a KV cache's layers may be listed, read and have their length set; a block manager's tables read; a
+`Callback` the check made on purpose may be called. Any other object of the judge's is
 refused before it is sent (a check that tried would fail, not leak), and any other request about one is refused
 when it arrives: no attribute outside the list, no double-underscore name, no `getname`, `package`, `type` or
 `vars`. So learner code can make the judge run only the model, collective and cache code the list names, on

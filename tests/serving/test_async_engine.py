@@ -28,6 +28,9 @@ def test_streams_abort_and_shutdown(tiny):
     aengine = AsyncLLMEngine(engine, num_threads=1).start()
 
     async def scenario():
+        # the engine stops stepping after 12 steps: a (6 tokens) has finished, b (80) has not, however fast the
+        # machine (a fixed sleep let a fast one finish b before the test looked)
+        aengine.pause(after_steps=12)
         a = aengine.stream("a", [1, 2, 3], 6)
         b = aengine.stream("b", [4, 5, 6, 7], 80)
         with pytest.raises(ValueError, match="in use"):
@@ -36,7 +39,11 @@ def test_streams_abort_and_shutdown(tiny):
             aengine.stream("c", [1] * 100, 100)
         outs_a = [o async for o in a]
         first_b = await b.__anext__()                  # b keeps running although nobody reads it now
-        await asyncio.sleep(0.05)
+        for _ in range(6000):
+            if aengine.is_paused:
+                break
+            await asyncio.sleep(0.01)
+        assert aengine.is_paused, "the engine never reached its 12th step"
         assert aengine.stats().num_running == 1 and aengine.stats().num_blocks_used > 0
         await aengine.abort("b")
         rest = [o async for o in b]
