@@ -6,7 +6,8 @@
   points of the cells before it stand. nbgrader's own Execute raises, which loses every point. Test cells
   are not run in the learner's kernel: the judge runs them (autograder/judge.py) while the kernel serves
   it (autograder/observe.py), and the cell's outputs are the judge's. COURSE_JUDGE=0 turns that off
-  (test cells run in the kernel, as nbgrader does; for measuring what judging costs).
+  (test cells run in the kernel, as nbgrader does; for measuring what judging costs). A judged cell that runs
+  past its limit is a timeout (CellTimeoutError, no points), whatever the judge saw of the interrupted kernel.
 * `HideTestSources`  for feedback: a test cell shows its grade and failure message, not its source, its
   traceback (whose frames quote hidden test lines) or what learner code printed from inside it.
 """
@@ -20,6 +21,8 @@ from traitlets import Bool, Integer
 
 STUCK_ENAME = "CellTimeoutError"
 STUCK_NOTE = "ran past its time limit and did not stop when interrupted (SIGINT ignored?)"
+TIMED_OUT_NOTE = ("this check ran past its time limit of {limit:g} s and was stopped: it earns no points "
+                  "(the points of the cells before it stand)")
 DEAD_ENAME = "DeadKernelError"
 NOT_RUN_ENAME = "CellNotRun"
 WARM_UP_TIMEOUT_S = 300     # importing the judge's counterpart (and torch) in a fresh kernel, before the first test cell
@@ -135,6 +138,7 @@ class StoppingExecute(Execute):
             raise
         finally:
             self.nb.cells[index] = cell    # nbclient stored the serving cell in the test cell's place
+        timed_out = self._timed_out(serving)
         result = self._judge.result(wait=float(self.timeout or 300))
         if result["error"] and result["error"]["ename"] in ("JudgeTimeout", "JudgeFailed"):   # a fresh judge next cell
             self._judge.kill()
@@ -144,10 +148,18 @@ class StoppingExecute(Execute):
         for name in ("stdout", "stderr"):
             if result.get(name):
                 cell.outputs.append(new_output("stream", name=name, text=result[name]))
-        if result.get("error"):
-            error = result["error"]
+        error = result.get("error")
+        if timed_out:     # the judge saw the kernel go away (BrokenPipeError, KernelStopped): the cause is the limit
+            error = {"ename": STUCK_ENAME, "evalue": TIMED_OUT_NOTE.format(limit=float(self.timeout or 0))}
+        if error:
             cell.outputs.append(error_output(error["ename"], error["evalue"], error.get("lines")))
         return cell, resources
+
+    def _timed_out(self, serving: NotebookNode) -> bool:
+        """Whether the kernel's serving cell ran past its time limit and was interrupted: nbgrader's Execute then
+        adds its `error_on_timeout` output. (A notebook that fakes that output only fails its own check.)"""
+        ename = (self.error_on_timeout or {}).get("ename", STUCK_ENAME)
+        return any(out.output_type == "error" and out.get("ename") == ename for out in serving.get("outputs", []))
 
     def _kill_kernel(self) -> None:
         from jupyter_core.utils import run_sync
