@@ -62,3 +62,11 @@ def test_a_judge_still_checking_at_the_limit_is_a_timeout_not_a_broken_pipe(tmp_
     errors = _graded(tmp_path, monkeypatch, FAST, SLOW_CHECK)
     _assert_timed_out(errors["t1"])
     assert errors["t2"] == [], "the check after the timed-out one should still pass"
+
+
+@pytest.mark.slow
+def test_a_judge_that_died_is_replaced_for_the_next_check(tmp_path, monkeypatch):
+    """Sending the next cell to a dead judge raised BrokenPipeError in nbgrader itself: the whole notebook failed."""
+    errors = _graded(tmp_path, monkeypatch, FAST, "import os\nos._exit(1)")     # the judge's process ends
+    assert [ename for ename, _ in errors["t1"]] == ["JudgeFailed"], errors["t1"]
+    assert errors["t2"] == [], "the check after it should pass, in a fresh judge"
