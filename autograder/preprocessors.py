@@ -1,6 +1,7 @@
 """nbgrader preprocessors of the course (named in nbgrader_config.py).
 
-* `LimitOutputSize`  cut any single output above max_chars (nbgrader's LimitOutput only counts lines).
+* `LimitOutputSize`  every output, attachment and the notebook's metadata bounded in size, whatever its type
+  (autograder/output_limits.py; here for the configs that name it `autograder.preprocessors.LimitOutputSize`).
 * `StoppingExecute`  nbgrader's Execute, except that a cell which ignores the interrupt after its time
   limit (or kills the kernel) ends the run *for the cells after it*: they are marked as not run, and the
   points of the cells before it stand. nbgrader's own Execute raises, which loses every point. Test cells
@@ -19,6 +20,8 @@ from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from traitlets import Bool, Integer
 
+from autograder.output_limits import LimitOutputSize  # noqa: F401  (named by nbgrader_config.py)
+
 STUCK_ENAME = "CellTimeoutError"
 STUCK_NOTE = "ran past its time limit and did not stop when interrupted (SIGINT ignored?)"
 TIMED_OUT_NOTE = ("this check ran past its time limit of {limit:g} s and was stopped: it earns no points "
@@ -31,27 +34,6 @@ HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 
 def error_output(ename: str, evalue: str, lines: list[str] | None = None) -> NotebookNode:
     return NotebookNode(output_type="error", ename=ename, evalue=evalue, traceback=lines or [f"{ename}: {evalue}"])
-
-
-class LimitOutputSize(NbGraderPreprocessor):
-    """Cut any single output above max_chars characters (nbgrader's LimitOutput only counts lines)."""
-
-    max_chars = Integer(100_000, help="maximum characters per output (-1: no limit)").tag(config=True)
-
-    def _cut(self, text: str) -> str:
-        return text[: self.max_chars] + "\n... Output truncated ..." if len(text) > self.max_chars else text
-
-    def preprocess_cell(self, cell, resources, cell_index):
-        if cell.cell_type != "code" or self.max_chars < 0:
-            return cell, resources
-        for out in cell.outputs:
-            if out.output_type == "stream":
-                out.text = self._cut(out.text)
-            elif out.output_type in ("execute_result", "display_data"):
-                for mime, value in list(out.get("data", {}).items()):
-                    if isinstance(value, str) and (mime.startswith("text/") or mime.endswith("json")):
-                        out.data[mime] = self._cut(value)
-        return cell, resources
 
 
 class StoppingExecute(Execute):
