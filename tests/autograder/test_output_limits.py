@@ -202,3 +202,56 @@ def test_small_metadata_is_left_alone():
     nb, _ = LimitOutputSize().preprocess(nb, {})
     assert nb.metadata == kept
 
+
+# ----------------------------------------------------------------------------- through nbgrader
+
+HUGE_OUTPUTS = '''from IPython.display import HTML, Image, display
+import ipywidgets
+display(Image(data=b"\\\\x89PNG\\\\r\\\\n\\\\x1a\\\\n" + bytes(100 * 2**20), format="png"))     # a 100 MB PNG
+display(HTML("<b>" * 10_000_000))                                                  # 30 MB of HTML
+print("y" * 30_000_000)                                                            # 30 MB on stdout
+display(ipywidgets.Textarea(value="w" * 3_000_000))                                # 3 MB of widget state
+'''
+ANSWERS = {"ex1_code": HUGE_OUTPUTS + "def add(a, b):\n    return a + b",
+           "ex2_code": "def mean(xs):\n    return sum(xs) / len(xs)",
+           "q1_answer": "answer = 4"}
+
+
+def _huge_submission(lab) -> str:
+    """The released notebook answered right, displaying huge outputs, with a 10 MB markdown attachment."""
+    nb = nbformat.read(str(lab), as_version=4)
+    for cell in nb.cells:
+        cell.source = ANSWERS.get(cell.metadata.get("nbgrader", {}).get("grade_id"), cell.source)
+    picture = new_markdown_cell("![big](attachment:big.png)")
+    picture.attachments = {"big.png": {"image/png": _b64(10 * MB)}}
+    nb.cells.append(picture)
+    return nbformat.writes(nb)
+
+
+@pytest.mark.slow
+def test_huge_outputs_leave_a_small_graded_notebook_and_feedback_and_the_grade(fixture_course):
+    from autograder import grading, sandbox
+
+    env = grading.nbgrader_env({"COURSE_CELL_TIMEOUT": "120"})
+    grading.release(fixture_course, env=env)
+    lab = fixture_course / "labs" / "ex_fixture" / "ex_fixture.ipynb"
+    submitted = fixture_course / "submitted" / "huge" / "ex_fixture"
+    submitted.mkdir(parents=True)
+    (submitted / lab.name).write_text(_huge_submission(lab))
+    lines: list[str] = []
+    [result] = grading.autograde(fixture_course, timeout=600, env=env, log=lines.append, progress=False, jobs=1,
+                                 unsafe=sandbox.probe() is not None)
+    assert (result.score, result.status) == (4, "ok"), "\n".join(lines)
+    assert any("outputs over the size limits removed in: ex1_code" in n for n in result.notes), result.notes
+
+    graded = fixture_course / "autograded" / "huge" / "ex_fixture" / lab.name
+    text = graded.read_text()
+    assert len(text) < 3 * MB, f"the graded notebook is {len(text):,} bytes"
+    for note in ("image/png of", "text/html of", TRUNCATED.strip(), "attachment image/png of",
+                 "notebook metadata 'widgets'"):
+        assert note in text, f"{note!r} is not in the graded notebook"
+
+    feedback = grading.generate_feedback(fixture_course, env=env) / "huge" / "ex_fixture" / "ex_fixture.html"
+    html = feedback.read_text()
+    assert len(html) < 3 * MB, f"the feedback page is {len(html):,} bytes"
+    assert "image/png of" in html and "text/html of" in html and TRUNCATED.strip() in html
