@@ -36,7 +36,9 @@ c.LimitOutput.max_traceback = 100
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
 c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 
-# ... and a single gigantic line must not either: cut any one output above 100k characters.
+# ... and neither must a gigantic line or image: every output is bounded whatever its type (LimitOutputSize: text cut
+# at 100k characters, any other value above 2 MB replaced by a note, 4 MB per cell, 10 MB per notebook, 1 MB of
+# notebook metadata), after execution and again when feedback is made from the graded notebook.
 # StoppingExecute is nbgrader's Execute, except that a cell ignoring the interrupt (or killing the kernel)
 # stops the run with the points of the cells before it kept; when the grading process sets COURSE_SANDBOX,
 # it starts the kernel in the bubblewrap sandbox (autograder/sandbox.py), whatever kernel the notebook names.
@@ -51,6 +53,10 @@ try:
     c.Autograde.autograde_preprocessors = [StoppingExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput,
                                            LimitOutputSize, SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]
     c.LimitOutputSize.max_chars = 100_000
-    c.GenerateFeedback.preprocessors = [GetGrades, HideTestSources, CSSHTMLHeaderPreprocessor]
+    c.LimitOutputSize.max_output_bytes = 2_000_000
+    c.LimitOutputSize.max_cell_bytes = 4_000_000
+    c.LimitOutputSize.max_notebook_bytes = 10_000_000
+    c.LimitOutputSize.max_metadata_bytes = 1_000_000
+    c.GenerateFeedback.preprocessors = [GetGrades, HideTestSources, LimitOutputSize, CSSHTMLHeaderPreprocessor]
 except ImportError:  # autograder not installed (e.g. a bare nbgrader install): nbgrader's defaults apply
     pass

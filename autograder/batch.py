@@ -29,7 +29,7 @@ from typing import Callable
 import nbformat
 from tqdm import tqdm
 
-from autograder import gradebook_guard, intake, preprocessors, sandbox
+from autograder import gradebook_guard, intake, output_limits, preprocessors, sandbox
 from autograder.grading import (CONFIG_NAME, REPO_ROOT, SUBMISSION_TIMEOUT_S, GradingError,
                                 SubmissionResult, assignments, db_url_for, generate_assignment, nbgrader_env,
                                 precheck, read_scores, run_nbgrader, submissions)
@@ -158,7 +158,9 @@ def _record_api(course_root: Path, db_url: str, staging: Path):
     cfg.CourseDirectory.db_url = db_url
     cfg.CourseDirectory.submitted_directory = str(staging)
     cfg.Autograde.sanitize_preprocessors = [DeduplicateIds, OverwriteKernelspec, OverwriteCells, CheckCellMetadata]
-    cfg.Autograde.autograde_preprocessors = [SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]
+    # the worker bounded the outputs already (LimitOutputSize); bounded here too, whatever its config said
+    cfg.Autograde.autograde_preprocessors = [preprocessors.LimitOutputSize, SaveAutoGrades, AssignLatePenalties,
+                                             CheckCellMetadata]
     return NbGraderAPI(coursedir=CourseDirectory(config=cfg), config=cfg)
 
 
@@ -194,7 +196,7 @@ def read_executed(text: str) -> _Reading:
     """Status and notes from an executed notebook's outputs."""
     r = _Reading()
     nb = nbformat.reads(text, as_version=4)
-    timed, truncated, limits, not_run = [], [], [], 0
+    timed, truncated, removed, limits, not_run = [], [], [], [], 0
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
@@ -227,7 +229,9 @@ def read_executed(text: str) -> _Reading:
                     msg = f"{out.ename}: {first[0][:160]}" if first else out.ename
                 if gid:
                     r.errors.setdefault(gid, msg)
-            elif out.output_type == "stream":
+            if output_limits.is_limit_note(out) and label not in removed:
+                removed.append(label)
+            if out.output_type == "stream":
                 if "... Output truncated ..." in out.get("text", "") and label not in truncated:
                     truncated.append(label)
                 if out.name == "stderr" and gid:
@@ -236,6 +240,8 @@ def read_executed(text: str) -> _Reading:
         r.notes.append("timed out: " + ", ".join(dict.fromkeys(timed)))
     if truncated:
         r.notes.append("output truncated in: " + ", ".join(truncated))
+    if removed:
+        r.notes.append("outputs over the size limits removed in: " + ", ".join(removed))
     if limits:
         r.notes.append("ran into the sandbox: " + ", ".join(limits))
     return r

@@ -1,12 +1,14 @@
 """nbgrader preprocessors of the course (named in nbgrader_config.py).
 
-* `LimitOutputSize`  cut any single output above max_chars (nbgrader's LimitOutput only counts lines).
+* `LimitOutputSize`  every output, attachment and the notebook's metadata bounded in size, whatever its type
+  (autograder/output_limits.py; here for the configs that name it `autograder.preprocessors.LimitOutputSize`).
 * `StoppingExecute`  nbgrader's Execute, except that a cell which ignores the interrupt after its time
   limit (or kills the kernel) ends the run *for the cells after it*: they are marked as not run, and the
   points of the cells before it stand. nbgrader's own Execute raises, which loses every point. Test cells
   are not run in the learner's kernel: the judge runs them (autograder/judge.py) while the kernel serves
   it (autograder/observe.py), and the cell's outputs are the judge's. COURSE_JUDGE=0 turns that off
-  (test cells run in the kernel, as nbgrader does; for measuring what judging costs).
+  (test cells run in the kernel, as nbgrader does; for measuring what judging costs). A judged cell that runs
+  past its limit is a timeout (CellTimeoutError, no points), whatever the judge saw of the interrupted kernel.
 * `HideTestSources`  for feedback: a test cell shows its grade and failure message, not its source, its
   traceback (whose frames quote hidden test lines) or what learner code printed from inside it.
 """
@@ -18,8 +20,12 @@ from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from traitlets import Bool, Integer
 
+from autograder.output_limits import LimitOutputSize  # noqa: F401  (named by nbgrader_config.py)
+
 STUCK_ENAME = "CellTimeoutError"
 STUCK_NOTE = "ran past its time limit and did not stop when interrupted (SIGINT ignored?)"
+TIMED_OUT_NOTE = ("this check ran past its time limit of {limit:g} s and was stopped: it earns no points "
+                  "(the points of the cells before it stand)")
 DEAD_ENAME = "DeadKernelError"
 NOT_RUN_ENAME = "CellNotRun"
 WARM_UP_TIMEOUT_S = 300     # importing the judge's counterpart (and torch) in a fresh kernel, before the first test cell
@@ -28,27 +34,6 @@ HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 
 def error_output(ename: str, evalue: str, lines: list[str] | None = None) -> NotebookNode:
     return NotebookNode(output_type="error", ename=ename, evalue=evalue, traceback=lines or [f"{ename}: {evalue}"])
-
-
-class LimitOutputSize(NbGraderPreprocessor):
-    """Cut any single output above max_chars characters (nbgrader's LimitOutput only counts lines)."""
-
-    max_chars = Integer(100_000, help="maximum characters per output (-1: no limit)").tag(config=True)
-
-    def _cut(self, text: str) -> str:
-        return text[: self.max_chars] + "\n... Output truncated ..." if len(text) > self.max_chars else text
-
-    def preprocess_cell(self, cell, resources, cell_index):
-        if cell.cell_type != "code" or self.max_chars < 0:
-            return cell, resources
-        for out in cell.outputs:
-            if out.output_type == "stream":
-                out.text = self._cut(out.text)
-            elif out.output_type in ("execute_result", "display_data"):
-                for mime, value in list(out.get("data", {}).items()):
-                    if isinstance(value, str) and (mime.startswith("text/") or mime.endswith("json")):
-                        out.data[mime] = self._cut(value)
-        return cell, resources
 
 
 class StoppingExecute(Execute):
@@ -135,6 +120,7 @@ class StoppingExecute(Execute):
             raise
         finally:
             self.nb.cells[index] = cell    # nbclient stored the serving cell in the test cell's place
+        timed_out = self._timed_out(serving)
         result = self._judge.result(wait=float(self.timeout or 300))
         if result["error"] and result["error"]["ename"] in ("JudgeTimeout", "JudgeFailed"):   # a fresh judge next cell
             self._judge.kill()
@@ -144,10 +130,18 @@ class StoppingExecute(Execute):
         for name in ("stdout", "stderr"):
             if result.get(name):
                 cell.outputs.append(new_output("stream", name=name, text=result[name]))
-        if result.get("error"):
-            error = result["error"]
+        error = result.get("error")
+        if timed_out:     # the judge saw the kernel go away (BrokenPipeError, KernelStopped): the cause is the limit
+            error = {"ename": STUCK_ENAME, "evalue": TIMED_OUT_NOTE.format(limit=float(self.timeout or 0))}
+        if error:
             cell.outputs.append(error_output(error["ename"], error["evalue"], error.get("lines")))
         return cell, resources
+
+    def _timed_out(self, serving: NotebookNode) -> bool:
+        """Whether the kernel's serving cell ran past its time limit and was interrupted: nbgrader's Execute then
+        adds its `error_on_timeout` output. (A notebook that fakes that output only fails its own check.)"""
+        ename = (self.error_on_timeout or {}).get("ename", STUCK_ENAME)
+        return any(out.output_type == "error" and out.get("ename") == ename for out in serving.get("outputs", []))
 
     def _kill_kernel(self) -> None:
         from jupyter_core.utils import run_sync
