@@ -159,8 +159,13 @@ def _accept(server: socket.socket, control: socket.socket, token: str, timeout: 
                 return None
         if server in ready:
             conn, _ = server.accept()
-            conn.settimeout(None)
-            if wire.Endpoint(conn).expect_hello() == token:
+            conn.settimeout(max(0.1, deadline - time.monotonic()))     # a silent connection cannot hold the judge
+            try:
+                hello = wire.Endpoint(conn).expect_hello()
+            except (wire.ChannelClosed, OSError, ValueError):   # a stale kernel connection, closed before its hello
+                hello = None
+            if hello == token:
+                conn.settimeout(None)
                 return conn
             conn.close()
     return None

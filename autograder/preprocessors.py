@@ -97,9 +97,17 @@ class StoppingExecute(Execute):
 
         from autograder.judge import JudgeProcess
 
+        if self._judge is not None and self._judge.proc.poll() is not None:     # died between cells: a fresh one
+            self._judge.kill()
+            self._judge = None
         if self._judge is None:
             socket_dir = getattr(self.km, "_socket_dir", None) or tempfile.mkdtemp(prefix="judge-")
-            self._judge = JudgeProcess(socket_dir, cwd=self._cwd)
+            try:
+                self._judge = JudgeProcess(socket_dir, cwd=self._cwd)
+            except (RuntimeError, OSError) as exc:      # this cell earns nothing; the next one tries a fresh judge
+                cell.outputs = [error_output("JudgeFailed", f"the grader's judge could not start ({exc}): this check "
+                                             "earns no points")]
+                return cell, resources
         if not self._kernel_ready:     # the kernel's side imports torch: not on the first test cell's time limit
             saved, self.timeout = self.timeout, max(self.timeout or 0, WARM_UP_TIMEOUT_S)
             try:
