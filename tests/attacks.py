@@ -55,9 +55,29 @@ ATTACKS = {"no-op checks": NO_OP_CHECKS, "fake check modules": FAKE_MODULES,
            "input transformer": INPUT_TRANSFORMER, "patched harness": PATCHED_HARNESS}
 
 
-def with_attacks(notebook_path, dest, attacks=tuple(ATTACKS), extra: dict[str, str] | None = None) -> None:
-    """Copy a notebook, adding the chosen attacks as plain code cells before its first cell."""
+# Answers that are not the work (issue 32): one-line wrappers around the package's reference, and an output of NaN
+# where a check compares with a tolerance. Put in the released notebook's answer cells, they must earn nothing.
+_WRAP = "import minigpt.longctx.{module} as _ref\ndef {name}(*args, **kwargs):\n    return _ref.{name}(*args, **kwargs)\n"
+CHEATS = {
+    "09_long_context": {
+        "ex1_code": _WRAP.format(module="rope_scaling", name="scaled_inv_freq"),
+        "ex4_code": _WRAP.format(module="kv_compression", name="kv_bytes_per_token"),
+        "ex5_code": _WRAP.format(module="eviction", name="snapkv_keep"),
+        "ex6_code": "def ring_attention(comm, q, k, v):\n    return torch.full_like(q, float('nan'))\n",
+        "ex7_code": _WRAP.format(module="ring_attention", name="ring_bytes_per_rank"),
+    },
+}
+
+
+def with_attacks(notebook_path, dest, attacks=tuple(ATTACKS), extra: dict[str, str] | None = None,
+                 answers: dict[str, str] | None = None) -> None:
+    """Copy a notebook, adding the chosen attacks as plain code cells before its first cell; `answers` replaces
+    the source of answer cells by grade_id (CHEATS[lab])."""
     sources = {**ATTACKS, **(extra or {})}
     nb = nbformat.read(str(notebook_path), as_version=4)
+    for cell in nb.cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id in (answers or {}):
+            cell.source = answers[grade_id]
     nb.cells = [nbformat.v4.new_code_cell(sources[a]) for a in attacks] + nb.cells
     nbformat.write(nb, str(dest))

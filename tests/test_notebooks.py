@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from attacks import with_attacks
+from attacks import CHEATS, with_attacks
 
 from autograder import grading, notebooks
 
@@ -62,7 +62,7 @@ def graded_lab(released_lab):
         d.mkdir(parents=True)
         for nb in src.glob("*.ipynb"):
             if student == "released":      # the release, plus the four ways to patch the checks from the kernel
-                with_attacks(nb, d / nb.name)
+                with_attacks(nb, d / nb.name, answers=CHEATS.get(a))     # and, where listed, answers that cheat
             else:
                 shutil.copy(nb, d / nb.name)
     return {s: grading.autograde_one(course, a, s, db=db, released=folder, timeout=LAB_TIMEOUT_S)
@@ -127,7 +127,8 @@ class LabNotebook:
     def test_released_notebook_scores_zero_everywhere(self, graded_lab):
         """The released stub earns nothing, even with cells that patch the checks in the kernel (tests/attacks.py:
         no-op check functions, fake check modules, an input transformer that skips test cells, a patched harness):
-        test cells run in the judge."""
+        test cells run in the judge. Where tests/attacks.py lists CHEATS for the lab (wrappers around the package's
+        reference, an output of NaN), those answers earn nothing either."""
         r = graded_lab["released"]
         assert r.status == "ok", _table(r)
         earned = [c for c in r.cells if c.score > 0]

@@ -147,8 +147,10 @@ answer = 0
 tried = []
 def _ask(op, **payload):
     endpoint = next(o for o in gc.get_objects() if isinstance(o, wire.Endpoint) and o.names is not None)
-    wire.send_frame(endpoint.sock, {{"op": op, **payload}}, {{}})
-    header, _ = wire.recv_frame(endpoint.sock)
+    send = getattr(wire, "send_frame", None) or wire._send_frame       # (either name: the attack predates them)
+    recv = getattr(wire, "recv_frame", None) or wire._recv_frame
+    send(endpoint.sock, {{"op": op, **payload}}, {{}})
+    header, _ = recv(endpoint.sock)
     return header
 def _attack():
     global answer
@@ -245,4 +247,6 @@ def hostile_class(course: Path, port: int, good: dict[str, str],
             3, "ok"),
         "judge_flood_wide": ({**good, "ex1_code": _JUDGE_FLOOD.format(payload=FLOOD_WIDE)}, 3, "ok"),
         "judge_flood_deep": ({**good, "ex1_code": _JUDGE_FLOOD.format(payload=FLOOD_DEEP)}, 3, "ok"),
+        "judge_timeout": ({**good, "ex1_code": "import time\ndef add(a, b):\n    time.sleep(60)\n    return a + b"},
+                          3, "ok"),
     }

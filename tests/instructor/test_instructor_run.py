@@ -255,6 +255,16 @@ def test_a_flood_from_the_kernel_fails_only_its_cell(graded_class):
         assert cells == {"ex1_check": 0, "ex2_check": 2, "q1_check": 1}, (student, cells)
 
 
+def test_a_judged_check_past_its_time_limit_is_a_timeout(graded_class):
+    """Learner code that sleeps through a judged check: that check is reported as timed out (not as a broken pipe)
+    and earns nothing; the checks after it are graded."""
+    result = graded_class["results"]["judge_timeout"]
+    cells = {c.grade_id: c for c in result.cells}
+    assert (cells["ex1_check"].score, cells["ex2_check"].score, cells["q1_check"].score) == (0, 2, 1)
+    assert "time limit" in cells["ex1_check"].note, cells["ex1_check"].note
+    assert "timed out: ex1_check" in _status_lines(graded_class)["judge_timeout"]
+
+
 def test_gradebook_is_intact_after_the_hostile_class(graded_class):
     """Scores, maxima, rows and manual scores are the grader's own: nothing a submission wrote."""
     from nbgrader.api import Gradebook
@@ -332,7 +342,7 @@ def unsafe_class(tmp_path_factory, graded_class):
     """--unsafe: no sandbox; attacks on the gradebook then reach it, and the guard must catch them."""
     root = tmp_path_factory.mktemp("unsafe")
     course = root / "course"
-    attacks = hostile.hostile_class(course, 0, GOOD)
+    attacks = hostile.hostile_class(course, 0, GOOD, root / "canary.txt")
     cls = {"correct": CLASS["correct"], "gb_others": attacks["gb_others"], "gb_own_manual": attacks["gb_own_manual"]}
     course, _, _, env, first, lines = _grade_course(root, cls, graded_class["course"], unsafe=True,
                                                     students=["correct"])
