@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
                       else "exercise_map.json is current")
                 return 1 if stale else 0
             changed = learner_errors.write_map()
-            print(f"{'wrote' if changed else 'unchanged:'} {learner_errors.MAP_PATH}")
+            print(f"{'wrote' if changed else 'unchanged:'} {learner_errors.EXERCISE_MAP}")
             return 0
         if args.command == "interview":
             from autograder.interview import session

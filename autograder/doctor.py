@@ -8,7 +8,8 @@ import re
 import shutil
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from autograder.paths import REPO_ROOT
+
 _GPU_CHECK = re.compile(r"require_gpu\(\s*[\"']([^\"']+)[\"']")
 
 

@@ -26,7 +26,8 @@ from pathlib import Path
 import nbformat
 from tqdm import tqdm
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from autograder.paths import REPO_ROOT
+
 CONFIG_NAME = "nbgrader_config.py"
 DEFAULT_STUDENT = "learner"
 SUBMISSION_TIMEOUT_S = 1800   # wall-clock limit for one whole submission (cells have their own limit)

@@ -24,10 +24,11 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
+from autograder.paths import CALIBRATION_DIR
+
 __all__ = ["CALIBRATION_DIR", "calibration_dir", "Uncalibrated", "calibration_path", "read_calibration", "threshold",
            "status", "fixed", "device_name"]
 
-CALIBRATION_DIR = Path(__file__).resolve().parent / "calibration"
 _override: list[float] = []
 
 
