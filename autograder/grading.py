@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ import nbformat
 from tqdm import tqdm
 
 from autograder.paths import REPO_ROOT
+from autograder.processes import kill_group
 
 CONFIG_NAME = "nbgrader_config.py"
 DEFAULT_STUDENT = "learner"
@@ -108,44 +108,13 @@ def run_nbgrader(args: list[str], course_root: Path, *, timeout: float | None = 
         out, _ = proc.communicate(timeout=timeout)
         return proc.returncode, out
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        kill_group(proc)
         out, _ = proc.communicate()
         return None, out or ""
     except BaseException:          # interrupted (Ctrl-C, a test timeout): leave no kernel behind
-        _kill_group(proc)
+        kill_group(proc)
         proc.wait()
         raise
-
-
-def _descendants(pid: int) -> list[int]:
-    """Child processes of pid, recursively (Linux /proc; empty elsewhere)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Kill nbgrader and its kernels (jupyter_client starts kernels in sessions of their own)."""
-    victims = _descendants(proc.pid)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    for pid in victims:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def db_url_for(path: Path) -> str:

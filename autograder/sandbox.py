@@ -37,6 +37,7 @@ from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 
 from autograder.paths import AUTOGRADER_DIR, REPO_ROOT
+from autograder.processes import descendants
 
 PACKAGE_ROOT = REPO_ROOT                                 # holds shared/ and autograder/
 BWRAP = shutil.which("bwrap") or "/usr/bin/bwrap"
@@ -263,12 +264,10 @@ class SandboxedKernelManager(AsyncKernelManager):
 
     def _report_leftovers(self) -> None:
         """Log how many processes besides the kernel are still in the sandbox (they die with it)."""
-        from autograder.grading import _descendants
-
         process = getattr(self.provisioner, "process", None)
         if not self.policy.enabled or process is None or process.poll() is not None:
             return
-        extra = len(_descendants(process.pid)) - 2          # bwrap's init (PID 1 inside) and the kernel
+        extra = len(descendants(process.pid)) - 2          # bwrap's init (PID 1 inside) and the kernel
         if extra > 0:
             self.log.warning("%s %d", LEFTOVER_MARK, extra)
 
