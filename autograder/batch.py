@@ -9,6 +9,9 @@ The parent then records each result into the instructor's gradebook, one at a ti
 autograde converter with execution turned off (OverwriteCells puts the gradebook's test cells back,
 SaveAutoGrades reads the scores from the executed outputs, AssignLatePenalties applies the course policy).
 Around each record the `Guard` checks the gradebook (autograder/gradebook_guard.py).
+
+`grade_notebook(path)` (`make grade`) is a batch of one: a throwaway course folder and gradebook, the instructor's
+files never touched. The nbgrader calls themselves live in autograder/grading.py, below this module.
 """
 
 from __future__ import annotations
@@ -29,10 +32,12 @@ from typing import Callable
 import nbformat
 from tqdm import tqdm
 
-from autograder import gradebook_guard, intake, output_limits, preprocessors, sandbox
-from autograder.grading import (CONFIG_NAME, REPO_ROOT, SUBMISSION_TIMEOUT_S, GradingError,
-                                SubmissionResult, assignments, db_url_for, generate_assignment, nbgrader_env,
-                                precheck, read_scores, run_nbgrader, submissions)
+from autograder import gradebook_guard, intake, preprocessors, sandbox
+from autograder.grading import (CONFIG_NAME, DEFAULT_STUDENT, SUBMISSION_TIMEOUT_S, GradingError, Reading,
+                                SubmissionResult, assignments, db_url_for, find_assignment, generate_assignment,
+                                make_temp_course, nbgrader_env, precheck, read_executed, read_scores,
+                                run_nbgrader, submissions)
+from autograder.paths import REPO_ROOT
 
 STATUSES = ("ok", "invalid-notebook", "kernel-died", "timeout", "tampered", "error")
 
@@ -176,75 +181,6 @@ def _record_zero(db_url: str, assignment: str, student: str) -> None:
                 grade.auto_score = 0
                 grade.needs_manual_grade = grade.manual_score is not None
         gb.db.commit()
-
-
-_LIMIT_SIGNS = (("MemoryError", "memory limit"), ("No space left on device", "disk limit"),
-                ("File too large", "disk limit"), ("Resource temporarily unavailable", "process limit"),
-                ("Network is unreachable", "no network"), ("Connection refused", "no network"),
-                ("Temporary failure in name resolution", "no network"), ("Name or service not known", "no network"),
-                ("gaierror", "no network"))
-
-
-@dataclass
-class _Reading:
-    status: str = "ok"
-    notes: list[str] = field(default_factory=list)
-    errors: dict[str, str] = field(default_factory=dict)
-
-
-def read_executed(text: str) -> _Reading:
-    """Status and notes from an executed notebook's outputs."""
-    r = _Reading()
-    nb = nbformat.reads(text, as_version=4)
-    timed, truncated, removed, limits, not_run = [], [], [], [], 0
-    for i, cell in enumerate(nb.cells):
-        if cell.cell_type != "code":
-            continue
-        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-        label = gid or f"cell {i + 1}"
-        for out in cell.get("outputs", []):
-            shown = f"{out.get('ename', '')} {out.get('evalue', '')} {out.get('text', '')}"
-            for sign, what in _LIMIT_SIGNS:       # the sandbox's limits, as the cell ran into them
-                if sign in shown and f"{what} ({label})" not in limits:
-                    limits.append(f"{what} ({label})")
-            if out.output_type == "error":
-                evalue = out.get("evalue") or ""
-                if out.ename == preprocessors.NOT_RUN_ENAME:
-                    not_run += 1
-                    msg = "not run"
-                elif out.ename == preprocessors.STUCK_ENAME:
-                    timed.append(label)
-                    msg = "timed out"
-                    if evalue == preprocessors.STUCK_NOTE:
-                        r.status = "timeout"
-                        r.notes.append(f"{label} {preprocessors.STUCK_NOTE}; later cells not run, "
-                                       "points of the cells before it kept")
-                elif out.ename == preprocessors.DEAD_ENAME:
-                    r.status = "kernel-died" if r.status == "ok" else r.status
-                    r.notes.append(f"the kernel died in {label} (os._exit, a crash or a resource limit); "
-                                   "later cells not run")
-                    msg = "kernel died"
-                else:
-                    first = evalue.strip().splitlines()
-                    msg = f"{out.ename}: {first[0][:160]}" if first else out.ename
-                if gid:
-                    r.errors.setdefault(gid, msg)
-            if output_limits.is_limit_note(out) and label not in removed:
-                removed.append(label)
-            if out.output_type == "stream":
-                if "... Output truncated ..." in out.get("text", "") and label not in truncated:
-                    truncated.append(label)
-                if out.name == "stderr" and gid:
-                    r.errors.setdefault(gid, "wrote to stderr (nbgrader fails a test cell that does)")
-    if timed:
-        r.notes.append("timed out: " + ", ".join(dict.fromkeys(timed)))
-    if truncated:
-        r.notes.append("output truncated in: " + ", ".join(truncated))
-    if removed:
-        r.notes.append("outputs over the size limits removed in: " + ", ".join(removed))
-    if limits:
-        r.notes.append("ran into the sandbox: " + ", ".join(limits))
-    return r
 
 
 # ----------------------------------------------------------------------------- the batch
@@ -437,7 +373,7 @@ def _finish(outcome: JobOutcome, api, guard: gradebook_guard.Guard, db_url: str,
         notes.append("the gradebook was changed from outside the grader while this submission ran; "
                      "restored to the copy taken before")
     before_manual = gradebook_guard.manual_scores(guard.db, s)
-    reading = _Reading()
+    reading = Reading()
     if outcome.notebooks:
         staging = work / "record" / s / a
         shutil.rmtree(staging, ignore_errors=True)
@@ -494,3 +430,37 @@ def _finish(outcome: JobOutcome, api, guard: gradebook_guard.Guard, db_url: str,
     log(result.line())
     bar.update()
     return result
+
+
+# ----------------------------------------------------------------------------- one notebook
+
+def grade_notebook(path: Path, *, assignment: str | None = None, course_root: Path = REPO_ROOT,
+                   student: str = DEFAULT_STUDENT, timeout: float = SUBMISSION_TIMEOUT_S,
+                   env: dict[str, str] | None = None, keep: Path | None = None, sandboxed: bool | None = None,
+                   log=None) -> SubmissionResult:
+    """Grade one notebook as `nbgrader autograde` would, in a temporary course folder (its own gradebook).
+
+    sandboxed: True requires the bubblewrap sandbox, False runs the kernel without it, None (default) uses it
+    where it can start (a learner grading their own notebook on a laptop without one still gets a grade).
+    keep: if given, the temporary course folder is copied there (autograded notebook, gradebook).
+    """
+    path = Path(path).resolve()
+    if not path.exists():
+        raise GradingError(f"no such notebook: {path}")
+    course_root = Path(course_root).resolve()
+    assignment = assignment or find_assignment(path, course_root)
+    if sandboxed is None:
+        sandboxed = sandbox.probe() is None
+    with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
+        course = make_temp_course(course_root, assignment, Path(tmp) / "course")
+        sub_dir = course / "submitted" / student / assignment
+        sub_dir.mkdir(parents=True)
+        names = sorted(p.name for p in (course / "solutions" / assignment).glob("*.ipynb"))
+        name = path.name if path.name in names or len(names) != 1 else names[0]
+        shutil.copy(path, sub_dir / name)
+        results = autograde(course, [assignment], [student], db=Path(tmp) / "gradebook.db", timeout=timeout,
+                            env=env, log=log or (lambda line: None), progress=False, jobs=1,
+                            unsafe=not sandboxed, backup=False)
+        if keep is not None:
+            shutil.copytree(tmp, keep, dirs_exist_ok=True)
+    return results[0]

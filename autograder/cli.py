@@ -137,13 +137,13 @@ def main(argv: list[str] | None = None) -> int:
     course = args.course.resolve()
     try:
         if args.command == "grade":
-            from autograder import sandbox
+            from autograder import batch, sandbox
             sandboxed = not args.unsafe
             if sandboxed and (why := sandbox.probe()):
                 print(f"note: no sandbox here ({why}); grading your notebook without one", file=sys.stderr)
                 sandboxed = False
-            res = grading.grade_notebook(args.path, assignment=args.assignment, course_root=course,
-                                         timeout=args.timeout, keep=args.keep, sandboxed=sandboxed)
+            res = batch.grade_notebook(args.path, assignment=args.assignment, course_root=course,
+                                       timeout=args.timeout, keep=args.keep, sandboxed=sandboxed)
             print(f"{args.path}: assignment {res.assignment}, status {res.status}")
             for note in res.notes:
                 print(f"  note: {note}")
@@ -155,11 +155,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"score: {res.score:g} / {res.max_score:g}")
             return 1 if args.require_full and res.score < res.max_score else 0
         if args.command == "autograde":
-            from autograder import sandbox
+            from autograder import batch, sandbox
             policy = sandbox.SandboxPolicy(memory_bytes=int(args.memory * sandbox.GiB),
                                            tmp_bytes=int(args.disk * sandbox.GiB), cpu_seconds=int(args.timeout) + 5)
-            results = grading.autograde(course, args.assignment, args.student, timeout=args.timeout, jobs=args.jobs,
-                                        scheduler=args.scheduler, unsafe=args.unsafe, policy=policy)
+            results = batch.autograde(course, args.assignment, args.student, timeout=args.timeout, jobs=args.jobs,
+                                      scheduler=args.scheduler, unsafe=args.unsafe, policy=policy)
             if not results:
                 print(f"no submissions under {course / 'submitted'}/<student>/<assignment>/")
             else:
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
                       else "exercise_map.json is current")
                 return 1 if stale else 0
             changed = learner_errors.write_map()
-            print(f"{'wrote' if changed else 'unchanged:'} {learner_errors.MAP_PATH}")
+            print(f"{'wrote' if changed else 'unchanged:'} {learner_errors.EXERCISE_MAP}")
             return 0
         if args.command == "interview":
             from autograder.interview import session

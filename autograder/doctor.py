@@ -8,18 +8,10 @@ import re
 import shutil
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from autograder.machine import cpu_name
+from autograder.paths import REPO_ROOT
+
 _GPU_CHECK = re.compile(r"require_gpu\(\s*[\"']([^\"']+)[\"']")
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def gpu_checks(root: Path = REPO_ROOT) -> dict[str, list[str]]:

@@ -43,7 +43,7 @@ from typing import Any, Callable
 import nbformat
 
 from autograder import thresholds
-from autograder.grading import REPO_ROOT
+from autograder.paths import CALIBRATION_DIR, REPO_ROOT
 
 NO_GPU_EXIT = 2
 CELL_TIMEOUT_S = 600
@@ -385,7 +385,7 @@ def main(repo: Path = REPO_ROOT, out_dir: Path | None = None, *, calibrate: bool
     from minigpt.timing import device_class
 
     dc = device_class("cuda")
-    out_dir = out_dir or repo / "autograder" / "calibration"
+    out_dir = out_dir or repo / CALIBRATION_DIR.relative_to(REPO_ROOT)
     path = out_dir / f"gpu_check.{dc}.json"
     report = load_report(path, dc, fresh)
     report.update({"device_name": torch.cuda.get_device_name(), "device_class": dc, "versions": versions("cuda"),

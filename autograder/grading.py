@@ -1,14 +1,16 @@
-"""Grading with real nbgrader: release, autograde, feedback, export.
+"""nbgrader itself, in a subprocess: course folders, nbgrader's commands, what a submission scored.
 
 Everything runs `nbgrader` in a subprocess inside a *course root* (a folder holding
 nbgrader_config.py, `solutions/<assignment>/` and, for instructors, `submitted/<student>/<assignment>/`).
 
-* `grade_notebook(path)` grades one notebook the way `nbgrader autograde` would, in a throwaway
-  course folder with a throwaway sqlite gradebook (sandboxed where bubblewrap works): the instructor's
-  files are never touched.
-* `autograde(course_root, ...)` grades every submission under submitted/, each in its own sandbox,
-  several at a time, and records grades in the parent (autograder/batch.py); a broken notebook (invalid
-  JSON, kernel crash, endless loop, an attack) gets a status line and the batch goes on.
+* `release`, `generate_feedback`, `export_grades`: nbgrader's commands on a whole course.
+* `autograde_one(...)`: `nbgrader autograde` of one submission in place, its kernel not sandboxed (the course's
+  own notebooks, tests/test_notebooks.py).
+* `precheck`, `read_executed`, `read_scores`: a submission before grading, its executed notebook, its scores.
+
+Learners' notebooks are graded by autograder/batch.py, which stands on this module and is never imported by it:
+`batch.autograde` grades every submission under submitted/, each in its own sandbox, and `batch.grade_notebook`
+grades one notebook (`make grade`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -24,9 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
-from tqdm import tqdm
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from autograder import output_limits, preprocessors
+from autograder.harness import gpu_available
+from autograder.notebooks import normalize_file
+from autograder.paths import REPO_ROOT
+from autograder.preprocessors import LimitOutputSize  # noqa: F401  (named by nbgrader_config.py of older courses)
+from autograder.processes import kill_group
+
 CONFIG_NAME = "nbgrader_config.py"
 DEFAULT_STUDENT = "learner"
 SUBMISSION_TIMEOUT_S = 1800   # wall-clock limit for one whole submission (cells have their own limit)
@@ -72,9 +78,6 @@ def _fmt(x: float) -> str:
     return f"{x:g}"
 
 
-from autograder.preprocessors import LimitOutputSize  # noqa: E402,F401  (nbgrader_config.py of older courses)
-
-
 # ----------------------------------------------------------------------------- nbgrader subprocesses
 
 def nbgrader_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -86,7 +89,6 @@ def nbgrader_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env.pop("NBGRADER_EXECUTION", None)
     # The notebooks' Triton kernels are compiled only where torch sees a GPU and interpreted elsewhere, whatever this
     # process's environment says (a script or a test may have set TRITON_INTERPRET=0 for itself).
-    from autograder.harness import gpu_available
     if not gpu_available():
         env["TRITON_INTERPRET"] = "1"
     if extra:
@@ -107,44 +109,13 @@ def run_nbgrader(args: list[str], course_root: Path, *, timeout: float | None = 
         out, _ = proc.communicate(timeout=timeout)
         return proc.returncode, out
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        kill_group(proc)
         out, _ = proc.communicate()
         return None, out or ""
     except BaseException:          # interrupted (Ctrl-C, a test timeout): leave no kernel behind
-        _kill_group(proc)
+        kill_group(proc)
         proc.wait()
         raise
-
-
-def _descendants(pid: int) -> list[int]:
-    """Child processes of pid, recursively (Linux /proc; empty elsewhere)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Kill nbgrader and its kernels (jupyter_client starts kernels in sessions of their own)."""
-    victims = _descendants(proc.pid)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    for pid in victims:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def db_url_for(path: Path) -> str:
@@ -276,6 +247,79 @@ def read_scores(db: Path | str, assignment: str, student: str) -> tuple[float, f
         return float(sub.score or 0.0), float(sub.max_score), cells
 
 
+# ----------------------------------------------------------------------------- reading executed notebooks
+
+_LIMIT_SIGNS = (("MemoryError", "memory limit"), ("No space left on device", "disk limit"),
+                ("File too large", "disk limit"), ("Resource temporarily unavailable", "process limit"),
+                ("Network is unreachable", "no network"), ("Connection refused", "no network"),
+                ("Temporary failure in name resolution", "no network"), ("Name or service not known", "no network"),
+                ("gaierror", "no network"))
+
+
+@dataclass
+class Reading:
+    """What an executed notebook's outputs say: a status, notes for the instructor, each graded cell's error."""
+
+    status: str = "ok"
+    notes: list[str] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+def read_executed(text: str) -> Reading:
+    """Status and notes from an executed notebook's outputs."""
+    r = Reading()
+    nb = nbformat.reads(text, as_version=4)
+    timed, truncated, removed, limits, not_run = [], [], [], [], 0
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        label = gid or f"cell {i + 1}"
+        for out in cell.get("outputs", []):
+            shown = f"{out.get('ename', '')} {out.get('evalue', '')} {out.get('text', '')}"
+            for sign, what in _LIMIT_SIGNS:       # the sandbox's limits, as the cell ran into them
+                if sign in shown and f"{what} ({label})" not in limits:
+                    limits.append(f"{what} ({label})")
+            if out.output_type == "error":
+                evalue = out.get("evalue") or ""
+                if out.ename == preprocessors.NOT_RUN_ENAME:
+                    not_run += 1
+                    msg = "not run"
+                elif out.ename == preprocessors.STUCK_ENAME:
+                    timed.append(label)
+                    msg = "timed out"
+                    if evalue == preprocessors.STUCK_NOTE:
+                        r.status = "timeout"
+                        r.notes.append(f"{label} {preprocessors.STUCK_NOTE}; later cells not run, "
+                                       "points of the cells before it kept")
+                elif out.ename == preprocessors.DEAD_ENAME:
+                    r.status = "kernel-died" if r.status == "ok" else r.status
+                    r.notes.append(f"the kernel died in {label} (os._exit, a crash or a resource limit); "
+                                   "later cells not run")
+                    msg = "kernel died"
+                else:
+                    first = evalue.strip().splitlines()
+                    msg = f"{out.ename}: {first[0][:160]}" if first else out.ename
+                if gid:
+                    r.errors.setdefault(gid, msg)
+            if output_limits.is_limit_note(out) and label not in removed:
+                removed.append(label)
+            if out.output_type == "stream":
+                if "... Output truncated ..." in out.get("text", "") and label not in truncated:
+                    truncated.append(label)
+                if out.name == "stderr" and gid:
+                    r.errors.setdefault(gid, "wrote to stderr (nbgrader fails a test cell that does)")
+    if timed:
+        r.notes.append("timed out: " + ", ".join(dict.fromkeys(timed)))
+    if truncated:
+        r.notes.append("output truncated in: " + ", ".join(truncated))
+    if removed:
+        r.notes.append("outputs over the size limits removed in: " + ", ".join(removed))
+    if limits:
+        r.notes.append("ran into the sandbox: " + ", ".join(limits))
+    return r
+
+
 # ----------------------------------------------------------------------------- autograde
 
 def autograde_one(course_root: Path, assignment: str, student: str, *, db: Path | str,
@@ -312,8 +356,6 @@ def autograde_one(course_root: Path, assignment: str, student: str, *, db: Path 
             notes.append("nbgrader failed: " + (last[-1].strip()[:200] if last else f"exit {rc}"))
     total, max_total, cells = read_scores(url, assignment, student)
     if rc == 0:
-        from autograder.batch import read_executed
-
         for nb_path in sorted(Path(released).glob("*.ipynb")):
             done = course_root / "autograded" / student / assignment / nb_path.name
             if not done.exists():
@@ -335,48 +377,6 @@ def submissions(course_root: Path, assignment: str) -> list[str]:
     """Students with a folder submitted/<student>/<assignment>/."""
     base = Path(course_root) / "submitted"
     return sorted(p.parent.name for p in base.glob(f"*/{assignment}") if p.is_dir())
-
-
-def autograde(course_root: Path = REPO_ROOT, assignment_ids: list[str] | None = None,
-              students: list[str] | None = None, **kwargs) -> list[SubmissionResult]:
-    """Instructor batch: every submission graded in its own sandbox, in parallel; see autograder.batch."""
-    from autograder import batch
-
-    return batch.autograde(course_root, assignment_ids, students, **kwargs)
-
-
-def grade_notebook(path: Path, *, assignment: str | None = None, course_root: Path = REPO_ROOT,
-                   student: str = DEFAULT_STUDENT, timeout: float = SUBMISSION_TIMEOUT_S,
-                   env: dict[str, str] | None = None, keep: Path | None = None, sandboxed: bool | None = None,
-                   log=None) -> SubmissionResult:
-    """Grade one notebook as `nbgrader autograde` would, in a temporary course folder (its own gradebook).
-
-    sandboxed: True requires the bubblewrap sandbox, False runs the kernel without it, None (default) uses it
-    where it can start (a learner grading their own notebook on a laptop without one still gets a grade).
-    keep: if given, the temporary course folder is copied there (autograded notebook, gradebook).
-    """
-    from autograder import batch, sandbox
-
-    path = Path(path).resolve()
-    if not path.exists():
-        raise GradingError(f"no such notebook: {path}")
-    course_root = Path(course_root).resolve()
-    assignment = assignment or find_assignment(path, course_root)
-    if sandboxed is None:
-        sandboxed = sandbox.probe() is None
-    with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
-        course = make_temp_course(course_root, assignment, Path(tmp) / "course")
-        sub_dir = course / "submitted" / student / assignment
-        sub_dir.mkdir(parents=True)
-        names = sorted(p.name for p in (course / "solutions" / assignment).glob("*.ipynb"))
-        name = path.name if path.name in names or len(names) != 1 else names[0]
-        shutil.copy(path, sub_dir / name)
-        results = batch.autograde(course, [assignment], [student], db=Path(tmp) / "gradebook.db", timeout=timeout,
-                                  env=env, log=log or (lambda line: None), progress=False, jobs=1,
-                                  unsafe=not sandboxed, backup=False)
-        if keep is not None:
-            shutil.copytree(tmp, keep, dirs_exist_ok=True)
-    return results[0]
 
 
 # ----------------------------------------------------------------------------- feedback and export
@@ -411,8 +411,6 @@ def export_grades(course_root: Path = REPO_ROOT, csv_path: Path | None = None, *
 def release(course_root: Path = REPO_ROOT, assignment_ids: list[str] | None = None, *,
             release_dir: Path | None = None, env: dict[str, str] | None = None) -> list[Path]:
     """Regenerate labs/ (or release_dir) from solutions/ with a temporary gradebook, then normalize."""
-    from autograder.notebooks import normalize_file
-
     course_root = Path(course_root).resolve()
     out = []
     with tempfile.TemporaryDirectory(prefix="release-db-") as tmp:

@@ -34,6 +34,8 @@ import os
 import warnings
 from typing import Any, Callable, Iterator, Mapping, Sequence, Tuple, Union
 
+from autograder import thresholds
+
 __all__ = ["gpu_available", "under_autograde", "require_gpu", "check_speedup", "threshold_for", "quiet", "check_answer",
            "call_learner", "within", "at_least", "assert_finite"]
 
@@ -65,10 +67,10 @@ def require_gpu(what: str, calibrated: Sequence[str] = ()) -> bool:
             raise AssertionError(f"needs a GPU: {what}; this machine has none, so no points are awarded")
         print(f"SKIPPED (needs a GPU): {what}. Run this cell on a machine with a CUDA GPU.")
         return False
-    from autograder.thresholds import status
     from minigpt.timing import device_class
 
-    reasons = [why for check in calibrated for fraction, why in [status(check, device_class("cuda"))] if fraction is None]
+    reasons = [why for check in calibrated for fraction, why in [thresholds.status(check, device_class("cuda"))]
+               if fraction is None]
     if not reasons:
         return True
     if under_autograde():
@@ -217,7 +219,6 @@ def check_speedup(candidate: Callable[[], Any], baseline: Callable[[], Any], ref
     The three zero-argument callables are timed interleaved (minigpt.timing.compare) in this process.
     Returns {"speedup", "reference_speedup", "threshold"} where threshold = fraction * reference_speedup.
     """
-    from autograder import thresholds
     from minigpt.timing import compare, device_class
 
     dev_class = device_class(device)

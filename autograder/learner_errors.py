@@ -29,9 +29,8 @@ from functools import lru_cache
 from pathlib import Path
 from types import TracebackType
 
-AUTOGRADER_DIR = Path(__file__).resolve().parent
-REPO_ROOT = AUTOGRADER_DIR.parent
-MAP_PATH = AUTOGRADER_DIR / "exercise_map.json"
+from autograder.paths import AUTOGRADER_DIR, EXERCISE_MAP, REPO_ROOT, SHARED_DIR
+
 _QUESTION_NAME = re.compile(r"q(\d+)_\w+")
 
 
@@ -96,7 +95,7 @@ def build_map(solutions: Path = REPO_ROOT / "solutions") -> dict:
 @lru_cache(maxsize=1)
 def exercise_map() -> dict:
     try:
-        return json.loads(MAP_PATH.read_text())
+        return json.loads(EXERCISE_MAP.read_text())
     except (OSError, json.JSONDecodeError):
         return {"checks": {}, "learner": {}}
 
@@ -114,7 +113,7 @@ def _is_course(filename: str) -> bool:
         resolved = str(Path(filename).resolve())
     except (OSError, ValueError):
         return False
-    return (resolved.startswith((str(AUTOGRADER_DIR), str(REPO_ROOT / "shared"))) or
+    return (resolved.startswith((str(AUTOGRADER_DIR), str(SHARED_DIR))) or
             resolved.startswith(_library_dirs()))
 
 
@@ -236,7 +235,7 @@ def install_in_kernel() -> bool:
     return True
 
 
-def write_map(path: Path = MAP_PATH) -> bool:
+def write_map(path: Path = EXERCISE_MAP) -> bool:
     """Write the map made from solutions/; True when it changed."""
     text = json.dumps(build_map(), indent=1) + "\n"
     if path.exists() and path.read_text() == text:

@@ -15,7 +15,8 @@ from typing import Iterable
 import nbformat
 from nbformat import NotebookNode
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from autograder.paths import REPO_ROOT
+
 NOTEBOOK_DIRS = ("solutions", "labs", "tests/fixtures")
 _VOLATILE_CELL_META = ("execution", "collapsed", "scrolled", "ExecuteTime", "jupyter")
 _VOLATILE_NB_META = ("widgets", "toc", "varInspector")

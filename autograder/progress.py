@@ -3,7 +3,7 @@
     rows = progress(course_root, workspace)      # grades what changed since it was last graded
     print(format_table(rows))
 
-A notebook is graded as `make grade` grades it (`grading.grade_notebook`, nbgrader in a temporary course), and
+A notebook is graded as `make grade` grades it (`batch.grade_notebook`, nbgrader in a temporary course), and
 the result is kept in `workspace/.progress.json` under the notebook's sha256, so a lab is graded again only
 after it changed. GPU-tier cells are the graded cells that call `require_gpu(`: without a GPU they earn
 nothing, so a CPU-only learner's maximum is the CPU column.
@@ -18,7 +18,7 @@ from typing import Callable
 
 import nbformat
 
-from autograder import grading
+from autograder import batch, grading
 from autograder.workspace import sha256
 
 CACHE = ".progress.json"
@@ -55,7 +55,7 @@ def progress(course_root: Path, workspace: Path, *, labs: list[str] | None = Non
              on_start: Callable[[str], None] = lambda lab: None) -> list[LabProgress]:
     """One row per released notebook; grades each workspace notebook that changed since its last grading."""
     course_root, workspace = Path(course_root), Path(workspace)
-    grade = grade or (lambda path: grading.grade_notebook(path, course_root=course_root))
+    grade = grade or (lambda path: batch.grade_notebook(path, course_root=course_root))
     cache_path = workspace / CACHE
     try:
         cache = json.loads(cache_path.read_text())

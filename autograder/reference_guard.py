@@ -28,9 +28,11 @@ from pathlib import Path
 from types import CodeType, FunctionType
 from typing import Any, Callable, Iterable, Iterator
 
+from autograder.paths import AUTOGRADER_DIR, SHARED_DIR
+
 __all__ = ["own_work", "no_calls_into", "watched", "ReferenceHandedIn"]
 
-_PACKAGE_ROOTS = (Path(__file__).resolve().parents[1] / "shared", Path(__file__).resolve().parent)
+_PACKAGE_ROOTS = (SHARED_DIR, AUTOGRADER_DIR)
 
 
 class ReferenceHandedIn(AssertionError):

@@ -36,7 +36,10 @@ from pathlib import Path
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]        # holds shared/ and autograder/
+from autograder.paths import AUTOGRADER_DIR, REPO_ROOT
+from autograder.processes import descendants
+
+PACKAGE_ROOT = REPO_ROOT                                 # holds shared/ and autograder/
 BWRAP = shutil.which("bwrap") or "/usr/bin/bwrap"
 ENV_VAR = "COURSE_SANDBOX"
 LEFTOVER_MARK = "processes still running in the sandbox when the kernel stopped (killed with it):"
@@ -154,7 +157,7 @@ def bwrap_argv(policy: SandboxPolicy, kernel_cmd: list[str], *, submission_dir: 
     for k, v in env.items():
         args += ["--setenv", k, v]
     args += ["--chdir", "/tmp"]
-    boot = [sys.executable, "-I", str(Path(__file__).with_name("sandbox_boot.py")),
+    boot = [sys.executable, "-I", str(AUTOGRADER_DIR / "sandbox_boot.py"),
             "--memory", str(policy.memory_bytes), "--fsize", str(policy.tmp_bytes),
             "--cpu", str(policy.cpu_seconds)]
     if as_root:
@@ -261,12 +264,10 @@ class SandboxedKernelManager(AsyncKernelManager):
 
     def _report_leftovers(self) -> None:
         """Log how many processes besides the kernel are still in the sandbox (they die with it)."""
-        from autograder.grading import _descendants
-
         process = getattr(self.provisioner, "process", None)
         if not self.policy.enabled or process is None or process.poll() is not None:
             return
-        extra = len(_descendants(process.pid)) - 2          # bwrap's init (PID 1 inside) and the kernel
+        extra = len(descendants(process.pid)) - 2          # bwrap's init (PID 1 inside) and the kernel
         if extra > 0:
             self.log.warning("%s %d", LEFTOVER_MARK, extra)
 

@@ -24,10 +24,12 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
+from autograder.machine import cpu_name
+from autograder.paths import CALIBRATION_DIR
+
 __all__ = ["CALIBRATION_DIR", "calibration_dir", "Uncalibrated", "calibration_path", "read_calibration", "threshold",
            "status", "fixed", "device_name"]
 
-CALIBRATION_DIR = Path(__file__).resolve().parent / "calibration"
 _override: list[float] = []
 
 
@@ -50,8 +52,6 @@ def device_name(device_class: str) -> str:
         import torch
 
         return torch.cuda.get_device_name() if torch.cuda.is_available() else device_class
-    from autograder.doctor import cpu_name
-
     return cpu_name()
 
 

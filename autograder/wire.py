@@ -54,6 +54,8 @@ from typing import Any, Callable
 
 import torch
 
+from autograder.paths import AUTOGRADER_DIR, SHARED_DIR
+
 __all__ = ["Endpoint", "Remote", "RemoteError", "ChannelClosed", "Refused", "Service", "Callback", "judge_services",
            "trusted_object", "send_frame", "recv_frame", "path_of", "is_remote", "is_class",
            "class_of", "vars_of", "run_where", "in_kernel", "storage_address"]
@@ -715,9 +717,8 @@ def installed_module(name: str) -> types.ModuleType:
         return sys.modules[name]
     if name in ("minigpt", "autograder") or name.startswith(TRUSTED_PREFIXES):
         module = importlib.import_module(name)
-        here = Path(__file__).resolve().parent
         origin = Path(getattr(module, "__file__", "") or "").resolve()
-        if origin.is_relative_to(here) or origin.is_relative_to(here.parent / "shared"):
+        if origin.is_relative_to(AUTOGRADER_DIR) or origin.is_relative_to(SHARED_DIR):
             return module
     raise ValueError(f"the grader does not import {name!r} for a notebook (not a module it has loaded)")
 

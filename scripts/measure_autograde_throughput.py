@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from autograder import grading  # noqa: E402
+from autograder import batch, grading  # noqa: E402
 
 
 def main() -> None:
@@ -40,7 +40,7 @@ def main() -> None:
                 d.mkdir(parents=True)
                 shutil.copy(src, d / src.name)
             t0 = time.perf_counter()
-            results = grading.autograde(course, [args.assignment], jobs=jobs, progress=False, log=print)
+            results = batch.autograde(course, [args.assignment], jobs=jobs, progress=False, log=print)
             dt = time.perf_counter() - t0
             print(json.dumps({"jobs": jobs, "submissions": len(results), "seconds": round(dt, 1),
                               "per_minute": round(60 * len(results) / dt, 2),

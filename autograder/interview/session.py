@@ -22,10 +22,11 @@ from typing import Callable, Protocol
 
 from autograder.interview.questions import FAMILIES, Verdict
 from autograder.interview.reasoning import CHOICE_QUESTIONS
+from autograder.paths import REPO_ROOT
 
 REASONING = "reasoning"
 TOPICS = (*FAMILIES, REASONING)
-DEFAULT_HISTORY = Path(__file__).resolve().parents[2] / ".interview_history.jsonl"
+DEFAULT_HISTORY = REPO_ROOT / ".interview_history.jsonl"
 
 
 class Question(Protocol):

@@ -29,8 +29,9 @@ GPU tier (speed): check_continuous_speedup_gpu(scheduler_cls, pack_fn): wall tim
 continuous batching on a GPU, relative to the reference, behind autograder.harness.require_gpu.
 """
 
-from autograder.lab03.common import (GPU_SPEED_CHECK, NEAR_TIE, SCHEDULER, SMALL_CONFIG, SPEED_MIN_FRACTION, _fake_token,
-                                     _model, _rand_tokens, _request, construct, learner_scheduling, own_scheduler)
+from autograder.checking import NEAR_TIE, SMALL_CONFIG
+from autograder.lab03.common import (GPU_SPEED_CHECK, SCHEDULER, SPEED_MIN_FRACTION, _fake_token, _rand_tokens, _request,
+                                     construct, learner_scheduling, own_scheduler)
 from autograder.lab03.metrics import check_metrics, metrics_cases
 from autograder.lab03.outputs import check_greedy_outputs, check_static_batching
 from autograder.lab03.packing import check_pack_chunks

@@ -1,4 +1,4 @@
-"""What the lab 03 checks share: the small model, seeded tokens and requests, the driver's fake tokens, and the
+"""What the lab 03 checks share (the small model is autograder.checking's): seeded tokens and requests, the driver's fake tokens, and the
 refusal of the reference scheduler (own_scheduler, learner_scheduling, construct)."""
 
 from __future__ import annotations
@@ -9,17 +9,13 @@ from typing import Any, Hashable
 import torch
 
 from autograder.reference_guard import no_calls_into, own_work
-from autograder.wire import is_remote, run_where
+from autograder.wire import run_where
 from minigpt.cache.block_manager import BlockManager
-from minigpt.config import ModelConfig
 from minigpt.engine.baselines import StaticBatchScheduler
 from minigpt.engine.prefix_scheduler import PrefixCachingScheduler
 from minigpt.engine.request import Request
 from minigpt.engine.scheduler import Scheduler, SchedulerConfig
-from minigpt.model import GPT
 
-SMALL_CONFIG = ModelConfig(vocab_size=256, max_seq_len=96, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128)
-NEAR_TIE = 1e-3          # top-2 logit gap below which batched float sums may flip the greedy choice
 # The learner's continuous scheduler must save at least this fraction of the reference's step reduction over
 # static batching (a deterministic count: no timing noise). The reference needs about 2.6x fewer steps (145 vs 56) on
 # the skewed workload below; a scheduler that only refills when the batch empties gets 1x.
@@ -27,34 +23,6 @@ SPEED_MIN_FRACTION = 0.8
 # GPU tier: wall time, threshold calibrated per GPU class by `make calibrate` (autograder/calibrate.py) between the
 # reference's ratio and that of a scheduler that refills only when the batch empties (static batching in disguise).
 GPU_SPEED_CHECK = "lab03_continuous_speedup_gpu"
-
-
-def _model(seed: int = 0, config: ModelConfig = SMALL_CONFIG, scale: float = 6.0) -> GPT:
-    """A small random model whose matrices are scaled (x6 by default): at the usual init a random model repeats its
-    last token whatever the context, so a wrong position or an attended padding token would go unnoticed."""
-    torch.manual_seed(seed)
-    model = GPT(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim == 2:
-                p.mul_(scale)
-    return model
-
-
-def model_beside(side: Any, model: GPT) -> GPT:
-    """`model` itself, or when `side` (the learner's function or class) is a Remote, a copy of it built in the learner's
-    kernel from its weights (sent as data): the package's generation code needs a real GPT, and a model left in the
-    judge would make each of its forward calls a round trip."""
-    if not is_remote(side):
-        return model
-    return run_where(side, _model_from_weights, model.config, model.state_dict())
-
-
-def _model_from_weights(config: ModelConfig, weights: dict[str, torch.Tensor]) -> GPT:
-    with torch.random.fork_rng(devices=[]):       # the initial weights are overwritten: leave the learner's RNG alone
-        model = GPT(config).eval()
-    model.load_state_dict(weights)
-    return model
 
 
 def _rand_tokens(n: int, g: torch.Generator, vocab: int = 255) -> list[int]:

@@ -7,7 +7,8 @@ from typing import Any, Callable
 import torch
 
 from autograder.harness import call_learner, quiet
-from autograder.lab03.common import NEAR_TIE, SMALL_CONFIG, _model, _rand_tokens, construct, model_beside
+from autograder.checking import NEAR_TIE, SMALL_CONFIG, model_beside, scaled_model
+from autograder.lab03.common import _rand_tokens, construct
 from autograder.lab03.packing import refuse_thin_pack
 from autograder.lab03.scheduler import refuse_thin_wrapper
 from autograder.reference_guard import no_calls_into, own_work
@@ -67,7 +68,7 @@ def check_greedy_outputs(scheduler_cls: type = Scheduler, pack_fn: Callable | No
     if pack_fn is not None:
         own_work(pack_fn, pack_chunks, what="Exercise 1 (pack_chunks)")
         refuse_thin_pack(pack_fn)
-    model = _model()
+    model = scaled_model()
     g = torch.Generator().manual_seed(11)
     reqs = [Request(i, _rand_tokens(int(torch.randint(2, 40, (1,), generator=g)), g),
                     int(torch.randint(1, 24, (1,), generator=g)), arrival_time=0.0, stop_token_ids=())
@@ -97,7 +98,7 @@ def check_static_batching(static_fn: Callable) -> None:
     whose longest answers are 9 and 7 tokens), not one prompt at a time."""
     what = "Exercise 3 (static batching)"
     own_work(static_fn, static_generate, what=what)
-    model = _model(1)
+    model = scaled_model(1)
     learner_model = model_beside(static_fn, model)      # in the learner's kernel when judged (a copy)
     g = torch.Generator().manual_seed(12)
     prompts = [_rand_tokens(n, g) for n in (3, 17, 9, 30, 5)]

@@ -41,6 +41,7 @@ backward of an autograd Function (FunctionRun: autograd cannot cross processes),
 memory (measure_*: a call across processes would time the copies and allocate elsewhere).
 """
 
+from autograder.checking import Launches, count_triton_launches
 from autograder.lab04.common import (ATTENTION_CASES, BACKWARD_SPEED_CHECK, DECODE_SPEED_CHECK, FLASH_SPEED_CHECK,
                                      MEMORY_CHECK, PAGED_CASES, TOL, reference_lse)
 from autograder.lab04.backward import (BACKWARD_CASES, FLASH_BACKWARD, FUNCTIONS, FunctionRun, backward64,
@@ -52,9 +53,8 @@ from autograder.lab04.questions import (Q1_BLOCKS, Q2_SHAPE, Q3_MEMORY, check_q1
 from autograder.lab04.softmax import ONLINE_SOFTMAX, check_online_softmax
 from autograder.lab04.tiled import (BACKWARD_TILE, TILED_BACKWARD, TILED_FORWARD, check_tiled_attention,
                                     check_tiled_backward)
-from autograder.lab04.triton_kernels import (FLASH_FORWARD, MERGE, PAGED_DECODE, Launches, call_counting_launches,
-                                             call_launcher, check_flash_forward, check_merge_partials,
-                                             check_paged_decode, count_triton_launches, own_kernels)
+from autograder.lab04.triton_kernels import (FLASH_FORWARD, MERGE, PAGED_DECODE, call_counting_launches, call_launcher,
+                                             check_flash_forward, check_merge_partials, check_paged_decode, own_kernels)
 from autograder.lab04.warmup import check_row_softmax, check_tiled_matmul, check_vector_add
 
 __all__ = ["check_vector_add", "check_row_softmax", "check_tiled_matmul", "check_online_softmax",

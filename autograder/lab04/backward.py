@@ -10,9 +10,10 @@ from typing import Any, Callable
 import torch
 
 import minigpt.kernels  # noqa: F401  (on a CPU: TRITON_INTERPRET=1 before any kernel is built)
+from autograder.checking import count_triton_launches
 from autograder.harness import call_learner
 from autograder.lab04.common import ATTENTION_CASES, TOL, _close, _err, _full_attention, _qkv
-from autograder.lab04.triton_kernels import call_launcher, count_triton_launches
+from autograder.lab04.triton_kernels import call_launcher
 from autograder.reference_guard import ReferenceHandedIn, no_calls_into, own_work
 from autograder.wire import is_class, run_where
 from minigpt.kernels.flash_attention import FlashAttentionFunction

@@ -8,8 +8,10 @@ from typing import Callable
 import torch
 
 import minigpt.kernels  # noqa: F401  (on a CPU: TRITON_INTERPRET=1 before any kernel is built)
+from autograder.gpu_bench import fits, free_bytes, fwd_bwd, naive_attention_bytes, sdpa_fwd_bwd
 from autograder.harness import at_least, call_learner, quiet, within
 from autograder.lab04.common import BACKWARD_SPEED_CHECK, DECODE_SPEED_CHECK, FLASH_SPEED_CHECK, MEMORY_CHECK
+from autograder.thresholds import threshold
 from autograder.wire import run_where
 from minigpt.attention import naive_attention
 from minigpt.kernels.flash_attention import flash_attention_forward
@@ -27,7 +29,6 @@ def check_flash_speed(fn: Callable, *, kwargs: dict | None = None, seq_len: int 
     cannot hold naive attention's temporaries (3 fp32 copies of B x H x T x T scores: 26 GB at the default shape) the
     batch is halved until they fit; the result says which batch was timed. The timing runs where fn lives (the
     learner's kernel when judged: a call across processes would time the copies), the verdict here."""
-    from autograder.thresholds import threshold
     from minigpt.timing import device_class
 
     fraction = threshold(FLASH_SPEED_CHECK, device_class(device))
@@ -49,7 +50,6 @@ def measure_flash_speed(fn: Callable, kwargs: dict, seq_len: int, head_dim: int,
                         device: str, rounds: int) -> dict:
     """Run where fn lives: {"close": fn's output matches the reference kernel's, "times": median seconds of naive
     attention, fn and the reference kernel (interleaved), "batch": the batch timed}."""
-    from autograder.gpu_bench import fits, free_bytes, naive_attention_bytes
     from minigpt.timing import bench_interleaved
 
     if torch.device(device).type == "cuda":
@@ -77,7 +77,6 @@ def check_paged_decode_speed(fn: Callable, *, kwargs: dict | None = None, batch:
                              device: str = "cuda", rounds: int = 5) -> dict:
     """Learner's paged decode fn(*inputs, **kwargs) speedup over gather-then-SDPA >= the calibrated fraction
     (DECODE_SPEED_CHECK) of the reference kernel's, fp16, timed in interleaved rounds where fn lives."""
-    from autograder.thresholds import threshold
     from minigpt.timing import device_class
 
     fraction = threshold(DECODE_SPEED_CHECK, device_class(device))
@@ -124,7 +123,6 @@ def check_flash_memory(fn: Callable, *, kwargs: dict | None = None, seq_lens: tu
     """Peak extra memory of fn(q, k, v, causal, **kwargs) grows O(T) per doubling of T (about 2x), not O(T^2) (4x): at
     most the calibrated growth (MEMORY_CHECK) per doubling. Measured in the process where fn runs (its allocations
     happen there), judged here."""
-    from autograder.thresholds import threshold
     from minigpt.timing import device_class
 
     most = threshold(MEMORY_CHECK, device_class("cuda"))
@@ -154,26 +152,6 @@ def measure_flash_memory(fn: Callable, kwargs: dict, seq_lens: tuple[int, ...], 
     return peaks
 
 
-def _sdpa_fwd_bwd(q, k, v, d_out, causal: bool):
-    """SDPA forward + backward, with its flash backend on a GPU (the math backend on a CPU, for the tests)."""
-    def run():
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-        return torch.autograd.grad(out, (q, k, v), d_out)
-    if q.is_cuda:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        def flash():
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                return run()
-        return flash
-    return run
-
-
-def fwd_bwd(cls, q, k, v, d_out, causal: bool):
-    """A zero-argument callable: cls.apply(q, k, v, causal) then its gradients (dq, dk, dv) for d_out."""
-    return lambda: torch.autograd.grad(cls.apply(q, k, v, causal), (q, k, v), d_out)
-
-
 def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-12))
 
@@ -185,7 +163,6 @@ def check_flash_backward_speed(cls, *, seq_len: int = 4096, head_dim: int = 64, 
     SDPA-flash's forward + backward: its speedup over SDPA (t_sdpa / t_cls, usually below 1) must reach the calibrated
     fraction (BACKWARD_SPEED_CHECK) of the reference Function's, all timed in interleaved rounds (medians) where cls
     lives (autograd through the learner's Function cannot cross processes)."""
-    from autograder.thresholds import threshold
     from minigpt.timing import device_class
 
     fraction = threshold(BACKWARD_SPEED_CHECK, device_class(device))
@@ -217,7 +194,7 @@ def measure_flash_backward_speed(cls, seq_len: int, head_dim: int, batch: int, h
     q, k, v, d_out = (torch.randn(batch, heads, seq_len, head_dim, device=device, generator=g).to(dtype)
                       for _ in range(4))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
-    fns = {"sdpa_flash": _sdpa_fwd_bwd(q, k, v, d_out, causal), "learner": fwd_bwd(cls, q, k, v, d_out, causal),
+    fns = {"sdpa_flash": sdpa_fwd_bwd(q, k, v, d_out, causal), "learner": fwd_bwd(cls, q, k, v, d_out, causal),
            "reference": fwd_bwd(FlashAttentionFunction, q, k, v, d_out, causal)}
     with quiet():
         got = call_learner("your Function's forward + backward at the benchmark shape", fns["learner"])

@@ -5,11 +5,12 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
 import minigpt.kernels  # noqa: F401  (on a CPU: TRITON_INTERPRET=1 before any kernel is built)
+from autograder.checking import Launches, count_triton_launches
 from autograder.harness import call_learner
 from autograder.lab04.common import ATTENTION_CASES, PAGED_CASES, TOL, _close, _err, _qkv
 from autograder.lab04.tiled import _ATTENTION_REFERENCES, _compare_out_lse
@@ -22,41 +23,6 @@ from minigpt.kernels.paged_decode import (gather_then_sdpa, merge_partials, page
 # ---------------------------------------------------------------------------------------------------
 # Triton: the forward kernel and the paged decode kernel
 # ---------------------------------------------------------------------------------------------------
-
-class Launches(list):
-    """[number of Triton launches]; `.kernels`: the Python function of each kernel launched."""
-
-    def __init__(self) -> None:
-        super().__init__([0])
-        self.kernels: list[Callable] = []
-
-
-@contextlib.contextmanager
-def count_triton_launches() -> Iterator[Launches]:
-    """Count Triton kernel launches (compiled or interpreted) inside the block: yields a one-item list, whose
-    `.kernels` names the kernels launched."""
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
-    counter = Launches()
-    originals = {cls: cls.run for cls in (InterpretedFunction, JITFunction)}
-
-    def wrap(original):
-        def run(self, *args, **kwargs):
-            counter[0] += 1
-            if getattr(self, "fn", None) is not None and self.fn not in counter.kernels:
-                counter.kernels.append(self.fn)
-            return original(self, *args, **kwargs)
-        return run
-
-    try:
-        for cls, original in originals.items():
-            cls.run = wrap(original)
-        yield counter
-    finally:
-        for cls, original in originals.items():
-            cls.run = original
-
 
 def own_kernels(launches: Launches, what: str) -> None:
     """Refuse a launch of one of the package's Triton kernels (the reference's kernel behind your launcher)."""

@@ -7,7 +7,7 @@ from typing import Callable
 
 import torch
 
-from autograder.lab03.common import model_beside
+from autograder.checking import model_beside
 from autograder.lab05.common import TINY_CONFIG, _AWQ, _SMOOTH, _call
 from autograder.reference_guard import own_work
 from autograder.wire import class_of

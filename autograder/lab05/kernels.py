@@ -7,6 +7,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from autograder.checking import count_triton_launches
 from autograder.harness import at_least, call_learner, check_speedup, quiet, within
 from autograder.lab05.common import GEMV_SPEED_CHECKS, INT4_CPU_SPEED_CHECK, _call, _randn
 from autograder.reference_guard import own_work
@@ -29,8 +30,6 @@ class LaunchCounting:
     judge calls it like the learner's own code (the reference watch of `_call` applies to it)."""
 
     def __call__(self, fn: Callable, *args: Any) -> tuple[Any, int, list[Callable]]:
-        from autograder.lab04 import count_triton_launches
-
         with count_triton_launches() as launches:
             value = fn(*args)
         return value, launches[0], list(launches.kernels)

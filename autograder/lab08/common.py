@@ -9,7 +9,7 @@ from contextlib import contextmanager, nullcontext
 from typing import Any, Callable, Iterator
 
 from autograder.harness import call_learner, quiet
-from autograder.lab03 import _model as lab03_model
+from autograder.checking import scaled_model
 from autograder.reference_guard import no_calls_into
 from autograder.reference_guard import watched as _watched
 from autograder.wire import run_where
@@ -35,7 +35,7 @@ REJECTED = 'minigpt_requests_total{outcome="rejected"}'
 
 
 def _model(seed: int = 0) -> GPT:
-    return lab03_model(seed, CHECK_CONFIG)
+    return scaled_model(seed, CHECK_CONFIG)
 
 
 @contextmanager

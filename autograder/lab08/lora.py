@@ -11,8 +11,7 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
 from autograder.harness import call_learner, quiet
-from autograder.lab03 import NEAR_TIE, SMALL_CONFIG
-from autograder.lab03 import _model as lab03_model
+from autograder.checking import NEAR_TIE, SMALL_CONFIG, scaled_model
 from autograder.lab08.common import CHECK_CONFIG, _watched, one_call_at_a_time
 from autograder.reference_guard import own_work
 from autograder.wire import run_where
@@ -171,8 +170,9 @@ def check_lora_delta(lora_delta_fn: Callable[..., Tensor]) -> None:
 
 
 def small_model(seed: int = 0) -> GPT:
-    """Lab 03's small random model (matrices scaled x6, so that greedy outputs depend on the context)."""
-    return lab03_model(seed)
+    """The small random model of lab 03's checks (autograder.checking: matrices scaled x6, so that greedy outputs
+    depend on the context)."""
+    return scaled_model(seed)
 
 
 def _divergence(model: GPT, prompt: list[int], got: list[int], want: list[int]) -> str | None:
@@ -232,7 +232,7 @@ def check_lora_engine(lora_delta_fn: Callable[..., Tensor], *, layout: str = "pa
 def served_lora_model(seed: int = 3) -> tuple[GPT, LoRAAdapters]:
     """A tiny random model over the course vocabulary (text prompts work; weights x4 so that greedy outputs depend on
     the adapter) and three adapters named adapter-0 .. adapter-2."""
-    model = lab03_model(seed, CHECK_CONFIG, scale=4.0)
+    model = scaled_model(seed, CHECK_CONFIG, scale=4.0)
     return model, LoRAAdapters.random(model, ["adapter-0", "adapter-1", "adapter-2"], rank=4, seed=seed - 1)
 
 

@@ -230,7 +230,7 @@ def _huge_submission(lab) -> str:
 
 @pytest.mark.slow
 def test_huge_outputs_leave_a_small_graded_notebook_and_feedback_and_the_grade(fixture_course):
-    from autograder import grading, sandbox
+    from autograder import batch, grading, sandbox
 
     env = grading.nbgrader_env({"COURSE_CELL_TIMEOUT": "120"})
     grading.release(fixture_course, env=env)
@@ -239,7 +239,7 @@ def test_huge_outputs_leave_a_small_graded_notebook_and_feedback_and_the_grade(f
     submitted.mkdir(parents=True)
     (submitted / lab.name).write_text(_huge_submission(lab))
     lines: list[str] = []
-    [result] = grading.autograde(fixture_course, timeout=600, env=env, log=lines.append, progress=False, jobs=1,
+    [result] = batch.autograde(fixture_course, timeout=600, env=env, log=lines.append, progress=False, jobs=1,
                                  unsafe=sandbox.probe() is not None)
     assert (result.score, result.status) == (4, "ok"), "\n".join(lines)
     assert any("outputs over the size limits removed in: ex1_code" in n for n in result.notes), result.notes

@@ -146,7 +146,7 @@ def _grade_course(root: Path, cls: dict, release_from: Path | None = None, **kwa
         for name, make in files.items():
             make(d / name)
     lines: list[str] = []
-    results = grading.autograde(course, timeout=120, env=env, log=lines.append, progress=False, **kwargs)
+    results = batch.autograde(course, timeout=120, env=env, log=lines.append, progress=False, **kwargs)
     print("\n".join(lines))
     return course, lab, released, env, {r.student: r for r in results}, lines
 
@@ -353,7 +353,7 @@ def unsafe_class(tmp_path_factory, graded_class):
         gb.update_or_create_student("gb_own_manual")
         gb.update_or_create_submission(ASSIGNMENT, "gb_own_manual")
     again: list[str] = []
-    second = grading.autograde(course, students=["gb_others", "gb_own_manual"], timeout=120, env=env,
+    second = batch.autograde(course, students=["gb_others", "gb_own_manual"], timeout=120, env=env,
                                log=again.append, progress=False, unsafe=True)
     csv_path = grading.export_grades(course, course / "grades.csv", env=env)
     with open(csv_path, newline="") as f:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autograder import lab03
+from autograder import checking, lab03
 from minigpt.cache.block_manager import BlockManager
 from minigpt.cache.paged import PagedKVCache
 from minigpt.cache.paged_attention import paged_attention
@@ -26,7 +26,7 @@ from minigpt.timing import fixed_threads
 
 @pytest.fixture(scope="module")
 def model():
-    return lab03._model(0)
+    return checking.scaled_model(0)
 
 
 def _requests(n, seed=0, max_prompt=40, max_new=20, **kw):

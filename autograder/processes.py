@@ -1,0 +1,45 @@
+"""Processes a grading run starts and must stop: nbgrader, its kernels, whatever a sandbox leaves behind.
+
+    victims = descendants(proc.pid)      # children, grandchildren, ... (Linux /proc; empty elsewhere)
+    kill_group(proc)                     # proc's process group and every descendant, even in other sessions
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+__all__ = ["descendants", "kill_group"]
+
+
+def descendants(pid: int) -> list[int]:
+    """Child processes of pid, recursively (Linux /proc; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """Kill proc's process group and all its descendants (jupyter_client starts kernels in sessions of their own)."""
+    victims = descendants(proc.pid)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

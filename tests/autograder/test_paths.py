@@ -1,0 +1,53 @@
+"""autograder.paths: each folder the course's modules need resolves to the right place, and nothing else anchors."""
+
+import ast
+import json
+from pathlib import Path
+
+import autograder
+import minigpt
+from autograder import learner_errors, paths, reference_guard, sandbox, thresholds
+
+REPO_ROOT = Path(__file__).resolve().parents[2]      # tests/autograder/ -> the repository
+
+
+def test_repo_root_is_the_repository():
+    assert paths.REPO_ROOT == REPO_ROOT
+    assert (paths.REPO_ROOT / "nbgrader_config.py").is_file() and (paths.REPO_ROOT / "solutions").is_dir()
+
+
+def test_autograder_dir_is_the_imported_package():
+    assert paths.AUTOGRADER_DIR == Path(autograder.__file__).resolve().parent == REPO_ROOT / "autograder"
+
+
+def test_shared_dir_holds_the_imported_minigpt():
+    assert paths.SHARED_DIR == REPO_ROOT / "shared"
+    assert Path(minigpt.__file__).resolve().parent == paths.SHARED_DIR / "minigpt"
+
+
+def test_calibration_dir_holds_the_calibration_files():
+    assert paths.CALIBRATION_DIR == REPO_ROOT / "autograder" / "calibration"
+    assert any(paths.CALIBRATION_DIR.glob("*.cpu.json")), f"no calibration file in {paths.CALIBRATION_DIR}"
+    assert thresholds.CALIBRATION_DIR == paths.CALIBRATION_DIR
+
+
+def test_exercise_map_is_the_map_file():
+    assert paths.EXERCISE_MAP == REPO_ROOT / "autograder" / "exercise_map.json"
+    assert set(json.loads(paths.EXERCISE_MAP.read_text())) == {"checks", "learner"}
+
+
+def test_trusted_folders_are_autograder_and_shared():
+    """The security anchors accept the same two folders as before: autograder/ and shared/."""
+    assert set(reference_guard._PACKAGE_ROOTS) == {REPO_ROOT / "autograder", REPO_ROOT / "shared"}
+    assert sandbox.PACKAGE_ROOT == REPO_ROOT
+    assert sandbox.default_package_dirs()[:2] == [str(REPO_ROOT / "shared"), str(REPO_ROOT / "autograder")]
+    assert learner_errors._is_course(str(REPO_ROOT / "shared" / "minigpt" / "model.py"))
+    assert not learner_errors._is_course(str(REPO_ROOT / "solutions" / "cell.py"))
+
+
+def test_only_paths_reads_its_own_file():
+    """A module that finds a folder from `__file__` breaks silently when it moves: it must ask autograder.paths."""
+    anchored = [str(f.relative_to(REPO_ROOT)) for f in sorted(paths.AUTOGRADER_DIR.rglob("*.py"))
+                if f != paths.AUTOGRADER_DIR / "paths.py"
+                and any(isinstance(n, ast.Name) and n.id == "__file__" for n in ast.walk(ast.parse(f.read_text())))]
+    assert anchored == [], f"these modules find folders from __file__ instead of autograder.paths: {anchored}"
