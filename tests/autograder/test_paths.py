@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 import autograder
-import minigpt
+import minigpt.model
 from autograder import learner_errors, paths, reference_guard, sandbox, thresholds
 
 REPO_ROOT = Path(__file__).resolve().parents[2]      # tests/autograder/ -> the repository
@@ -22,7 +22,8 @@ def test_autograder_dir_is_the_imported_package():
 
 def test_shared_dir_holds_the_imported_minigpt():
     assert paths.SHARED_DIR == REPO_ROOT / "shared"
-    assert Path(minigpt.__file__).resolve().parent == paths.SHARED_DIR / "minigpt"
+    # (a submodule's file: under pytest, tests/minigpt/ can stand as a namespace portion for the bare name minigpt)
+    assert Path(minigpt.model.__file__).resolve().parent == paths.SHARED_DIR / "minigpt"
 
 
 def test_calibration_dir_holds_the_calibration_files():
