@@ -11,8 +11,8 @@ One Unix socket, one conversation at a time, calls nested both ways:
                           --- value logits ----------------->
                           <-- value tokens ------------------
 
-A frame is a JSON header and, when it carries tensors, one safetensors blob (`safetensors.torch.save`; never
-pickle). What travels by value: None, bool, int, float, str, bytes, tuple/list/dict/set of these, torch
+Frames (a JSON header and a safetensors blob, never pickle; bounded in size and nesting) are
+autograder/framing.py's. What travels by value: None, bool, int, float, str, bytes, tuple/list/dict/set of these, torch
 tensors (dtype, shape and requires_grad kept; on the CPU), dtypes, devices, sizes, slices, ranges, numpy
 scalars, and dataclasses and enums of the course's own package. Anything else (a function, a class, an
 instance, a generator) travels as a handle and arrives as a `Remote`: calling it, reading or setting an
@@ -26,17 +26,13 @@ on the meta device travels as its shape and dtype (it holds no data).
 
 Decoding never runs the sender's code: it builds plain values, tensors, and instances of the course
 package's dataclasses, enums and exceptions (looked up by module name under `minigpt.` or `autograder.`).
-It is bounded: a frame's JSON at most MAX_HEADER_BYTES, at most MAX_DEPTH levels of nesting and MAX_ITEMS values.
 
 The two ends are not alike. The kernel's end answers whatever the judge asks (the judge is trusted). The judge's
-end serves nothing but a short list of operations on a few kinds of its objects (`judge_services()`, given to
-`Endpoint(services=...)`): a model may be called and its config, dtype and device read; a collective may be
-called; a KV cache's layers may be listed, read and have their length set; a block manager's tables read; a
-`Callback` the check made on purpose may be called. Any other object of the judge's is
-refused before it is sent (a check that tried would fail, not leak), and any other request about one is refused
-when it arrives: no attribute outside the list, no double-underscore name, no `getname`, `package`, `type` or
-`vars`. So learner code can make the judge run only the model, collective and cache code the list names, on
-data it sends.
+end serves only what autograder/judge_services.py lists: any other object of the judge's is refused before it is
+sent (a check that tried would fail, not leak), and any other request is refused when it arrives (no attribute
+outside the list, no `_` name, no `getname`, `package`, `type` or `vars`); it decodes no module and none of the
+grader's own objects or exception types. So learner code can make the judge run only the model, collective and
+cache code the list names, on data it sends.
 """
 
 from __future__ import annotations
@@ -45,108 +41,29 @@ import base64
 import dataclasses
 import enum
 import importlib
-import json
 import socket
-import struct
 import types
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
+from autograder.framing import (MAX_DEPTH, MAX_FRAME_BYTES, MAX_HEADER_BYTES, MAX_ITEMS, ChannelClosed, recv_frame,
+                                send_frame)
+from autograder.judge_services import BoundService, Callback, Refused, Service, judge_services
 from autograder.paths import AUTOGRADER_DIR, SHARED_DIR
+from autograder.remote import (IN_KERNEL_CHECKS, Remote, class_of, del_attribute, in_kernel, is_class, is_remote,
+                               path_of, run_where, vars_of)
 
 __all__ = ["Endpoint", "Remote", "RemoteError", "ChannelClosed", "Refused", "Service", "Callback", "judge_services",
            "trusted_object", "send_frame", "recv_frame", "path_of", "is_remote", "is_class",
            "class_of", "vars_of", "run_where", "in_kernel", "storage_address"]
 
-_HEADER = struct.Struct("!II")          # JSON length, tensor blob length
-MAX_FRAME_BYTES = 1 << 30               # a frame larger than this is refused (a kernel cannot exhaust the judge)
-MAX_HEADER_BYTES = 8 << 20              # a frame's JSON part (values other than tensors)
-MAX_DEPTH = 64                          # levels of nesting in one value
-MAX_ITEMS = 2_000_000                   # values decoded from one frame
 TRUSTED_PREFIXES = ("minigpt.", "autograder.")
-
-
-class Refused(PermissionError):
-    """The judge's end does not serve this (an object it does not hand out, or a request it does not answer)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Service:
-    """What the other side may do with one kind of this side's objects: call it, call these methods, read these
-    attributes, set these attributes (to an int), list its items (`for x in obj`, `len(obj)`, `obj[i]`)."""
-
-    call: bool = False
-    methods: frozenset[str] = frozenset()
-    get: frozenset[str] = frozenset()
-    set: frozenset[str] = frozenset()
-    items: bool = False
-
-    def allows(self, op: str, name: str | None) -> bool:
-        if name is not None and name.startswith("_"):
-            return False
-        return ((op == "call" and self.call) or (op == "method" and name in self.methods)
-                or (op == "getattr" and (name in self.get or name in self.methods))
-                or (op == "setattr" and name in self.set) or (op in ("iter", "len", "getitem") and self.items))
-
-
-class Callback:
-    """A function of the judge's that a check hands the kernel to call (a stand-in piece it must not patch, such as
-    the package's hash of a block): the kernel can call it, and nothing else."""
-
-    __slots__ = ("fn",)
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        self.fn = fn
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.fn(*args, **kwargs)
-
-
-class _BoundService:
-    """`obj.name`, for a method a Service lists: the other side gets a handle it can only call."""
-
-    __slots__ = ("obj", "name")
-
-    def __init__(self, obj: Any, name: str) -> None:
-        self.obj, self.name = obj, name
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.obj, self.name)(*args, **kwargs)
-
-
-def judge_services() -> dict[type, Service]:
-    """The judge's objects a learner's code may use, and how (everything else of the judge's is refused)."""
-    from minigpt.cache.block_manager import BlockManager
-    from minigpt.cache.contiguous import KVCache, LayerKVCache
-    from minigpt.model import GPT
-    from minigpt.parallel.comm import CountingComm
-
-    return {
-        GPT: Service(call=True, methods=frozenset({"forward"}), get=frozenset({"config", "dtype", "device"})),
-        CountingComm: Service(methods=frozenset({"all_reduce", "all_gather"}),
-                              get=frozenset({"rank", "world_size"})),
-        KVCache: Service(items=True, get=frozenset({"length", "max_seq_len", "batch_size"})),
-        LayerKVCache: Service(get=frozenset({"length", "max_seq_len", "batch_size", "n_kv_heads", "head_dim", "k",
-                                             "v"}), set=frozenset({"length"})),
-        BlockManager: Service(methods=frozenset({"table", "num_tokens"}), get=frozenset({"block_size"})),
-        Callback: Service(call=True),
-        _BoundService: Service(call=True),
-    }
 
 
 class RemoteError(Exception):
     """An exception of a type only the other side knows (e.g. one the learner defined)."""
-
-
-class ChannelClosed(ConnectionError):
-    """The other side went away in the middle of a conversation."""
-
-
-def path_of(obj: Any) -> str:
-    """"module:qualname" of a function or class (how the other side finds the same object)."""
-    return f"{obj.__module__}:{obj.__qualname__}"
 
 
 def trusted_object(path: str) -> Any:
@@ -158,178 +75,6 @@ def trusted_object(path: str) -> Any:
     for part in qualname.split("."):
         obj = getattr(obj, part)
     return obj
-
-
-# ----------------------------------------------------------------------------- framing
-
-def send_frame(sock: socket.socket, header: dict, tensors: dict[str, torch.Tensor]) -> None:
-    from safetensors.torch import save
-
-    blob = save(tensors) if tensors else b""
-    text = json.dumps(header).encode()
-    sock.sendall(_HEADER.pack(len(text), len(blob)) + text + blob)
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    chunks, got = [], 0
-    while got < n:
-        chunk = sock.recv(min(n - got, 1 << 20))
-        if not chunk:
-            raise ChannelClosed("the other side closed the connection")
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
-
-
-def recv_frame(sock: socket.socket) -> tuple[dict, dict[str, torch.Tensor]]:
-    from safetensors.torch import load
-
-    n_text, n_blob = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
-    if n_text + n_blob > MAX_FRAME_BYTES or n_text > MAX_HEADER_BYTES:
-        raise ChannelClosed(f"refused a frame of {n_text:,} + {n_blob:,} bytes (at most {MAX_HEADER_BYTES:,} of JSON and "
-                            f"{MAX_FRAME_BYTES:,} in all)")
-    try:
-        header = json.loads(_recv_exact(sock, n_text))
-    except RecursionError:
-        raise ChannelClosed("refused a frame nested too deeply") from None
-    _check_bounds(header)
-    tensors = load(_recv_exact(sock, n_blob)) if n_blob else {}
-    return header, tensors
-
-
-def _check_bounds(header: Any) -> None:
-    """Refuse a frame whose values nest deeper than MAX_DEPTH or number more than MAX_ITEMS (walked without
-    recursion, before anything is decoded)."""
-    stack, items = [(header, 0)], 0
-    while stack:
-        value, depth = stack.pop()
-        items += 1
-        if depth > MAX_DEPTH or items > MAX_ITEMS:
-            raise ChannelClosed(f"refused a frame of more than {MAX_ITEMS:,} values or {MAX_DEPTH} levels of nesting")
-        if isinstance(value, dict):
-            stack.extend((v, depth + 1) for v in value.values())
-        elif isinstance(value, list):
-            stack.extend((v, depth + 1) for v in value)
-
-
-# ----------------------------------------------------------------------------- the proxy
-
-class Remote:
-    """An object that lives on the other side of an Endpoint; every use of it is a request."""
-
-    __slots__ = ("_endpoint", "_handle", "_kind", "__weakref__")
-
-    def __init__(self, endpoint: "Endpoint", handle: int, kind: str) -> None:
-        object.__setattr__(self, "_endpoint", endpoint)
-        object.__setattr__(self, "_handle", handle)
-        object.__setattr__(self, "_kind", kind)        # "function", "class", "object", ... (for messages)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._endpoint.request("call", h=self._handle, args=list(args), kwargs=kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") and name.endswith("__") and name not in ("__name__", "__qualname__", "__module__",
-                                                                          "__doc__", "__class__"):
-            raise AttributeError(name)
-        return self._endpoint.request("getattr", h=self._handle, name=name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        self._endpoint.request("setattr", h=self._handle, name=name, value=value)
-
-    def __getitem__(self, key: Any) -> Any:
-        return self._endpoint.request("getitem", h=self._handle, key=key)
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        self._endpoint.request("setitem", h=self._handle, key=key, value=value)
-
-    def __len__(self) -> int:
-        return self._endpoint.request("len", h=self._handle)
-
-    def __iter__(self) -> Any:
-        items = self._endpoint.request("iter", h=self._handle)
-        return iter(items) if isinstance(items, list) else items     # the judge's end sends the items as a list
-
-    def __next__(self) -> Any:
-        return self._endpoint.request("next", h=self._handle)
-
-    def __contains__(self, item: Any) -> bool:
-        return self._endpoint.request("contains", h=self._handle, item=item)
-
-    def __bool__(self) -> bool:
-        return self._endpoint.request("bool", h=self._handle)
-
-    def __repr__(self) -> str:
-        try:
-            return self._endpoint.request("repr", h=self._handle)
-        except Exception:
-            return f"<remote {self._kind} #{self._handle}>"
-
-    def __enter__(self) -> Any:
-        return self._endpoint.request("method", h=self._handle, name="__enter__", args=[], kwargs={})
-
-    def __exit__(self, *exc: Any) -> Any:
-        return self._endpoint.request("method", h=self._handle, name="__exit__", args=[None, None, None], kwargs={})
-
-
-# ----------------------------------------------------------------------------- what checks use on either side
-# A check receives the learner's objects as themselves (run in one process: the tests, COURSE_JUDGE=0) or as
-# Remotes (judged). These answer the same question in both cases.
-
-def is_remote(obj: Any) -> bool:
-    return isinstance(obj, Remote)
-
-
-def is_class(obj: Any) -> bool:
-    """isinstance(obj, type), for a Remote too."""
-    return obj._kind == "class" if isinstance(obj, Remote) else isinstance(obj, type)
-
-
-def class_of(obj: Any) -> Any:
-    """type(obj), for a Remote too (the learner's class, as a Remote; a course class, as itself)."""
-    return obj._endpoint.request("type", h=obj._handle) if isinstance(obj, Remote) else type(obj)
-
-
-def vars_of(obj: Any) -> dict[str, Any]:
-    """vars(obj) (a class's own attributes: its __dict__), for a Remote too."""
-    return obj._endpoint.request("vars", h=obj._handle) if isinstance(obj, Remote) else dict(vars(obj))
-
-
-def del_attribute(obj: Any, name: str) -> None:
-    if isinstance(obj, Remote):
-        obj._endpoint.request("delattr", h=obj._handle, name=name)
-    else:
-        delattr(obj, name)
-
-
-def run_where(obj: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """fn(*args, **kwargs), run on the side where `obj` lives: here, or in the kernel when obj is a Remote (fn must
-    be a function of the course's package; its arguments travel as usual). For questions about an object that
-    cannot travel (a profiler's tables, an autograd graph)."""
-    if isinstance(obj, Remote):
-        return obj._endpoint.request("package", path=path_of(fn), args=list(args), kwargs=kwargs)
-    return fn(*args, **kwargs)
-
-
-def in_kernel(check: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorate a check that cannot judge the learner's objects from another process (ranks as threads that
-    call them at once, forked gloo ranks, autograd across the learner's Function): given Remotes, the whole check
-    runs in the kernel and its verdict comes back. That verdict is the kernel's, so a notebook that patches the
-    check module wins it: every use is listed (`IN_KERNEL_CHECKS`) and reported to the instructor."""
-    import functools
-
-    IN_KERNEL_CHECKS.append(path_of(check))
-
-    @functools.wraps(check)
-    def judged(*args: Any, **kwargs: Any) -> Any:
-        remote = next((a for a in (*args, *kwargs.values()) if isinstance(a, Remote)), None)
-        if remote is None:
-            return check(*args, **kwargs)
-        return remote._endpoint.request("package", path=path_of(check) + ".__wrapped__", args=list(args),
-                                        kwargs=kwargs)
-    return judged
-
-
-IN_KERNEL_CHECKS: list[str] = []
 
 
 def _kind(obj: Any) -> str:
@@ -464,7 +209,7 @@ class Endpoint:
                           else "") + "; its objects only answer what a check needs of them (a model: model(...), "
                           ".forward(...), .config, .dtype, .device)")
         if op == "getattr" and name in service.methods:
-            return _BoundService(obj, name), {}
+            return BoundService(obj, name), {}
         if op == "setattr" and type(a["value"]) is not int:
             raise Refused(f"the grader's {type(obj).__name__}.{name} takes an int, not {type(a['value']).__name__}")
         if op == "iter":

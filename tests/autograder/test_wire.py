@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from autograder import wire
+from autograder import framing, wire
 from minigpt.config import ModelConfig
 
 
@@ -192,8 +192,8 @@ def test_a_function_claiming_to_be_the_reference_is_still_a_handle():
 
 def test_oversized_frames_are_refused(monkeypatch):
     a, b = socket.socketpair()
-    monkeypatch.setattr(wire, "MAX_FRAME_BYTES", 1000)
-    a.sendall(wire._HEADER.pack(10, 5000))
+    monkeypatch.setattr(framing, "MAX_FRAME_BYTES", 1000)
+    a.sendall(framing._HEADER.pack(10, 5000))
     with pytest.raises(wire.ChannelClosed, match="refused a frame"):
         wire.recv_frame(b)
 
