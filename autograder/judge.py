@@ -207,6 +207,16 @@ def _failed(ename: str, evalue: str) -> dict:
     return {"stdout": "", "stderr": "", "error": {"ename": ename, "evalue": evalue}}
 
 
+def _folder_of_its_own(socket_dir: str, uid: int) -> Path:
+    """A folder for the sandboxed judge's socket inside the kernel's socket folder (bound into both sandboxes),
+    owned by the judge's uid when grading runs as root: the kernel's uid can connect, not write there."""
+    folder = Path(tempfile.mkdtemp(prefix="judge-", dir=socket_dir))
+    if os.geteuid() == 0:
+        os.chown(folder, uid, uid)
+    folder.chmod(0o755)
+    return folder
+
+
 class JudgeProcess:
     """A judge for one notebook run: `run(source)` starts a cell, `result()` collects its verdict.
 
@@ -221,24 +231,19 @@ class JudgeProcess:
 
         ours, theirs = socket.socketpair()
         policy = sandbox.SandboxPolicy.from_env() if os.environ.get(sandbox.ENV_VAR) else None
-        cmd = [sys.executable, "-P", "-m", "autograder.judge", "", str(theirs.fileno())]
-        if policy is not None and policy.enabled:
-            folder = Path(tempfile.mkdtemp(prefix="judge-", dir=socket_dir))
-            uid = sandbox.sandbox_uid()
-            if os.geteuid() == 0:        # its own uid: the kernel's uid cannot signal, trace or write into it
-                os.chown(folder, uid, uid)
-            folder.chmod(0o755)
-            self.path = str(folder / "judge.sock")
-            cmd[4] = self.path
+        self.sandboxed = policy is not None and policy.enabled
+        uid = sandbox.sandbox_uid()
+        folder = _folder_of_its_own(socket_dir, uid) if self.sandboxed else Path(socket_dir)
+        self.path = str(folder / "judge.sock")
+        cmd = [sys.executable, "-P", "-m", "autograder.judge", self.path, str(theirs.fileno())]
+        execution = {"NBGRADER_EXECUTION": os.environ.get("NBGRADER_EXECUTION", "autograde")}
+        if self.sandboxed:
             argv = sandbox.bwrap_argv(policy, cmd, submission_dir=None, socket_dir=str(folder), uid=uid,
-                                      extra_env={"NBGRADER_EXECUTION": os.environ.get("NBGRADER_EXECUTION", "autograde")})
+                                      extra_env=execution)
             env, cwd = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}, None
         else:
-            self.path = cmd[4] = str(Path(socket_dir) / "judge.sock")
-            argv = cmd
-            env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-                   "NBGRADER_EXECUTION": os.environ.get("NBGRADER_EXECUTION", "autograde")}
-        self.sandboxed = argv is not cmd
+            argv, env = cmd, {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **execution}
+            env.pop(sandbox.ENV_VAR, None)
         self.proc = subprocess.Popen(argv, pass_fds=[theirs.fileno()], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         theirs.close()
