@@ -232,8 +232,8 @@ class JudgeProcess:
         ours, theirs = socket.socketpair()
         policy = sandbox.SandboxPolicy.from_env() if os.environ.get(sandbox.ENV_VAR) else None
         self.sandboxed = policy is not None and policy.enabled
-        uid = sandbox.sandbox_uid()
-        folder = _folder_of_its_own(socket_dir, uid) if self.sandboxed else Path(socket_dir)
+        uid = sandbox.sandbox_uid() if self.sandboxed else None
+        folder = _folder_of_its_own(socket_dir, uid) if uid is not None else Path(socket_dir)
         self.path = str(folder / "judge.sock")
         cmd = [sys.executable, "-P", "-m", "autograder.judge", self.path, str(theirs.fileno())]
         execution = {"NBGRADER_EXECUTION": os.environ.get("NBGRADER_EXECUTION", "autograde")}

@@ -30,8 +30,9 @@ class Service:
     set: frozenset[str] = frozenset()
     items: bool = False
 
-    def allows(self, op: str, name: str | None) -> bool:
-        if name is not None and name.startswith("_"):
+    def allows(self, op: str, name: Any) -> bool:
+        """Whether request `op` (on attribute or method `name`, None for a call or a listing) is served."""
+        if name is not None and (not isinstance(name, str) or name.startswith("_")):
             return False
         return ((op == "call" and self.call) or (op == "method" and name in self.methods)
                 or (op == "getattr" and (name in self.get or name in self.methods))

@@ -195,6 +195,7 @@ class LimitOutputSize(NbGraderPreprocessor):
         self.log.warning(note)
         nb.metadata["output_limits"] = note
 
+
 def _budget(limit: int) -> float:
     return float("inf") if limit < 0 else float(limit)
 

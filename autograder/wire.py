@@ -203,7 +203,7 @@ class Endpoint:
         obj = self._objects.get(a.get("h")) if "h" in a else None
         name = a.get("name")
         service = self.services.get(type(obj)) if obj is not None else None
-        if service is None or not service.allows(op, name if isinstance(name, str) or name is None else "_"):
+        if service is None or not service.allows(op, name):
             what = f"{op} {name!r}" if name is not None else op
             raise Refused(f"the grader does not answer {what}" + (f" on its {type(obj).__name__}" if obj is not None
                           else "") + "; its objects only answer what a check needs of them (a model: model(...), "
@@ -431,14 +431,14 @@ class Endpoint:
 
     def _course_object(self, path: str) -> Any:
         """trusted_object(path); the judge's end takes only the minigpt package's (never the grader's own)."""
-        if self.services is not None and not (path.startswith("minigpt.") or path.startswith("minigpt:")):
+        if self.services is not None and not _in_minigpt(path):
             raise Refused(f"the grader takes only the course package's objects from the notebook, not {path!r}")
         return trusted_object(path)
 
     def _exception(self, info: dict) -> BaseException:
         """The exception the other side raised, as this side's own type where it knows it."""
         name, message = info["type"], info["message"]
-        if self.services is not None and ":" in name and not name.startswith("minigpt."):
+        if self.services is not None and ":" in name and not _in_minigpt(name):
             cls = None                         # the grader's own exception types are not the kernel's to raise
         else:
             cls = _builtin_exception(name) if ":" not in name else _course_exception(name)
@@ -483,6 +483,11 @@ def storage_address(t: torch.Tensor) -> int:
 def forget_origins() -> None:
     """Drop the storage addresses remembered for received tensors (between test cells)."""
     _ORIGINS.clear()
+
+
+def _in_minigpt(path: str) -> bool:
+    """Whether a "module:qualname" path names something of the minigpt package (not the grader's own)."""
+    return path.partition(":")[0].split(".")[0] == "minigpt"
 
 
 def _is_course_object(obj: Any) -> bool:
