@@ -310,7 +310,8 @@ def _job_env(env: dict[str, str] | None) -> dict[str, str] | None:
     """The variables of `env` that grading reads (the rest of the parent's environment stays here)."""
     if env is None:
         return None
-    keep = ("COURSE_CELL_TIMEOUT", "COURSE_NBGRADER_DB", "MINIGPT_DATA_DIR", "OMP_NUM_THREADS", "PYTHONPATH")
+    keep = ("COURSE_CELL_TIMEOUT", "COURSE_NBGRADER_DB", "COURSE_JUDGE", "COURSE_WITNESS", "MINIGPT_DATA_DIR",
+            "OMP_NUM_THREADS", "PYTHONPATH")
     return {k: v for k, v in env.items() if k in keep}
 
 

@@ -38,11 +38,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from autograder import wire
 
 ACCEPT_POLL_S = 0.2
+WITNESS_POLL_S = 0.5        # how often the grading process looks whether a witness stopped early
 START_TIMEOUT_S = 120       # importing torch in a fresh sandbox, on a loaded machine
 
 
@@ -103,9 +104,14 @@ def judge_endpoint(sock: socket.socket) -> wire.Endpoint:
     return endpoint
 
 
-def run_cell(endpoint: wire.Endpoint, source: str) -> dict:
-    """Execute one test cell against the kernel behind `endpoint` (a `judge_endpoint`); {"stdout", "stderr", "error"}."""
+def run_cell(endpoint: wire.Endpoint, source: str, push: bool = True) -> dict:
+    """Execute one test cell against the kernel behind `endpoint` (a `judge_endpoint`); {"stdout", "stderr", "error",
+    "guarded"}: "guarded" lists the references its checks refused (autograder/reference_guard.py). `push`: set the
+    names the cell assigns on the other side afterwards."""
+    from autograder import reference_guard
+
     wire.forget_origins()
+    reference_guard.guarded()
     out, err = io.StringIO(), io.StringIO()
     error = None
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
@@ -124,10 +130,11 @@ def run_cell(endpoint: wire.Endpoint, source: str) -> dict:
     except BaseException as exc:       # noqa: BLE001  (a failed check is the normal case)
         error = {"ename": type(exc).__name__, "evalue": str(exc), "lines": _explained(exc)}
         assigned = set() if isinstance(exc, SyntaxError) else assigned
-    pushes = {k: namespace[k] for k in assigned if k in namespace and _plain(namespace[k], endpoint)}
+    pushes = {k: namespace[k] for k in assigned if k in namespace and _plain(namespace[k], endpoint)} if push else {}
     with contextlib.suppress(OSError, ValueError, TypeError):
         endpoint.finish(pushes=pushes)
-    return {"stdout": out.getvalue(), "stderr": err.getvalue(), "error": error}
+    return {"stdout": out.getvalue(), "stderr": err.getvalue(), "error": error,
+            "guarded": reference_guard.guarded()}
 
 
 def _explained(exc: BaseException) -> list[str]:
@@ -198,10 +205,64 @@ def main(argv: list[str]) -> int:
         else:
             with conn:
                 result = run_cell(judge_endpoint(conn), header["source"])
+            if header.get("witness") and result["guarded"] and not result["error"]:
+                result = graded_again(server, control, header, result["guarded"])
+        result.pop("guarded", None)
         wire.send_frame(control, {"result": result}, {})
 
 
+def graded_again(server: socket.socket, control: socket.socket, header: dict, guarded: list[dict]) -> dict:
+    """The test cell's verdict from a witness (autograder/witness.py): the grading process starts one whose course
+    package lacks the references the cell's checks refused, the cell runs again against it, and that run's
+    verdict is the cell's."""
+    import secrets
+
+    from autograder.reference_removal import removals
+
+    source = header["source"]
+    loaded, _ = cell_names(source)
+    token = secrets.token_hex(8)
+    request = {"removals": removals(guarded), "names": sorted(loaded - set(grader_names(source, loaded))),
+               "token": token}
+    wire.send_frame(control, {"witness": request}, {})
+    while True:
+        reply, _ = wire.recv_frame(control)
+        if reply.get("op") == "witness-failed":
+            return _failed("WitnessFailed", f"the grader could not start the process that checks this cell again "
+                           f"without the course's reference ({reply.get('why', '?')}): it earns no points")
+        if reply.get("op") == "witness-started":
+            break                           # (an "abort" meant for the kernel's part is stale: skipped)
+    conn = _accept(server, control, token, header["timeout"])
+    if conn is None:
+        return _failed("WitnessSilent", "graded again in a process without the course's reference, your notebook's "
+                       "code never answered (it stopped, or ran past the time limit): this check earns no points")
+    with conn:
+        result = run_cell(judge_endpoint(conn), source, push=False)
+    return _reference_explained(result, guarded)
+
+
+def _reference_explained(result: dict, guarded: list[dict]) -> dict:
+    """A failure that reached a removed reference function says so: the learner's code called the reference."""
+    from autograder.reference_removal import removed_name
+
+    error = result.get("error")
+    if not error:
+        return result
+    name = removed_name(" ".join([error.get("evalue", "")] + list(error.get("lines") or [])))
+    if name is None:
+        return result
+    what = guarded[0].get("what", "this exercise")
+    message = (f"{what}: your code calls the course's reference ({name}) instead of doing the work itself (graded "
+               "again in a process where the reference's code was removed, it stopped working there)")
+    return {**result, "error": {"ename": "ReferenceHandedIn", "evalue": message, "lines": [f"ReferenceHandedIn: {message}"]}}
+
+
 # ----------------------------------------------------------------------------- driving it from nbgrader
+
+def _stopped(witness: Any) -> None:
+    witness.kill()
+    return None
+
 
 def _failed(ename: str, evalue: str) -> dict:
     return {"stdout": "", "stderr": "", "error": {"ename": ename, "evalue": evalue}}
@@ -258,25 +319,56 @@ class JudgeProcess:
         if not header.get("ready"):
             raise RuntimeError("the judge did not start")
 
-    def run(self, source: str, token: str, timeout: float) -> None:
-        wire.send_frame(self.control, {"op": "cell", "source": source, "token": token, "timeout": timeout}, {})
+    def run(self, source: str, token: str, timeout: float, witness: bool = False) -> None:
+        """Start a test cell. `witness`: the judge may ask for a witness (see `result`)."""
+        wire.send_frame(self.control, {"op": "cell", "source": source, "token": token, "timeout": timeout,
+                                       "witness": witness}, {})
 
-    def result(self, wait: float) -> dict:
+    def result(self, wait: float, start_witness: Callable[[dict], Any] | None = None) -> dict:
         """The verdict of the cell started last, once the kernel has stopped serving it: the judge is finishing,
         or still waiting for a connection that will not come (it is told to give up). A judge that says nothing
-        within `wait` seconds (a kernel that holds the connection open and went on) is a failed cell."""
+        within `wait` seconds (a kernel that holds the connection open and went on) is a failed cell.
+
+        A judge that asks for a witness gets one: `start_witness(request)` (a `witness.WitnessProcess`), killed
+        once the verdict is in; the wait starts again, and a witness that stops early ends it."""
         with contextlib.suppress(OSError):
             wire.send_frame(self.control, {"op": "abort"}, {})
-        self.control.settimeout(wait)
+        witness = None
+        deadline = time.monotonic() + wait
         try:
-            header, _ = wire.recv_frame(self.control)
-            return header["result"]
-        except (socket.timeout, TimeoutError):
-            return _failed("JudgeTimeout", "the kernel stopped serving the grader but held on to its connection")
+            while True:
+                self.control.settimeout(max(0.01, min(WITNESS_POLL_S, deadline - time.monotonic())))
+                try:
+                    header, _ = wire.recv_frame(self.control)
+                except (socket.timeout, TimeoutError):
+                    if time.monotonic() >= deadline:
+                        return _failed("JudgeTimeout", "the kernel stopped serving the grader but held on to its "
+                                       "connection")
+                    if witness is not None and not witness.running():
+                        wire.send_frame(self.control, {"op": "abort"}, {})      # the judge stops waiting for it
+                        witness = _stopped(witness)
+                    continue
+                if "witness" not in header:
+                    return header["result"]
+                witness = self._witness_for(header["witness"], start_witness)
+                deadline = time.monotonic() + wait
         except (wire.ChannelClosed, OSError):
             return _failed("JudgeFailed", "the grader's judge process stopped")
         finally:
             self.control.settimeout(None)
+            if witness is not None:
+                witness.kill()
+
+    def _witness_for(self, request: dict, start_witness: Callable[[dict], Any] | None) -> Any:
+        try:
+            if start_witness is None:
+                raise RuntimeError("this grader starts no witness")
+            witness = start_witness(request)
+        except Exception as exc:       # noqa: BLE001  (the judge fails the cell and says why)
+            wire.send_frame(self.control, {"op": "witness-failed", "why": f"{type(exc).__name__}: {exc}"}, {})
+            return None
+        wire.send_frame(self.control, {"op": "witness-started"}, {})
+        return witness
 
     def kill(self) -> None:
         self.proc.kill()

@@ -7,7 +7,9 @@
   points of the cells before it stand. nbgrader's own Execute raises, which loses every point. Test cells
   are not run in the learner's kernel: the judge runs them (autograder/judge.py) while the kernel serves
   it (autograder/observe.py), and the cell's outputs are the judge's. COURSE_JUDGE=0 turns that off
-  (test cells run in the kernel, as nbgrader does; for measuring what judging costs). A judged cell that runs
+  (test cells run in the kernel, as nbgrader does; for measuring what judging costs). A test cell whose checks
+  refuse the reference is graded again in a witness whose package lacks it (autograder/witness.py); COURSE_WITNESS=0
+  turns that off (for measuring what it costs). A judged cell that runs
   past its limit is a timeout (CellTimeoutError, no points), whatever the judge saw of the interrupted kernel.
 * `HideTestSources`  for feedback: a test cell shows its grade and failure message, not its source, its
   traceback (whose frames quote hidden test lines) or what learner code printed from inside it.
@@ -51,6 +53,8 @@ class StoppingExecute(Execute):
         super().__init__(*args, **kwargs)
 
     judge_test_cells = Bool(True, help="run test cells in the judge, not in the learner's kernel").tag(config=True)
+    witness = Bool(True, help="grade a test cell whose checks refuse the reference again, in a process whose "
+                   "course package lacks it (autograder/witness.py)").tag(config=True)
 
     def preprocess(self, nb, resources=None, km=None):
         import os
@@ -59,6 +63,7 @@ class StoppingExecute(Execute):
         self._judge = None
         self._kernel_ready = False
         self._judging = self.judge_test_cells and os.environ.get("COURSE_JUDGE", "1") != "0"
+        self._witnessing = self.witness and os.environ.get("COURSE_WITNESS", "1") != "0"
         self._cwd = ((resources or {}).get("metadata") or {}).get("path") or None
         try:
             return super().preprocess(nb, resources, km)
@@ -72,8 +77,7 @@ class StoppingExecute(Execute):
             if cell.cell_type == "code" and cell.source.strip():
                 cell.outputs = [error_output(NOT_RUN_ENAME, f"not run: {self._stopped}")]
             return cell, resources
-        meta = cell.metadata.get("nbgrader", {}) if cell.cell_type == "code" else {}
-        judged = self._judging and meta.get("grade") and not meta.get("solution") and cell.source.strip()
+        judged = self._judging and cell.cell_type == "code" and _is_test_cell(cell) and cell.source.strip()
         try:
             if judged:
                 return self._judged_cell(cell, resources, index)
@@ -117,7 +121,7 @@ class StoppingExecute(Execute):
                 self.nb.cells[index] = cell
             self._kernel_ready = True
         token = secrets.token_hex(8)
-        self._judge.run(cell.source, token, timeout=float(self.timeout or 300))
+        self._judge.run(cell.source, token, timeout=float(self.timeout or 300), witness=self._witnessing)
         serving = new_code_cell(f"import autograder.observe\nautograder.observe.serve({self._judge.path!r}, {token!r})")
         try:
             super().preprocess_cell(serving, resources, index)
@@ -129,7 +133,7 @@ class StoppingExecute(Execute):
         finally:
             self.nb.cells[index] = cell    # nbclient stored the serving cell in the test cell's place
         timed_out = self._timed_out(serving)
-        result = self._judge.result(wait=float(self.timeout or 300))
+        result = self._judge.result(wait=float(self.timeout or 300), start_witness=self._witness_starter(index))
         if result["error"] and result["error"]["ename"] in ("JudgeTimeout", "JudgeFailed"):   # a fresh judge next cell
             self._judge.kill()
             self._judge = None
@@ -145,6 +149,15 @@ class StoppingExecute(Execute):
             cell.outputs.append(error_output(error["ename"], error["evalue"], error.get("lines")))
         return cell, resources
 
+    def _witness_starter(self, index: int):
+        """How a witness for the test cell at `index` starts (autograder/witness.py): the learner's cells before
+        it (test cells are the judge's), the submission's folder, the judge's socket."""
+        from autograder.witness import WitnessProcess
+
+        cells = [c.source for c in self.nb.cells[:index] if c.cell_type == "code" and not _is_test_cell(c)]
+        judge_socket = self._judge.path
+        return lambda request: WitnessProcess(request, cells, judge_socket, self._cwd)
+
     def _timed_out(self, serving: NotebookNode) -> bool:
         """Whether the kernel's serving cell ran past its time limit and was interrupted: nbgrader's Execute then
         adds its `error_on_timeout` output. (A notebook that fakes that output only fails its own check.)"""
@@ -158,6 +171,11 @@ class StoppingExecute(Execute):
             run_sync(self.km.shutdown_kernel)(now=True)
         except Exception as exc:   # already gone
             self.log.warning("could not stop the kernel: %s", exc)
+
+
+def _is_test_cell(cell: NotebookNode) -> bool:
+    meta = cell.metadata.get("nbgrader", {})
+    return bool(meta.get("grade")) and not meta.get("solution")
 
 
 def hidden_test_lines(source: str) -> list[str]:

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from autograder.paths import AUTOGRADER_DIR, SHARED_DIR
 
-__all__ = ["own_work", "no_calls_into", "watched", "ReferenceHandedIn"]
+__all__ = ["own_work", "no_calls_into", "watched", "ReferenceHandedIn", "code_objects", "guarded"]
 
 _PACKAGE_ROOTS = (SHARED_DIR, AUTOGRADER_DIR)
 
@@ -93,6 +93,8 @@ def own_work(answer: Any, reference: Any | Iterable[Any], *, what: str, methods:
     refs = list(reference) if isinstance(reference, (list, tuple, set)) else [reference]
     from autograder.wire import Remote
 
+    _record(refs, what, methods)
+
     if isinstance(answer, Remote):       # the learner's object lives in the kernel: look at it there
         answer._endpoint.request("package", path="autograder.reference_guard:own_work", args=[answer, refs],
                                  kwargs={"what": what, "methods": list(methods), "given": list(given)})
@@ -129,7 +131,7 @@ def _name(obj: Any) -> str:
     return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', getattr(obj, '__name__', repr(obj)))}"
 
 
-def _code_objects(references: Iterable[Any]) -> dict[CodeType, str]:
+def code_objects(references: Iterable[Any]) -> dict[CodeType, str]:
     """The code objects of reference functions, and of every function a reference class defines."""
     out: dict[CodeType, str] = {}
     for ref in references:
@@ -154,10 +156,11 @@ def no_calls_into(*references: Any, what: str, allow: Iterable[str] = ()) -> Ite
     """Inside the block, entering the code of a reference function (or of a method a reference class defines)
     raises ReferenceHandedIn at the end of the block. `allow`: qualified names that may be called (e.g. a
     constructor the exercise's API requires: "BlockPool.__init__")."""
-    watched = {code: name for code, name in _code_objects(references).items() if name not in set(allow)}
+    watched = {code: name for code, name in code_objects(references).items() if name not in set(allow)}
     entered: list[str] = []
     spec = {"refs": [_path(r) for r in references], "what": what, "allow": list(allow)}
     _WATCHES.append(spec)
+    _GUARDED.append(spec)
 
     def profile(frame, event, arg):
         if event == "call" and frame.f_code in watched and not entered:
@@ -178,6 +181,30 @@ def no_calls_into(*references: Any, what: str, allow: Iterable[str] = ()) -> Ite
 
 
 _WATCHES: list[dict] = []     # open no_calls_into blocks (a judged call asks the kernel to watch as well)
+_GUARDED: list[dict] = []     # every reference refused since the last `guarded()` (the judge grades those cells again)
+
+
+def _record(refs: list[Any], what: str, methods: Iterable[str]) -> None:
+    """Remember the references own_work refused: of a class, only the methods the exercise asks for (the learner's
+    class may use the rest, a constructor or a helper, as the exercise allows)."""
+    methods = set(methods)
+    for ref in refs:
+        try:
+            path = _path(ref)
+        except AttributeError:      # not a function or class (a constant): nothing to take out
+            continue
+        allow = [name for name in code_objects([ref]).values()
+                 if name.rsplit(".", 1)[-1] not in methods] if inspect.isclass(ref) else []
+        _GUARDED.append({"refs": [path], "what": what, "allow": allow})
+
+
+def guarded() -> list[dict]:
+    """The references the checks refused since the last call ({"refs": ["module:qualname"...], "what", "allow"}
+    each), and forget them: what the judge takes out of the package when it grades the cell again in a witness
+    (autograder/reference_removal.py)."""
+    seen = [dict(g) for g in _GUARDED]
+    _GUARDED.clear()
+    return seen
 
 
 def _path(ref: Any) -> str:

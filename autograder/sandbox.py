@@ -124,8 +124,11 @@ def _processes_of(uid: int) -> int:
 
 
 def bwrap_argv(policy: SandboxPolicy, kernel_cmd: list[str], *, submission_dir: str | None,
-               socket_dir: str, extra_env: dict[str, str] | None = None, uid: int | None = None) -> list[str]:
-    """The full command line: bwrap ... -- python -I sandbox_boot.py LIMITS -- KERNEL_CMD."""
+               socket_dir: str, extra_env: dict[str, str] | None = None, uid: int | None = None,
+               replace: dict[str, str] | None = None) -> list[str]:
+    """The full command line: bwrap ... -- python -I sandbox_boot.py LIMITS -- KERNEL_CMD. `replace`: read-only
+    folders bound from elsewhere ({folder seen in the sandbox: folder bound there}, e.g. the witness's copy of
+    the course package without the reference, autograder/reference_removal.py)."""
     as_root = os.geteuid() == 0
     args = [BWRAP, "--die-with-parent", "--new-session", "--unshare-ipc", "--unshare-pid", "--unshare-net",
             "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox"]
@@ -138,7 +141,7 @@ def bwrap_argv(policy: SandboxPolicy, kernel_cmd: list[str], *, submission_dir: 
     ro_dirs = _python_dirs() + (policy.package_dirs or default_package_dirs())
     args += _parent_dirs(ro_dirs + [socket_dir])
     for d in ro_dirs:
-        args += ["--ro-bind", d, d]
+        args += ["--ro-bind", (replace or {}).get(d, d), d]
     args += ["--bind", socket_dir, socket_dir]
     if submission_dir:
         args += ["--ro-bind", submission_dir, "/submission"]

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from autograder.harness import at_least, call_learner, quiet
+from autograder.remote import is_remote
 from autograder.lab06.common import (ENGINE_SAMPLES, SIGNIFICANCE, TOY_SAMPLING, TOY_VOCAB, _chi2_report,
                                      _exact_three, _toy_tables, toy_pair, where_it_runs, with_reference_pieces)
 from autograder.reference_guard import no_calls_into, own_work
@@ -116,17 +117,17 @@ def engine_distribution_test(generate_fn: Callable, n: int = ENGINE_SAMPLES, k: 
     return chi_square_test(first, p1), chi_square_test(pairs, p12), chi_square_test(later, p23)
 
 
-def _tiny_pair() -> tuple[GPT, GPT]:
-    """Two small random GPTs with peaked logits that agree on roughly 60% of greedy drafts."""
+def _tiny_pair(seed: int = 0) -> tuple[GPT, GPT]:
+    """Two small random GPTs with peaked logits that agree on roughly 60% of greedy drafts (whatever the seed)."""
     cfg = ModelConfig(vocab_size=48, max_seq_len=128, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64,
                       tie_embeddings=False)
     with torch.random.fork_rng(devices=[]):         # the global RNG is left as it was
-        torch.manual_seed(0)
+        torch.manual_seed(seed)
         target = GPT(cfg).eval()
     with torch.no_grad():
         target.lm_head.weight.mul_(30)
         draft = copy.deepcopy(target)
-        g = torch.Generator().manual_seed(1)
+        g = torch.Generator().manual_seed(seed + 1)
         draft.lm_head.weight.add_(torch.randn(draft.lm_head.weight.shape, generator=g) * 0.3)
     return target, draft
 
@@ -180,10 +181,21 @@ def _check_greedy_trained(generate_fn: Callable, n_prompts: int, new_tokens: int
             raise AssertionError(f"{what}: finish_reason should be 'length', got {got.finish_reason!r}")
 
 
-def _check_generate(generate_fn: Callable) -> None:
+def tiny_pair_seed(generate_fn: Callable) -> int:
+    """The seed of the tiny models of parts 2-5: judged, a secret drawn here, so that the kernel cannot build its own
+    copy of the target (and call it where the judge does not count) yet get the target's outputs; in one process
+    (the package's tests), 0. The verdict does not depend on it (tests/labs/test_lab06_checks.py)."""
+    import secrets
+
+    return 1 + secrets.randbelow(2**30) if is_remote(generate_fn) else 0
+
+
+def _check_generate(generate_fn: Callable, seed: int | None = None) -> None:
     # 2. Caches rolled back: what each cache holds is always part of the final sequence (tiny random GPTs). Parts 2
-    # and 3 trace every forward, so the models are this side's (judged: handles, each forward a request here).
-    tiny_target, tiny_draft = _tiny_pair()
+    # and 3 trace and count every forward, so the models are this side's (judged: handles, each forward a request
+    # here, and weights from a seed the kernel does not know: it has to call them).
+    seed = tiny_pair_seed(generate_fn) if seed is None else seed
+    tiny_target, tiny_draft = _tiny_pair(seed)
     for params in (SamplingParams(), SamplingParams(temperature=1.0, seed=3)):
         prompt = [5, 9, 2, 7, 1]
         what = f"tiny random models, prompt {prompt}, 30 new tokens, {params}, k=3"
@@ -221,7 +233,7 @@ def _check_generate(generate_fn: Callable) -> None:
             raise AssertionError(f"{what}: each round should emit k + 1 = {k + 1} tokens, so the target should run {rounds} "
                                  f"times; it ran {tracer.calls['target']} times.{hint}")
     # 4. A stop token ends generation like the target would (4-6 compare outputs only: the models where it runs).
-    their_target, their_draft = where_it_runs(generate_fn, _tiny_pair, here=(tiny_target, tiny_draft))
+    their_target, their_draft = where_it_runs(generate_fn, _tiny_pair, seed, here=(tiny_target, tiny_draft))
     prompt = [5, 9, 2, 7, 1]
     ref = generate_kv_cache(tiny_target, prompt, 30, stop_token_ids=())
     stop = ref.tokens[6]

@@ -444,3 +444,31 @@ def test_speed_check_wants_a_real_speedup(monkeypatch):
     monkeypatch.setattr(speed, "check_speedup", slower_than_plain)
     with pytest.raises(AssertionError, match="must beat plain decoding"):
         lab06.check_speculative_speedup(own_generate)
+
+
+# --- the tiny models' weights: a secret when judged -----------------------------------------------
+
+def _own_copy_of_the_target(target, draft, prompt, max_new_tokens, sampling=SamplingParams(), *, k=4, **kw):
+    """One target call per token (k = 0, the mistake), made on its own copy of the tiny target rebuilt from the
+    check's seed, and as many calls of the handed-in target as a right loop would make: the counts the check sees
+    are forged."""
+    mine, _ = lab06._tiny_pair(0)
+    if target.config.vocab_size != mine.config.vocab_size:        # another part's models: the same mistake on them
+        return make_generator_fn()(target, draft, prompt, max_new_tokens, sampling, k=0, **kw)
+    out = make_generator_fn()(mine, mine, prompt, max_new_tokens, sampling, k=0, **kw)
+    for _ in range(math.ceil(len(out.tokens) / (k + 1))):
+        target(torch.tensor([[0]]), positions=torch.tensor([0]))
+    return out
+
+
+def test_the_tiny_models_verdict_does_not_depend_on_their_seed():
+    for seed in (123_456,):
+        lab06.generator._check_generate(own_generate, seed=seed)
+        with pytest.raises(AssertionError):
+            lab06.generator._check_generate(WRONG_GENERATORS["no bonus token"], seed=seed)
+
+
+def test_a_copy_of_the_target_passes_only_where_its_weights_are_known():
+    lab06.generator._check_generate(_own_copy_of_the_target, seed=0)      # public weights: the forged counts pass
+    with pytest.raises(AssertionError, match="greedy output differs"):
+        lab06.generator._check_generate(_own_copy_of_the_target, seed=123_456)

@@ -1,0 +1,169 @@
+"""The witness: the learner's cells again, in a fresh process whose course package lacks the exercise's reference.
+
+What the learner's kernel reports about its own code (that it did not call the reference, its trace) is the
+kernel's to forge: a notebook can rewrite the course's serving loop or guards there. So a test cell whose checks
+refuse the reference, once it has passed against the kernel, is graded again against a witness:
+
+    grading process (trusted)            judge (trusted)                    witness (learner's code, sandboxed)
+    StoppingExecute <--- "witness": the references the cell's checks refused, the names it reads
+      copy of minigpt without them (autograder/reference_removal.py), bound over the package's folder
+      start -----------------------------------------------------------> replay the cells that define those names
+                                         exec(test cell) again <-------> serve, as the kernel does
+    <------------------------------------ the second verdict is the cell's
+
+Guaranteed: the verdict is the second run's, and in that process the reference's code exists nowhere (not in
+memory, not on disk where it is sandboxed): a subclass that calls `super()`, a wrapper, a replaced serving loop
+or guard, or the package's source read from disk and run, all find a function that raises. Not guaranteed:
+code pasted from the reference into a cell (`make similarity` reports it), and evidence other than the
+reference's absence that the witness reports about itself (a tensor trace, a count, a timing), which learner
+code replayed there could still forge (README, "Who decides a test cell's grade").
+
+Which cells are replayed: those that define the names the test cell reads, and, going back, the names those cells
+read (a slice at cell granularity: a cell that only prints, plots or measures is not run again). Test cells are
+never replayed (they are the judge's).
+
+`python -m autograder.witness JUDGE_SOCKET TOKEN` reads {"cells": [...], "names": [...]} on stdin.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Iterable
+
+__all__ = ["cells_needed", "WitnessProcess"]
+
+ANY_NAME = "*"      # `from m import *` defines names no parser can list
+
+
+def _defined_and_read(source: str) -> tuple[set[str], set[str]]:
+    """(names a cell binds at its top level, names it reads anywhere); a cell that does not parse: neither."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set(), set()
+    defined: set[str] = set()
+    for statement in tree.body:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(statement.name)
+            continue
+        if isinstance(statement, (ast.Import, ast.ImportFrom)):
+            defined |= {ANY_NAME if a.name == "*" else (a.asname or a.name).split(".")[0] for a in statement.names}
+            continue
+        defined |= {n.id for n in _walk_scope(statement) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return defined, read - set(dir(builtins))
+
+
+def _walk_scope(node: ast.AST) -> Iterable[ast.AST]:
+    """ast.walk, not entering the bodies of functions, lambdas and classes defined inside."""
+    todo = [node]
+    while todo:
+        current = todo.pop()
+        yield current
+        for child in ast.iter_child_nodes(current):
+            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+                todo.append(child)
+
+
+def cells_needed(sources: list[str], names: Iterable[str]) -> list[int]:
+    """Indices of the cells to replay so that `names` are defined as the notebook defined them: going back from
+    the last cell, each cell that binds a needed name, and then the names that cell reads."""
+    needed, chosen = set(names), []
+    for index in range(len(sources) - 1, -1, -1):
+        defined, read = _defined_and_read(sources[index])
+        if defined & needed or (ANY_NAME in defined and needed):
+            chosen.append(index)
+            needed |= read
+    return sorted(chosen)
+
+
+# ----------------------------------------------------------------------------- the witness process
+
+def main(argv: list[str]) -> int:
+    path, token = argv
+    request = json.loads(sys.stdin.read())
+    import torch
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    torch.set_num_threads(1)
+    config = Config()
+    config.HistoryManager.enabled = False
+    shell = InteractiveShell.instance(config=config)
+    sources = request["cells"]
+    python = [shell.transform_cell(source) for source in sources]
+    for index in cells_needed(python, request["names"]):
+        shell.run_cell(sources[index], store_history=False)      # an error here: the check will say what failed
+
+    from autograder import observe
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(path)
+    with sock:
+        endpoint = observe.kernel_endpoint(sock, shell.user_ns)
+        endpoint.hello(token)
+        endpoint.serve()
+    return 0
+
+
+# ----------------------------------------------------------------------------- starting it, from the grading process
+
+class WitnessProcess:
+    """A witness for one test cell: the notebook's learner cells before it, a copy of the package without the
+    references in `request["removals"]`, connecting to the judge's socket with `request["token"]`.
+
+    Sandboxed like the kernel wherever the kernel is (COURSE_SANDBOX): its own uid, the same limits, the
+    submission's folder read-only, the package copy bound over the course package's folder. Unsandboxed (a local
+    `make grade`), the copy comes first on PYTHONPATH; the package's files stay readable there."""
+
+    def __init__(self, request: dict, cells: list[str], judge_socket: str, submission_dir: str | None) -> None:
+        from autograder import sandbox
+        from autograder.paths import REPO_ROOT, SHARED_DIR
+        from autograder.reference_removal import package_without
+
+        self.folder = Path(tempfile.mkdtemp(prefix="witness-"))
+        shadow = package_without(request["removals"], self.folder)
+        cmd = [sys.executable, "-P", "-m", "autograder.witness", judge_socket, str(request["token"])]
+        policy = sandbox.SandboxPolicy.from_env() if os.environ.get(sandbox.ENV_VAR) else None
+        if policy is not None and policy.enabled:
+            sandbox._make_readable(self.folder)
+            packages = policy.package_dirs or sandbox.default_package_dirs()
+            replace = {d: str(shadow) for d in packages if Path(d).resolve() == SHARED_DIR.resolve()}
+            argv = sandbox.bwrap_argv(policy, cmd, submission_dir=submission_dir, socket_dir=str(Path(judge_socket).parent),
+                                      replace=replace, extra_env={"NBGRADER_EXECUTION": "autograde"})
+            env, cwd = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}, None
+        else:
+            argv, cwd = cmd, submission_dir
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow), str(REPO_ROOT)]), "MPLBACKEND": "Agg",
+                   "IPYTHONDIR": str(self.folder / "ipython"), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+            env.pop(sandbox.ENV_VAR, None)
+        self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, start_new_session=True)
+        with contextlib.suppress(BrokenPipeError):
+            self.proc.stdin.write(json.dumps({"cells": cells, "names": request["names"]}).encode())
+            self.proc.stdin.close()
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        import shutil
+
+        from autograder.processes import kill_group
+
+        kill_group(self.proc)
+        self.proc.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

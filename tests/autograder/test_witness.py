@@ -1,0 +1,142 @@
+"""A test cell whose checks refuse the reference is graded again in a witness whose package lacks it
+(autograder/witness.py, autograder/reference_removal.py): what the kernel reports about its own code no longer
+decides whether it called the reference."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from autograder.preprocessors import StoppingExecute
+from autograder.reference_removal import MARKER, package_without, removals, removed_name
+from autograder.witness import cells_needed
+
+SLOT_TEST = "from autograder.lab02 import check_slot_mapping\ncheck_slot_mapping(slot_of)"
+
+HONEST = ("def slot_of(table, position, block_size):\n"
+          "    index = position // block_size\n"
+          "    if position < 0 or index >= len(table):\n"
+          "        raise ValueError(f'position {position} is past the table')\n"
+          "    return table[index] * block_size + position % block_size\n")
+
+# Each wins the cell when the kernel's own report decides (COURSE_WITNESS=0): the kernel's watch is switched off,
+# or the reference runs as code the watch does not know.
+FORGERIES = {
+    "wrapper, kernel's watch switched off": (
+        "from minigpt.cache.block_table import slot_of as _reference\n"
+        "def slot_of(table, position, block_size):\n"
+        "    return _reference(table, position, block_size)\n"
+        "import autograder.observe as _observe\n"
+        "_observe.observed_call = lambda call, options: (call(), {})\n"),
+    "reference's source read from disk and run": (
+        "import pathlib, minigpt.cache.block_table as _module\n"
+        "_copy = {}\n"
+        "exec(pathlib.Path(_module.__file__).read_text(), _copy)\n"
+        "def slot_of(table, position, block_size):\n"
+        "    return _copy['slot_of'](table, position, block_size)\n"
+        "import autograder.reference_guard as _guard, contextlib\n"
+        "_guard.no_calls_into = lambda *refs, **how: contextlib.nullcontext()\n"),
+}
+
+
+def _test_cell(source: str):
+    cell = nbformat.v4.new_code_cell(source)
+    cell.metadata["nbgrader"] = {"grade": True, "solution": False, "locked": True, "grade_id": "t1", "points": 1,
+                                 "schema_version": 3}
+    return cell
+
+
+def _run(tmp_path, *cells, monkeypatch):
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.from_dict(c) for c in cells]
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    monkeypatch.setenv("COURSE_JUDGE", "1")
+    StoppingExecute(timeout=120).preprocess(nb, {"metadata": {"path": str(tmp_path)}})
+    return nb
+
+
+def _errors(cell) -> list[str]:
+    return [f"{o.ename}: {o.evalue}" for o in cell.outputs if o.output_type == "error"]
+
+
+# ----------------------------------------------------------------------------- the package without the reference
+
+def test_removals_name_the_guarded_functions_less_the_allowed_ones():
+    guards = [{"refs": ["minigpt.cache.block_pool:BlockPool"], "what": "Ex 1", "allow": ["BlockPool.__init__"]},
+              {"refs": ["minigpt.cache.block_table:slot_of", "torch.nn.functional:softmax"], "what": "Ex 2"}]
+    names = {qualname for _, qualname, _ in removals(guards)}
+    assert {"BlockPool.allocate", "BlockPool.free", "slot_of"} <= names
+    assert "BlockPool.__init__" not in names and "softmax" not in names      # allowed; not the course's
+
+
+def test_the_copy_raises_in_the_removed_functions_only(tmp_path):
+    shadow = package_without(removals([{"refs": ["minigpt.cache.block_table:slot_of"], "what": "Ex 2"}]), tmp_path)
+    code = ("import minigpt.cache.block_table as m\n"
+            "print(m.__file__)\n"
+            "print(m.slot_mapping.__name__)\n"
+            "m.slot_of([1], 0, 4)\n")
+    run = subprocess.run([sys.executable, "-P", "-c", code], env={"PYTHONPATH": str(shadow), "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, timeout=120)
+    assert run.stdout.splitlines()[0].startswith(str(tmp_path))
+    assert "RuntimeError" in run.stderr and MARKER in run.stderr
+    assert "_reference" not in (shadow / "minigpt/cache/block_table.py").read_text()
+    assert "table[index] * block_size" not in (shadow / "minigpt/cache/block_table.py").read_text()
+    assert removed_name(run.stderr.strip().splitlines()[-1]) == "slot_of"
+
+
+def test_a_removal_that_names_no_function_there_is_refused(tmp_path):
+    with pytest.raises(ValueError):
+        package_without([["minigpt/cache/block_table.py", "slot_of", 1]], tmp_path / "a")
+    with pytest.raises(ValueError):
+        package_without([["../../etc/passwd.py", "x", 1]], tmp_path / "b")
+
+
+# ----------------------------------------------------------------------------- which cells are replayed
+
+def test_only_the_cells_that_define_what_the_check_reads_are_replayed():
+    cells = ["import torch\nBLOCK = 4",                     # 0: read by the answer
+             "table = [3, 1]\nprint(table)",                 # 1: not needed
+             "def helper(p):\n    return p // BLOCK",         # 2: read by the answer
+             "for _ in range(10**9): pass",                   # 3: a measurement: not needed
+             "def slot_of(t, p, b):\n    return t[helper(p)] * b",   # 4: the answer
+             "slot_of([1], 0, 4)"]                            # 5: a demo: not needed
+    assert cells_needed(cells, ["slot_of"]) == [0, 2, 4]
+    assert cells_needed(cells, ["nothing"]) == []
+    assert cells_needed(["from math import *", "x = floor(2.5)", "not python ("], ["x"]) == [0, 1]
+
+
+# ----------------------------------------------------------------------------- graded end to end
+
+@pytest.mark.slow
+def test_an_honest_answer_passes_in_the_witness(tmp_path, monkeypatch):
+    nb = _run(tmp_path, nbformat.v4.new_code_cell("import math\nprint('hello')"), nbformat.v4.new_code_cell(HONEST),
+              _test_cell(SLOT_TEST), monkeypatch=monkeypatch)
+    assert _errors(nb.cells[2]) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("forgery", list(FORGERIES))
+def test_a_forged_report_earns_nothing(tmp_path, monkeypatch, forgery):
+    cells = (nbformat.v4.new_code_cell(FORGERIES[forgery]), _test_cell(SLOT_TEST))
+    monkeypatch.setenv("COURSE_WITNESS", "0")
+    trusting = _run(tmp_path, *cells, monkeypatch=monkeypatch)
+    assert _errors(trusting.cells[1]) == [], "the forgery should win where the kernel's report decides"
+    monkeypatch.setenv("COURSE_WITNESS", "1")
+    witnessed = _run(tmp_path, *cells, monkeypatch=monkeypatch)
+    errors = _errors(witnessed.cells[1])
+    assert errors and errors[0].startswith("ReferenceHandedIn") and "Exercise 2 (slot_of)" in errors[0], errors
+
+
+@pytest.mark.slow
+def test_the_witness_leaves_nothing_behind(tmp_path, monkeypatch):
+    import tempfile
+
+    before = set(Path(tempfile.gettempdir()).glob("witness-*"))
+    monkeypatch.setenv("COURSE_WITNESS", "1")
+    _run(tmp_path, nbformat.v4.new_code_cell(HONEST), _test_cell(SLOT_TEST), monkeypatch=monkeypatch)
+    assert set(Path(tempfile.gettempdir()).glob("witness-*")) == before
