@@ -96,38 +96,62 @@ def check_int4_cpu_linear(make: Callable, *, K: int = 4096, N: int = 4096, group
                 " The kernel computes (q - 8) * scale + zero per group, so pass zero = min + 8 * scale, "
                 "and scales_and_zeros as (n_groups, N, 2) in bf16.")
         raise AssertionError(f"the INT4 linear differs from x @ W_hat^T by {rel:.3g} (relative).{hint}")
-    learner, dense, reference = run_where(make, int4_speed_contenders, make, N, K, group_size)
-    return check_speedup(learner, dense, reference, what=f"INT4 GEMV {N}x{K} against fp32", check=INT4_CPU_SPEED_CHECK,
-                         repeats=repeats)
+    return _int4_speed(make, N, K, group_size, repeats)
+
+
+def speed_weight(N: int, K: int) -> torch.Tensor:
+    """The timed W (N, K): seeded, so the learner's side and the judge build the same one (64 MiB never cross)."""
+    return _randn(N, K, seed=2) * 0.02
+
+
+def learner_int4_linear(make: Callable, N: int, K: int, group_size: int) -> Callable:
+    """make(speed_weight(N, K), group_size): run with run_where beside `make` (judged: in the learner's kernel,
+    and the judge gets a handle to the learner's linear)."""
+    with quiet():
+        return make(speed_weight(N, K), group_size)
 
 
 class GemvCalls:
-    """A zero-argument callable: f(x) `calls` times. The speed check's three contenders are built where the learner's
-    function lives (`int4_speed_contenders`): when judged, in the learner's kernel, so they run in the same process and
-    one timed request covers `calls` GEMVs instead of a round trip (x and y over the wire) for each."""
+    """A zero-argument callable for `compare`: f(x) for the next `calls` inputs of `xs` (rows (1, K)), each output
+    kept with its input's index. The judge makes every call itself, on inputs it drew, and checks the learner's
+    outputs afterwards: a linear that returns a kept answer, or garbage fast, has its speed refused."""
 
-    def __init__(self, f: Callable, x: torch.Tensor, calls: int) -> None:
-        self.f, self.x, self.calls = f, x, calls
+    def __init__(self, f: Callable, xs: torch.Tensor, calls: int) -> None:
+        self.f, self.xs, self.calls = f, xs, calls
+        self.outputs: list[tuple[int, Any]] = []
+        self._next = 0
 
     def __call__(self) -> None:
         for _ in range(self.calls):
-            self.f(self.x)
+            i = self._next % len(self.xs)
+            self._next += 1
+            self.outputs.append((i, self.f(self.xs[i])))
+
+
+def _int4_speed(make: Callable, N: int, K: int, group_size: int, repeats: int, calls: int = 4) -> dict[str, float]:
+    """The learner's INT4 linear (built where `make` runs) against an fp32 matmul and the reference INT4 linear (both
+    here), on the same W and the same fresh inputs, timed here around each call; then the learner's outputs against
+    the reference's on each input."""
+    f = run_where(make, learner_int4_linear, make, N, K, group_size)
+    w = speed_weight(N, K)
+    reference = Int4WeightOnlyLinear(w, group_size)
+    xs = _randn((repeats + 1) * calls, 1, K, seed=3)
+    learner, dense, ref = GemvCalls(f, xs, calls), GemvCalls(_dense(w), xs, calls), GemvCalls(reference, xs, calls)
+    result = check_speedup(learner, dense, ref, what=f"INT4 GEMV {N}x{K} against fp32", check=INT4_CPU_SPEED_CHECK,
+                           repeats=repeats)
+    expected = dict(ref.outputs)
+    for i, y in learner.outputs:
+        want = expected[i].float()
+        ok = isinstance(y, torch.Tensor) and tuple(y.shape) == tuple(want.shape)
+        rel = ((y.float() - want).norm() / want.norm()).item() if ok else float("inf")
+        if not within(rel, 0.01):
+            raise AssertionError(f"the timed INT4 linear ({N}x{K}) differs from the reference INT4 linear on timed input "
+                                 f"#{i} (relative error {rel:.3g}): its speed does not count")
+    return result
 
 
 def _dense(w: torch.Tensor) -> Callable:
     return lambda x: F.linear(x, w)
-
-
-def int4_speed_contenders(make: Callable, N: int, K: int, group_size: int,
-                          calls: int = 4) -> tuple[GemvCalls, GemvCalls, GemvCalls]:
-    """(the learner's INT4 linear, the fp32 matmul, the reference INT4 linear) on the same seeded W (N, K) and x (1, K),
-    each as `GemvCalls`; run with run_where beside `make` (W is built there: 64 MiB never cross the wire)."""
-    w = _randn(N, K, seed=2) * 0.02
-    x = _randn(1, K, seed=3)
-    with quiet():
-        learner = make(w, group_size)
-        reference = Int4WeightOnlyLinear(w, group_size)
-    return GemvCalls(learner, x, calls), GemvCalls(_dense(w), x, calls), GemvCalls(reference, x, calls)
 
 
 def check_gemv_speed(fn: Callable, *, N: int = 8192, K: int = 8192, group_size: int = 128, bits: tuple[int, ...] = (8, 4),

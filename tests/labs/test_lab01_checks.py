@@ -446,6 +446,20 @@ def test_speed_check_refuses_the_reference():
         lab01.check_cached_speedup(generate_kv_cache, prompt_len=16, new_tokens=4)
 
 
+def test_speed_check_gives_each_timed_call_a_prompt_of_its_own():
+    """A generator that hands back the answer it computed first (fast, and right for the correctness pass) fails:
+    every timed call has a new prompt, whose tokens are checked."""
+    kept: list = []
+
+    def answer_kept_from_the_first_call(model, prompt, max_new_tokens, sampling=None, **kw):
+        if not kept:
+            kept.append(learner_generate(model, prompt, max_new_tokens, sampling, **kw))
+        return kept[0]
+
+    with pytest.raises(AssertionError, match="timed call #0"):
+        lab01.check_cached_speedup(answer_kept_from_the_first_call, prompt_len=16, new_tokens=4, repeats=2)
+
+
 @pytest.mark.slow
 def test_speed_naive_fails():
     """No cache at all: refused on the method (decode steps re-run the whole sequence) before any timing."""

@@ -86,3 +86,13 @@ def test_lab05_awq_fold_and_triton_gemv_judged(judge_process):
                        {"fold_awq_scales": LAB05["fold_awq_scales"],
                         "triton_dequant_gemv": LAB05["triton_dequant_gemv"]})
     assert result["error"] is None, result["error"]
+
+
+def test_lab05_int4_speed_judged_calls_the_learners_linear_from_the_judge(judge_process):
+    """The timed calls are the judge's own requests, on inputs it drew: 1 (the small case's linear) + 1 (its output)
+    + 1 (the timed linear) + (repeats + 1) * 4 calls of it."""
+    result, answered = judged(judge_process, "from autograder.lab05 import check_int4_cpu_linear\n"
+                                             "check_int4_cpu_linear(make_int4_linear, repeats=2)\n",
+                              {"make_int4_linear": LAB05["make_int4_linear"]})
+    assert result["error"] is None, result["error"]
+    assert answered >= 3 * 4

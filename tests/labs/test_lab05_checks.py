@@ -478,10 +478,24 @@ def test_int4_cpu_linear_refuses_the_reference(fn):
         lab05.check_int4_cpu_linear(fn, repeats=1)
 
 
+def fast_only_when_timed(w, group_size):
+    """Right on the check's small case; on the timed shape (4096 columns) it skips the work and returns zeros."""
+    right = SOLUTION["make_int4_linear"](w, group_size)
+    return right if w.shape[1] != 4096 else (lambda x: torch.zeros(x.shape[0], w.shape[0]))
+
+
+def answer_kept_from_the_first_call(w, group_size):
+    """Right on its first input, then hands the same output back, whatever the input."""
+    right, kept = SOLUTION["make_int4_linear"](w, group_size), []
+    return lambda x: kept[0] if kept else kept.append(right(x)) or kept[0]
+
+
 @pytest.mark.parametrize("fn, match", [
     (_stub, "not implemented"),
     (full_precision_linear, "full-precision weight"),
     (slow_int4_linear, "speedup"),
+    (fast_only_when_timed, "timed input #0"),
+    (answer_kept_from_the_first_call, "timed input #1"),
 ])
 def test_int4_cpu_linear_rejects(fn, match):
     with pytest.raises(AssertionError, match=match):
