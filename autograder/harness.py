@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence, Tuple, Union
 
 from autograder import thresholds
 
-__all__ = ["gpu_available", "under_autograde", "require_gpu", "check_speedup", "threshold_for", "quiet", "check_answer",
+__all__ = ["gpu_available", "under_autograde", "require_gpu", "check_speedup", "EachCallItsOwnInput", "threshold_for", "quiet", "check_answer",
            "call_learner", "within", "at_least", "assert_finite"]
 
 Mistakes = Union[Mapping[float, str], Sequence[Tuple[float, str]]]
@@ -243,6 +243,27 @@ def check_speedup(candidate: Callable[[], Any], baseline: Callable[[], Any], ref
             f"device class {dev_class}) is needed. Check that the slow path is really gone "
             "(no recomputation, no Python loop over tokens, no device<->host copies).")
     return {"speedup": learner, "reference_speedup": ref, "threshold": threshold}
+
+
+class EachCallItsOwnInput:
+    """A zero-argument callable for `check_speedup`: its i-th call is run(inputs[i % len(inputs)]), and each output
+    is kept with its input's index. The inputs are the check's own, so a timed call cannot hand back an answer kept
+    from an earlier call; `first_difference` then compares the kept outputs with another contender's."""
+
+    def __init__(self, run: Callable[[Any], Any], inputs: Sequence[Any]) -> None:
+        self.run, self.inputs = run, list(inputs)
+        self.outputs: list[tuple[int, Any]] = []
+
+    def __call__(self) -> Any:
+        i = len(self.outputs) % len(self.inputs)
+        out = self.run(self.inputs[i])
+        self.outputs.append((i, out))
+        return out
+
+    def first_difference(self, expected: "EachCallItsOwnInput", same: Callable[[Any, Any], bool]) -> int | None:
+        """The index of the first input on which this contender's output is not `same` as expected's, or None."""
+        want = dict(expected.outputs)
+        return next((i for i, got in self.outputs if i not in want or not same(got, want[i])), None)
 
 
 def _log_measurement(record: dict[str, Any]) -> None:

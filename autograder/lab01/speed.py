@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import torch
 
-from autograder.harness import check_speedup, quiet
+from autograder.harness import EachCallItsOwnInput, check_speedup, quiet
 from autograder.lab01.common import CACHED_SPEED_CHECK, random_prompt
 from autograder.lab01.generation import GENERATE_WHAT, _check_preallocated, _run
 from autograder.reference_guard import own_work
@@ -68,37 +68,26 @@ def _cached_speedup(generate_fn: Callable, prompt_len: int, new_tokens: int, rep
         raise AssertionError(f"{what}: your generator's tokens differ from generate_naive's, so its speed does not "
                              "count; pass check_generate_kv_cache first")
     timed_model = run_where(generate_fn, target_model)
+
+    def learner(p: list[int]) -> Generation:
+        return run_where(generate_fn, generate_on_threads, generate_fn, torch.get_num_threads(), timed_model, p,
+                         new_tokens, SamplingParams(), **kw)
+
     # Every timed call gets a prompt of its own, and its tokens are checked afterwards against the naive loop's on
     # that prompt: a call that hands back an answer kept from an earlier call has nothing to hand back.
     prompts = [random_prompt(prompt_len, TARGET_CONFIG.vocab_size, seed=100 + i) for i in range(1 + repeats)]
-    seen: dict[str, list[tuple[int, list[int]]]] = {"candidate": [], "baseline": []}
-
-    def each_call_a_new_prompt(name: str, run: Callable[[list[int]], Generation]) -> Callable[[], Generation]:
-        def call() -> Generation:
-            i = len(seen.setdefault(name, []))
-            out = run(prompts[i % len(prompts)])
-            seen[name].append((i, list(out.tokens)))
-            return out
-        return call
-
-    candidate = each_call_a_new_prompt("candidate", lambda p: run_where(
-        generate_fn, generate_on_threads, generate_fn, torch.get_num_threads(), timed_model, p, new_tokens,
-        SamplingParams(), **kw))
+    candidate = EachCallItsOwnInput(learner, prompts)
+    baseline = EachCallItsOwnInput(lambda p: generate_naive(model, p, new_tokens, SamplingParams(), **kw), prompts)
+    reference = EachCallItsOwnInput(lambda p: generate_kv_cache(model, p, new_tokens, SamplingParams(), **kw), prompts)
     with quiet():
-        if run_where(generate_fn, generate_on_threads, generate_fn, torch.get_num_threads(), timed_model, prompt,
-                     new_tokens, SamplingParams(), **kw).tokens != want.tokens:
+        if learner(prompt).tokens != want.tokens:
             raise AssertionError(f"{what}: your generator's tokens on the timed copy of the model differ from "
                                  "generate_naive's, so its speed does not count")
-        result = check_speedup(candidate,
-                               each_call_a_new_prompt("baseline", lambda p: generate_naive(
-                                   model, p, new_tokens, SamplingParams(), **kw)),
-                               each_call_a_new_prompt("reference", lambda p: generate_kv_cache(
-                                   model, p, new_tokens, SamplingParams(), **kw)),
+        result = check_speedup(candidate, baseline, reference,
                                what=f"cached generation of {new_tokens} tokens after a {prompt_len}-token prompt",
                                check=CACHED_SPEED_CHECK, repeats=repeats, warmup=1, device="cpu")
-    expected = dict(seen["baseline"])
-    wrong = [i for i, tokens in seen["candidate"] if tokens != expected.get(i)]
-    if wrong:
-        raise AssertionError(f"{what}: on the prompt of timed call #{wrong[0]} your generator's tokens differ from "
+    wrong = candidate.first_difference(baseline, lambda got, want: list(got.tokens) == list(want.tokens))
+    if wrong is not None:
+        raise AssertionError(f"{what}: on the prompt of timed call #{wrong} your generator's tokens differ from "
                              "generate_naive's, so its speed does not count")
     return result

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from autograder.harness import call_learner, check_speedup, quiet
+from autograder.harness import EachCallItsOwnInput, call_learner, check_speedup, quiet
 from autograder.lab06.common import SPEED_CHECK, _watched, where_it_runs, with_reference_pieces
 from autograder.lab06.generator import _gen, trained_pair
 from autograder.reference_guard import own_work
@@ -83,6 +83,16 @@ def _target_calls(target: Any, run: Callable[[], Any]) -> int:
     finally:
         handle.remove()
     return calls[0]
+
+
+def one_thread_call(run: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """run(x) on one torch thread: models this small run as fast on one thread, and one thread is immune to a second
+    one being starved on a shared machine (spin-waits made 2-thread timings jump 10x there); all three contenders
+    alike."""
+    def timed(x: Any) -> Any:
+        with fixed_threads(1):
+            return run(x)
+    return timed
 
 
 def check_target_calls(generate_fn: Callable) -> dict[str, dict[str, float]]:
@@ -169,22 +179,22 @@ def check_speculative_speedup(generate_fn: Callable, *, new_tokens: int = NEW_TO
         raise AssertionError("your generator's greedy output differs from generate_kv_cache's, so its speed does not count; "
                              "pass check_generate_speculative first")
 
-    def one_thread(call: Callable[[], Any]) -> Callable[[], Any]:
-        # models this small run as fast on one thread, and one thread is immune to a second one being starved on a
-        # shared machine (spin-waits made 2-thread timings jump 10x there); all three candidates alike
-        def timed() -> Any:
-            with fixed_threads(1):
-                return call()
-        return timed
-
     label = f"speculative decoding with prompt lookup (k={k}) vs cached decoding, {new_tokens} tokens"
+    # Each timed call continues the prompt from its own point (the last i tokens dropped), so no call can hand back
+    # an answer kept from an earlier one; the tokens of each are checked against cached decoding's afterwards.
+    prompts = [list(prompt[:len(prompt) - i]) for i in range(1 + repeats)]
+    candidate = EachCallItsOwnInput(one_thread_call(lambda p: timed_fn(their_target, their_lookup, p, new_tokens,
+                                                                       SamplingParams(), k=k, **kw)), prompts)
+    baseline = EachCallItsOwnInput(one_thread_call(lambda p: generate_kv_cache(target, p, new_tokens, **kw)), prompts)
+    reference = EachCallItsOwnInput(one_thread_call(lambda p: generate_speculative(target, lookup, p, new_tokens,
+                                                                                   SamplingParams(), k=k, **kw)), prompts)
     with quiet():
-        result = check_speedup(one_thread(lambda: timed_fn(their_target, their_lookup, prompt, new_tokens, SamplingParams(),
-                                                            k=k, **kw)),
-                               one_thread(lambda: generate_kv_cache(target, prompt, new_tokens, **kw)),
-                               one_thread(lambda: generate_speculative(target, lookup, prompt, new_tokens, SamplingParams(),
-                                                                       k=k, **kw)),
-                               what=label, check=SPEED_CHECK, repeats=repeats, warmup=1, device="cpu")
+        result = check_speedup(candidate, baseline, reference, what=label, check=SPEED_CHECK, repeats=repeats,
+                               warmup=1, device="cpu")
+    wrong = candidate.first_difference(baseline, lambda got, want: list(got.tokens) == list(want.tokens))
+    if wrong is not None:
+        raise AssertionError(f"{label}: on timed call #{wrong} (the prompt less its last {wrong} tokens) your "
+                             "generator's greedy output differs from generate_kv_cache's, so its speed does not count")
     if require_real_speedup and not result["speedup"] > 1.0:
         raise AssertionError(f"{label}: your generator is {result['speedup']:.2f}x plain decoding (medians of {repeats} "
                              f"interleaved runs; the reference reaches {result['reference_speedup']:.2f}x): speculation must "

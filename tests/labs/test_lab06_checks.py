@@ -446,6 +446,19 @@ def test_speed_check_wants_a_real_speedup(monkeypatch):
         lab06.check_speculative_speedup(own_generate)
 
 
+def test_speed_check_gives_each_timed_call_a_prompt_of_its_own(monkeypatch):
+    """A generator that hands back the answer it computed first (instant, and right for the speed check's first
+    run) has its speed refused: every timed call continues its own prompt, and its tokens are checked."""
+    kept: list = []
+
+    def answer_kept_from_the_first_call(*args, **kwargs):
+        if not kept:
+            kept.append(own_generate(*args, **kwargs))
+        return kept[0]
+    with pytest.raises(AssertionError, match="timed call #1"):
+        lab06.check_speculative_speedup(answer_kept_from_the_first_call, repeats=2)
+
+
 # --- the tiny models' weights: a secret when judged -----------------------------------------------
 
 def _own_copy_of_the_target(target, draft, prompt, max_new_tokens, sampling=SamplingParams(), *, k=4, **kw):
