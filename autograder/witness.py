@@ -143,7 +143,8 @@ class WitnessProcess:
             env, cwd = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}, None
         else:
             argv, cwd = cmd, submission_dir
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow), str(REPO_ROOT)]), "MPLBACKEND": "Agg",
+            env = {"MINIGPT_DATA_DIR": str(REPO_ROOT / "data"),      # the copy's own folder has no data/ beside it
+                   **os.environ, "PYTHONPATH": os.pathsep.join([str(shadow), str(REPO_ROOT)]), "MPLBACKEND": "Agg",
                    "IPYTHONDIR": str(self.folder / "ipython"), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
             env.pop(sandbox.ENV_VAR, None)
         self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
