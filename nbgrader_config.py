@@ -41,14 +41,14 @@ c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 # notebook metadata), after execution and again when feedback is made from the graded notebook.
 # StoppingExecute is nbgrader's Execute, except that a cell ignoring the interrupt (or killing the kernel)
 # stops the run with the points of the cells before it kept; when the grading process sets COURSE_SANDBOX,
-# it starts the kernel in the bubblewrap sandbox (autograder/sandbox.py), whatever kernel the notebook names.
+# it starts the kernel in the bubblewrap sandbox (autograder/judging/sandbox.py), whatever kernel the notebook names.
 # Feedback shows a test cell's grade and failure message, never its source (HideTestSources).
 try:
     from nbconvert.preprocessors import ClearMetadataPreprocessor, CSSHTMLHeaderPreprocessor
     from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, GetGrades, IgnorePattern,
                                         LimitOutput, SaveAutoGrades)
 
-    from autograder.preprocessors import HideTestSources, LimitOutputSize, StoppingExecute
+    from autograder.grading.preprocessors import HideTestSources, LimitOutputSize, StoppingExecute
 
     c.Autograde.autograde_preprocessors = [StoppingExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput,
                                            LimitOutputSize, SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]

@@ -33,7 +33,7 @@ import json
 import sys
 from pathlib import Path
 
-from autograder import grading, notebooks
+from autograder.grading import nbgrader_runs as grading, notebooks
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     course = args.course.resolve()
     try:
         if args.command == "grade":
-            from autograder import batch, sandbox
+            from autograder.grading import batch
+            from autograder.judging import sandbox
             sandboxed = not args.unsafe
             if sandboxed and (why := sandbox.probe()):
                 print(f"note: no sandbox here ({why}); grading your notebook without one", file=sys.stderr)
@@ -155,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"score: {res.score:g} / {res.max_score:g}")
             return 1 if args.require_full and res.score < res.max_score else 0
         if args.command == "autograde":
-            from autograder import batch, sandbox
+            from autograder.grading import batch
+            from autograder.judging import sandbox
             policy = sandbox.SandboxPolicy(memory_bytes=int(args.memory * sandbox.GiB),
                                            tmp_bytes=int(args.disk * sandbox.GiB), cpu_seconds=int(args.timeout) + 5)
             results = batch.autograde(course, args.assignment, args.student, timeout=args.timeout, jobs=args.jobs,
@@ -177,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"grades exported to {out}")
             return 0
         if args.command == "similarity":
-            from autograder import similarity
+            from autograder.grading import similarity
             matches, notes = similarity.compare(course, args.assignment, threshold=args.threshold, html=args.html)
             for note in notes:
                 print(f"note: {note}")
@@ -204,18 +206,18 @@ def main(argv: list[str] | None = None) -> int:
             from autograder import doctor
             return doctor.main()
         if args.command == "workspace":
-            from autograder import workspace
+            from autograder.learner import workspace
             print(workspace.sync(course, args.dir or course / "workspace").summary())
             return 0
         if args.command == "progress":
-            from autograder import progress
+            from autograder.learner import progress
             rows = progress.progress(course, args.dir or course / "workspace", labs=args.lab, regrade=args.regrade,
                                      on_start=lambda lab: print(f"grading {lab} (it changed since it was last graded)",
                                                                 flush=True))
             print(progress.format_table(rows))
             return 0
         if args.command == "runall":
-            from autograder import runall
+            from autograder.grading import runall
             stuck = 0
             for a in args.assignment or grading.assignments(course):
                 for nb_path in sorted((course / "labs" / a).glob("*.ipynb")):
@@ -232,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                     grading.release(course, [a])
             return 1 if stuck and not args.fix else 0
         if args.command == "exercise-map":
-            from autograder import learner_errors
+            from autograder.checking import learner_errors
             if args.check:
                 stale = learner_errors.build_map() != learner_errors.exercise_map()
                 print("exercise_map.json is out of date: run `python -m autograder exercise-map`" if stale
@@ -247,11 +249,11 @@ def main(argv: list[str] | None = None) -> int:
             session.run_session(args.n, args.seed, tuple(args.topic or session.TOPICS), history=history)
             return 0
         if args.command == "calibrate":
-            from autograder import calibrate
+            from autograder.gpu_tier import calibrate
             return calibrate.main(lab=args.lab, runs=args.runs, check=args.check, small=args.small, out_dir=args.out,
                                   device=args.device, note=args.note)
         if args.command == "gpu-check":
-            from autograder import gpu_check
+            from autograder.gpu_tier import gpu_check
             return gpu_check.main(course, out_dir=args.out, calibrate=args.calibrate, fresh=args.fresh, only=args.only)
     except grading.GradingError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -67,8 +67,8 @@ def report(root: Path = REPO_ROOT) -> list[str]:
     dc = device_class()
     lines.append(f"device class {dc} (speed thresholds are looked up under this key)")
 
-    from autograder.calibrate import REGISTRY
-    from autograder.thresholds import status
+    from autograder.gpu_tier.calibrate import REGISTRY
+    from autograder.checking.thresholds import status
 
     for tier, klass in [("cpu", "cpu")] + ([("gpu", dc)] if gpu else []):
         checks = [s.name for s in REGISTRY if s.tier == tier]
@@ -98,7 +98,7 @@ def report(root: Path = REPO_ROOT) -> list[str]:
                  f"checkpoints: {', '.join(sorted(p.stem for p in ck.glob('*.safetensors'))) or 'MISSING (make models)'}")
     chromium = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
     lines.append(f"browser     chromium: {chromium or 'missing (make browser-deps installs it; browser tests skip)'}")
-    from autograder import sandbox
+    from autograder.judging import sandbox
 
     why = sandbox.probe()
     lines.append("sandbox     " + ("bubblewrap: submissions are graded in a sandbox" if why is None else

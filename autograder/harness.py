@@ -15,7 +15,7 @@ Speed is always graded as a ratio measured in one process (``minigpt.timing.comp
     pass  <=>  learner_speedup >= fraction * reference_speedup
 
 with `fraction` the threshold `make calibrate` measured for the check on this device class
-(autograder.thresholds; autograder/calibration/<check>.<device class>.json).
+(autograder.checking.thresholds; autograder/calibration/<check>.<device class>.json).
 
 Numbers against a tolerance go through `within` or `at_least` (`assert_finite` says where NaN/inf are), never a bare
 `err > tol`: every comparison with NaN is False, so an output of NaN would pass that test
@@ -34,7 +34,7 @@ import os
 import warnings
 from typing import Any, Callable, Iterator, Mapping, Sequence, Tuple, Union
 
-from autograder import thresholds
+from autograder.checking import thresholds
 
 __all__ = ["gpu_available", "under_autograde", "require_gpu", "check_speedup", "EachCallItsOwnInput", "threshold_for", "quiet", "check_answer",
            "call_learner", "within", "at_least", "assert_finite"]
@@ -57,7 +57,7 @@ def under_autograde() -> bool:
 
 def require_gpu(what: str, calibrated: Sequence[str] = ()) -> bool:
     """Gate a GPU-tier check: True when a GPU is present and every check named in `calibrated` has a threshold
-    for this GPU's device class (autograder.thresholds).
+    for this GPU's device class (autograder.checking.thresholds).
 
     Otherwise: under autograde raise AssertionError (no points for a skipped check); outside it print a
     SKIPPED line on stdout (no GPU, or "uncalibrated on <device>; run `make calibrate`") and return False.
@@ -214,7 +214,7 @@ def check_speedup(candidate: Callable[[], Any], baseline: Callable[[], Any], ref
                   repeats: int = 5, warmup: int = 1, device: str = "cpu") -> dict[str, float]:
     """Assert the learner's speedup over `baseline` is at least a fraction of the reference's.
 
-    The fraction is the calibrated one of `check` on this device class (autograder.thresholds; raises
+    The fraction is the calibrated one of `check` on this device class (autograder.checking.thresholds; raises
     Uncalibrated, an AssertionError, before timing anything when there is none), or `min_fraction[class]`.
     The three zero-argument callables are timed interleaved (minigpt.timing.compare) in this process.
     Returns {"speedup", "reference_speedup", "threshold"} where threshold = fraction * reference_speedup.

@@ -24,7 +24,7 @@ import random
 from typing import Any, Callable
 
 from autograder.harness import check_answer, quiet
-from autograder.reference_guard import no_calls_into, own_work
+from autograder.checking.reference_guard import no_calls_into, own_work
 from minigpt.teaching import calculators as ref
 from minigpt.teaching.calculators import PRESETS, ModelShape
 from minigpt.teaching.hardware import ACCELERATORS

@@ -2,7 +2,7 @@
 
 Each check takes the learner's function or classes, runs them on tiny seeded models (sharding checks need
 no processes; the layer checks run TP = 2 and 4 as thread ranks and TP = 2 as two real gloo processes)
-and raises AssertionError saying what is wrong. Judged (autograder/judge.py), the ranks that call the learner's
+and raises AssertionError saying what is wrong. Judged (autograder/judging/judge.py), the ranks that call the learner's
 classes run in the learner's kernel (`_on_ranks`, through wire.run_where) and send back only their results.
 
 CPU tier (correctness):
@@ -14,7 +14,7 @@ CPU tier (correctness):
     check_tp_kv_cache(make_tp_cache)                        each rank caches only its KV heads; generation identical
     check_allreduce_bytes(allreduce_bytes_per_token)       the formula, exact against counted collectives
 Every check first refuses the package's reference handed in as the answer (the object, a subclass inheriting
-the asked-for methods, a thin wrapper that calls it: autograder.reference_guard); thread ranks run under the same
+the asked-for methods, a thin wrapper that calls it: autograder.checking.reference_guard); thread ranks run under the same
 watch, so a wrapper is caught on the ranks too.
 Interview questions (Llama-3-70B, bf16, 8 GPUs over PCIe Gen5 x16): check_q1 (TP bytes per token), check_q2 (PP
 bytes), check_q3 (steady-state bubble of a serving pipeline with fewer micro-batches in flight than stages: 1 - m/p,
@@ -30,8 +30,8 @@ from typing import Any, Callable
 import torch
 
 from autograder.harness import call_learner, check_answer, quiet
-from autograder.reference_guard import watched as _watched, no_calls_into, own_work
-from autograder.wire import is_remote, run_where
+from autograder.checking.reference_guard import watched as _watched, no_calls_into, own_work
+from autograder.checking.wire import is_remote, run_where
 from minigpt.config import ModelConfig
 from minigpt.engine.cached_generation import generate_kv_cache
 from minigpt.model import GPT

@@ -4,7 +4,7 @@ and ring attention on ranks.
 Each check takes the learner's function or class, runs it on seeded inputs or a tiny seeded model, compares
 with the package's reference (`minigpt.longctx`) and raises AssertionError saying what is wrong. Every check first
 refuses the package's reference handed in as the answer, and a call into it while the learner's code runs (a thin
-wrapper): autograder.reference_guard.
+wrapper): autograder.checking.reference_guard.
 
 CPU tier (correctness):
     check_scaled_inv_freq(fn)        frequencies of none/pi/ntk/yarn for two shapes, and the perplexity they give
@@ -28,8 +28,8 @@ from typing import Any, Callable
 import torch
 
 from autograder.harness import assert_finite, call_learner, check_answer, quiet, within
-from autograder.reference_guard import no_calls_into, own_work, watched
-from autograder.wire import run_where
+from autograder.checking.reference_guard import no_calls_into, own_work, watched
+from autograder.checking.wire import run_where
 from minigpt.attention import naive_attention
 from minigpt.config import ModelConfig
 from minigpt.longctx import kv_compression as kvc

@@ -3,5 +3,5 @@
 # high-density screens, never stretched.
 c = get_config()  # noqa: F821  (IPython's config loader provides it)
 c.InlineBackend.figure_formats = {"retina"}
-# Check cells are judged in a separate process, as the grader does (autograder/interactive.py).
-c.InteractiveShellApp.extensions = ["autograder.interactive"]
+# Check cells are judged in a separate process, as the grader does (autograder/judging/interactive.py).
+c.InteractiveShellApp.extensions = ["autograder.judging.interactive"]

@@ -1,7 +1,7 @@
 """The ways a notebook can patch its own grading from inside the kernel (issue 20), as cells to insert.
 
 Each is a code cell a learner could add to a submission. When test cells ran in the learner's kernel, each won
-points for unanswered exercises; with test cells run by the judge (autograder/judge.py) none of them earns
+points for unanswered exercises; with test cells run by the judge (autograder/judging/judge.py) none of them earns
 anything. The four in ATTACKS leave the notebook's other cells as they were (so the graded notebook still
 shows where Run All would stop); SILENCE_EVERYTHING turns every later cell into `pass`, the judge's serving
 cells included.

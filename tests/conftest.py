@@ -34,7 +34,7 @@ def fixture_course(tmp_path: Path) -> Path:
 @pytest.fixture
 def fast_cells() -> dict[str, str]:
     """Extra environment for nbgrader runs of the fixture course: a 5 s cell timeout."""
-    from autograder.grading import nbgrader_env
+    from autograder.grading.nbgrader_runs import nbgrader_env
 
     return nbgrader_env({"COURSE_CELL_TIMEOUT": "5"})
 
@@ -55,7 +55,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
     if not torch.cuda.is_available():
         return                                     # the test's own skipif says "needs a GPU"
-    from autograder.thresholds import status
+    from autograder.checking.thresholds import status
     from minigpt.timing import device_class
 
     whys = [why for check in marker.args for fraction, why in [status(check, device_class("cuda"))] if fraction is None]

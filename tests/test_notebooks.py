@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from attacks import CHEATS, with_attacks
 
-from autograder import grading, notebooks
+from autograder.grading import nbgrader_runs as grading, notebooks
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LABS = grading.assignments(REPO_ROOT)
@@ -140,7 +140,7 @@ class LabNotebook:
         raises-exception, so Run All in JupyterLab (and nbclient) goes on to the last cell."""
         import nbformat
 
-        from autograder import runall
+        from autograder.grading import runall
 
         a, course, _, _ = released_lab
         executed = sorted((course / "autograded" / "released" / a).glob("*.ipynb"))

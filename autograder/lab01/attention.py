@@ -9,7 +9,7 @@ import torch
 
 from autograder.harness import quiet
 from autograder.lab01.common import REFERENCE_ATTENTION
-from autograder.reference_guard import no_calls_into, own_work
+from autograder.checking.reference_guard import no_calls_into, own_work
 from minigpt.attention import naive_attention
 
 def _top_left(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -8,8 +8,8 @@ import torch
 
 from autograder.harness import quiet
 from autograder.lab01.common import REFERENCE_CACHES
-from autograder.reference_guard import no_calls_into, own_work
-from autograder.wire import storage_address
+from autograder.checking.reference_guard import no_calls_into, own_work
+from autograder.checking.wire import storage_address
 
 
 def _make_cache(cache_cls: type, B: int, S: int, H: int, D: int, **kw: Any) -> Any:

@@ -18,7 +18,7 @@ SMALL_CONFIGS = {
 }
 
 # Speed thresholds: the learner's speedup over the baseline must reach a fraction of the reference's speedup
-# measured in the same run. The fractions are calibrated per device class by `make calibrate` (autograder/calibrate.py,
+# measured in the same run. The fractions are calibrated per device class by `make calibrate` (autograder/gpu_tier/calibrate.py,
 # files autograder/calibration/<check>.<device class>.json), between the reference's ratio and a slow implementation's.
 CACHED_SPEED_CHECK = "lab01_cached_speedup"       # slow implementation: generate_naive (recomputes everything)
 GRAPH_SPEED_CHECK = "lab01_cuda_graph_decode"     # slow implementation: the fixed-shape step run eagerly (no graph)

@@ -11,8 +11,8 @@ from typing import Any, Callable
 
 from autograder.harness import assert_finite, quiet, within
 from autograder.lab01.common import ATOL, SMALL_CONFIGS, random_prompt, small_model
-from autograder.reference_guard import no_calls_into, own_work
-from autograder.wire import storage_address
+from autograder.checking.reference_guard import no_calls_into, own_work
+from autograder.checking.wire import storage_address
 from minigpt.attention import resolve_attention
 from minigpt.config import ModelConfig
 from minigpt.engine.cached_generation import generate_kv_cache

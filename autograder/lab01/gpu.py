@@ -8,14 +8,14 @@ import torch
 
 from autograder.harness import assert_finite, check_speedup, quiet, within
 from autograder.lab01.common import GRAPH_SPEED_CHECK, random_prompt
-from autograder.wire import in_kernel
+from autograder.checking.wire import in_kernel
 from minigpt.cache.contiguous import KVCache
 from minigpt.config import TARGET_CONFIG
 from minigpt.engine.cuda_graph import GraphedDecodeStep
 from minigpt.model import GPT
 
 
-# In the kernel (autograder.wire.in_kernel), not judged: the learner's step captures a CUDA graph of the model's
+# In the kernel (autograder.checking.wire.in_kernel), not judged: the learner's step captures a CUDA graph of the model's
 # forward and writes the cache in place on the device, so the model and the cache must live in the process that
 # captures and replays it (a judge-side model would be a round trip per forward, which a capture cannot record),
 # and the graphed and eager steps are timed with CUDA events of that one process.

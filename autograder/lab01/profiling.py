@@ -12,7 +12,7 @@ from typing import Any, Mapping
 from torch.profiler import profile
 
 from autograder.harness import check_answer
-from autograder.wire import class_of, run_where
+from autograder.checking.wire import class_of, run_where
 from minigpt.teaching.profiling import CATEGORIES, self_seconds_by_category
 
 PASSES = (("prefill", 1), ("decode", 1), ("prefill", 32), ("decode", 32))

@@ -10,8 +10,8 @@ import torch
 from autograder.harness import EachCallItsOwnInput, check_speedup, quiet
 from autograder.lab01.common import CACHED_SPEED_CHECK, random_prompt
 from autograder.lab01.generation import GENERATE_WHAT, _check_preallocated, _run
-from autograder.reference_guard import own_work
-from autograder.wire import run_where
+from autograder.checking.reference_guard import own_work
+from autograder.checking.wire import run_where
 from minigpt.config import TARGET_CONFIG
 from minigpt.engine.cached_generation import generate_kv_cache
 from minigpt.generate import Generation, generate_naive

@@ -1,7 +1,7 @@
 """Checks for Lab 02, the paged KV cache: one module per exercise group, every check re-exported here.
 
 Every check first refuses the package's reference handed in as the answer (the object itself, a subclass that
-inherits the asked-for methods, a thin wrapper that calls it: autograder.reference_guard).
+inherits the asked-for methods, a thin wrapper that calls it: autograder.checking.reference_guard).
 
 CPU tier (correctness):
     pool.check_block_pool(BlockPool)               allocate / free / incref / fork, ref counts, OutOfBlocks unchanged

@@ -8,7 +8,7 @@ from typing import Any, Callable
 import torch
 
 from autograder.harness import assert_finite, call_learner, within
-from autograder.reference_guard import no_calls_into, own_work
+from autograder.checking.reference_guard import no_calls_into, own_work
 from minigpt.attention import naive_attention
 from minigpt.cache import paged_attention as reference_module
 from minigpt.config import ModelConfig

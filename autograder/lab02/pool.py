@@ -6,7 +6,7 @@ import functools
 from typing import Any, Callable
 
 from autograder.harness import call_learner, quiet
-from autograder.reference_guard import no_calls_into, own_work
+from autograder.checking.reference_guard import no_calls_into, own_work
 from minigpt.cache.block_pool import BlockPool as ReferenceBlockPool
 from minigpt.cache.block_pool import OutOfBlocks
 from minigpt.cache.block_table import slot_of as reference_slot_of

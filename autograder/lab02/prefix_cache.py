@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 from autograder.harness import call_learner
 from autograder.lab02.state_machine import MANAGER_WHAT, exercise_4_alone, manager_class
-from autograder.reference_guard import no_calls_into
+from autograder.checking.reference_guard import no_calls_into
 from minigpt.cache.block_manager import BlockManager as ReferenceBlockManager
 from minigpt.cache.block_pool import OutOfBlocks
 

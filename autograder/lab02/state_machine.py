@@ -8,8 +8,8 @@ import random
 from typing import Any, Callable
 
 from autograder.harness import call_learner, quiet
-from autograder.reference_guard import ReferenceHandedIn, no_calls_into, own_work
-from autograder.wire import Callback, class_of, del_attribute, is_class, is_remote, vars_of
+from autograder.checking.reference_guard import ReferenceHandedIn, no_calls_into, own_work
+from autograder.checking.wire import Callback, class_of, del_attribute, is_class, is_remote, vars_of
 from minigpt.cache.block_manager import BlockManager as ReferenceBlockManager
 from minigpt.cache.block_pool import BlockPool as ReferenceBlockPool
 from minigpt.cache.block_pool import OutOfBlocks

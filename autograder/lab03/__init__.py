@@ -18,7 +18,7 @@ learner's continuous scheduler on a skewed workload, relative to the reference's
 Files: common.py (shared helpers, the refusal of the reference scheduler), packing.py (Exercise 1), scheduler.py
 (Exercise 2: drive, the invariants, scheduler_invariants for the package's own tests), outputs.py (Exercises 2 and 3
 on a model), metrics.py (Exercise 4), speed.py, questions.py.
-Judged (autograder/judge.py), the learner's scheduler stays in the kernel with what it works on: its BlockManager
+Judged (autograder/judging/judge.py), the learner's scheduler stays in the kernel with what it works on: its BlockManager
 (manager_beside), the runs it is driven through (FakeTokenRun, a stretch of steps per request, each step read back
 as data by scheduler_view and checked in the judge; serve_outputs), and copies of the models (model_beside).
 Every check refuses the package's reference handed in as the answer (reference_guard: the object itself, a subclass
@@ -29,7 +29,7 @@ GPU tier (speed): check_continuous_speedup_gpu(scheduler_cls, pack_fn): wall tim
 continuous batching on a GPU, relative to the reference, behind autograder.harness.require_gpu.
 """
 
-from autograder.checking import NEAR_TIE, SMALL_CONFIG
+from autograder.checking.models import NEAR_TIE, SMALL_CONFIG
 from autograder.lab03.common import (GPU_SPEED_CHECK, SCHEDULER, SPEED_MIN_FRACTION, _fake_token, _rand_tokens, _request,
                                      construct, learner_scheduling, own_scheduler)
 from autograder.lab03.metrics import check_metrics, metrics_cases

@@ -1,4 +1,4 @@
-"""What the lab 03 checks share (the small model is autograder.checking's): seeded tokens and requests, the driver's fake tokens, and the
+"""What the lab 03 checks share (the small model is autograder.checking.models's): seeded tokens and requests, the driver's fake tokens, and the
 refusal of the reference scheduler (own_scheduler, learner_scheduling, construct)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any, Hashable
 
 import torch
 
-from autograder.reference_guard import no_calls_into, own_work
-from autograder.wire import run_where
+from autograder.checking.reference_guard import no_calls_into, own_work
+from autograder.checking.wire import run_where
 from minigpt.cache.block_manager import BlockManager
 from minigpt.engine.baselines import StaticBatchScheduler
 from minigpt.engine.prefix_scheduler import PrefixCachingScheduler
@@ -20,7 +20,7 @@ from minigpt.engine.scheduler import Scheduler, SchedulerConfig
 # static batching (a deterministic count: no timing noise). The reference needs about 2.6x fewer steps (145 vs 56) on
 # the skewed workload below; a scheduler that only refills when the batch empties gets 1x.
 SPEED_MIN_FRACTION = 0.8
-# GPU tier: wall time, threshold calibrated per GPU class by `make calibrate` (autograder/calibrate.py) between the
+# GPU tier: wall time, threshold calibrated per GPU class by `make calibrate` (autograder/gpu_tier/calibrate.py) between the
 # reference's ratio and that of a scheduler that refills only when the batch empties (static batching in disguise).
 GPU_SPEED_CHECK = "lab03_continuous_speedup_gpu"
 

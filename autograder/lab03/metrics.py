@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from autograder.harness import call_learner
-from autograder.reference_guard import no_calls_into, own_work
+from autograder.checking.reference_guard import no_calls_into, own_work
 from minigpt.engine.metrics import goodput, request_metrics
 
 

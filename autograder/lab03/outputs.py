@@ -7,12 +7,12 @@ from typing import Any, Callable
 import torch
 
 from autograder.harness import call_learner, quiet
-from autograder.checking import NEAR_TIE, SMALL_CONFIG, model_beside, scaled_model
+from autograder.checking.models import NEAR_TIE, SMALL_CONFIG, model_beside, scaled_model
 from autograder.lab03.common import _rand_tokens, construct
 from autograder.lab03.packing import refuse_thin_pack
 from autograder.lab03.scheduler import refuse_thin_wrapper
-from autograder.reference_guard import no_calls_into, own_work
-from autograder.wire import Callback, is_remote, run_where
+from autograder.checking.reference_guard import no_calls_into, own_work
+from autograder.checking.wire import Callback, is_remote, run_where
 from minigpt.cache.paged import PagedKVCache
 from minigpt.engine.baselines import StaticBatchScheduler, static_generate
 from minigpt.engine.cached_generation import generate_kv_cache

@@ -9,7 +9,7 @@ import torch
 
 from autograder.harness import call_learner
 from autograder.lab03.common import _rand_tokens
-from autograder.reference_guard import no_calls_into, own_work
+from autograder.checking.reference_guard import no_calls_into, own_work
 from minigpt.cache.block_manager import BlockManager
 from minigpt.engine.packed_batch import pack_chunks
 

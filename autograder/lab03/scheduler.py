@@ -9,7 +9,7 @@ import torch
 from autograder.harness import call_learner, quiet
 from autograder.lab03.common import (_fake_token, _request, construct, learner_scheduling, manager_beside,
                                      own_scheduler)
-from autograder.wire import run_where
+from autograder.checking.wire import run_where
 from minigpt.engine.request import Request, SequenceStatus
 from minigpt.engine.scheduler import SchedulerConfig
 

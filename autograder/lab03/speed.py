@@ -11,8 +11,8 @@ from autograder.lab03.common import (GPU_SPEED_CHECK, SPEED_MIN_FRACTION, _fake_
                                      manager_beside)
 from autograder.lab03.packing import refuse_thin_pack
 from autograder.lab03.scheduler import refuse_thin_wrapper, scheduler_view
-from autograder.reference_guard import own_work
-from autograder.wire import run_where
+from autograder.checking.reference_guard import own_work
+from autograder.checking.wire import run_where
 from minigpt.cache.block_manager import BlockManager
 from minigpt.cache.paged import PagedKVCache
 from minigpt.config import ModelConfig

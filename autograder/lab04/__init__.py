@@ -34,14 +34,14 @@ GPU tier (speed, memory; behind autograder.harness.require_gpu):
     check_flash_backward_speed(cls)   fwd+bwd of an autograd Function against SDPA-flash's fwd+bwd
 Not graded, reported by `make gpu-check`: causal_fast_path_speedup (fast path over the single loop).
 
-Judged (autograder/judge.py: the learner's objects are Remotes here), three things happen where the learner's code
+Judged (autograder/judging/judge.py: the learner's objects are Remotes here), three things happen where the learner's code
 lives, through run_where, and come back as data for the verdict made here: a Triton launcher's call with its launches
 counted (call_launcher; a warm-up's padded buffer travels whole with the view the launcher gets), one forward and
 backward of an autograd Function (FunctionRun: autograd cannot cross processes), and the GPU tier's timings and peak
 memory (measure_*: a call across processes would time the copies and allocate elsewhere).
 """
 
-from autograder.checking import Launches, count_triton_launches
+from autograder.checking.models import Launches, count_triton_launches
 from autograder.lab04.common import (ATTENTION_CASES, BACKWARD_SPEED_CHECK, DECODE_SPEED_CHECK, FLASH_SPEED_CHECK,
                                      MEMORY_CHECK, PAGED_CASES, TOL, reference_lse)
 from autograder.lab04.backward import (BACKWARD_CASES, FLASH_BACKWARD, FUNCTIONS, FunctionRun, backward64,

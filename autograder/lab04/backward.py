@@ -10,12 +10,12 @@ from typing import Any, Callable
 import torch
 
 import minigpt.kernels  # noqa: F401  (on a CPU: TRITON_INTERPRET=1 before any kernel is built)
-from autograder.checking import count_triton_launches
+from autograder.checking.models import count_triton_launches
 from autograder.harness import call_learner
 from autograder.lab04.common import ATTENTION_CASES, TOL, _close, _err, _full_attention, _qkv
 from autograder.lab04.triton_kernels import call_launcher
-from autograder.reference_guard import ReferenceHandedIn, no_calls_into, own_work
-from autograder.wire import is_class, run_where
+from autograder.checking.reference_guard import ReferenceHandedIn, no_calls_into, own_work
+from autograder.checking.wire import is_class, run_where
 from minigpt.kernels.flash_attention import FlashAttentionFunction
 from minigpt.kernels.flash_backward import attention_delta, flash_attention_backward
 from minigpt.kernels.tiled_attention import (TiledAttentionFunction, as_heads, tiled_attention_backward)

@@ -9,7 +9,7 @@ import torch
 import minigpt.kernels  # noqa: F401  (on a CPU: TRITON_INTERPRET=1 before any kernel is built)
 from minigpt.kernels.tiled_attention import attention_lse
 
-# GPU thresholds, calibrated per GPU class by `make calibrate` (autograder/calibrate.py; files
+# GPU thresholds, calibrated per GPU class by `make calibrate` (autograder/gpu_tier/calibrate.py; files
 # autograder/calibration/<check>.<device class>.json): the learner's speedup over the baseline must reach a fraction
 # of the reference kernel's speedup measured in the same run; the memory check bounds the growth per doubling of T.
 FLASH_SPEED_CHECK = "lab04_flash_speed"        # slow: 16 x 16 tiles; naive attention itself

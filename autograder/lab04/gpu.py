@@ -11,8 +11,8 @@ import minigpt.kernels  # noqa: F401  (on a CPU: TRITON_INTERPRET=1 before any k
 from autograder.gpu_bench import fits, free_bytes, fwd_bwd, naive_attention_bytes, sdpa_fwd_bwd
 from autograder.harness import at_least, call_learner, quiet, within
 from autograder.lab04.common import BACKWARD_SPEED_CHECK, DECODE_SPEED_CHECK, FLASH_SPEED_CHECK, MEMORY_CHECK
-from autograder.thresholds import threshold
-from autograder.wire import run_where
+from autograder.checking.thresholds import threshold
+from autograder.checking.wire import run_where
 from minigpt.attention import naive_attention
 from minigpt.kernels.flash_attention import flash_attention_forward
 from minigpt.kernels.paged_decode import gather_then_sdpa, paged_decode, random_paged_inputs

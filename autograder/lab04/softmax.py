@@ -9,8 +9,8 @@ import torch
 import minigpt.kernels  # noqa: F401  (on a CPU: TRITON_INTERPRET=1 before any kernel is built)
 from autograder.harness import call_learner
 from autograder.lab04.common import _close, _err
-from autograder.reference_guard import no_calls_into, own_work
-from autograder.tensor_trace import TensorTrace
+from autograder.checking.reference_guard import no_calls_into, own_work
+from autograder.checking.tensor_trace import TensorTrace
 from minigpt.kernels import online_softmax as ref_online
 
 # ---------------------------------------------------------------------------------------------------

@@ -10,8 +10,8 @@ import torch
 import minigpt.kernels  # noqa: F401  (on a CPU: TRITON_INTERPRET=1 before any kernel is built)
 from autograder.harness import call_learner
 from autograder.lab04.common import ATTENTION_CASES, TOL, _close, _err, _full_attention, _qkv
-from autograder.reference_guard import no_calls_into, own_work
-from autograder.tensor_trace import TensorTrace
+from autograder.checking.reference_guard import no_calls_into, own_work
+from autograder.checking.tensor_trace import TensorTrace
 from minigpt.attention import naive_attention
 from minigpt.kernels.flash_attention import FlashAttentionFunction, flash_attention, flash_attention_forward
 from minigpt.kernels.tiled_attention import (attention_lse, tiled_attention, tiled_attention_backward,

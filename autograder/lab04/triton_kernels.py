@@ -10,12 +10,12 @@ from typing import Any, Callable
 import torch
 
 import minigpt.kernels  # noqa: F401  (on a CPU: TRITON_INTERPRET=1 before any kernel is built)
-from autograder.checking import Launches, count_triton_launches
+from autograder.checking.models import Launches, count_triton_launches
 from autograder.harness import call_learner
 from autograder.lab04.common import ATTENTION_CASES, PAGED_CASES, TOL, _close, _err, _qkv
 from autograder.lab04.tiled import _ATTENTION_REFERENCES, _compare_out_lse
-from autograder.reference_guard import no_calls_into, own_work
-from autograder.wire import run_where
+from autograder.checking.reference_guard import no_calls_into, own_work
+from autograder.checking.wire import run_where
 from minigpt.cache.paged_attention import paged_decode_attention
 from minigpt.kernels.paged_decode import (gather_then_sdpa, merge_partials, paged_decode, paged_decode_partials,
                                           random_paged_inputs)

@@ -15,7 +15,7 @@ import torch
 
 import minigpt.kernels  # noqa: F401  (on a CPU: TRITON_INTERPRET=1 before any kernel is built)
 from autograder.lab04.triton_kernels import call_launcher
-from autograder.reference_guard import own_work
+from autograder.checking.reference_guard import own_work
 from minigpt.kernels import warmup as ref
 
 WARMUP_ADD = "Warm-up 1 (vector add)"

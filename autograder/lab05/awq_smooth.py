@@ -7,10 +7,10 @@ from typing import Callable
 
 import torch
 
-from autograder.checking import model_beside
+from autograder.checking.models import model_beside
 from autograder.lab05.common import TINY_CONFIG, _AWQ, _SMOOTH, _call
-from autograder.reference_guard import own_work
-from autograder.wire import class_of
+from autograder.checking.reference_guard import own_work
+from autograder.checking.wire import class_of
 from minigpt.model import GPT
 from minigpt.quant.awq import AWQ_GROUPS
 from minigpt.quant.smoothquant import smoothing_factors

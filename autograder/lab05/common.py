@@ -8,7 +8,7 @@ from typing import Any, Callable
 import torch
 
 from autograder.harness import call_learner, quiet
-from autograder.reference_guard import no_calls_into
+from autograder.checking.reference_guard import no_calls_into
 from minigpt.config import ModelConfig
 from minigpt.quant import formats
 from minigpt.quant.awq import apply_awq_scales, awq_model
@@ -17,7 +17,7 @@ from minigpt.quant.kv_cache import QuantizedLayerKVCache, dequantize_kv, quantiz
 from minigpt.quant.linear import WeightOnlyLinear
 from minigpt.quant.smoothquant import smooth_model, smoothing_factors
 
-# Speed thresholds, calibrated per device class by `make calibrate` (autograder/calibrate.py): a fraction of the
+# Speed thresholds, calibrated per device class by `make calibrate` (autograder/gpu_tier/calibrate.py): a fraction of the
 # reference's speedup in the same run, chosen between the reference's ratio and a slow implementation's.
 # CPU: INT4 kernel vs fp32 at 4096 x 4096, batch 1 (slow: dequantize to float on every call).
 INT4_CPU_SPEED_CHECK = "lab05_int4_cpu_linear"

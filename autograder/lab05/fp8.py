@@ -8,7 +8,7 @@ import torch
 
 from autograder.harness import within
 from autograder.lab05.common import _FP8, _call, _randn
-from autograder.reference_guard import own_work
+from autograder.checking.reference_guard import own_work
 from minigpt.quant.formats import fp8_format
 
 

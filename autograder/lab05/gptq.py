@@ -8,7 +8,7 @@ import torch
 
 from autograder.harness import assert_finite, within
 from autograder.lab05.common import _GPTQ, _call
-from autograder.reference_guard import own_work
+from autograder.checking.reference_guard import own_work
 from minigpt.quant.formats import dequantize, quantize
 from minigpt.quant.gptq import gptq_quantize, hessian
 

@@ -8,7 +8,7 @@ import torch
 
 from autograder.harness import quiet, within
 from autograder.lab05.common import EX1, _INT_QUANT, _PACKING, _call, _expect_value_error, _randn
-from autograder.reference_guard import own_work
+from autograder.checking.reference_guard import own_work
 from minigpt.quant import formats
 from minigpt.quant.formats import dequantize, quantize, unpack_int4
 

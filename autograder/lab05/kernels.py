@@ -7,11 +7,11 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from autograder.checking import count_triton_launches
+from autograder.checking.models import count_triton_launches
 from autograder.harness import at_least, call_learner, check_speedup, quiet, within
 from autograder.lab05.common import GEMV_SPEED_CHECKS, INT4_CPU_SPEED_CHECK, _call, _randn
-from autograder.reference_guard import own_work
-from autograder.wire import run_where
+from autograder.checking.reference_guard import own_work
+from autograder.checking.wire import run_where
 from minigpt.quant.cpu_kernels import Int4WeightOnlyLinear
 from minigpt.quant.formats import quantize
 from minigpt.quant.linear import WeightOnlyLinear
@@ -160,7 +160,7 @@ def check_gemv_speed(fn: Callable, *, N: int = 8192, K: int = 8192, group_size: 
     interleaved rounds with the reference kernel; each width's speedup must reach its calibrated fraction
     (GEMV_SPEED_CHECKS) of the reference's. `device="cpu"` (float32, small N, K) runs the same code in the
     interpreter, for tests."""
-    from autograder.thresholds import threshold
+    from autograder.checking.thresholds import threshold
     from minigpt.kernels.dequant_gemv import dequant_gemv
     from minigpt.timing import bench_interleaved, device_class
 

@@ -6,7 +6,7 @@ import torch
 
 from autograder.harness import quiet, within
 from autograder.lab05.common import _KV, _call
-from autograder.reference_guard import own_work
+from autograder.checking.reference_guard import own_work
 from minigpt.quant.kv_cache import QuantizedLayerKVCache
 
 

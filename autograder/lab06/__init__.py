@@ -2,7 +2,7 @@
 
 Each check takes the learner's function, runs it on seeded inputs and raises AssertionError saying what is wrong.
 Every check first refuses the package's reference handed in as the answer (the function itself, a partial of it,
-code from the package, a thin wrapper that calls it while the check runs: autograder.reference_guard).
+code from the package, a thin wrapper that calls it while the check runs: autograder.checking.reference_guard).
 
 The sampler is graded statistically: chi-square goodness-of-fit tests at a fixed significance (SIGNIFICANCE) of the
 first emitted token, the first two, and the second and third (the third is the first round's bonus token when both

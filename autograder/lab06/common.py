@@ -10,8 +10,8 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
-from autograder.reference_guard import watched as _watched
-from autograder.wire import is_remote, run_where
+from autograder.checking.reference_guard import watched as _watched
+from autograder.checking.wire import is_remote, run_where
 from minigpt.cache.rollback import truncate_cache
 from minigpt.config import ModelConfig
 from minigpt.engine.speculative import sampling_probs, verify_draft
@@ -30,7 +30,7 @@ TOY_SAMPLING = SamplingParams(temperature=3.0, top_k=3)
 
 # The learner's speedup over generate_kv_cache (prompt lookup drafting) must exceed 1 and reach a fraction of the
 # reference's speedup measured in the same run, calibrated per device class by `make calibrate`
-# (autograder/calibrate.py) between the reference's ratio and that of a generator that re-runs the whole context
+# (autograder/gpu_tier/calibrate.py) between the reference's ratio and that of a generator that re-runs the whole context
 # every step (no cache).
 SPEED_CHECK = "lab06_speculative_speedup"
 

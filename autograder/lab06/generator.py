@@ -10,10 +10,10 @@ import torch
 from torch import nn
 
 from autograder.harness import at_least, call_learner, quiet
-from autograder.remote import is_remote
+from autograder.checking.remote import is_remote
 from autograder.lab06.common import (ENGINE_SAMPLES, SIGNIFICANCE, TOY_SAMPLING, TOY_VOCAB, _chi2_report,
                                      _exact_three, _toy_tables, toy_pair, where_it_runs, with_reference_pieces)
-from autograder.reference_guard import no_calls_into, own_work
+from autograder.checking.reference_guard import no_calls_into, own_work
 from minigpt.checkpoint import load_model
 from minigpt.config import ModelConfig
 from minigpt.engine.cached_generation import generate_kv_cache

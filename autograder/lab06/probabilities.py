@@ -9,7 +9,7 @@ from torch import Tensor
 
 from autograder.harness import call_learner
 from autograder.lab06.common import _watched
-from autograder.reference_guard import own_work
+from autograder.checking.reference_guard import own_work
 from minigpt.engine.speculative import sampling_probs
 from minigpt.sampling import SamplingParams
 

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from autograder.harness import call_learner, quiet
-from autograder.reference_guard import no_calls_into, own_work
+from autograder.checking.reference_guard import no_calls_into, own_work
 from minigpt.cache.contiguous import KVCache
 from minigpt.cache.rollback import truncate_cache
 from minigpt.config import ModelConfig

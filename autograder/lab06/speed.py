@@ -22,8 +22,8 @@ from typing import Any, Callable
 from autograder.harness import EachCallItsOwnInput, call_learner, check_speedup, quiet
 from autograder.lab06.common import SPEED_CHECK, _watched, where_it_runs, with_reference_pieces
 from autograder.lab06.generator import _gen, trained_pair
-from autograder.reference_guard import own_work
-from autograder.wire import is_remote, run_where
+from autograder.checking.reference_guard import own_work
+from autograder.checking.wire import is_remote, run_where
 from minigpt.checkpoint import load_model
 from minigpt.engine.cached_generation import generate_kv_cache
 from minigpt.engine.ngram_draft import PromptLookupModel

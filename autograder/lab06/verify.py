@@ -8,7 +8,7 @@ import torch
 
 from autograder.harness import at_least, call_learner, quiet, within
 from autograder.lab06.common import SIGNIFICANCE, TOY_VOCAB, VERIFY_SAMPLES, _chi2_report, _exact_three, _toy_tables
-from autograder.reference_guard import no_calls_into, own_work
+from autograder.checking.reference_guard import no_calls_into, own_work
 from minigpt.engine.speculative import sampling_probs, verify_draft
 from minigpt.sampling import SamplingParams
 from minigpt.teaching.goodness_of_fit import ChiSquareResult, chi_square_test

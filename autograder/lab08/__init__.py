@@ -6,7 +6,7 @@ a tiny seeded random model, driven with the official `openai` client and raw HTT
 joined) at the end. Checks that run coroutines work from plain Python and from a Jupyter kernel (whose event loop is
 already running) alike. Every check first refuses the package's reference handed in as the answer (the function
 itself, code from the package, a thin wrapper that calls it while the check runs, also in the engine's and the
-server's threads: autograder.reference_guard).
+server's threads: autograder.checking.reference_guard).
 
 Server (exercises 1 and 2; streaming.py, admission.py):
     check_sse_stream(sse_stream)   events are `data: <json>\n\n`, one per chunk, then `data: [DONE]\n\n`; the
@@ -47,7 +47,7 @@ Interview questions:
                  bytes exercise 4's per-row gather copies in a step, against a kernel reading each adapter once)
 Shared (common.py): the tiny check model, the reference server in a thread (check_server), waits and guards.
 
-Judged (autograder/judge.py: the learner's functions arrive as wire.Remote handles), every verdict is decided here:
+Judged (autograder/judging/judge.py: the learner's functions arrive as wire.Remote handles), every verdict is decided here:
 exercises 1 and 2 run their scripted cases and their live server where the learner's function lives (the kernel;
 common.observe_where) and get back only what happened, as data; lora_delta's torch calls are counted there too, and
 route's salted-hash case runs there (a salt changed in the judge would not reach the kernel's hash()). The LoRA

@@ -13,7 +13,7 @@ import httpx
 from autograder.harness import call_learner, quiet
 from autograder.lab08.common import (MODEL_NAME, REFUSAL_TIMEOUT_S, REJECTED, TIMEOUT_S, _stub_guard, _wait_for,
                                      check_server, observe_where)
-from autograder.reference_guard import no_calls_into, own_work
+from autograder.checking.reference_guard import no_calls_into, own_work
 from minigpt.serving.admission import AdmissionSlots, QueueFull, admitted
 from minigpt.serving.aio import run_sync
 from minigpt.serving.replicas import read_metrics

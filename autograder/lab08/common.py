@@ -9,10 +9,10 @@ from contextlib import contextmanager, nullcontext
 from typing import Any, Callable, Iterator
 
 from autograder.harness import call_learner, quiet
-from autograder.checking import scaled_model
-from autograder.reference_guard import no_calls_into
-from autograder.reference_guard import watched as _watched
-from autograder.wire import run_where
+from autograder.checking.models import scaled_model
+from autograder.checking.reference_guard import no_calls_into
+from autograder.checking.reference_guard import watched as _watched
+from autograder.checking.wire import run_where
 from minigpt.config import ModelConfig
 from minigpt.model import GPT
 from minigpt.serving.admission import admitted

@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 
 from autograder.harness import call_learner, check_answer
 from autograder.lab08.common import _watched
-from autograder.reference_guard import own_work
+from autograder.checking.reference_guard import own_work
 from minigpt.serving.client_metrics import RequestRecord, request_goodput
 
 

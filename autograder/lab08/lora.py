@@ -11,10 +11,10 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
 from autograder.harness import call_learner, quiet
-from autograder.checking import NEAR_TIE, SMALL_CONFIG, scaled_model
+from autograder.checking.models import NEAR_TIE, SMALL_CONFIG, scaled_model
 from autograder.lab08.common import CHECK_CONFIG, _watched, one_call_at_a_time
-from autograder.reference_guard import own_work
-from autograder.wire import run_where
+from autograder.checking.reference_guard import own_work
+from autograder.checking.wire import run_where
 from minigpt.cache.paged import PagedKVCache
 from minigpt.engine.cached_generation import generate_kv_cache
 from minigpt.engine.request import Request
@@ -170,7 +170,7 @@ def check_lora_delta(lora_delta_fn: Callable[..., Tensor]) -> None:
 
 
 def small_model(seed: int = 0) -> GPT:
-    """The small random model of lab 03's checks (autograder.checking: matrices scaled x6, so that greedy outputs
+    """The small random model of lab 03's checks (autograder.checking.models: matrices scaled x6, so that greedy outputs
     depend on the context)."""
     return scaled_model(seed)
 

@@ -12,8 +12,8 @@ import httpx
 
 from autograder.harness import call_learner, quiet
 from autograder.lab08.common import _watched, one_call_at_a_time
-from autograder.reference_guard import own_work
-from autograder.wire import run_where
+from autograder.checking.reference_guard import own_work
+from autograder.checking.wire import run_where
 from minigpt.serving.launch import serve_in_thread
 from minigpt.serving.routing import HashRing, prefix_key
 from minigpt.serving.routing import route as reference_route

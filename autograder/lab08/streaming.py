@@ -11,7 +11,7 @@ import httpx
 from autograder.harness import call_learner, quiet
 from autograder.lab08.common import (ABORTED, DISCONNECT_WAIT_S, MODEL_NAME, TIMEOUT_S, _stub_guard, _wait_for,
                                      check_server, observe_where)
-from autograder.reference_guard import no_calls_into, own_work
+from autograder.checking.reference_guard import no_calls_into, own_work
 from minigpt.serving.aio import run_sync
 from minigpt.serving.outputs import RequestOutput
 from minigpt.serving.replicas import read_metrics

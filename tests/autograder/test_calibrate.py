@@ -9,8 +9,10 @@ import time
 
 import pytest
 
-from autograder import calibrate, harness, thresholds
-from autograder.calibrate import SpeedCheck, choose_threshold
+from autograder.gpu_tier import calibrate
+from autograder import harness
+from autograder.checking import thresholds
+from autograder.gpu_tier.calibrate import SpeedCheck, choose_threshold
 
 
 def test_threshold_sits_between_reference_and_slow_runs_with_equal_margins():

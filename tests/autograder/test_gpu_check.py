@@ -11,7 +11,7 @@ import nbformat
 import pytest
 import torch
 
-from autograder import gpu_check
+from autograder.gpu_tier import gpu_check
 from autograder.harness import check_speedup, gpu_available
 
 
@@ -165,7 +165,7 @@ def test_benchmarks_run_on_the_cpu_on_small_shapes():
 def test_main_resumes_and_calibrates_when_asked(tmp_path, monkeypatch):
     """main() on a pretend GPU with fake parts: report files written, finished parts skipped on the second run,
     calibration run first only when asked."""
-    import autograder.calibrate as calibrate_mod
+    import autograder.gpu_tier.calibrate as calibrate_mod
     calls = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Pretend GPU")

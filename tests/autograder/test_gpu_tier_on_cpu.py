@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import minigpt.kernels  # noqa: F401  (TRITON_INTERPRET=1 on a CPU before any kernel is built)
-from autograder import lab04, lab05, slow_implementations
-from autograder.thresholds import Uncalibrated, fixed
+from autograder import lab04, lab05
+from autograder.gpu_tier import slow_implementations
+from autograder.checking.thresholds import Uncalibrated, fixed
 from minigpt.kernels.dequant_gemv import dequant_gemv
 from minigpt.kernels.flash_attention import flash_attention_forward
 from minigpt.kernels.paged_decode import paged_decode

@@ -1,4 +1,4 @@
-"""autograder.grading: pre-checks of submissions, and `python -m autograder grade` on the fixture course."""
+"""autograder.grading.nbgrader_runs: pre-checks of submissions, and `python -m autograder grade` on the fixture course."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import grading
+from autograder.grading import nbgrader_runs as grading
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FIXTURE_SRC = REPO_ROOT / "tests" / "fixtures" / "course" / "solutions" / "ex_fixture" / "ex_fixture.ipynb"

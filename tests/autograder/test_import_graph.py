@@ -73,7 +73,7 @@ def _lab(module: str) -> str | None:
 
 def test_the_graph_sees_imports_inside_functions(graph):
     """calibrate imports the labs' speed checks inside its functions (to defer torch): they must be in the graph."""
-    assert "autograder.lab01" in graph.find_modules_directly_imported_by("autograder.calibrate")
+    assert "autograder.lab01" in graph.find_modules_directly_imported_by("autograder.gpu_tier.calibrate")
 
 
 def test_a_cycle_is_found():
@@ -128,3 +128,54 @@ def test_labs_never_import_each_other(graph):
                  for detail in graph.get_import_details(importer=importer, imported=imported)]
     assert not crossings, ("labs are siblings: what several labs share belongs in autograder.checking (public "
                            "names), not in another lab. Found:\n" + "\n".join(crossings))
+
+
+# Floors, lowest first: a module imports only its own floor and the floors below (`autograder` itself, the
+# package's __init__, is not a floor: every module runs it, and it imports one module of checking).
+FLOORS: list[tuple[str, tuple[str, ...]]] = [
+    ("base", ("autograder.paths", "autograder.machine", "autograder.processes")),
+    ("checking", ("autograder.checking",)),
+    ("harness", ("autograder.harness", "autograder.gpu_bench")),
+    ("labs", ("autograder.lab", "autograder.interview")),
+    ("judging", ("autograder.judging", "autograder.interactive")),
+    ("grading", ("autograder.grading", "autograder.preprocessors")),
+    ("gpu tier and learner", ("autograder.gpu_tier", "autograder.learner")),
+    ("commands", ("autograder.cli", "autograder.doctor", "autograder.__main__")),
+]
+
+
+def floor_of(module: str) -> int | None:
+    for level, (_, prefixes) in enumerate(FLOORS):
+        if any(module == p or module.startswith(p + ".") or (p.endswith(".lab") and re.match(r"autograder\.lab\d\d", module))
+               for p in prefixes):
+            return level
+    return None
+
+
+def test_every_module_has_a_floor(graph):
+    assert [m for m in sorted(graph.modules) if m != PACKAGE and floor_of(m) is None] == []
+
+
+def upward_imports(graph: grimp.ImportGraph) -> list[str]:
+    """"importer (floor) -> imported (floor)" for each import of a higher floor."""
+    return [f"{importer} ({FLOORS[floor_of(importer)][0]}) -> {imported} ({FLOORS[floor_of(imported)][0]})"
+            for importer, targets in sorted(imports(graph).items()) if importer != PACKAGE
+            for imported in sorted(targets) if imported != PACKAGE and floor_of(imported) > floor_of(importer)]
+
+
+def test_an_upward_import_is_found():
+    graph = grimp.ImportGraph()
+    for module in ("autograder", "autograder.checking", "autograder.checking.wire", "autograder.judging",
+                   "autograder.judging.judge", "autograder.lab03", "autograder.lab03.speed"):
+        graph.add_module(module)
+    graph.add_import(importer="autograder.judging.judge", imported="autograder.checking.wire")
+    assert upward_imports(graph) == []
+    graph.add_import(importer="autograder.lab03.speed", imported="autograder.judging.judge")
+    assert upward_imports(graph) == ["autograder.lab03.speed (labs) -> autograder.judging (judging)",
+                                     "autograder.lab03.speed (labs) -> autograder.judging.judge (judging)"]
+
+
+def test_no_floor_imports_a_higher_one(graph):
+    upward = upward_imports(graph)
+    assert not upward, ("autograder/ is built in floors (base < checking < harness < labs < judging < grading < "
+                        "gpu tier, learner < commands): a lower floor imported a higher one:\n" + "\n".join(upward))

@@ -7,7 +7,7 @@ import re
 
 import nbformat
 
-from autograder import grading
+from autograder.grading import nbgrader_runs as grading
 
 
 def _rows(readme: str) -> list[tuple[str, str, str, list[str]]]:

@@ -1,5 +1,5 @@
 """Test cells run in the judge, not in the learner's kernel: what the kernel does to its own copy of the checks
-earns nothing (autograder/judge.py, observe.py, the StoppingExecute preprocessor)."""
+earns nothing (autograder/judging/judge.py, observe.py, the StoppingExecute preprocessor)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from attacks import ATTACKS, SILENCE_EVERYTHING  # noqa: E402
 
-from autograder.preprocessors import StoppingExecute  # noqa: E402
+from autograder.grading.preprocessors import StoppingExecute  # noqa: E402
 
 ANSWER = "answer = {answer}"
 TEST = ("from autograder.lab00 import check_q1_kv_gib\n"
@@ -83,7 +83,7 @@ def test_grader_names_in_a_test_cell_are_the_judges_own():
     import torch
 
     from autograder import harness
-    from autograder.judge import cell_names, grader_names
+    from autograder.judging.judge import cell_names, grader_names
 
     source = ("from autograder.lab04 import FLASH_SPEED_CHECK, check_flash_speed\n"
               "if require_gpu('flash speed', calibrated=[FLASH_SPEED_CHECK]):\n"

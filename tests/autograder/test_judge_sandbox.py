@@ -1,6 +1,6 @@
 """Where the kernel is sandboxed (COURSE_SANDBOX set, as under autograde) the judge is too: a test cell run there
 cannot read a file outside, write beside it, see the instructor's environment, reach the host's loopback or leave
-a process behind (autograder/judge.py's JudgeProcess, autograder/sandbox.py's bubblewrap policy)."""
+a process behind (autograder/judging/judge.py's JudgeProcess, autograder/judging/sandbox.py's bubblewrap policy)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from autograder import sandbox
-from autograder.judge import JudgeProcess
-from autograder.observe import kernel_endpoint
+from autograder.judging import sandbox
+from autograder.judging.judge import JudgeProcess
+from autograder.judging.observe import kernel_endpoint
 
 pytestmark = pytest.mark.skipif(sandbox.probe() is not None and not os.environ.get("CI"),
                                 reason=f"no grading sandbox here ({sandbox.probe()})")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import nbformat
 import pytest
 
-from autograder.preprocessors import STUCK_ENAME, StoppingExecute
+from autograder.grading.preprocessors import STUCK_ENAME, StoppingExecute
 
 LIMIT_S = 3
 FAST = "def add(a, b):\n    return a + b"

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from autograder import lab00, lab01, lab02, lab03, lab04, lab05, lab06, lab07, lab08, lab09
-from autograder.reference_guard import ReferenceHandedIn
+from autograder.checking.reference_guard import ReferenceHandedIn
 from minigpt.attention import _check_shapes, causal_mask, naive_attention
 from minigpt.cache import paged_attention as paged_module
 from minigpt.engine.metrics import goodput, request_metrics
@@ -39,7 +39,7 @@ from tests.labs.notebook_solutions import solution_cells
 REPO = Path(__file__).resolve().parents[2]
 CHECK_MODULES = sorted({*REPO.glob("autograder/lab0*.py"), *REPO.glob("autograder/lab0*/*.py"),
                         *REPO.glob("autograder/interview/*.py"), REPO / "autograder/gpu_bench.py",
-                        REPO / "autograder/gpu_check.py", REPO / "autograder/harness.py"})
+                        REPO / "autograder/gpu_tier/gpu_check.py", REPO / "autograder/harness.py"})
 
 # ---------------------------------------------------------------------------------------------------
 # 1. The scan
@@ -296,7 +296,7 @@ class NanKeyGradients:
 
 def test_the_gpu_tier_gradient_check_refuses_a_nan_gradient() -> None:
     """Lab 04's backward speed check on its CPU code path (tiny shapes, the threshold pinned: the speed is not graded)."""
-    from autograder.thresholds import fixed
+    from autograder.checking.thresholds import fixed
 
     with fixed(0.0), pytest.raises(AssertionError, match=r"gradients differ from the reference .*\bnan\b"):
         lab04.check_flash_backward_speed(NanKeyGradients, seq_len=20, head_dim=16, batch=1, heads=2, rounds=1,

@@ -1,4 +1,4 @@
-"""autograder.notebooks: normalization is stable, strips run state, keeps content."""
+"""autograder.grading.notebooks: normalization is stable, strips run state, keeps content."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from autograder import notebooks
+from autograder.grading import notebooks
 
 
 def _executed_notebook():
@@ -80,7 +80,7 @@ def test_course_kernel_reports_what_notebooks_store(repo_root):
 
     import jupyter_client
 
-    from autograder.notebooks import COURSE_KERNELSPEC, COURSE_LANGUAGE_INFO
+    from autograder.grading.notebooks import COURSE_KERNELSPEC, COURSE_LANGUAGE_INFO
 
     assert f'--display-name "{COURSE_KERNELSPEC["display_name"]}"' in (repo_root / "Makefile").read_text()
     assert f'--name {COURSE_KERNELSPEC["name"]}' in (repo_root / "Makefile").read_text()

@@ -1,4 +1,4 @@
-"""LimitOutputSize bounds every output a graded notebook keeps, whatever its type (autograder/output_limits.py):
+"""LimitOutputSize bounds every output a graded notebook keeps, whatever its type (autograder/grading/output_limits.py):
 text is cut, anything else too large becomes a note, a cell and a notebook have budgets, and the grade nbgrader
 reads from the outputs never changes."""
 
@@ -12,7 +12,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 from nbgrader.utils import determine_grade
 
-from autograder.output_limits import MB, NOTE_PREFIX, TRUNCATED, LimitOutputSize, is_limit_note, stored_size
+from autograder.grading.output_limits import MB, NOTE_PREFIX, TRUNCATED, LimitOutputSize, is_limit_note, stored_size
 
 BIG = 3 * MB          # over the 2 MB per-output default
 PLOT = 300_000        # a course plot is about this (base64 PNG)
@@ -230,7 +230,8 @@ def _huge_submission(lab) -> str:
 
 @pytest.mark.slow
 def test_huge_outputs_leave_a_small_graded_notebook_and_feedback_and_the_grade(fixture_course):
-    from autograder import batch, grading, sandbox
+    from autograder.grading import batch, nbgrader_runs as grading
+    from autograder.judging import sandbox
 
     env = grading.nbgrader_env({"COURSE_CELL_TIMEOUT": "120"})
     grading.release(fixture_course, env=env)

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import autograder
 import minigpt.model
-from autograder import learner_errors, paths, reference_guard, sandbox, thresholds
+from autograder.checking import learner_errors, reference_guard, thresholds
+from autograder import paths
+from autograder.judging import sandbox
 
 REPO_ROOT = Path(__file__).resolve().parents[2]      # tests/autograder/ -> the repository
 
@@ -35,6 +37,12 @@ def test_calibration_dir_holds_the_calibration_files():
 def test_exercise_map_is_the_map_file():
     assert paths.EXERCISE_MAP == REPO_ROOT / "autograder" / "exercise_map.json"
     assert set(json.loads(paths.EXERCISE_MAP.read_text())) == {"checks", "learner"}
+
+
+def test_sandbox_boot_is_the_script_the_sandbox_runs_first():
+    assert paths.SANDBOX_BOOT.is_file() and "def main(" in paths.SANDBOX_BOOT.read_text()
+    argv = sandbox.bwrap_argv(sandbox.SandboxPolicy(), ["python"], submission_dir=None, socket_dir="/tmp")
+    assert str(paths.SANDBOX_BOOT) in argv
 
 
 def test_trusted_folders_are_autograder_and_shared():

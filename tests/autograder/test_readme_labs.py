@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from autograder.progress import graded_points
+from autograder.learner.progress import graded_points
 
 
 def test_labs_table_points(repo_root):

@@ -7,7 +7,7 @@ import functools
 
 import pytest
 
-from autograder.reference_guard import ReferenceHandedIn, no_calls_into, own_work
+from autograder.checking.reference_guard import ReferenceHandedIn, no_calls_into, own_work
 from minigpt.cache.block_pool import BlockPool
 from minigpt.teaching import calculators
 from minigpt.teaching.calculators import PRESETS, kv_cache_bytes

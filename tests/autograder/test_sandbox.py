@@ -16,7 +16,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import gradebook_guard, intake, sandbox
+from autograder.grading import gradebook_guard, intake
+from autograder.judging import sandbox
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FIXTURE_SRC = REPO_ROOT / "tests" / "fixtures" / "course" / "solutions" / "ex_fixture" / "ex_fixture.ipynb"
@@ -89,7 +90,7 @@ except OSError as e:
 
 
 def test_batch_refuses_without_a_sandbox_unless_unsafe(tmp_path, monkeypatch):
-    from autograder import batch
+    from autograder.grading import batch
 
     monkeypatch.setattr(sandbox, "probe", lambda policy=None: "user namespaces disabled (test)")
     (tmp_path / "submitted" / "ann" / "ex_fixture").mkdir(parents=True)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from autograder import framing, wire
+from autograder.checking import framing, wire
 from minigpt.config import ModelConfig
 
 

@@ -1,4 +1,4 @@
-"""autograder.wire: a torch.Generator handed to a call on the other side travels by value (its state) and takes the
+"""autograder.checking.wire: a torch.Generator handed to a call on the other side travels by value (its state) and takes the
 state the callee left it in, so seeded draws go on exactly as in one process. Costs well under a second."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import threading
 
 import torch
 
-from autograder import wire
+from autograder.checking import wire
 
 
 def draw_two(generator: torch.Generator) -> list[float]:

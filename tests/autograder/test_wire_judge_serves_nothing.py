@@ -12,9 +12,9 @@ from typing import Any, Callable, Iterator
 import pytest
 import torch
 
-from autograder import wire
-from autograder.judge import judge_endpoint
-from autograder.observe import kernel_endpoint
+from autograder.checking import wire
+from autograder.judging.judge import judge_endpoint
+from autograder.judging.observe import kernel_endpoint
 from minigpt.config import ModelConfig
 from minigpt.model import GPT
 
@@ -95,7 +95,7 @@ def test_requests_that_would_run_code_in_the_judge_are_refused(judged):
     endpoint = judged.kernel
 
     def probe() -> list[str]:
-        asks = [("package", {"path": "autograder.judge:os.getcwd", "args": {"list": []}, "kwargs": {"dict": []}}),
+        asks = [("package", {"path": "autograder.judging.judge:os.getcwd", "args": {"list": []}, "kwargs": {"dict": []}}),
                 ("getname", {"name": "__builtins__"}), ("type", {"h": 1}), ("vars", {"h": 1}),
                 ("getattr", {"h": 1, "name": "__globals__"})]
         out = []
@@ -108,10 +108,10 @@ def test_requests_that_would_run_code_in_the_judge_are_refused(judged):
     assert judged(probe)() == ["Refused"] * 5
 
 
-@pytest.mark.parametrize("value", [{"module": "os"}, {"obj": "autograder.judge:os.system"},
-                                   {"obj": "minigpt.checkpoint:os.system"}, {"dc": "autograder.sandbox:SandboxPolicy",
+@pytest.mark.parametrize("value", [{"module": "os"}, {"obj": "autograder.judging.judge:os.system"},
+                                   {"obj": "minigpt.checkpoint:os.system"}, {"dc": "autograder.judging.sandbox:SandboxPolicy",
                                                                              "fields": {}},
-                                   {"obj": "autograder.batch:autograde"}, {"obj": "minigpt.serving.__main__:main"}])
+                                   {"obj": "autograder.grading.batch:autograde"}, {"obj": "minigpt.serving.__main__:main"}])
 def test_the_judge_decodes_no_module_and_no_grader_object(value):
     end = wire.Endpoint(socket.socketpair()[0], services=wire.judge_services())
     with pytest.raises((wire.Refused, ValueError, AttributeError)):
@@ -120,7 +120,7 @@ def test_the_judge_decodes_no_module_and_no_grader_object(value):
 
 def test_a_kernel_exception_cannot_pose_as_the_graders_own():
     end = wire.Endpoint(socket.socketpair()[0], services=wire.judge_services())
-    err = end._exception({"type": "autograder.thresholds:Uncalibrated", "message": "skip me", "name": "Uncalibrated"})
+    err = end._exception({"type": "autograder.checking.thresholds:Uncalibrated", "message": "skip me", "name": "Uncalibrated"})
     assert type(err) is wire.RemoteError
 
 

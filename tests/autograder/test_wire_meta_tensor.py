@@ -7,7 +7,7 @@ import socket
 
 import torch
 
-from autograder import wire
+from autograder.checking import wire
 
 
 def test_meta_tensor_arrives_with_its_shape_dtype_and_device() -> None:

@@ -1,5 +1,5 @@
 """A test cell whose checks refuse the reference is graded again in a witness whose package lacks it
-(autograder/witness.py, autograder/reference_removal.py): what the kernel reports about its own code no longer
+(autograder/judging/witness.py, autograder/judging/reference_removal.py): what the kernel reports about its own code no longer
 decides whether it called the reference."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder.preprocessors import StoppingExecute
-from autograder.reference_removal import MARKER, package_without, removals, removed_name
-from autograder.witness import cells_needed
+from autograder.grading.preprocessors import StoppingExecute
+from autograder.judging.reference_removal import MARKER, package_without, removals, removed_name
+from autograder.judging.witness import cells_needed
 
 SLOT_TEST = "from autograder.lab02 import check_slot_mapping\ncheck_slot_mapping(slot_of)"
 
@@ -30,7 +30,7 @@ FORGERIES = {
         "from minigpt.cache.block_table import slot_of as _reference\n"
         "def slot_of(table, position, block_size):\n"
         "    return _reference(table, position, block_size)\n"
-        "import autograder.observe as _observe\n"
+        "import autograder.judging.observe as _observe\n"
         "_observe.observed_call = lambda call, options: (call(), {})\n"),
     "reference's source read from disk and run": (
         "import pathlib, minigpt.cache.block_table as _module\n"
@@ -38,7 +38,7 @@ FORGERIES = {
         "exec(pathlib.Path(_module.__file__).read_text(), _copy)\n"
         "def slot_of(table, position, block_size):\n"
         "    return _copy['slot_of'](table, position, block_size)\n"
-        "import autograder.reference_guard as _guard, contextlib\n"
+        "import autograder.checking.reference_guard as _guard, contextlib\n"
         "_guard.no_calls_into = lambda *refs, **how: contextlib.nullcontext()\n"),
 }
 

@@ -8,7 +8,8 @@ import shutil
 import nbformat
 import pytest
 
-from autograder import grading, progress, workspace
+from autograder.grading import nbgrader_runs as grading
+from autograder.learner import progress, workspace
 from autograder.cli import main
 
 

@@ -137,12 +137,12 @@ while True:
 '''
 
 
-# The judge (autograder/judge.py) runs the test cells; while it waits for the kernel to run `add(2, 3)`, learner code
+# The judge (autograder/judging/judge.py) runs the test cells; while it waits for the kernel to run `add(2, 3)`, learner code
 # can write to the judge's socket itself. Each of these asks the judge for what would run code there (a course
 # function by a path that reaches os.system, a dunder of a handle, the names of its namespace) and tries to read a
 # canary file outside every sandbox and to write beside it. Had one worked, `answer` would be 4 (q1's point).
 _JUDGE_REACH = '''import gc
-from autograder import wire
+from autograder.checking import wire
 answer = 0
 tried = []
 def _ask(op, **payload):
@@ -155,8 +155,8 @@ def _ask(op, **payload):
 def _attack():
     global answer
     canary, out = {canary!r}, {written!r}
-    asks = [("package", dict(path="autograder.judge:linecache.getline", args={{"list": [canary, 1]}}, kwargs={{"dict": []}})),
-            ("package", dict(path="autograder.judge:os.system", args={{"list": ["echo pwned > " + out]}},
+    asks = [("package", dict(path="autograder.judging.judge:linecache.getline", args={{"list": [canary, 1]}}, kwargs={{"dict": []}})),
+            ("package", dict(path="autograder.judging.judge:os.system", args={{"list": ["echo pwned > " + out]}},
                              kwargs={{"dict": []}})),
             ("getname", dict(name="__builtins__")), ("type", dict(h=1)), ("vars", dict(h=1))]
     asks += [("getattr", dict(h=h, name=n)) for h in range(1, 6) for n in ("__globals__", "__class__", "_endpoint")]
@@ -172,7 +172,7 @@ def add(a, b):
 
 # A reply the judge must refuse before it decodes it: a value of about 48 MB of JSON, or nested 200,000 deep.
 _JUDGE_FLOOD = '''import gc, struct
-from autograder import wire
+from autograder.checking import wire
 def add(a, b):
     endpoint = next(o for o in gc.get_objects() if isinstance(o, wire.Endpoint) and o.names is not None)
     text = {payload}

@@ -23,7 +23,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import batch, grading, notebooks, sandbox
+from autograder.grading import batch, nbgrader_runs as grading, notebooks
+from autograder.judging import sandbox
 
 import hostile_submissions as hostile  # noqa: E402  (tests/instructor/ is on sys.path under pytest)
 

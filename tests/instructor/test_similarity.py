@@ -10,7 +10,7 @@ import shutil
 import nbformat
 import pytest
 
-from autograder import similarity
+from autograder.grading import similarity
 from autograder.cli import main
 from minigpt.cache.block_pool import BlockPool
 

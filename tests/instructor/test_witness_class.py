@@ -1,7 +1,7 @@
 """A class graded by the real autograde (nbgrader, bubblewrap, two jobs) on one exercise whose check refuses the
 reference (lab 02's slot_of): students who forge what their kernel reports about their code (its watch for calls
 into the reference switched off, the reference's source read from disk and run) earn nothing, because the cell is
-graded again in a witness whose package lacks the reference (autograder/witness.py); the honest student keeps the
+graded again in a witness whose package lacks the reference (autograder/judging/witness.py); the honest student keeps the
 points; no code reaches a file outside the sandboxes; nothing is left running."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import batch, grading, sandbox
+from autograder.grading import batch, nbgrader_runs as grading
+from autograder.judging import sandbox
 
 pytestmark = pytest.mark.slow
 
@@ -43,11 +44,11 @@ STUDENTS = {       # student -> (answer cell, expected score)
     "forged_watch": ("from minigpt.cache.block_table import slot_of as _reference\n"
                      "def slot_of(table, position, block_size):\n"
                      "    return _reference(table, position, block_size)\n"
-                     "import autograder.observe as _observe, autograder.reference_guard as _guard\n"
+                     "import autograder.judging.observe as _observe, autograder.checking.reference_guard as _guard\n"
                      "_observe.observed_call = lambda call, options: (call(), {})\n"
                      "_guard.own_work = lambda *args, **kwargs: None\n" + READ_CANARY, 0.0),
     "forged_source": ("import pathlib, contextlib, minigpt.cache.block_table as _module\n"
-                      "import autograder.reference_guard as _guard\n"
+                      "import autograder.checking.reference_guard as _guard\n"
                       "_copy = {}\n"
                       "exec(pathlib.Path(_module.__file__).read_text(), _copy)\n"
                       "def slot_of(table, position, block_size):\n"

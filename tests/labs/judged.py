@@ -1,6 +1,6 @@
 """A check run as the judge runs it, without nbgrader: the learner's objects live in a second Python process (the
-"kernel") and reach the check as `autograder.wire.Remote` handles, with the kernel tracing / watching the learner's
-calls when the check asks (autograder/observe.py), exactly as in a judged test cell.
+"kernel") and reach the check as `autograder.checking.wire.Remote` handles, with the kernel tracing / watching the learner's
+calls when the check asks (autograder/judging/observe.py), exactly as in a judged test cell.
 
     with learner_process("tests.labs.test_lab04_checks", ["softmax_torch"]) as names:
         lab04.check_online_softmax(names["softmax_torch"])        # a Remote: every call crosses the socket
@@ -19,14 +19,14 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
-from autograder.judge import judge_endpoint
+from autograder.judging.judge import judge_endpoint
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 _KERNEL = """
 import importlib, socket, sys
 import minigpt.kernels
-from autograder.observe import kernel_endpoint
+from autograder.judging.observe import kernel_endpoint
 module = importlib.import_module(sys.argv[2])
 names = {name: getattr(module, name) for name in sys.argv[3:]}
 sock = socket.socket(fileno=int(sys.argv[1]))

@@ -3,9 +3,9 @@
     with judged(fn=my_fn) as learner:
         lab08.check_lora_delta(learner.fn)      # learner.fn is a wire.Remote; my_fn runs in the serving thread
 
-The kernel's side is a thread serving one end of a socket pair exactly as autograder/observe.py serves the
+The kernel's side is a thread serving one end of a socket pair exactly as autograder/judging/observe.py serves the
 judge (names, the same observed calls); the check runs here with the learner's objects as Remotes, as it does
-in autograder/judge.py. Torch function modes are per thread, so what a check counts or traces here does not
+in autograder/judging/judge.py. Torch function modes are per thread, so what a check counts or traces here does not
 see the learner's calls, as in two processes; a patched builtin (hash) is seen by both sides, unlike in two.
 """
 
@@ -17,8 +17,8 @@ import threading
 from types import SimpleNamespace
 from typing import Any, Iterator
 
-from autograder import observe
-from autograder.judge import judge_endpoint
+from autograder.judging import observe
+from autograder.judging.judge import judge_endpoint
 
 
 @contextlib.contextmanager

@@ -1,6 +1,6 @@
 """The package's reference, re-run from its source as if a learner had typed it into a notebook cell.
 
-The checks refuse the reference object itself (autograder.reference_guard), so a test that shows "a correct
+The checks refuse the reference object itself (autograder.checking.reference_guard), so a test that shows "a correct
 answer passes" hands in a copy: the same source, compiled under a cell-like file name, in a copy of the
 reference module's globals (so its imports resolve), and with no link to the package's function or class.
 """

@@ -377,7 +377,7 @@ def test_interview_wrong_units_and_mistakes():
 
 from minigpt.generate import generate_naive  # noqa: E402
 from minigpt.teaching import calculators  # noqa: E402
-from autograder.reference_guard import ReferenceHandedIn  # noqa: E402
+from autograder.checking.reference_guard import ReferenceHandedIn  # noqa: E402
 
 CALCULATOR_CHECKS = [
     (lab00.check_count_parameters, ("count_parameters",)), (lab00.check_kv_cache_bytes, ("kv_cache_bytes",)),

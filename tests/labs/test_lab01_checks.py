@@ -15,7 +15,7 @@ from minigpt.engine.cached_generation import generate_kv_cache
 from minigpt.sampling import SamplingParams, make_generator, sample_next
 from minigpt.tokenizer import EOT_ID
 
-from autograder.reference_guard import ReferenceHandedIn
+from autograder.checking.reference_guard import ReferenceHandedIn
 from tests.labs.learner_copy import as_learner
 
 # The package's references re-typed as notebook code: the checks refuse the package's objects themselves.

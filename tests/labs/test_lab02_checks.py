@@ -15,7 +15,7 @@ from minigpt.cache.paged_attention import gather_kv, paged_attention, paged_deco
 from minigpt.cache.prefix_cache import PrefixCache, hash_block
 from minigpt.cache import paged_attention as paged_module
 
-from autograder.reference_guard import ReferenceHandedIn
+from autograder.checking.reference_guard import ReferenceHandedIn
 from tests.labs.learner_copy import as_learner
 
 EXAMPLES = 40       # enough for every wrong manager below to be caught (each fails within a few examples)
@@ -579,7 +579,7 @@ def state_machine_verdict(examples: int = lab02.GRADED_EXAMPLES) -> str:
 def test_state_machine_verdict_is_the_same_in_a_script_python_c_a_kernel_and_the_judge(tmp_path):
     """hypothesis mixes constants from loaded modules' source into its examples; the graded check draws from a
     fixed example source instead, so a script, `python -c`, a Jupyter kernel (which load different modules) and the
-    judge (autograder/judge.py: a check cell in the course kernel runs there, the manager a Remote in the kernel)
+    judge (autograder/judging/judge.py: a check cell in the course kernel runs there, the manager a Remote in the kernel)
     reach the same verdict. Costs about 15 s (three fresh processes) and the judged run."""
     import os
     import subprocess
@@ -599,7 +599,7 @@ def test_state_machine_verdict_is_the_same_in_a_script_python_c_a_kernel_and_the
     by_c = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root,
                           timeout=300).stdout.strip()
     judged = ("from autograder.lab02 import check_block_manager\n"      # a check cell: the kernel hands it to the judge
-              "from autograder.wire import is_remote\nprint('judged' if is_remote(make_manager) else 'in the kernel')\n"
+              "from autograder.checking.wire import is_remote\nprint('judged' if is_remote(make_manager) else 'in the kernel')\n"
               "try:\n    check_block_manager(make_manager)\nexcept AssertionError as err:\n    print(err)\n"
               "else:\n    print('passed')\n")
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(

@@ -1,5 +1,5 @@
-"""Labs 03 and 05 judged: a test cell run by a real judge process (autograder/judge.py) against this process, which
-plays the learner's kernel (autograder/observe.py's side of the wire), with the solution notebook's answers.
+"""Labs 03 and 05 judged: a test cell run by a real judge process (autograder/judging/judge.py) against this process, which
+plays the learner's kernel (autograder/judging/observe.py's side of the wire), with the solution notebook's answers.
 
 Guards what made these checks slow or broken once their answers arrived as Remotes: lab 03's scheduler check asked
 ~116,000 questions over the wire (every attribute of every step), lab 05's fold_awq_scales deep-copied a judge's
@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from autograder import judge, wire
-from autograder.observe import observed_call
+from autograder.judging import judge
+from autograder.checking import wire
+from autograder.judging.observe import observed_call
 from tests.labs.test_lab03_checks import SOLUTION as LAB03
 from tests.labs.test_lab03_checks import Solution as Lab03Scheduler
 from tests.labs.test_lab05_checks import SOLUTION as LAB05

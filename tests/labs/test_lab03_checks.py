@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from autograder import lab03
-from autograder.reference_guard import ReferenceHandedIn
-from autograder.slow_implementations import RefillOnlyWhenEmpty   # also measured by `make calibrate`
+from autograder.checking.reference_guard import ReferenceHandedIn
+from autograder.gpu_tier.slow_implementations import RefillOnlyWhenEmpty   # also measured by `make calibrate`
 from minigpt.engine.baselines import static_generate
 from minigpt.engine.cached_generation import generate_kv_cache
 from minigpt.engine.metrics import goodput, request_metrics
@@ -347,7 +347,7 @@ def test_q1_flat_cost_answer_is_diagnosed():
 def test_gpu_speed_check_code_path_on_cpu():
     """The GPU-tier check's code runs on CPU with a small model (a threshold pinned low: one timing sample on a CPU is
     not what the GPU tier grades, and at 0.5 it failed once under load, 1.12x against the reference's 2.59x)."""
-    from autograder.thresholds import fixed
+    from autograder.checking.thresholds import fixed
     from minigpt.timing import fixed_threads
     with fixed_threads(1), fixed(0.05):
         res = lab03.check_continuous_speedup_gpu(Solution, SOLUTION["pack_chunks"], device="cpu", repeats=1,

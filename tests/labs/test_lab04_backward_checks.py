@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from autograder import lab04
-from autograder.reference_guard import ReferenceHandedIn
+from autograder.checking.reference_guard import ReferenceHandedIn
 from minigpt.kernels import flash_backward as reference_backward
 from minigpt.kernels.flash_attention import FlashAttentionFunction
 from minigpt.kernels.flash_backward import flash_attention_backward

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from autograder import lab04
-from autograder.reference_guard import ReferenceHandedIn
+from autograder.checking.reference_guard import ReferenceHandedIn
 from minigpt.kernels.flash_attention import flash_attention_forward
 from minigpt.kernels.online_softmax import online_softmax
 from minigpt.kernels.paged_decode import merge_partials, paged_decode

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from autograder import lab04
-from autograder.thresholds import fixed
+from autograder.checking.thresholds import fixed
 from tests.labs.judged import learner_process
 from tests.labs.test_lab04_backward_checks import SOLUTION as BACKWARD_SOLUTION
 from tests.labs.test_lab04_backward_checks import _SavesLseWithHeadAxis

@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from autograder import lab04
-from autograder.reference_guard import ReferenceHandedIn
+from autograder.checking.reference_guard import ReferenceHandedIn
 from minigpt.kernels import warmup
 from tests.labs.notebook_solutions import solution_cells
 
@@ -165,5 +165,5 @@ def test_matmul_without_the_k_mask_fails():
 
 
 def test_warm_up_labels_name_the_exercise():
-    from autograder.learner_errors import _label
+    from autograder.checking.learner_errors import _label
     assert _label("warmup2_check") == "Warm-up 2"

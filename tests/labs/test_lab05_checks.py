@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from autograder import lab05
-from autograder.slow_implementations import dequantize_every_call   # also measured by `make calibrate`
+from autograder.gpu_tier.slow_implementations import dequantize_every_call   # also measured by `make calibrate`
 from minigpt.kernels.dequant_gemv import dequant_gemv, dequant_gemv_reference
 from minigpt.quant.awq import AWQ_GROUPS, apply_awq_scales
 from minigpt.quant.cpu_kernels import Int4WeightOnlyLinear
@@ -21,7 +21,7 @@ from minigpt.paths import data_dir
 from minigpt.quant.gptq import gptq_quantize
 from minigpt.quant.kv_cache import QuantizedLayerKVCache
 from minigpt.quant.smoothquant import smoothing_factors
-from autograder.reference_guard import ReferenceHandedIn
+from autograder.checking.reference_guard import ReferenceHandedIn
 from tests.labs.notebook_solutions import solution_cells
 
 SOLUTION = solution_cells("05_quantization", "ex1_code", "ex2_code", "ex3_code", "ex4_code", "ex5_code", "ex6_code",

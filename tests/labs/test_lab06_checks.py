@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from autograder import lab06
-from autograder.reference_guard import ReferenceHandedIn
+from autograder.checking.reference_guard import ReferenceHandedIn
 from minigpt.cache.contiguous import KVCache
 from minigpt.cache.rollback import truncate_cache
 from minigpt.engine.ngram_draft import ngram_propose
@@ -428,7 +428,7 @@ def test_target_calls_pass_the_reference_and_reject_one_call_per_token():
 
 
 def test_speed_check_reference_passes_and_recomputation_fails():
-    from autograder.slow_implementations import recompute_everything    # also measured by `make calibrate`
+    from autograder.gpu_tier.slow_implementations import recompute_everything    # also measured by `make calibrate`
     result = lab06.check_speculative_speedup(own_generate)
     assert result["speedup"] > 1
     with pytest.raises(AssertionError, match="speedup"):

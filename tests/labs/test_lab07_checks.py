@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from autograder import lab07
-from autograder.reference_guard import ReferenceHandedIn
+from autograder.checking.reference_guard import ReferenceHandedIn
 from minigpt.cache.contiguous import KVCache, LayerKVCache
 from minigpt.parallel import sharding
 from minigpt.parallel.linears import ColumnParallelLinear, RowParallelLinear

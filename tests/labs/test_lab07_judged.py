@@ -1,4 +1,4 @@
-"""Lab 07 checks given Remotes (judged, autograder/judge.py): the verdicts the in-process tests expect hold when
+"""Lab 07 checks given Remotes (judged, autograder/judging/judge.py): the verdicts the in-process tests expect hold when
 the learner's code runs on the other side of the wire (the kernel's side is a thread here: judged_pair.py)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Lab 08 checks given Remotes (judged, autograder/judge.py): the verdicts the in-process tests expect hold when
+"""Lab 08 checks given Remotes (judged, autograder/judging/judge.py): the verdicts the in-process tests expect hold when
 the learner's functions run on the other side of the wire (the kernel's side is a thread here: judged_pair.py)."""
 
 from __future__ import annotations

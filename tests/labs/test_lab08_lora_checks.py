@@ -9,7 +9,7 @@ import inspect
 import textwrap
 
 from autograder import lab08
-from autograder.reference_guard import ReferenceHandedIn
+from autograder.checking.reference_guard import ReferenceHandedIn
 from minigpt.serving.lora import lora_delta
 from minigpt.serving.lora_bench import hundred_adapters
 from minigpt.teaching.calculators import PRESETS

@@ -10,7 +10,7 @@ import hashlib
 import pytest
 
 from autograder import lab08
-from autograder.reference_guard import ReferenceHandedIn
+from autograder.checking.reference_guard import ReferenceHandedIn
 from minigpt.cache.prefix_cache import block_hashes, hash_block
 from minigpt.serving.client_metrics import request_goodput
 from minigpt.serving.routing import HashRing, prefix_key, ring_hash, route

@@ -12,7 +12,7 @@ import inspect
 import textwrap
 
 from autograder import lab08
-from autograder.reference_guard import ReferenceHandedIn
+from autograder.checking.reference_guard import ReferenceHandedIn
 from minigpt.serving.admission import QueueFull, admitted
 from minigpt.serving.streaming import DONE_EVENT, sse_event, sse_stream
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from autograder import lab09
-from autograder.reference_guard import ReferenceHandedIn
-from autograder.wire import RemoteError
+from autograder.checking.reference_guard import ReferenceHandedIn
+from autograder.checking.wire import RemoteError
 from minigpt.kernels.paged_decode import merge_partials
 from minigpt.longctx import kv_compression as kvc
 from minigpt.longctx.eviction import snapkv_keep

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autograder import checking, lab03
+from autograder.checking import models as checking
+from autograder import lab03
 from minigpt.cache.block_manager import BlockManager
 from minigpt.cache.paged import PagedKVCache
 from minigpt.cache.paged_attention import paged_attention

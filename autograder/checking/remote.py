@@ -1,4 +1,4 @@
-"""A handle to an object on the other side of the wire (autograder/wire.py), and what a check uses on either side.
+"""A handle to an object on the other side of the wire (autograder/checking/wire.py), and what a check uses on either side.
 
 A check receives the learner's objects as themselves (in one process: the package's tests, COURSE_JUDGE=0) or as
 `Remote`s (judged: every use of one is a request to the kernel). `is_class`, `class_of`, `vars_of`, `run_where` and

@@ -36,7 +36,7 @@ from pathlib import Path
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 
-from autograder.paths import AUTOGRADER_DIR, REPO_ROOT
+from autograder.paths import REPO_ROOT, SANDBOX_BOOT
 from autograder.processes import descendants
 
 PACKAGE_ROOT = REPO_ROOT                                 # holds shared/ and autograder/
@@ -128,7 +128,7 @@ def bwrap_argv(policy: SandboxPolicy, kernel_cmd: list[str], *, submission_dir: 
                replace: dict[str, str] | None = None) -> list[str]:
     """The full command line: bwrap ... -- python -I sandbox_boot.py LIMITS -- KERNEL_CMD. `replace`: read-only
     folders bound from elsewhere ({folder seen in the sandbox: folder bound there}, e.g. the witness's copy of
-    the course package without the reference, autograder/reference_removal.py)."""
+    the course package without the reference, autograder/judging/reference_removal.py)."""
     as_root = os.geteuid() == 0
     args = [BWRAP, "--die-with-parent", "--new-session", "--unshare-ipc", "--unshare-pid", "--unshare-net",
             "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox"]
@@ -160,7 +160,7 @@ def bwrap_argv(policy: SandboxPolicy, kernel_cmd: list[str], *, submission_dir: 
     for k, v in env.items():
         args += ["--setenv", k, v]
     args += ["--chdir", "/tmp"]
-    boot = [sys.executable, "-I", str(AUTOGRADER_DIR / "sandbox_boot.py"),
+    boot = [sys.executable, "-I", str(SANDBOX_BOOT),
             "--memory", str(policy.memory_bytes), "--fsize", str(policy.tmp_bytes),
             "--cpu", str(policy.cpu_seconds)]
     if as_root:

@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 import nbformat
 
-from autograder import thresholds
+from autograder.checking import thresholds
 from autograder.paths import CALIBRATION_DIR, REPO_ROOT
 
 NO_GPU_EXIT = 2
@@ -51,7 +51,7 @@ PARTS = ["machine", "lab01", "lab03", "lab04", "lab05", "lab08", "tests", "noteb
 GPU_NOTEBOOKS = ["01_kv_cache", "03_continuous_batching", "04_flash_attention", "05_quantization"]
 
 # The course's expectations for the reference implementations on an H100 (what the labs' text states). They are
-# reported next to the measured figures; the graded thresholds are the calibrated ones (autograder/thresholds.py).
+# reported next to the measured figures; the graded thresholds are the calibrated ones (autograder/checking/thresholds.py).
 TARGETS = {
     "flash_vs_sdpa_flash": (0.8, "flash forward >= 0.8x SDPA-flash (T=4096, d=64, causal, fp16, H100)"),
     "flash_vs_naive": (5.0, "flash forward >= 5x naive attention (T=4096, d=64, causal, fp16, H100)"),
@@ -381,7 +381,7 @@ def main(repo: Path = REPO_ROOT, out_dir: Path | None = None, *, calibrate: bool
         print("no CUDA GPU here: the GPU tier (its checks, benchmarks, pytest -m gpu and the GPU-tier cells of "
               "solutions/) needs one; nothing was run. Run `make gpu-check` on a machine with a CUDA GPU.")
         return NO_GPU_EXIT
-    from autograder.calibrate import versions
+    from autograder.gpu_tier.calibrate import versions
     from minigpt.timing import device_class
 
     dc = device_class("cuda")
@@ -392,7 +392,7 @@ def main(repo: Path = REPO_ROOT, out_dir: Path | None = None, *, calibrate: bool
                    "date": datetime.date.today().isoformat()})
     parts = {n: PART_FUNCTIONS[n] for n in PARTS if not only or n in only}
     if calibrate:
-        from autograder import calibrate as calibration
+        from autograder.gpu_tier import calibrate as calibration
 
         def part_calibrate(ctx: dict) -> dict:
             code = calibration.main(device="cuda")

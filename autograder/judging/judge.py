@@ -12,7 +12,7 @@ autograde the cell runs here instead of in the learner's kernel:
     <--outputs, error or none--
 
 The checks are the lab's own `check_*` functions, imported here; the learner's functions, classes and
-answers arrive as data or as `autograder.wire.Remote` handles whose every use is a request to the kernel.
+answers arrive as data or as `autograder.checking.wire.Remote` handles whose every use is a request to the kernel.
 So nothing the notebook does to its own copy of the check modules, to `autograder.harness`, to IPython's input
 transformers or to `sys.modules` reaches the verdict: the kernel only ever sees requests to run its own code.
 A test cell whose kernel never answers (its serving cell rewritten away) fails.
@@ -20,7 +20,7 @@ A test cell whose kernel never answers (its serving cell rewritten away) fails.
 Seeds: the checks draw their inputs from their own seeded generators, here; the kernel sees an input only when
 it is asked to run the learner's code on it.
 
-`python -m autograder.judge SOCKET CONTROL_FD` is the process; `JudgeProcess` starts and drives it.
+`python -m autograder.judging.judge SOCKET CONTROL_FD` is the process; `JudgeProcess` starts and drives it.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from autograder import wire
+from autograder.checking import wire
 
 ACCEPT_POLL_S = 0.2
 WITNESS_POLL_S = 0.5        # how often the grading process looks whether a witness stopped early
@@ -96,7 +96,7 @@ def _plain(value: Any, endpoint: wire.Endpoint) -> bool:
 def judge_endpoint(sock: socket.socket) -> wire.Endpoint:
     """The judge's end of a conversation: it serves the kernel only `wire.judge_services()`; each call asks the
     kernel for the traces and watches open here, and what the kernel traced comes back into them."""
-    from autograder import reference_guard, tensor_trace
+    from autograder.checking import reference_guard, tensor_trace
 
     endpoint = wire.Endpoint(sock, services=wire.judge_services())
     endpoint.call_options = lambda: {**tensor_trace.remote_options(), **reference_guard.remote_options()}
@@ -106,9 +106,9 @@ def judge_endpoint(sock: socket.socket) -> wire.Endpoint:
 
 def run_cell(endpoint: wire.Endpoint, source: str, push: bool = True) -> dict:
     """Execute one test cell against the kernel behind `endpoint` (a `judge_endpoint`); {"stdout", "stderr", "error",
-    "guarded"}: "guarded" lists the references its checks refused (autograder/reference_guard.py). `push`: set the
+    "guarded"}: "guarded" lists the references its checks refused (autograder/checking/reference_guard.py). `push`: set the
     names the cell assigns on the other side afterwards."""
-    from autograder import reference_guard
+    from autograder.checking import reference_guard
 
     wire.forget_origins()
     reference_guard.guarded()
@@ -139,8 +139,8 @@ def run_cell(endpoint: wire.Endpoint, source: str, push: bool = True) -> dict:
 
 def _explained(exc: BaseException) -> list[str]:
     """What the learner is shown for a failed check: the exercise it belongs to and the check's message, not the
-    judge's traceback (autograder/learner_errors.py)."""
-    from autograder.learner_errors import explain
+    judge's traceback (autograder/checking/learner_errors.py)."""
+    from autograder.checking.learner_errors import explain
 
     try:
         lines = explain(type(exc), exc, exc.__traceback__)
@@ -212,12 +212,12 @@ def main(argv: list[str]) -> int:
 
 
 def graded_again(server: socket.socket, control: socket.socket, header: dict, guarded: list[dict]) -> dict:
-    """The test cell's verdict from a witness (autograder/witness.py): the grading process starts one whose course
+    """The test cell's verdict from a witness (autograder/judging/witness.py): the grading process starts one whose course
     package lacks the references the cell's checks refused, the cell runs again against it, and that run's
     verdict is the cell's."""
     import secrets
 
-    from autograder.reference_removal import removals
+    from autograder.judging.reference_removal import removals
 
     source = header["source"]
     loaded, _ = cell_names(source)
@@ -243,7 +243,7 @@ def graded_again(server: socket.socket, control: socket.socket, header: dict, gu
 
 def _reference_explained(result: dict, guarded: list[dict]) -> dict:
     """A failure that reached a removed reference function says so: the learner's code called the reference."""
-    from autograder.reference_removal import removed_name
+    from autograder.judging.reference_removal import removed_name
 
     error = result.get("error")
     if not error:
@@ -282,13 +282,13 @@ class JudgeProcess:
     """A judge for one notebook run: `run(source)` starts a cell, `result()` collects its verdict.
 
     Where the kernel is sandboxed (COURSE_SANDBOX set, as under autograde), the judge is too, in a sandbox of its
-    own (autograder/sandbox.py's bubblewrap, with the same policy): the course package and the interpreter
+    own (autograder/judging/sandbox.py's bubblewrap, with the same policy): the course package and the interpreter
     read-only, no course root, gradebook, solutions/, home or instructor's environment; its own unprivileged uid,
     memory, CPU, process and file-size limits; no network; every process it starts dies with it. It shares with
     the kernel only a folder holding its socket."""
 
     def __init__(self, socket_dir: str, cwd: str | None = None) -> None:
-        from autograder import sandbox
+        from autograder.judging import sandbox
 
         ours, theirs = socket.socketpair()
         policy = sandbox.SandboxPolicy.from_env() if os.environ.get(sandbox.ENV_VAR) else None
@@ -296,7 +296,7 @@ class JudgeProcess:
         uid = sandbox.sandbox_uid() if self.sandboxed else None
         folder = _folder_of_its_own(socket_dir, uid) if uid is not None else Path(socket_dir)
         self.path = str(folder / "judge.sock")
-        cmd = [sys.executable, "-P", "-m", "autograder.judge", self.path, str(theirs.fileno())]
+        cmd = [sys.executable, "-P", "-m", "autograder.judging.judge", self.path, str(theirs.fileno())]
         execution = {"NBGRADER_EXECUTION": os.environ.get("NBGRADER_EXECUTION", "autograde")}
         if self.sandboxed:
             argv = sandbox.bwrap_argv(policy, cmd, submission_dir=None, socket_dir=str(folder), uid=uid,

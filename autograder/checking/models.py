@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from autograder.wire import is_remote, run_where
+from autograder.checking.wire import is_remote, run_where
 from minigpt.config import ModelConfig
 from minigpt.model import GPT
 

@@ -1,8 +1,8 @@
 """A copy of the course package with an exercise's reference taken out: the package of the witness.
 
-A check that refuses the reference (`own_work`, `no_calls_into`, `watched` in autograder/reference_guard.py)
+A check that refuses the reference (`own_work`, `no_calls_into`, `watched` in autograder/checking/reference_guard.py)
 names the reference it guards. When such a test cell passes against the learner's kernel, the judge has it
-graded again against a *witness* (autograder/witness.py): a fresh process whose `minigpt` is a copy of the
+graded again against a *witness* (autograder/judging/witness.py): a fresh process whose `minigpt` is a copy of the
 package in which each function of that reference has lost its body:
 
     def schedule(self, ...):                      def schedule(self, ...):
@@ -34,7 +34,7 @@ MARKER = "[removed for grading: the course's reference]"
 def removals(guards: Iterable[dict]) -> list[list[Any]]:
     """Every function the guarded references define in the course package, less the ones a guard allows:
     [relative file, qualified name, first line] each (decorators included in the first line)."""
-    from autograder import reference_guard, wire
+    from autograder.checking import reference_guard, wire
 
     out: dict[tuple[str, str], int] = {}
     for guard in guards:

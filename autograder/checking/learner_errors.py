@@ -204,7 +204,7 @@ def _short(cell_frames: list[traceback.FrameSummary], last: str, cell_names: dic
 def _handler(shell, etype, value, tb, tb_offset=None) -> None:
     """IPython's custom exception handler: show our lines (or IPython's own traceback) as the cell's error."""
     try:
-        if hasattr(value, "_render_traceback_"):      # a judged check's verdict (autograder/interactive.py)
+        if hasattr(value, "_render_traceback_"):      # a judged check's verdict (autograder/judging/interactive.py)
             lines = value._render_traceback_()
         else:
             lines = explain(etype, value, tb, getattr(shell.compile, "_filename_map", None))

@@ -64,7 +64,7 @@ def untagged(executed: nbformat.NotebookNode) -> list[RaisingCell]:
 def tag_cells(source: Path, cell_ids: set[str]) -> int:
     """Add the tag to the cells of the source notebook with these ids, and to every graded cell; returns how many
     cells were tagged anew."""
-    from autograder.notebooks import normalize_file
+    from autograder.grading.notebooks import normalize_file
 
     nb = nbformat.read(str(source), as_version=4)
     added = 0

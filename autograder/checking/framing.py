@@ -1,4 +1,4 @@
-"""Frames of the wire between the judge and the learner's kernel (autograder/wire.py): one JSON header and, when
+"""Frames of the wire between the judge and the learner's kernel (autograder/checking/wire.py): one JSON header and, when
 it carries tensors, one safetensors blob (never pickle), behind two lengths.
 
     [JSON length, blob length (network order, 4 bytes each)] [JSON] [safetensors blob]

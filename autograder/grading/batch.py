@@ -2,16 +2,16 @@
 
 One submission is one `GradingJob` (plain data: the neutralised submission, a template gradebook holding
 only the assignment, the course's nbgrader config). `run_job` grades it in a scratch course folder with
-`nbgrader autograde`, whose kernel runs in the bubblewrap sandbox (autograder/sandbox.py), and returns
+`nbgrader autograde`, whose kernel runs in the bubblewrap sandbox (autograder/judging/sandbox.py), and returns
 the executed notebooks. Jobs run concurrently on threads (`jobs=N`) or on Dask workers (`scheduler=`).
 
 The parent then records each result into the instructor's gradebook, one at a time, with nbgrader's own
 autograde converter with execution turned off (OverwriteCells puts the gradebook's test cells back,
 SaveAutoGrades reads the scores from the executed outputs, AssignLatePenalties applies the course policy).
-Around each record the `Guard` checks the gradebook (autograder/gradebook_guard.py).
+Around each record the `Guard` checks the gradebook (autograder/grading/gradebook_guard.py).
 
 `grade_notebook(path)` (`make grade`) is a batch of one: a throwaway course folder and gradebook, the instructor's
-files never touched. The nbgrader calls themselves live in autograder/grading.py, below this module.
+files never touched. The nbgrader calls themselves live in autograder/grading/nbgrader_runs.py, below this module.
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ from typing import Callable
 import nbformat
 from tqdm import tqdm
 
-from autograder import gradebook_guard, intake, preprocessors, sandbox
-from autograder.grading import (CONFIG_NAME, DEFAULT_STUDENT, SUBMISSION_TIMEOUT_S, GradingError, Reading,
+from autograder.grading import gradebook_guard, intake, preprocessors
+from autograder.judging import sandbox
+from autograder.grading.nbgrader_runs import (CONFIG_NAME, DEFAULT_STUDENT, SUBMISSION_TIMEOUT_S, GradingError, Reading,
                                 SubmissionResult, assignments, db_url_for, find_assignment, generate_assignment,
                                 make_temp_course, nbgrader_env, precheck, read_executed, read_scores,
                                 run_nbgrader, submissions)

@@ -7,7 +7,7 @@ tensors that went in and came out (a `TorchFunctionMode`), for checks of the met
     trace.calls_named("softmax")                               # torch.softmax / Tensor.softmax / F.softmax called?
     trace.grad_used                                            # autograd switched on (requires_grad, backward)?
 
-When the learner's code runs in another process (a judged check, autograder/judge.py), the call is traced
+When the learner's code runs in another process (a judged check, autograder/judging/judge.py), the call is traced
 there and its records are added here.
 """
 

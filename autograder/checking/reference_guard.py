@@ -91,12 +91,12 @@ def own_work(answer: Any, reference: Any | Iterable[Any], *, what: str, methods:
     methods the exercise asks for from the reference instead of defining them. `given`: attributes of the class that
     may hold the package's code (an earlier exercise's piece, which the learner may replace by the reference)."""
     refs = list(reference) if isinstance(reference, (list, tuple, set)) else [reference]
-    from autograder.wire import Remote
+    from autograder.checking.wire import Remote
 
     _record(refs, what, methods)
 
     if isinstance(answer, Remote):       # the learner's object lives in the kernel: look at it there
-        answer._endpoint.request("package", path="autograder.reference_guard:own_work", args=[answer, refs],
+        answer._endpoint.request("package", path="autograder.checking.reference_guard:own_work", args=[answer, refs],
                                  kwargs={"what": what, "methods": list(methods), "given": list(given)})
         return
     target = _unwrap(answer)
@@ -201,7 +201,7 @@ def _record(refs: list[Any], what: str, methods: Iterable[str]) -> None:
 def guarded() -> list[dict]:
     """The references the checks refused since the last call ({"refs": ["module:qualname"...], "what", "allow"}
     each), and forget them: what the judge takes out of the package when it grades the cell again in a witness
-    (autograder/reference_removal.py)."""
+    (autograder/judging/reference_removal.py)."""
     seen = [dict(g) for g in _GUARDED]
     _GUARDED.clear()
     return seen

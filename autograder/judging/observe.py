@@ -2,15 +2,15 @@
 
 The grader never runs a test cell in the learner's kernel. Where the cell was, the kernel runs
 
-    import autograder.observe; autograder.observe.serve("/path/judge.sock", "token")
+    import autograder.judging.observe; autograder.judging.observe.serve("/path/judge.sock", "token")
 
-which connects to the judge (autograder/judge.py), hands it the notebook's names it asks for (values as data,
-functions and objects as handles: autograder/wire.py), runs the learner's code on the inputs the judge sends,
+which connects to the judge (autograder/judging/judge.py), hands it the notebook's names it asks for (values as data,
+functions and objects as handles: autograder/checking/wire.py), runs the learner's code on the inputs the judge sends,
 and returns when the judge has its verdict. Names the test cell assigns (plain data only) are set here too, so
 later cells see them. What the kernel prints while serving is not part of the grade.
 
 A judged call can ask for two observations of the learner's code, made here because that code runs here:
-a tensor trace (`autograder.tensor_trace`) and a watch for calls into the reference (`no_calls_into`).
+a tensor trace (`autograder.checking.tensor_trace`) and a watch for calls into the reference (`no_calls_into`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import contextlib
 import socket
 from typing import Any, Callable
 
-from autograder import wire
+from autograder.checking import wire
 
 
 def serve(path: str, token: str) -> None:
@@ -65,8 +65,8 @@ def learner_frames(err: BaseException) -> list[str]:
 
 def observed_call(call: Callable[[], Any], options: dict) -> tuple[Any, dict]:
     """Run `call` (the learner's code) under the observations the judge asked for; returns (value, findings)."""
-    from autograder.reference_guard import no_calls_into
-    from autograder.tensor_trace import TensorTrace
+    from autograder.checking.reference_guard import no_calls_into
+    from autograder.checking.tensor_trace import TensorTrace
 
     findings: dict = {}
     with contextlib.ExitStack() as stack:

@@ -3,7 +3,7 @@ package's reference and the course's solution, with copydetect's winnowed finger
 
     python -m autograder similarity --assignment 02_paged_kv_cache [--threshold 0.5] [--html report.html]
 
-The graded checks refuse the reference handed in as an object (autograder.reference_guard), but copying its source
+The graded checks refuse the reference handed in as an object (autograder.checking.reference_guard), but copying its source
 into a cell, or a classmate's answer, can only be found by comparing texts. Per exercise (the learner's cells of one
 grade id), copydetect tokenizes the code (names become V/F/O, strings S), hashes every k-gram, keeps a winnowed
 subset and reports the share of one file's fingerprints found in the other. The released stub is boilerplate: the
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import nbformat
 
-from autograder import grading, intake
+from autograder.grading import nbgrader_runs as grading, intake
 
 REFERENCE = "package reference"
 SOLUTION = "course solution"
@@ -61,7 +61,7 @@ def _without_markers(source: str) -> str:
 def _reference_source(answer: str, lab: str) -> str:
     """Source of the package objects with the names this answer defines (functions and classes), as
     autograder/exercise_map.json maps them, or ''."""
-    from autograder.learner_errors import exercise_map
+    from autograder.checking.learner_errors import exercise_map
 
     references = exercise_map()["learner"]
     try:

@@ -8,7 +8,7 @@ nbgrader_config.py, `solutions/<assignment>/` and, for instructors, `submitted/<
   own notebooks, tests/test_notebooks.py).
 * `precheck`, `read_executed`, `read_scores`: a submission before grading, its executed notebook, its scores.
 
-Learners' notebooks are graded by autograder/batch.py, which stands on this module and is never imported by it:
+Learners' notebooks are graded by autograder/grading/batch.py, which stands on this module and is never imported by it:
 `batch.autograde` grades every submission under submitted/, each in its own sandbox, and `batch.grade_notebook`
 grades one notebook (`make grade`).
 """
@@ -26,11 +26,11 @@ from pathlib import Path
 
 import nbformat
 
-from autograder import output_limits, preprocessors
+from autograder.grading import output_limits, preprocessors
 from autograder.harness import gpu_available
-from autograder.notebooks import normalize_file
+from autograder.grading.notebooks import normalize_file
 from autograder.paths import REPO_ROOT
-from autograder.preprocessors import LimitOutputSize  # noqa: F401  (named by nbgrader_config.py of older courses)
+from autograder.grading.preprocessors import LimitOutputSize  # noqa: F401  (named by nbgrader_config.py of older courses)
 from autograder.processes import kill_group
 
 CONFIG_NAME = "nbgrader_config.py"
@@ -327,7 +327,7 @@ def autograde_one(course_root: Path, assignment: str, student: str, *, db: Path 
                   env: dict[str, str] | None = None) -> SubmissionResult:
     """Autograde submitted/<student>/<assignment>/ with nbgrader, in place, kernel NOT sandboxed (the course's
     own notebooks in tests/test_notebooks.py); never raises for a bad submission. Learners' submissions go
-    through `autograde` (autograder.batch): sandboxed, neutralised, recorded by the parent."""
+    through `autograde` (autograder.grading.batch): sandboxed, neutralised, recorded by the parent."""
     course_root = Path(course_root)
     sub_dir = course_root / "submitted" / student / assignment
     url = db if isinstance(db, str) else db_url_for(db)

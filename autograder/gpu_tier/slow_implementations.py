@@ -1,6 +1,6 @@
 """Plausible slow implementations: correct outputs, the wrong speed. Every speed check must reject them.
 
-The lab tests (tests/labs/) hand them to the checks and expect a failure; `make calibrate` (autograder/calibrate.py)
+The lab tests (tests/labs/) hand them to the checks and expect a failure; `make calibrate` (autograder/gpu_tier/calibrate.py)
 measures their ratios next to the reference's to place each threshold between the two.
 
     lab 01  generate_naive (package)          the cached generator's slow twin: recomputes the whole prefix

@@ -2,7 +2,7 @@
 
 For each speed check graded on this device class (the CPU tier on a CPU, the GPU tier on a GPU) it runs the check
 itself, with its threshold switched off (`thresholds.fixed`), on the reference and on each plausible slow
-implementation (autograder/slow_implementations.py), `runs` times, interleaved (reference, slow 1, slow 2, reference,
+implementation (autograder/gpu_tier/slow_implementations.py), `runs` times, interleaved (reference, slow 1, slow 2, reference,
 ... with the order rotated each run). Each call yields the check's figure:
 
     speed checks   fraction = speedup(candidate) / speedup(reference), both timed inside the same call
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from autograder import thresholds
+from autograder.checking import thresholds
 
 __all__ = ["SpeedCheck", "REGISTRY", "MIN_SEPARATION", "choose_threshold", "calibrate_check", "versions", "main",
            "estimate_seconds"]
@@ -133,7 +133,7 @@ def _lab05_gemv(bits: int) -> Callable[[Any, bool, str], float]:
 
 def _slow(name: str) -> Callable[[], Any]:
     def load() -> Any:
-        from autograder import slow_implementations
+        from autograder.gpu_tier import slow_implementations
         return getattr(slow_implementations, name)
     return load
 

@@ -12,7 +12,7 @@ One Unix socket, one conversation at a time, calls nested both ways:
                           <-- value tokens ------------------
 
 Frames (a JSON header and a safetensors blob, never pickle; bounded in size and nesting) are
-autograder/framing.py's. What travels by value: None, bool, int, float, str, bytes, tuple/list/dict/set of these, torch
+autograder/checking/framing.py's. What travels by value: None, bool, int, float, str, bytes, tuple/list/dict/set of these, torch
 tensors (dtype, shape and requires_grad kept; on the CPU), dtypes, devices, sizes, slices, ranges, numpy
 scalars, and dataclasses and enums of the course's own package. Anything else (a function, a class, an
 instance, a generator) travels as a handle and arrives as a `Remote`: calling it, reading or setting an
@@ -28,7 +28,7 @@ Decoding never runs the sender's code: it builds plain values, tensors, and inst
 package's dataclasses, enums and exceptions (looked up by module name under `minigpt.` or `autograder.`).
 
 The two ends are not alike. The kernel's end answers whatever the judge asks (the judge is trusted). The judge's
-end serves only what autograder/judge_services.py lists: any other object of the judge's is refused before it is
+end serves only what autograder/checking/judge_services.py lists: any other object of the judge's is refused before it is
 sent (a check that tried would fail, not leak), and any other request is refused when it arrives (no attribute
 outside the list, no `_` name, no `getname`, `package`, `type` or `vars`); it decodes no module and none of the
 grader's own objects or exception types. So learner code can make the judge run only the model, collective and
@@ -48,11 +48,11 @@ from typing import Any, Callable
 
 import torch
 
-from autograder.framing import (MAX_DEPTH, MAX_FRAME_BYTES, MAX_HEADER_BYTES, MAX_ITEMS, ChannelClosed, recv_frame,
+from autograder.checking.framing import (MAX_DEPTH, MAX_FRAME_BYTES, MAX_HEADER_BYTES, MAX_ITEMS, ChannelClosed, recv_frame,
                                 send_frame)
-from autograder.judge_services import BoundService, Callback, Refused, Service, judge_services
+from autograder.checking.judge_services import BoundService, Callback, Refused, Service, judge_services
 from autograder.paths import AUTOGRADER_DIR, SHARED_DIR
-from autograder.remote import (IN_KERNEL_CHECKS, Remote, class_of, del_attribute, in_kernel, is_class, is_remote,
+from autograder.checking.remote import (IN_KERNEL_CHECKS, Remote, class_of, del_attribute, in_kernel, is_class, is_remote,
                                path_of, run_where, vars_of)
 
 __all__ = ["Endpoint", "Remote", "RemoteError", "ChannelClosed", "Refused", "Service", "Callback", "judge_services",

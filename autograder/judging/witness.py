@@ -6,7 +6,7 @@ refuse the reference, once it has passed against the kernel, is graded again aga
 
     grading process (trusted)            judge (trusted)                    witness (learner's code, sandboxed)
     StoppingExecute <--- "witness": the references the cell's checks refused, the names it reads
-      copy of minigpt without them (autograder/reference_removal.py), bound over the package's folder
+      copy of minigpt without them (autograder/judging/reference_removal.py), bound over the package's folder
       start -----------------------------------------------------------> replay the cells that define those names
                                          exec(test cell) again <-------> serve, as the kernel does
     <------------------------------------ the second verdict is the cell's
@@ -22,7 +22,7 @@ Which cells are replayed: those that define the names the test cell reads, and, 
 read (a slice at cell granularity: a cell that only prints, plots or measures is not run again). Test cells are
 never replayed (they are the judge's).
 
-`python -m autograder.witness JUDGE_SOCKET TOKEN` reads {"cells": [...], "names": [...]} on stdin.
+`python -m autograder.judging.witness JUDGE_SOCKET TOKEN` reads {"cells": [...], "names": [...]} on stdin.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def main(argv: list[str]) -> int:
     for index in cells_needed(python, request["names"]):
         shell.run_cell(sources[index], store_history=False)      # an error here: the check will say what failed
 
-    from autograder import observe
+    from autograder.judging import observe
 
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(path)
@@ -126,13 +126,13 @@ class WitnessProcess:
     `make grade`), the copy comes first on PYTHONPATH; the package's files stay readable there."""
 
     def __init__(self, request: dict, cells: list[str], judge_socket: str, submission_dir: str | None) -> None:
-        from autograder import sandbox
+        from autograder.judging import sandbox
         from autograder.paths import REPO_ROOT, SHARED_DIR
-        from autograder.reference_removal import package_without
+        from autograder.judging.reference_removal import package_without
 
         self.folder = Path(tempfile.mkdtemp(prefix="witness-"))
         shadow = package_without(request["removals"], self.folder)
-        cmd = [sys.executable, "-P", "-m", "autograder.witness", judge_socket, str(request["token"])]
+        cmd = [sys.executable, "-P", "-m", "autograder.judging.witness", judge_socket, str(request["token"])]
         policy = sandbox.SandboxPolicy.from_env() if os.environ.get(sandbox.ENV_VAR) else None
         if policy is not None and policy.enabled:
             sandbox._make_readable(self.folder)

@@ -18,8 +18,8 @@ from typing import Callable
 
 import nbformat
 
-from autograder import batch, grading
-from autograder.workspace import sha256
+from autograder.grading import batch, nbgrader_runs as grading
+from autograder.learner.workspace import sha256
 
 CACHE = ".progress.json"
 

@@ -1,0 +1,215 @@
+"""nbgrader preprocessors of the course (named in nbgrader_config.py).
+
+* `LimitOutputSize`  every output, attachment and the notebook's metadata bounded in size, whatever its type
+  (autograder/grading/output_limits.py; here for the configs that name it `autograder.grading.preprocessors.LimitOutputSize`).
+* `StoppingExecute`  nbgrader's Execute, except that a cell which ignores the interrupt after its time
+  limit (or kills the kernel) ends the run *for the cells after it*: they are marked as not run, and the
+  points of the cells before it stand. nbgrader's own Execute raises, which loses every point. Test cells
+  are not run in the learner's kernel: the judge runs them (autograder/judging/judge.py) while the kernel serves
+  it (autograder/judging/observe.py), and the cell's outputs are the judge's. COURSE_JUDGE=0 turns that off
+  (test cells run in the kernel, as nbgrader does; for measuring what judging costs). A test cell whose checks
+  refuse the reference is graded again in a witness whose package lacks it (autograder/judging/witness.py); COURSE_WITNESS=0
+  turns that off (for measuring what it costs). A judged cell that runs
+  past its limit is a timeout (CellTimeoutError, no points), whatever the judge saw of the interrupted kernel.
+* `HideTestSources`  for feedback: a test cell shows its grade and failure message, not its source, its
+  traceback (whose frames quote hidden test lines) or what learner code printed from inside it.
+"""
+
+from __future__ import annotations
+
+from nbclient.exceptions import CellTimeoutError, DeadKernelError
+from nbformat.notebooknode import NotebookNode
+from nbgrader.preprocessors import Execute, NbGraderPreprocessor
+from traitlets import Bool, Integer
+
+from autograder.grading.output_limits import LimitOutputSize  # noqa: F401  (named by nbgrader_config.py)
+
+STUCK_ENAME = "CellTimeoutError"
+STUCK_NOTE = "ran past its time limit and did not stop when interrupted (SIGINT ignored?)"
+TIMED_OUT_NOTE = ("this check ran past its time limit of {limit:g} s and was stopped: it earns no points "
+                  "(the points of the cells before it stand)")
+DEAD_ENAME = "DeadKernelError"
+NOT_RUN_ENAME = "CellNotRun"
+WARM_UP_TIMEOUT_S = 300     # importing the judge's counterpart (and torch) in a fresh kernel, before the first test cell
+HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
+
+
+def error_output(ename: str, evalue: str, lines: list[str] | None = None) -> NotebookNode:
+    return NotebookNode(output_type="error", ename=ename, evalue=evalue, traceback=lines or [f"{ename}: {evalue}"])
+
+
+class StoppingExecute(Execute):
+    """nbgrader's Execute; a stuck cell or a dead kernel stops the run instead of failing it."""
+
+    _stopped: str = ""
+
+    def __init__(self, *args, **kwargs):
+        import os
+
+        if os.environ.get("COURSE_SANDBOX"):
+            from autograder.judging.sandbox import SandboxedKernelManager
+
+            kwargs.setdefault("kernel_manager_class", SandboxedKernelManager)
+        super().__init__(*args, **kwargs)
+
+    judge_test_cells = Bool(True, help="run test cells in the judge, not in the learner's kernel").tag(config=True)
+    witness = Bool(True, help="grade a test cell whose checks refuse the reference again, in a process whose "
+                   "course package lacks it (autograder/judging/witness.py)").tag(config=True)
+
+    def preprocess(self, nb, resources=None, km=None):
+        import os
+
+        self._stopped = ""
+        self._judge = None
+        self._kernel_ready = False
+        self._judging = self.judge_test_cells and os.environ.get("COURSE_JUDGE", "1") != "0"
+        self._witnessing = self.witness and os.environ.get("COURSE_WITNESS", "1") != "0"
+        self._cwd = ((resources or {}).get("metadata") or {}).get("path") or None
+        try:
+            return super().preprocess(nb, resources, km)
+        finally:
+            if self._judge is not None:
+                self._judge.close()
+                self._judge = None
+
+    def preprocess_cell(self, cell, resources, index):
+        if self._stopped:
+            if cell.cell_type == "code" and cell.source.strip():
+                cell.outputs = [error_output(NOT_RUN_ENAME, f"not run: {self._stopped}")]
+            return cell, resources
+        judged = self._judging and cell.cell_type == "code" and _is_test_cell(cell) and cell.source.strip()
+        try:
+            if judged:
+                return self._judged_cell(cell, resources, index)
+            return super().preprocess_cell(cell, resources, index)
+        except CellTimeoutError:
+            self._stopped = f"cell {index + 1} {STUCK_NOTE}"
+            cell.outputs.append(error_output(STUCK_ENAME, STUCK_NOTE))
+            self._kill_kernel()
+        except DeadKernelError:
+            self._stopped = f"the kernel died in cell {index + 1}"
+            cell.outputs.append(error_output(DEAD_ENAME, "the kernel died while running this cell "
+                                             "(os._exit, a crash, or a resource limit)"))
+        return cell, resources
+
+    def _judged_cell(self, cell, resources, index):
+        """Run a test cell in the judge while the kernel serves it; the cell's outputs are the judge's."""
+        import secrets
+        import tempfile
+
+        from nbformat.v4 import new_code_cell, new_output
+
+        from autograder.judging.judge import JudgeProcess
+
+        if self._judge is not None and self._judge.proc.poll() is not None:     # died between cells: a fresh one
+            self._judge.kill()
+            self._judge = None
+        if self._judge is None:
+            socket_dir = getattr(self.km, "_socket_dir", None) or tempfile.mkdtemp(prefix="judge-")
+            try:
+                self._judge = JudgeProcess(socket_dir, cwd=self._cwd)
+            except (RuntimeError, OSError) as exc:      # this cell earns nothing; the next one tries a fresh judge
+                cell.outputs = [error_output("JudgeFailed", f"the grader's judge could not start ({exc}): this check "
+                                             "earns no points")]
+                return cell, resources
+        if not self._kernel_ready:     # the kernel's side imports torch: not on the first test cell's time limit
+            saved, self.timeout = self.timeout, max(self.timeout or 0, WARM_UP_TIMEOUT_S)
+            try:
+                super().preprocess_cell(new_code_cell("import autograder.judging.observe"), resources, index)
+            finally:
+                self.timeout = saved
+                self.nb.cells[index] = cell
+            self._kernel_ready = True
+        token = secrets.token_hex(8)
+        self._judge.run(cell.source, token, timeout=float(self.timeout or 300), witness=self._witnessing)
+        serving = new_code_cell(f"import autograder.judging.observe\nautograder.judging.observe.serve({self._judge.path!r}, {token!r})")
+        try:
+            super().preprocess_cell(serving, resources, index)
+        except BaseException:          # stuck or dead kernel: the judge's cell is void, the run stops here
+            self._judge.kill()
+            self._judge = None
+            cell.outputs = []
+            raise
+        finally:
+            self.nb.cells[index] = cell    # nbclient stored the serving cell in the test cell's place
+        timed_out = self._timed_out(serving)
+        result = self._judge.result(wait=float(self.timeout or 300), start_witness=self._witness_starter(index))
+        if result["error"] and result["error"]["ename"] in ("JudgeTimeout", "JudgeFailed"):   # a fresh judge next cell
+            self._judge.kill()
+            self._judge = None
+        cell.execution_count = serving.get("execution_count")
+        cell.outputs = []
+        for name in ("stdout", "stderr"):
+            if result.get(name):
+                cell.outputs.append(new_output("stream", name=name, text=result[name]))
+        error = result.get("error")
+        if timed_out:     # the judge saw the kernel go away (BrokenPipeError, KernelStopped): the cause is the limit
+            error = {"ename": STUCK_ENAME, "evalue": TIMED_OUT_NOTE.format(limit=float(self.timeout or 0))}
+        if error:
+            cell.outputs.append(error_output(error["ename"], error["evalue"], error.get("lines")))
+        return cell, resources
+
+    def _witness_starter(self, index: int):
+        """How a witness for the test cell at `index` starts (autograder/judging/witness.py): the learner's cells before
+        it (test cells are the judge's), the submission's folder, the judge's socket."""
+        from autograder.judging.witness import WitnessProcess
+
+        cells = [c.source for c in self.nb.cells[:index] if c.cell_type == "code" and not _is_test_cell(c)]
+        judge_socket = self._judge.path
+        return lambda request: WitnessProcess(request, cells, judge_socket, self._cwd)
+
+    def _timed_out(self, serving: NotebookNode) -> bool:
+        """Whether the kernel's serving cell ran past its time limit and was interrupted: nbgrader's Execute then
+        adds its `error_on_timeout` output. (A notebook that fakes that output only fails its own check.)"""
+        ename = (self.error_on_timeout or {}).get("ename", STUCK_ENAME)
+        return any(out.output_type == "error" and out.get("ename") == ename for out in serving.get("outputs", []))
+
+    def _kill_kernel(self) -> None:
+        from jupyter_core.utils import run_sync
+
+        try:
+            run_sync(self.km.shutdown_kernel)(now=True)
+        except Exception as exc:   # already gone
+            self.log.warning("could not stop the kernel: %s", exc)
+
+
+def _is_test_cell(cell: NotebookNode) -> bool:
+    meta = cell.metadata.get("nbgrader", {})
+    return bool(meta.get("grade")) and not meta.get("solution")
+
+
+def hidden_test_lines(source: str) -> list[str]:
+    """The lines between BEGIN/END HIDDEN TESTS markers (stripped, non-trivial)."""
+    out, inside = [], False
+    for line in source.splitlines():
+        if HIDDEN_BEGIN in line:
+            inside = True
+        elif HIDDEN_END in line:
+            inside = False
+        elif inside and len(line.strip()) >= 6:
+            out.append(line.strip())
+    return out
+
+
+class HideTestSources(NbGraderPreprocessor):
+    """Feedback: replace a test cell's source and outputs by its failure message (if any)."""
+
+    max_message = Integer(300, help="characters of a failure message shown").tag(config=True)
+
+    def preprocess_cell(self, cell, resources, cell_index):
+        meta = cell.metadata.get("nbgrader", {})
+        if cell.cell_type != "code" or not meta.get("grade") or meta.get("solution"):
+            return cell, resources
+        hidden = hidden_test_lines(cell.source)
+        cell.source = f"# test cell {meta.get('grade_id', '')}: its code is not part of the feedback"
+        shown = []
+        for out in cell.get("outputs", []):
+            if out.output_type != "error":
+                continue
+            lines = (out.get("evalue") or "").strip().splitlines()
+            message = lines[0][: self.max_message] if lines else ""
+            if any(h in message for h in hidden):
+                message = "(message withheld: it quotes a hidden test)"
+            shown.append(error_output(out.ename, message))
+        cell.outputs = shown
+        return cell, resources

@@ -1,0 +1,2 @@
+"""Learner commands: the never-overwritten workspace and the progress report.
+"""
