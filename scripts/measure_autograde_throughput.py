@@ -18,8 +18,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from autograder.grading import batch
-from autograder import grading  # noqa: E402
+from autograder.grading import batch, nbgrader_runs as grading  # noqa: E402
 
 
 def main() -> None:
