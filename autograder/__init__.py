@@ -8,7 +8,8 @@
 - autograder.judging      the judge that runs test cells, the kernel's side, the witness, the sandbox
 - autograder.grading      the nbgrader flow: real nbgrader runs, the class batch, intake, preprocessors, notebooks
 - autograder.gpu_tier     `make calibrate` and `make gpu-check`; autograder.learner: workspace and progress
-- autograder.cli, .doctor `python -m autograder --help` (also behind the Makefile targets); what this machine can run
+- autograder.cli, .commands, .doctor  `python -m autograder --help`, one module per command (also behind the
+                          Makefile targets); what this machine can run
 """
 
 # In a lab's kernel, errors name the exercise instead of showing the course's internals (learner_errors.py).

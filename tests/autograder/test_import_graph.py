@@ -140,7 +140,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("judging", ("autograder.judging", "autograder.interactive")),
     ("grading", ("autograder.grading", "autograder.preprocessors")),
     ("gpu tier and learner", ("autograder.gpu_tier", "autograder.learner")),
-    ("commands", ("autograder.cli", "autograder.doctor", "autograder.__main__")),
+    ("commands", ("autograder.cli", "autograder.commands", "autograder.doctor", "autograder.__main__")),
 ]
 
 
