@@ -1,0 +1,290 @@
+"""Lab 02, exercise 4: the hypothesis state machine over a block manager, with a shadow of the K/V pools.
+
+A shadow of the K/V pools records, for every slot written, the whole token prefix that produced it (keys and values
+at position p depend on tokens 0..p). Invariants after every step: free and used blocks partition the pool;
+ref_count = number of tables holding the block; every sequence reads its own prefixes back through its table (no
+sibling or stale content); every cached hash names a block whose shadow content has that chained hash; OutOfBlocks
+changes nothing; freeing all leaks nothing. `machine_for(make_manager, hash_fn, watch)` is the machine for one run
+(autograder/lab02/state_machine.py runs it; importing this module imports hypothesis, so that one imports it late).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from autograder.harness import call_learner, quiet
+from minigpt.cache.block_pool import OutOfBlocks
+
+__all__ = ["PagedCacheMachine", "machine_for"]
+
+_call = functools.partial(call_learner, passthrough=(OutOfBlocks,))
+
+
+def _reports_failure(fn: Callable) -> Callable:
+    """Mark the machine as failed when a rule or invariant raises, so the teardown's leak check does not replace
+    the error that actually happened."""
+    @functools.wraps(fn)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(self, *args, **kwargs)
+        except BaseException:
+            self.failed = True
+            raise
+    return run
+
+
+class PagedCacheMachine(RuleBasedStateMachine):
+    """A manager built by make_manager(num_blocks, block_size, prefix) against a shadow of the K/V pools; the three
+    class attributes are set by `machine_for` (each graded run gets a subclass of its own)."""
+
+    make_manager: Callable[[int, int, bool], Any]
+    hash_fn: Callable[[int | None, list[int]], int]
+    watch: Callable[[], Any]
+
+    @initialize(num_blocks=st.integers(3, 10), block_size=st.sampled_from([1, 2, 3, 4]), prefix=st.booleans())
+    @_reports_failure
+    def setup(self, num_blocks: int, block_size: int, prefix: bool) -> None:
+        self.bs, self.prefix = block_size, prefix
+        with self.watch():
+            self.m = _call(f"make_manager({num_blocks}, {block_size}, {prefix})", self.make_manager, num_blocks,
+                           block_size, prefix)
+        self.expected: dict[int, list[int]] = {}      # seq -> tokens
+        self.shadow: dict[int, tuple[int, ...]] = {}  # slot -> token prefix whose K/V it holds
+        self.seen: list[list[int]] = []               # prompts and sequences, for shared-prefix requests
+        self.next_id = 0
+
+    # --- helpers --------------------------------------------------------------------------
+    def _snapshot(self) -> tuple:
+        m = self.m
+        cache = getattr(m, "prefix_cache", None)
+        return (list(m.pool.ref_counts), list(m.pool.free_blocks()),
+                {s: (list(t.blocks), list(t.token_ids)) for s, t in m.tables.items()},
+                dict(cache.block_of) if cache is not None else None)
+
+    def _apply(self, seq: int, reservation: Any, new_tokens: list[int], start: int, what: str) -> None:
+        for src, dst in reservation.copies:
+            for off in range(self.bs):
+                if src * self.bs + off in self.shadow:
+                    self.shadow[dst * self.bs + off] = self.shadow[src * self.bs + off]
+                else:
+                    self.shadow.pop(dst * self.bs + off, None)
+        if len(reservation.slots) != len(new_tokens):
+            raise AssertionError(f"{what}: {len(new_tokens)} tokens to write but {len(reservation.slots)} slots returned")
+        full = self.expected[seq]
+        for i, slot in enumerate(reservation.slots):
+            self.shadow[int(slot)] = tuple(full[:start + i + 1])
+
+    def _attempt(self, what: str, method: str, *args: Any) -> Any:
+        """Call a manager method; None if it raised OutOfBlocks, after checking that it changed nothing."""
+        before = self._snapshot()
+        try:
+            with quiet():
+                with self.watch():
+                    return getattr(self.m, method)(*args)
+        except OutOfBlocks:
+            if self._snapshot() != before:
+                raise AssertionError(f"{what}: {method} raised OutOfBlocks but changed the state (ref counts, free "
+                                     "list, tables or prefix cache): count the blocks needed (new ones plus a "
+                                     "copy-on-write copy) BEFORE allocating anything") from None
+            return None
+        except NotImplementedError:
+            raise AssertionError(f"{method} is not implemented yet (NotImplementedError)") from None
+        except AssertionError:
+            raise
+        except Exception as err:
+            raise AssertionError(f"{what}: {method} raised {type(err).__name__}: {err}") from None
+
+    def _new_seq(self, tokens: list[int], what: str) -> None:
+        seq = self.next_id
+        r = self._attempt(what, "add_sequence", seq, list(tokens))
+        if r is None:
+            return
+        self.next_id += 1
+        n_cached = int(r.num_cached)
+        if n_cached >= len(tokens):
+            raise AssertionError(f"{what}: prompt of {len(tokens)} tokens reported {n_cached} cached tokens; at least "
+                                 "the last prompt token must be computed (its logits are needed)")
+        if n_cached % self.bs:
+            raise AssertionError(f"{what}: {n_cached} cached tokens is not a whole number of blocks of {self.bs}")
+        self.expected[seq] = list(tokens)
+        self._apply(seq, r, tokens[n_cached:], n_cached, what)
+        self.seen.append(list(tokens))
+
+    # --- rules ----------------------------------------------------------------------------
+    @rule(tokens=st.lists(st.integers(0, 2), min_size=1, max_size=9))
+    @_reports_failure
+    def new_request(self, tokens: list[int]) -> None:
+        self._new_seq(tokens, f"new request {tokens}")
+
+    @precondition(lambda self: bool(self.seen))
+    @rule(data=st.data(), suffix=st.lists(st.integers(0, 2), max_size=4))
+    @_reports_failure
+    def new_request_with_prefix(self, data: Any, suffix: list[int]) -> None:
+        base = data.draw(st.sampled_from(self.seen))
+        cut = data.draw(st.integers(1, len(base)))
+        tokens = base[:cut] + suffix
+        self._new_seq(tokens, f"new request {tokens} sharing a prefix of {cut} tokens")
+
+    def _append(self, seq: int, tokens: list[int]) -> None:
+        what = f"append {tokens} to sequence {seq} of {len(self.expected[seq])} tokens"
+        r = self._attempt(what, "append_tokens", seq, list(tokens))
+        if r is None:
+            return
+        start = len(self.expected[seq])
+        self.expected[seq] = self.expected[seq] + list(tokens)
+        self._apply(seq, r, tokens, start, what)
+        self.seen.append(list(self.expected[seq]))
+
+    @precondition(lambda self: bool(self.expected))
+    @rule(data=st.data(), tokens=st.lists(st.integers(0, 2), min_size=1, max_size=4))
+    @_reports_failure
+    def append(self, data: Any, tokens: list[int]) -> None:
+        self._append(data.draw(st.sampled_from(sorted(self.expected))), tokens)
+
+    @precondition(lambda self: bool(self.expected))
+    @rule(data=st.data(), child_tokens=st.lists(st.integers(0, 2), min_size=1, max_size=3),
+          parent_tokens=st.lists(st.integers(0, 2), min_size=1, max_size=3))
+    @_reports_failure
+    def fork_and_write(self, data: Any, child_tokens: list[int], parent_tokens: list[int]) -> None:
+        """Parallel sampling: fork, then both siblings write different tokens (copy-on-write)."""
+        parent, child = self._fork_one(data)
+        self._append(child, child_tokens)
+        self._append(parent, parent_tokens)
+
+    @precondition(lambda self: bool(self.expected))
+    @rule(data=st.data())
+    @_reports_failure
+    def fork(self, data: Any) -> None:
+        self._fork_one(data)
+
+    def _fork_one(self, data: Any) -> tuple[int, int]:
+        """Fork a live sequence (drawn from data) into the next id; the child expects the parent's tokens."""
+        parent = data.draw(st.sampled_from(sorted(self.expected)))
+        child = self.next_id
+        with self.watch():
+            _call(f"fork({parent}, {child})", self.m.fork, parent, child)
+        self.next_id += 1
+        self.expected[child] = list(self.expected[parent])
+        return parent, child
+
+    @precondition(lambda self: bool(self.expected))
+    @rule(data=st.data())
+    @_reports_failure
+    def free(self, data: Any) -> None:
+        seq = data.draw(st.sampled_from(sorted(self.expected)))
+        with self.watch():
+            _call(f"free({seq})", self.m.free, seq)
+        del self.expected[seq]
+
+    @rule(data=st.data())
+    @_reports_failure
+    def evict(self, data: Any) -> None:
+        """A request of fresh tokens as long as the free space allows: it reuses (evicts) cached free blocks."""
+        n_free = len(self.m.pool.free_blocks())
+        if n_free == 0:
+            return
+        n = data.draw(st.integers(1, n_free * self.bs))
+        tokens = [3 + (self.next_id + i) % 5 for i in range(n)]        # tokens never used by other rules
+        self._new_seq(tokens, f"new request of {n} fresh tokens")
+
+    # --- invariants -----------------------------------------------------------------------
+    @invariant()
+    @_reports_failure
+    def check_1_blocks_partition_the_pool(self) -> None:
+        pool = self.m.pool
+        free = list(pool.free_blocks())
+        refs = [int(r) for r in pool.ref_counts]
+        if len(set(free)) != len(free):
+            raise AssertionError(f"the free list holds a block twice: {free}")
+        used = {b for b in range(pool.num_blocks) if refs[b] > 0}
+        if set(free) & used:
+            raise AssertionError(f"blocks {sorted(set(free) & used)} are in the free list while still referenced "
+                                 f"(ref_counts {refs}): a shared block went back to the pool too early")
+        if set(free) | used != set(range(pool.num_blocks)):
+            missing = sorted(set(range(pool.num_blocks)) - set(free) - used)
+            raise AssertionError(f"blocks {missing} are neither free nor referenced: they leaked "
+                                 "(a free that forgot to return them, or a ref_count that did not reach 0)")
+
+    @invariant()
+    @_reports_failure
+    def check_2_ref_counts_match_tables(self) -> None:
+        holders = [0] * self.m.pool.num_blocks
+        for t in self.m.tables.values():
+            for b in t.blocks:
+                holders[b] += 1
+        refs = [int(r) for r in self.m.pool.ref_counts]
+        if holders != refs:
+            bad = [b for b in range(len(refs)) if holders[b] != refs[b]]
+            raise AssertionError(f"ref_counts {refs} differ from the number of tables holding each block {holders} "
+                                 f"(blocks {bad}); free must decrement, fork must increment")
+
+    @invariant()
+    @_reports_failure
+    def check_3_sequences_read_their_own_tokens(self) -> None:
+        if set(self.m.tables) != set(self.expected):
+            raise AssertionError(f"the manager holds sequences {sorted(self.m.tables)}, expected {sorted(self.expected)}")
+        for seq, tokens in self.expected.items():
+            t = self.m.tables[seq]
+            if list(t.token_ids) != tokens:
+                raise AssertionError(f"sequence {seq}: token_ids {list(t.token_ids)}, expected {tokens}")
+            need = -(-len(tokens) // self.bs)
+            if len(t.blocks) != need:
+                raise AssertionError(f"sequence {seq} of {len(tokens)} tokens holds {len(t.blocks)} blocks, expected "
+                                     f"ceil({len(tokens)}/{self.bs}) = {need}")
+            for p in range(len(tokens)):
+                slot = t.blocks[p // self.bs] * self.bs + p % self.bs
+                got = self.shadow.get(slot)
+                if got != tuple(tokens[:p + 1]):
+                    raise AssertionError(
+                        f"sequence {seq} (tokens {tokens}) reads position {p} from slot {slot}, which holds the K/V of "
+                        f"prefix {got}, not of {tuple(tokens[:p + 1])}: another sequence's tokens (a write into a "
+                        "shared block without copy-on-write, a stale or unchained prefix-cache hit, or a wrong slot)")
+
+    @invariant()
+    @_reports_failure
+    def check_4_cached_hashes_are_true(self) -> None:
+        cache = getattr(self.m, "prefix_cache", None)
+        if cache is None:
+            return
+        for h, b in cache.block_of.items():
+            last = self.shadow.get(b * self.bs + self.bs - 1)
+            if last is None or len(last) % self.bs:
+                raise AssertionError(f"the prefix cache maps a hash to block {b}, which holds no full block "
+                                     f"(its last slot holds {last})")
+            chain = None
+            for i in range(0, len(last), self.bs):
+                chain = self.hash_fn(chain, list(last[i:i + self.bs]))
+            contents = [self.shadow.get(b * self.bs + o) for o in range(self.bs)]
+            if chain != h or contents != [last[:len(last) - self.bs + o + 1] for o in range(self.bs)]:
+                raise AssertionError(
+                    f"the prefix cache maps hash {h} to block {b}, but that block holds the K/V of tokens "
+                    f"{list(last[-self.bs:])} after prefix {list(last[:-self.bs])} (chained hash {chain}): a stale "
+                    "entry left after the block was reused, a write into a shared cached block (no copy-on-write), "
+                    "or a hash that is not chained")
+
+    def teardown(self) -> None:
+        if not hasattr(self, "m") or getattr(self, "failed", False):
+            return                  # a step already failed: that error is the one to report
+        for seq in sorted(self.expected):
+            with self.watch():
+                _call(f"free({seq}) at the end of the run", self.m.free, seq)
+        refs = [int(r) for r in self.m.pool.ref_counts]
+        free = list(self.m.pool.free_blocks())
+        if any(refs) or sorted(free) != list(range(self.m.pool.num_blocks)):
+            held = [b for b, r in enumerate(refs) if r]
+            raise AssertionError(f"after freeing every sequence, blocks {held} still have ref_counts "
+                                 f"{[refs[b] for b in held]} and the free list is {sorted(free)}: blocks leaked "
+                                 "(free must decrement each block of the table and return it at 0)")
+
+
+def machine_for(make_manager: Callable[[int, int, bool], Any], hash_fn: Callable[[int | None, list[int]], int],
+                watch: Callable[[], Any]) -> type[PagedCacheMachine]:
+    """PagedCacheMachine over managers from make_manager, chaining block hashes with hash_fn, every call into the
+    manager inside watch()."""
+    return type("PagedCacheMachine", (PagedCacheMachine,), {"make_manager": staticmethod(make_manager),
+                                                            "hash_fn": staticmethod(hash_fn),
+                                                            "watch": staticmethod(watch)})
