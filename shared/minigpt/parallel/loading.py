@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Iterable
 
 import torch
 from safetensors import safe_open
@@ -41,18 +42,9 @@ def load_shard(name_or_path: str | Path, tp: int, rank: int, *, vocab_parallel: 
     cfg = ModelConfig.from_dict(load_card(name_or_path)["config"])
     if not weights.exists():
         raise CheckpointError(f"checkpoint weights {weights} not found; restore data/ from git or run `make models`")
-    state: dict[str, Tensor] = {}
-    bytes_read = file_bytes = 0
     with safe_open(str(weights), framework="pt") as f:
-        for name in f.keys():
-            full = f.get_slice(name)
-            shape = full.get_shape()
-            rows, cols = shard_slices(name, cfg, tp, rank, vocab_parallel=vocab_parallel)
-            piece = full[rows] if len(shape) == 1 else full[rows, cols]
-            state[name] = piece.to(dtype)
-            bytes_read += piece.numel() * piece.element_size()
-            file_bytes += _numel(shape) * piece.element_size()
-    return ShardedWeights(cfg, state, bytes_read, file_bytes)
+        return _read_shards(cfg, ((name, f.get_slice(name)) for name in f.keys()), tp, rank,
+                            vocab_parallel=vocab_parallel, dtype=dtype)
 
 
 def _load_hf_shard(folder: Path, tp: int, rank: int, *, vocab_parallel: bool, dtype: torch.dtype) -> ShardedWeights:
@@ -60,12 +52,18 @@ def _load_hf_shard(folder: Path, tp: int, rank: int, *, vocab_parallel: bool, dt
     from minigpt.hf.weights import checkpoint_tensors
 
     cfg = load_hf_config(folder)
+    slices = ((name, f.get_slice(hf_name)) for name, hf_name, f in checkpoint_tensors(folder)
+              if not (cfg.tie_embeddings and name == "lm_head.weight"))
+    return _read_shards(cfg, slices, tp, rank, vocab_parallel=vocab_parallel, dtype=dtype)
+
+
+def _read_shards(cfg: ModelConfig, slices: Iterable[tuple[str, Any]], tp: int, rank: int, *, vocab_parallel: bool,
+                 dtype: torch.dtype) -> ShardedWeights:
+    """Rank `rank`'s piece of each (name, safetensors slice), read without the rest of the tensor: the rows and
+    columns of shard_slices, cast to dtype; bytes_read counts the pieces, file_bytes the whole tensors."""
     state: dict[str, Tensor] = {}
     bytes_read = file_bytes = 0
-    for name, hf_name, f in checkpoint_tensors(folder):
-        if cfg.tie_embeddings and name == "lm_head.weight":
-            continue
-        full = f.get_slice(hf_name)
+    for name, full in slices:
         shape = full.get_shape()
         rows, cols = shard_slices(name, cfg, tp, rank, vocab_parallel=vocab_parallel)
         piece = full[rows] if len(shape) == 1 else full[rows, cols]
