@@ -182,6 +182,19 @@ def test_sharded_loading_matches_sharding_the_full_model() -> None:
         torch.testing.assert_close(shard.state[k], want[k], atol=0, rtol=0)
 
 
+def test_a_hugging_face_folder_gives_the_same_shard_as_the_checkpoint(tmp_path) -> None:
+    """The same rank's shard read from the course's checkpoint and from its export as an HF Llama folder."""
+    from minigpt.hf.export import export_hf
+
+    folder = export_hf("draft", tmp_path / "draft-hf")
+    ours = load_shard("draft", 2, 1, vocab_parallel=True, dtype=torch.float32)
+    theirs = load_shard(folder, 2, 1, vocab_parallel=True, dtype=torch.float32)
+    assert set(theirs.state) == set(ours.state) and theirs.config == ours.config
+    for k in ours.state:          # the export stores bf16: compare at that precision
+        torch.testing.assert_close(theirs.state[k], ours.state[k].to(torch.bfloat16).float(), atol=0, rtol=0)
+    assert 0 < theirs.bytes_read < theirs.file_bytes
+
+
 def test_world_size_must_match_the_plan() -> None:
     with pytest.raises(RankError, match="rank 0 failed: ValueError: the plan asks for tp=4 but the world has 2"):
         run_ranks(lambda comm: load_tp_model("target", comm, expected_world_size=4), 2, backend="threads")
