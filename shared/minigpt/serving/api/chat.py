@@ -6,8 +6,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from minigpt.serving.api.errors import ERROR_RESPONSES, BadRequest
-from minigpt.serving.api.generation import ChoiceResult, Generation, collect, error_chunk, start_generation, \
-    stream_response, usage_of
+from minigpt.serving.api.generation import ChoiceResult, Generation, chunk_maker, collect, start_generation, \
+    stream_response
 from minigpt.serving.api.logprobs import chat_logprobs
 from minigpt.serving.api.schema import sse_content
 from minigpt.serving.api.state import server_state
@@ -48,24 +48,16 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
 
     if body.stream:
         sent_role = [False] * len(gen.request_ids)
-        results = [ChoiceResult(0) for _ in gen.request_ids]
 
-        def make_chunks(out: RequestOutput) -> list[dict]:
-            i = gen.position(out.request_id)
-            results[i].add(out)
-            if out.finished and out.finish_reason == "abort":
-                return [error_chunk(out)]
-            chunks = []
-            if out.text or out.finished or (gen.logprobs is not None and out.logprobs):
-                delta = {"content": out.text}
-                if not sent_role[i]:
-                    delta, sent_role[i] = {"role": "assistant", **delta}, True
-                logprobs = chat_logprobs(tokenizer, out.logprobs or []) if gen.logprobs is not None else None
-                chunks.append(envelope("chat.completion.chunk", [{"index": i, "delta": delta, "logprobs": logprobs,
-                                                                  "finish_reason": out.finish_reason}]))
-            if out.finished and not gen.stream.remaining and body.include_usage:
-                chunks.append(envelope("chat.completion.chunk", [], usage_of(gen, results)))
-            return chunks
+        def delta(i: int, out: RequestOutput) -> dict:
+            content = {"content": out.text}
+            if not sent_role[i]:                       # the first chunk of each choice names the role
+                content, sent_role[i] = {"role": "assistant", **content}, True
+            logprobs = chat_logprobs(tokenizer, out.logprobs or []) if gen.logprobs is not None else None
+            return {"index": i, "delta": content, "logprobs": logprobs, "finish_reason": out.finish_reason}
+
+        make_chunks = chunk_maker(gen, body.include_usage, delta,
+                                  lambda choices, usage: envelope("chat.completion.chunk", choices, usage))
         return stream_response(state, gen, make_chunks)
 
     def make_response(gen: Generation, chosen: list[tuple[int, ChoiceResult]], usage: dict) -> dict:

@@ -6,8 +6,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from minigpt.serving.api.errors import ERROR_RESPONSES
-from minigpt.serving.api.generation import ChoiceResult, Generation, collect, error_chunk, start_generation, \
-    stream_response, usage_of
+from minigpt.serving.api.generation import ChoiceResult, Generation, chunk_maker, collect, start_generation, \
+    stream_response
 from minigpt.serving.api.logprobs import completion_logprobs
 from minigpt.serving.api.schema import sse_content
 from minigpt.serving.api.state import server_state
@@ -36,24 +36,15 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
         return {**out, "usage": usage} if usage is not None else out
 
     if body.stream:
-        offsets = [0] * len(gen.request_ids)
-        results = [ChoiceResult(0) for _ in gen.request_ids]
+        offsets = [0] * len(gen.request_ids)          # each choice's text offset, for its logprobs' text_offset
 
-        def make_chunks(out: RequestOutput) -> list[dict]:
-            i = gen.position(out.request_id)
-            results[i].add(out)
-            if out.finished and out.finish_reason == "abort":
-                return [error_chunk(out)]
-            chunks = []
-            if out.text or out.finished or (gen.logprobs is not None and out.logprobs):
-                logprobs = None
-                if gen.logprobs is not None:
-                    logprobs, offsets[i] = completion_logprobs(tokenizer, out.logprobs or [], offsets[i])
-                chunks.append(chunk([{"index": i, "text": out.text, "logprobs": logprobs,
-                                      "finish_reason": out.finish_reason}]))
-            if out.finished and not gen.stream.remaining and body.include_usage:
-                chunks.append(chunk([], usage_of(gen, results)))
-            return chunks
+        def text(i: int, out: RequestOutput) -> dict:
+            logprobs = None
+            if gen.logprobs is not None:
+                logprobs, offsets[i] = completion_logprobs(tokenizer, out.logprobs or [], offsets[i])
+            return {"index": i, "text": out.text, "logprobs": logprobs, "finish_reason": out.finish_reason}
+
+        make_chunks = chunk_maker(gen, body.include_usage, text, chunk)
         return stream_response(state, gen, make_chunks)
 
     def make_response(gen: Generation, chosen: list[tuple[int, ChoiceResult]], usage: dict) -> dict:

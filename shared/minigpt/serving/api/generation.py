@@ -244,6 +244,27 @@ def error_chunk(out: RequestOutput) -> dict:
     return error_body("the request was aborted: the engine is shutting down", "server_error", None, "aborted")
 
 
+def chunk_maker(gen: Generation, include_usage: bool, choice: Callable[[int, RequestOutput], dict],
+                envelope: Callable[[list[dict], dict | None], dict]) -> Callable[[RequestOutput], list[dict]]:
+    """`make_chunks` for stream_response, for either endpoint: an output of choice i that carries text, an end or
+    logprobs becomes one chunk, envelope([choice(i, out)], None); an aborted choice ends with an error chunk; after
+    the last choice ends, envelope([], usage) when the client asked for usage."""
+    results = [ChoiceResult(0) for _ in gen.request_ids]
+
+    def make_chunks(out: RequestOutput) -> list[dict]:
+        i = gen.position(out.request_id)
+        results[i].add(out)
+        if out.finished and out.finish_reason == "abort":
+            return [error_chunk(out)]
+        chunks = []
+        if out.text or out.finished or (gen.logprobs is not None and out.logprobs):
+            chunks.append(envelope([choice(i, out)], None))
+        if out.finished and not gen.stream.remaining and include_usage:
+            chunks.append(envelope([], usage_of(gen, results)))
+        return chunks
+    return make_chunks
+
+
 def stream_response(state: ServerState, gen: Generation, make_chunks: Callable[[RequestOutput], list[dict]]
                     ) -> Response:
     """Server-sent events through the lab's stream handler; the slot is given back however the stream ends.
