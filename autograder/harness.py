@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence, Tuple, Union
 
 from autograder.checking import thresholds
 
-__all__ = ["gpu_available", "under_autograde", "require_gpu", "check_speedup", "EachCallItsOwnInput", "threshold_for", "quiet", "check_answer",
+__all__ = ["gpu_available", "under_autograde", "require_gpu", "check_speedup", "EachCallItsOwnInput", "expect_value_error", "threshold_for", "quiet", "check_answer",
            "call_learner", "within", "at_least", "assert_finite"]
 
 Mistakes = Union[Mapping[float, str], Sequence[Tuple[float, str]]]
@@ -243,6 +243,27 @@ def check_speedup(candidate: Callable[[], Any], baseline: Callable[[], Any], ref
             f"device class {dev_class}) is needed. Check that the slow path is really gone "
             "(no recomputation, no Python loop over tokens, no device<->host copies).")
     return {"speedup": learner, "reference_speedup": ref, "threshold": threshold}
+
+
+def expect_value_error(what: str, fn: Callable[..., Any], *args: Any, naming: Sequence[str] = (), hint: str = "",
+                       **kwargs: Any) -> None:
+    """fn(*args, **kwargs) must raise a ValueError whose message names each of `naming` (or, with none, has a
+    message at all). NotImplementedError: "`what` is not implemented yet"; another exception, or none: an
+    AssertionError that says `what` and `hint` (why the input is refused)."""
+    try:
+        with quiet():
+            fn(*args, **kwargs)
+    except NotImplementedError:
+        raise AssertionError(f"{what}: not implemented yet (NotImplementedError)") from None
+    except ValueError as err:
+        missing = [n for n in naming if str(n) not in str(err)] if naming else ([] if str(err) else ["the problem"])
+        if missing:
+            raise AssertionError(f"{what} raised ValueError, good, but its message should name "
+                                 f"{', '.join(map(str, missing))}; got {err!r}") from None
+        return
+    except Exception as err:
+        raise AssertionError(f"{what} should raise ValueError{hint}, got {type(err).__name__}: {err}") from None
+    raise AssertionError(f"{what} must raise ValueError{hint}; nothing was raised")
 
 
 class EachCallItsOwnInput:

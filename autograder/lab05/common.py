@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import torch
 
-from autograder.harness import call_learner, quiet
+from autograder.harness import call_learner
 from autograder.checking.reference_guard import no_calls_into
 from minigpt.config import ModelConfig
 from minigpt.quant import formats
@@ -52,16 +52,3 @@ def _randn(*shape: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
-def _expect_value_error(fn: Callable, what: str, *args: Any, **kwargs: Any) -> None:
-    try:
-        with quiet():
-            fn(*args, **kwargs)
-    except NotImplementedError:
-        raise AssertionError("the function is not implemented yet (NotImplementedError)") from None
-    except ValueError as err:
-        if not str(err):
-            raise AssertionError(f"{what}: the ValueError needs a message naming the problem") from None
-        return
-    except Exception as err:
-        raise AssertionError(f"{what}: expected a ValueError naming the problem, got {type(err).__name__}: {err}") from None
-    raise AssertionError(f"{what}: expected a ValueError naming the problem, but the call returned normally")

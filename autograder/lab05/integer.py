@@ -7,7 +7,8 @@ from typing import Callable
 import torch
 
 from autograder.harness import quiet, within
-from autograder.lab05.common import EX1, _INT_QUANT, _PACKING, _call, _expect_value_error, _randn
+from autograder.harness import expect_value_error
+from autograder.lab05.common import EX1, _INT_QUANT, _PACKING, _call, _randn
 from autograder.checking.reference_guard import own_work
 from minigpt.quant import formats
 from minigpt.quant.formats import dequantize, quantize, unpack_int4
@@ -69,11 +70,11 @@ def check_quantize_symmetric(fn: Callable) -> None:
             raise AssertionError(f"{what}: the codes differ from round(w / scale): use round-to-nearest and clamp to "
                                  f"[-{qmax}, {qmax}] with each element divided by its own group's scale")
     w = _randn(4, 32)
-    _expect_value_error(fn, "bits=5 (unsupported)", w, 5, None)
-    _expect_value_error(fn, "group_size=12 with 32 input features (does not divide)", w, 4, 12)
+    expect_value_error("bits=5 (unsupported)", fn, w, 5, None)
+    expect_value_error("group_size=12 with 32 input features (does not divide)", fn, w, 4, 12)
     bad = w.clone()
     bad[1, 2] = float("nan")
-    _expect_value_error(fn, "a weight with a NaN", bad, 8, None)
+    expect_value_error("a weight with a NaN", fn, bad, 8, None)
 
 
 def check_int4_model_perplexity(fn: Callable, *, n_windows: int = 2, seq_len: int = 128, max_excess: float = 0.005) -> dict[str, float]:

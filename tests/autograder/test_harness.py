@@ -293,3 +293,21 @@ def test_assert_finite_ignores_integer_tensors_and_matching_infinities():
     harness.assert_finite(torch.tensor([-INF, 1.0]), "Exercise 9 (lse)", torch.tensor([-INF, 0.0]))
     with pytest.raises(AssertionError, match=r"^Exercise 9 \(lse\) produced NaN/inf"):
         harness.assert_finite(torch.tensor([-INF, 1.0]), "Exercise 9 (lse)")
+
+
+def test_expect_value_error_wants_a_value_error_that_names_the_problem():
+    from autograder.harness import expect_value_error
+
+    def refuses(n):
+        raise ValueError(f"n={n} is past the capacity 8")
+    expect_value_error("n=9", refuses, 9, naming=(8,))
+    cases = [(lambda n: n, "nothing was raised"), (lambda n: 1 / 0, "got ZeroDivisionError"),
+             (refuses, "should name 7"), (lambda n: (_ for _ in ()).throw(ValueError()), "should name the problem")]
+    for fn, message in cases:
+        with pytest.raises(AssertionError, match=message):
+            expect_value_error("n=9", fn, 9, naming=(7,) if fn is refuses else ())
+
+    def stub(n):
+        raise NotImplementedError
+    with pytest.raises(AssertionError, match="not implemented yet"):
+        expect_value_error("n=9", stub, 9)
