@@ -5,7 +5,6 @@ check on small shapes: a few seconds."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -35,11 +34,13 @@ def test_memory_growth_is_bounded_from_above():
 
 
 def _toy_check(name: str) -> SpeedCheck:
-    """A speed check on sleeps: baseline 4 units, reference 1 unit, a slow implementation 3 units."""
+    """A speed check on a clock of its own: baseline 4 units, reference 1 unit, a slow implementation 3 units (each
+    call returns its cost, which `_costs_as_time` makes the measured time: no verdict depends on the machine's speed
+    or load)."""
     unit = 2e-3
 
     def sleeper(n: float):
-        return lambda: time.sleep(n * unit)
+        return lambda: n * unit
 
     def measure(impl, small, device):
         r = harness.check_speedup(impl, sleeper(4), sleeper(1), what="toy", check=name, repeats=3)
@@ -47,7 +48,13 @@ def _toy_check(name: str) -> SpeedCheck:
     return SpeedCheck(name, "99", "cpu", "toy", measure, lambda: sleeper(1), {"three_units": lambda: sleeper(3)})
 
 
-def test_calibration_file_is_what_the_check_reads(tmp_path, monkeypatch):
+@pytest.fixture
+def _costs_as_time(monkeypatch):
+    """compare() times each call with time_call: here a call's time is the cost it returns."""
+    monkeypatch.setattr("minigpt.timing.time_call", lambda fn, device="cpu": fn())
+
+
+def test_calibration_file_is_what_the_check_reads(tmp_path, monkeypatch, _costs_as_time):
     monkeypatch.setenv("COURSE_CALIBRATION_DIR", str(tmp_path))
     spec = _toy_check("toy_speed")
     with pytest.raises(thresholds.Uncalibrated, match=r"uncalibrated on .*run `make calibrate`"):

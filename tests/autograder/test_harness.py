@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import time
 import warnings
 
 import pytest
@@ -14,7 +13,14 @@ from autograder import harness
 
 
 def _sleeper(seconds: float):
-    return lambda: time.sleep(seconds)
+    """A call that costs `seconds` on the clock of `costs_as_time` (no verdict depends on the machine's load)."""
+    return lambda: seconds
+
+
+@pytest.fixture
+def costs_as_time(monkeypatch):
+    """compare() times each call with time_call: here a call's time is the cost it returns."""
+    monkeypatch.setattr("minigpt.timing.time_call", lambda fn, device="cpu": fn())
 
 
 @pytest.fixture
@@ -67,7 +73,7 @@ def test_require_gpu_true_with_gpu(monkeypatch, capsys):
 UNIT = 0.01
 
 
-def test_check_speedup_passes_fast_candidate():
+def test_check_speedup_passes_fast_candidate(costs_as_time):
     out = harness.check_speedup(_sleeper(UNIT), _sleeper(4 * UNIT), _sleeper(UNIT), what="fake",
                                 min_fraction={"cpu": 0.5, "cuda": 0.5}, repeats=3)
     assert set(out) == {"speedup", "reference_speedup", "threshold"}
@@ -77,7 +83,7 @@ def test_check_speedup_passes_fast_candidate():
     assert out["speedup"] >= out["threshold"]
 
 
-def test_check_speedup_fails_slow_candidate_with_all_numbers():
+def test_check_speedup_fails_slow_candidate_with_all_numbers(costs_as_time):
     with pytest.raises(AssertionError) as info:
         harness.check_speedup(_sleeper(4 * UNIT), _sleeper(4 * UNIT), _sleeper(UNIT), what="fake cache",
                               min_fraction={"cpu": 0.5}, repeats=3)
@@ -87,7 +93,7 @@ def test_check_speedup_fails_slow_candidate_with_all_numbers():
     assert msg.count("x") >= 3 and "reference" in msg and "at least" in msg
 
 
-def test_check_speedup_threshold_is_relative_to_reference():
+def test_check_speedup_threshold_is_relative_to_reference(costs_as_time):
     # Same candidate and reference cost: passes with fraction 0.5, fails with fraction 2.0.
     args = (_sleeper(UNIT), _sleeper(3 * UNIT), _sleeper(UNIT))
     harness.check_speedup(*args, what="x", min_fraction={"cpu": 0.5}, repeats=3)
