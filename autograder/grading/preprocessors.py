@@ -154,9 +154,11 @@ class StoppingExecute(Execute):
         it (test cells are the judge's), the submission's folder, the judge's socket."""
         from autograder.judging.witness import WitnessProcess
 
-        cells = [c.source for c in self.nb.cells[:index] if c.cell_type == "code" and not _is_test_cell(c)]
+        def start(request: dict) -> WitnessProcess:
+            cells = [c.source for c in self.nb.cells[:index] if c.cell_type == "code" and not _is_test_cell(c)]
+            return WitnessProcess(request, cells, judge_socket, self._cwd)
         judge_socket = self._judge.path
-        return lambda request: WitnessProcess(request, cells, judge_socket, self._cwd)
+        return start
 
     def _timed_out(self, serving: NotebookNode) -> bool:
         """Whether the kernel's serving cell ran past its time limit and was interrupted: nbgrader's Execute then

@@ -106,7 +106,8 @@ def judge_endpoint(sock: socket.socket) -> wire.Endpoint:
 
 def run_cell(endpoint: wire.Endpoint, source: str, push: bool = True) -> dict:
     """Execute one test cell against the kernel behind `endpoint` (a `judge_endpoint`); {"stdout", "stderr", "error",
-    "guarded"}: "guarded" lists the references its checks refused (autograder/checking/reference_guard.py). `push`: set the
+    "guarded", "asked"}: "guarded" lists the references its checks refused (autograder/checking/reference_guard.py),
+    "asked" the notebook's names it read from the other side. `push`: set the
     names the cell assigns on the other side afterwards."""
     from autograder.checking import reference_guard
 
@@ -114,11 +115,13 @@ def run_cell(endpoint: wire.Endpoint, source: str, push: bool = True) -> dict:
     reference_guard.guarded()
     out, err = io.StringIO(), io.StringIO()
     error = None
+    asked: list[str] = []
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
     try:
         loaded, assigned = cell_names(source)
         namespace.update(grader_names(source, loaded))
-        for name in sorted(loaded - set(namespace)):
+        asked = sorted(loaded - set(namespace))
+        for name in asked:
             with contextlib.suppress(NameError):
                 namespace[name] = endpoint.request("getname", name=name)
         linecache.cache["<test cell>"] = (len(source), None, source.splitlines(True), "<test cell>")
@@ -134,7 +137,7 @@ def run_cell(endpoint: wire.Endpoint, source: str, push: bool = True) -> dict:
     with contextlib.suppress(OSError, ValueError, TypeError):
         endpoint.finish(pushes=pushes)
     return {"stdout": out.getvalue(), "stderr": err.getvalue(), "error": error,
-            "guarded": reference_guard.guarded()}
+            "guarded": reference_guard.guarded(), "asked": asked}
 
 
 def _explained(exc: BaseException) -> list[str]:
@@ -206,12 +209,14 @@ def main(argv: list[str]) -> int:
             with conn:
                 result = run_cell(judge_endpoint(conn), header["source"])
             if header.get("witness") and result["guarded"] and not result["error"]:
-                result = graded_again(server, control, header, result["guarded"])
+                result = graded_again(server, control, header, result["guarded"], result["asked"])
         result.pop("guarded", None)
+        result.pop("asked", None)
         wire.send_frame(control, {"result": result}, {})
 
 
-def graded_again(server: socket.socket, control: socket.socket, header: dict, guarded: list[dict]) -> dict:
+def graded_again(server: socket.socket, control: socket.socket, header: dict, guarded: list[dict],
+                 names: list[str]) -> dict:
     """The test cell's verdict from a witness (autograder/judging/witness.py): the grading process starts one whose course
     package lacks the references the cell's checks refused, the cell runs again against it, and that run's
     verdict is the cell's."""
@@ -219,11 +224,8 @@ def graded_again(server: socket.socket, control: socket.socket, header: dict, gu
 
     from autograder.judging.reference_removal import removals
 
-    source = header["source"]
-    loaded, _ = cell_names(source)
     token = secrets.token_hex(8)
-    request = {"removals": removals(guarded), "names": sorted(loaded - set(grader_names(source, loaded))),
-               "token": token}
+    request = {"removals": removals(guarded), "names": names, "token": token}
     wire.send_frame(control, {"witness": request}, {})
     while True:
         reply, _ = wire.recv_frame(control)
@@ -237,7 +239,7 @@ def graded_again(server: socket.socket, control: socket.socket, header: dict, gu
         return _failed("WitnessSilent", "graded again in a process without the course's reference, your notebook's "
                        "code never answered (it stopped, or ran past the time limit): this check earns no points")
     with conn:
-        result = run_cell(judge_endpoint(conn), source, push=False)
+        result = run_cell(judge_endpoint(conn), header["source"], push=False)
     return _reference_explained(result, guarded)
 
 
@@ -258,11 +260,6 @@ def _reference_explained(result: dict, guarded: list[dict]) -> dict:
 
 
 # ----------------------------------------------------------------------------- driving it from nbgrader
-
-def _stopped(witness: Any) -> None:
-    witness.kill()
-    return None
-
 
 def _failed(ename: str, evalue: str) -> dict:
     return {"stdout": "", "stderr": "", "error": {"ename": ename, "evalue": evalue}}
@@ -346,7 +343,8 @@ class JudgeProcess:
                                        "connection")
                     if witness is not None and not witness.running():
                         wire.send_frame(self.control, {"op": "abort"}, {})      # the judge stops waiting for it
-                        witness = _stopped(witness)
+                        witness.kill()
+                        witness = None
                     continue
                 if "witness" not in header:
                     return header["result"]

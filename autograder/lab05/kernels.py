@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from autograder.checking.models import count_triton_launches
-from autograder.harness import at_least, call_learner, check_speedup, quiet, within
+from autograder.harness import EachCallItsOwnInput, at_least, call_learner, check_speedup, quiet, within
 from autograder.lab05.common import GEMV_SPEED_CHECKS, INT4_CPU_SPEED_CHECK, _call, _randn
 from autograder.checking.reference_guard import own_work
 from autograder.checking.wire import run_where
@@ -111,42 +111,37 @@ def learner_int4_linear(make: Callable, N: int, K: int, group_size: int) -> Call
         return make(speed_weight(N, K), group_size)
 
 
-class GemvCalls:
-    """A zero-argument callable for `compare`: f(x) for the next `calls` inputs of `xs` (rows (1, K)), each output
-    kept with its input's index. The judge makes every call itself, on inputs it drew, and checks the learner's
-    outputs afterwards: a linear that returns a kept answer, or garbage fast, has its speed refused."""
+def _relative_error(y: Any, want: torch.Tensor) -> float:
+    """|y - want| / |want| (inf for anything that is not a tensor of want's shape)."""
+    if not isinstance(y, torch.Tensor) or tuple(y.shape) != tuple(want.shape):
+        return float("inf")
+    return ((y.float() - want.float()).norm() / want.float().norm()).item()
 
-    def __init__(self, f: Callable, xs: torch.Tensor, calls: int) -> None:
-        self.f, self.xs, self.calls = f, xs, calls
-        self.outputs: list[tuple[int, Any]] = []
-        self._next = 0
 
-    def __call__(self) -> None:
-        for _ in range(self.calls):
-            i = self._next % len(self.xs)
-            self._next += 1
-            self.outputs.append((i, self.f(self.xs[i])))
+def _samples_of(contender: EachCallItsOwnInput, calls: int) -> Callable[[], None]:
+    """A sample for `compare`: `calls` calls of the contender, each on its next input (a GEMV is short: one timed
+    sample covers several)."""
+    def sample() -> None:
+        for _ in range(calls):
+            contender()
+    return sample
 
 
 def _int4_speed(make: Callable, N: int, K: int, group_size: int, repeats: int, calls: int = 4) -> dict[str, float]:
     """The learner's INT4 linear (built where `make` runs) against an fp32 matmul and the reference INT4 linear (both
     here), on the same W and the same fresh inputs, timed here around each call; then the learner's outputs against
-    the reference's on each input."""
+    the reference's on each input: a linear that returns a kept answer, or garbage fast, has its speed refused."""
     f = run_where(make, learner_int4_linear, make, N, K, group_size)
     w = speed_weight(N, K)
-    reference = Int4WeightOnlyLinear(w, group_size)
-    xs = _randn((repeats + 1) * calls, 1, K, seed=3)
-    learner, dense, ref = GemvCalls(f, xs, calls), GemvCalls(_dense(w), xs, calls), GemvCalls(reference, xs, calls)
-    result = check_speedup(learner, dense, ref, what=f"INT4 GEMV {N}x{K} against fp32", check=INT4_CPU_SPEED_CHECK,
-                           repeats=repeats)
-    expected = dict(ref.outputs)
-    for i, y in learner.outputs:
-        want = expected[i].float()
-        ok = isinstance(y, torch.Tensor) and tuple(y.shape) == tuple(want.shape)
-        rel = ((y.float() - want).norm() / want.norm()).item() if ok else float("inf")
-        if not within(rel, 0.01):
-            raise AssertionError(f"the timed INT4 linear ({N}x{K}) differs from the reference INT4 linear on timed input "
-                                 f"#{i} (relative error {rel:.3g}): its speed does not count")
+    xs = list(_randn((repeats + 1) * calls, 1, K, seed=3))
+    learner, dense, ref = (EachCallItsOwnInput(fn, xs) for fn in (f, _dense(w), Int4WeightOnlyLinear(w, group_size)))
+    result = check_speedup(_samples_of(learner, calls), _samples_of(dense, calls), _samples_of(ref, calls),
+                           what=f"INT4 GEMV {N}x{K} against fp32", check=INT4_CPU_SPEED_CHECK, repeats=repeats)
+    wrong = learner.first_difference(ref, lambda y, want: within(_relative_error(y, want), 0.01))
+    if wrong is not None:
+        rel = _relative_error(dict(learner.outputs)[wrong], dict(ref.outputs)[wrong])
+        raise AssertionError(f"the timed INT4 linear ({N}x{K}) differs from the reference INT4 linear on timed input "
+                             f"#{wrong} (relative error {rel:.3g}): its speed does not count")
     return result
 
 
