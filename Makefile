@@ -142,7 +142,7 @@ doctor: setup
 # CALIBRATE_ARGS="--lab 04 --runs 7" narrows or lengthens it.
 CALIBRATE_ARGS ?=
 calibrate: $(if $(GPU_PYTHON),,setup)
-	@$(if $(GPU_PYTHON),PYTHONPATH="$(CURDIR)/shared:$(CURDIR)" $(GPU_PYTHON),$(PY)) -m autograder calibrate $(CALIBRATE_ARGS)
+	@$(if $(GPU_PYTHON),PYTHONPATH="$(CURDIR)/shared:$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(GPU_PYTHON),$(PY)) -m autograder calibrate $(CALIBRATE_ARGS)
 
 # The GPU tier in one command (resumes a run that did not finish; GPU_CHECK_ARGS=--fresh starts over).
 # CALIBRATE=1 calibrates this GPU's thresholds first. On a GPU machine that already has torch/triton and no network,
@@ -151,7 +151,7 @@ GPU_PYTHON ?=
 CALIBRATE ?=
 GPU_CHECK_ARGS ?=
 gpu-check: $(if $(GPU_PYTHON),,setup)
-	@$(if $(GPU_PYTHON),PYTHONPATH="$(CURDIR)/shared:$(CURDIR)" $(GPU_PYTHON),$(PY)) -m autograder gpu-check \
+	@$(if $(GPU_PYTHON),PYTHONPATH="$(CURDIR)/shared:$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(GPU_PYTHON),$(PY)) -m autograder gpu-check \
 	  $(if $(filter 1 yes true,$(CALIBRATE)),--calibrate) $(GPU_CHECK_ARGS)
 
 data: setup

@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     """Parse the command line, run the command's module (autograder/commands/), return its exit status; 2 on a
     grading error (nbgrader failed), with its message."""
     args = _parser().parse_args(argv)
-    from autograder.grading.nbgrader_runs import GradingError
+    from autograder.grading.basics import GradingError
 
     try:
         return _command(args.command).run(args, args.course.resolve())

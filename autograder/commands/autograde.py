@@ -10,7 +10,7 @@ HELP = "grade every submission (instructor)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from autograder.grading.nbgrader_runs import SUBMISSION_TIMEOUT_S
+    from autograder.grading.basics import SUBMISSION_TIMEOUT_S
 
     p.add_argument("--assignment", action="append", help="only this assignment (repeatable)")
     p.add_argument("--student", action="append", help="only this student (repeatable)")

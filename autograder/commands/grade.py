@@ -11,7 +11,7 @@ HELP = "grade one notebook"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from autograder.grading.nbgrader_runs import SUBMISSION_TIMEOUT_S
+    from autograder.grading.basics import SUBMISSION_TIMEOUT_S
 
     p.add_argument("path", type=Path)
     p.add_argument("--assignment", help="assignment id (default: found from the notebook's name)")

@@ -27,6 +27,7 @@ from pathlib import Path
 import nbformat
 
 from autograder.grading import output_limits, preprocessors
+from autograder.grading.basics import GradingError, SUBMISSION_TIMEOUT_S
 from autograder.harness import gpu_available
 from autograder.grading.notebooks import normalize_file
 from autograder.paths import REPO_ROOT
@@ -35,12 +36,6 @@ from autograder.processes import kill_group
 
 CONFIG_NAME = "nbgrader_config.py"
 DEFAULT_STUDENT = "learner"
-SUBMISSION_TIMEOUT_S = 1800   # wall-clock limit for one whole submission (cells have their own limit)
-
-
-class GradingError(RuntimeError):
-    """The grading machinery itself failed (not the learner's notebook)."""
-
 
 @dataclass
 class CellScore:

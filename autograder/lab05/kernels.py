@@ -171,9 +171,12 @@ def check_gemv_speed(fn: Callable, *, N: int = 8192, K: int = 8192, group_size: 
             got = call_learner(f"your INT{b} GEMV at {N}x{K}", fn, x, qw, scale, b, group_size)
         if not isinstance(got, torch.Tensor) or got.shape != want.shape:
             raise AssertionError(f"INT{b} GEMV at {N}x{K}: expected y of shape ({N},), got {getattr(got, 'shape', got)!r}")
-        if not torch.allclose(got.float(), want, atol=1e-1, rtol=2e-2):
-            raise AssertionError(f"INT{b} GEMV at {N}x{K}: differs from the reference kernel by "
-                                 f"{(got.float() - want).abs().max().item():.3g}")
+        # bf16 operands over K = 8192 terms: a correct kernel that rounds W or y to bf16 lands near 3e-3 in norm
+        # (elementwise tolerances fail it where y is near 0); a wrong nibble, group or row is far above 1e-2.
+        rel = _relative_error(got, want)
+        if not within(rel, 1e-2):
+            raise AssertionError(f"INT{b} GEMV at {N}x{K}: differs from the reference kernel by {rel:.3g} "
+                                 "(|y - y_ref| / |y_ref|, at most 0.01)")
         with quiet():
             times = bench_interleaved({"dense": lambda: torch.matmul(w_dense, x),
                                        "learner": lambda: fn(x, qw, scale, b, group_size),

@@ -116,7 +116,15 @@ def test_committed_cpu_thresholds_come_from_calibration():
         assert data["best_slow_run"] < data["threshold"] < data["worst_reference_run"], spec.name
     for path in thresholds.CALIBRATION_DIR.glob("*.cuda*.json"):
         data = json.loads(path.read_text())
+        if path.name.startswith("gpu_check."):                   # make gpu-check's report: figures per part
+            assert data.get("device_name") and data.get("parts"), f"{path.name}: a GPU report without its GPU"
+            continue
         assert data.get("device_name") and data.get("measured"), f"{path.name}: a GPU figure without its measurement"
+        if data["graded"]:
+            assert data["runs"] >= 3 and data["shapes"] == "the check's own", path.name
+            direction = 1 if data["direction"] == "at_least" else -1
+            assert direction * data["best_slow_run"] < direction * data["threshold"] \
+                < direction * data["worst_reference_run"], path.name
 
 
 def test_every_gpu_check_is_registered_with_a_slow_implementation():

@@ -80,6 +80,22 @@ def test_gemv_speed_check_code_path():
         lab05.check_gemv_speed(lambda x, qw, s, b, g: torch.zeros(qw.shape[0]), N=32, K=256, rounds=1, device="cpu")
 
 
+def test_gemv_speed_check_accepts_bf16_rounding_and_refuses_a_wrong_group():
+    """On the GPU the check runs in bf16: a kernel that dequantizes W to bf16 first is correct to about 3e-3 in norm
+    but misses elementwise tolerances where y is near 0 (an H200 rejected the slow implementation so, 2026-11-26);
+    the norm test accepts it and still refuses a kernel that applies the first group's scale everywhere."""
+    def bf16_weights(x, qw, s, b, g):
+        return slow_implementations.dequantize_then_matmul(x.bfloat16(), qw, s, b, g).float()
+
+    def first_group(x, qw, s, b, g):
+        return dequant_gemv(x, qw, s[:, :1].expand_as(s).contiguous(), b, g)
+
+    with fixed(0.0):
+        lab05.check_gemv_speed(bf16_weights, N=64, K=2048, rounds=1, bits=(8,), device="cpu")
+        with pytest.raises(AssertionError, match="differs from the reference kernel"):
+            lab05.check_gemv_speed(first_group, N=64, K=2048, rounds=1, bits=(8,), device="cpu")
+
+
 def test_memory_growth_of_linear_and_quadratic_peaks():
     assert lab04.growth_per_doubling([1000, 2000, 4000]) == [2.0, 2.0]
     assert lab04.growth_per_doubling([1000, 4000, 16000]) == [4.0, 4.0]
