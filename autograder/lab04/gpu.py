@@ -22,6 +22,17 @@ from minigpt.kernels.paged_decode import gather_then_sdpa, paged_decode, random_
 # the kernels in Triton's interpreter (tests); grading uses the GPU and the default shapes.
 # ---------------------------------------------------------------------------------------------------
 
+def _speed_verdict(times: dict[str, float], baseline: str, fraction: float, shortfall: str) -> dict:
+    """The learner's speedup over `baseline` against the reference's, both from the same interleaved medians: at
+    least `fraction` of the reference's, else AssertionError(shortfall.format(learner=, ref=, need=))."""
+    learner, ref = times[baseline] / times["learner"], times[baseline] / times["reference"]
+    need = fraction * ref
+    if not at_least(learner, need):
+        raise AssertionError(shortfall.format(learner=learner, ref=ref, need=need))
+    return {"speedup": learner, "reference_speedup": ref, "threshold": need,
+            "times_ms": {n: t * 1e3 for n, t in times.items()}}
+
+
 def check_flash_speed(fn: Callable, *, kwargs: dict | None = None, seq_len: int = 4096, head_dim: int = 64,
                       batch: int = 4, heads: int = 32, device: str = "cuda", rounds: int = 5) -> dict:
     """Learner's fn(q, k, v, causal, **kwargs) speedup over naive attention >= the calibrated fraction
@@ -35,15 +46,11 @@ def check_flash_speed(fn: Callable, *, kwargs: dict | None = None, seq_len: int 
     m = run_where(fn, measure_flash_speed, fn, kwargs or {}, seq_len, head_dim, batch, heads, device, rounds)
     if not m["close"]:
         raise AssertionError("the kernel's output differs from the reference at the benchmark shape")
-    times = m["times"]
-    learner, ref = times["naive"] / times["learner"], times["naive"] / times["reference"]
-    need = fraction * ref
-    if not at_least(learner, need):
-        raise AssertionError(f"forward kernel speedup over naive attention {learner:.2f}x; the reference reaches "
-                             f"{ref:.2f}x here and {need:.2f}x is needed. Skip fully masked tiles, keep the tiles in "
+    verdict = _speed_verdict(m["times"], "naive", fraction,
+                             "forward kernel speedup over naive attention {learner:.2f}x; the reference reaches "
+                             "{ref:.2f}x here and {need:.2f}x is needed. Skip fully masked tiles, keep the tiles in "
                              "fp16 for tl.dot, and do not re-read Q inside the loop.")
-    return {"speedup": learner, "reference_speedup": ref, "threshold": need, "batch": m["batch"],
-            "times_ms": {n: t * 1e3 for n, t in times.items()}}
+    return {**verdict, "batch": m["batch"]}
 
 
 def measure_flash_speed(fn: Callable, kwargs: dict, seq_len: int, head_dim: int, batch: int, heads: int,
@@ -84,14 +91,9 @@ def check_paged_decode_speed(fn: Callable, *, kwargs: dict | None = None, batch:
                   block_size, device, rounds)
     if not m["close"]:
         raise AssertionError("the decode kernel's output differs from the reference at the benchmark shape")
-    times = m["times"]
-    learner, ref = times["gather_sdpa"] / times["learner"], times["gather_sdpa"] / times["reference"]
-    need = fraction * ref
-    if not at_least(learner, need):
-        raise AssertionError(f"decode speedup over gather-then-SDPA {learner:.2f}x; the reference reaches {ref:.2f}x "
-                             f"and {need:.2f}x is needed. Split the context over enough programs to fill the GPU.")
-    return {"speedup": learner, "reference_speedup": ref, "threshold": need,
-            "times_ms": {n: t * 1e3 for n, t in times.items()}}
+    return _speed_verdict(m["times"], "gather_sdpa", fraction,
+                          "decode speedup over gather-then-SDPA {learner:.2f}x; the reference reaches {ref:.2f}x "
+                          "and {need:.2f}x is needed. Split the context over enough programs to fill the GPU.")
 
 
 def measure_paged_decode_speed(fn: Callable, kwargs: dict, batch: int, context: int, heads: int, kv_heads: int,
@@ -178,15 +180,10 @@ def check_flash_backward_speed(cls, *, seq_len: int = 4096, head_dim: int = 64, 
     if not within(errs, 2e-2):
         raise AssertionError(f"the Function's gradients differ from the reference at the benchmark shape (relative "
                              f"errors {', '.join(f'{e:.2g}' for e in errs)})")
-    times = m["times"]
-    learner, ref = times["sdpa_flash"] / times["learner"], times["sdpa_flash"] / times["reference"]
-    need = fraction * ref
-    if not at_least(learner, need):
-        raise AssertionError(f"forward + backward at {learner:.2f}x SDPA-flash's speed; the reference reaches "
-                             f"{ref:.2f}x here and {need:.2f}x is needed. Keep dK, dV (and dQ) in fp32 registers "
-                             "across the loop, skip the tiles the causal mask hides, and use tiles of at least 32.")
-    return {"speedup": learner, "reference_speedup": ref, "threshold": need,
-            "times_ms": {n: t * 1e3 for n, t in times.items()}}
+    return _speed_verdict(m["times"], "sdpa_flash", fraction,
+                          "forward + backward at {learner:.2f}x SDPA-flash's speed; the reference reaches {ref:.2f}x "
+                          "here and {need:.2f}x is needed. Keep dK, dV (and dQ) in fp32 registers across the loop, "
+                          "skip the tiles the causal mask hides, and use tiles of at least 32.")
 
 
 def measure_flash_backward_speed(cls, seq_len: int, head_dim: int, batch: int, heads: int, dtype: torch.dtype,

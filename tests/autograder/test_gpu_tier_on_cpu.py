@@ -110,3 +110,16 @@ def test_gpu_checks_without_a_calibration_say_so_before_measuring(tmp_path, monk
         lab04.check_flash_backward_speed(FlashAttentionFunction, **BACKWARD_SMALL)
     with pytest.raises(Uncalibrated, match="lab05_dequant_gemv_int8 is uncalibrated"):
         lab05.check_gemv_speed(dequant_gemv, N=32, K=256, rounds=1, device="cpu")
+
+
+def test_speed_checks_below_their_threshold_say_what_was_needed():
+    """A threshold no implementation reaches: each lab 04 speed check refuses with the speedups it measured."""
+    from minigpt.kernels.flash_attention import FlashAttentionFunction
+
+    with fixed(1e6):
+        with pytest.raises(AssertionError, match=r"over naive attention .*x is needed"):
+            lab04.check_flash_speed(_flash, **FLASH_SMALL)
+        with pytest.raises(AssertionError, match=r"over gather-then-SDPA .*x is needed"):
+            lab04.check_paged_decode_speed(paged_decode, **DECODE_SMALL)
+        with pytest.raises(AssertionError, match=r"SDPA-flash's speed; .*x is needed"):
+            lab04.check_flash_backward_speed(FlashAttentionFunction, **BACKWARD_SMALL)
