@@ -6,6 +6,7 @@
 # Machine:    make doctor | make calibrate | make gpu-check [CALIBRATE=1] | make data | make models
 # Practice:   make interview [INTERVIEW_ARGS="--seed 7 -n 5"]  (interview questions with fresh numbers)
 # Serving:    make serve [SERVE_ARGS="--checkpoint draft --engine naive --port 8001"]  (OpenAI-compatible, loopback)
+# Checks:     make mutation LAB=00 [MUTATION_ARGS="--sample 10"]  (wrong implementations the checks let through)
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -44,10 +45,17 @@ AUTOGRADE_ARGS ?=
 NB ?=
 CPYTHON_LIB ?=
 
-.PHONY: serve interview progress help setup lab test browser-deps sandbox-deps release grade autograde feedback export similarity doctor calibrate gpu-check models data normalize check-normalized
+# Mutation testing of a lab's checks: make mutation LAB=00 [MUTATION_ARGS="--sample 10"]
+LAB ?=
+MUTATION_ARGS ?=
+mutation: setup
+	@test -n "$(LAB)" || { echo "make mutation LAB=NN (00-09)"; exit 2; }
+	OMP_NUM_THREADS=1 MPLBACKEND=Agg $(PY) -m autograder mutation --lab $(LAB) $(MUTATION_ARGS)
+
+.PHONY: mutation serve interview progress help setup lab test browser-deps sandbox-deps release grade autograde feedback export similarity doctor calibrate gpu-check models data normalize check-normalized
 
 help:
-	@sed -n '1,8p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '1,9p' Makefile | sed 's/^# \{0,1\}//'
 
 # ---------------------------------------------------------------- environment (idempotent; fast when done)
 $(STAMP): requirements.txt pyproject.toml $(LAB_OVERRIDES) $(KERNEL_CONFIG)

@@ -24,6 +24,9 @@
     runall [--fix] [--assignment A]  maintenance: does Run All reach the last cell of each released notebook?
     exercise-map [--check]           maintenance: which check and learner function belong to which exercise
     interview [-n N] [--seed S] [--topic T ...]   interview practice with fresh numbers, graded and diagnosed
+    mutation --lab NN [--sample N] [--exercise ID ...]
+                                     maintenance: mutants of the lab's solution cells graded by its checks; the
+                                     score, the survivors (wrong code the checks pass)
 """
 
 from __future__ import annotations

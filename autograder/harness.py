@@ -256,7 +256,7 @@ def expect_value_error(what: str, fn: Callable[..., Any], *args: Any, naming: Se
     except NotImplementedError:
         raise AssertionError(f"{what}: not implemented yet (NotImplementedError)") from None
     except ValueError as err:
-        missing = [n for n in naming if str(n) not in str(err)] if naming else ([] if str(err) else ["the problem"])
+        missing = [n for n in naming if str(n).lower() not in str(err).lower()] if naming else ([] if str(err) else ["the problem"])
         if missing:
             raise AssertionError(f"{what} raised ValueError, good, but its message should name "
                                  f"{', '.join(map(str, missing))}; got {err!r}") from None

@@ -400,6 +400,12 @@ def check_critical_batch_size(critical_batch_size: Callable[..., int | None], ex
     rng = random.Random(extra)
     cases += [(s, rng.choice([0, 16, 256]), 10 ** rng.uniform(12, 15), 10 ** rng.uniform(11, 12.5), 2, 2)
               for s in random_shapes(extra + 300, extra)]
+    # The boundary: a machine whose ridge equals one sequence's FLOPs per KV byte exactly (f == ridge * k): adding
+    # sequences never raises the intensity past the ridge, so None (and never a division by f - ridge * k = 0).
+    edge, edge_ctx = PRESETS["minigpt-target"], 128
+    edge_w = ref.decode_bytes(edge, edge_ctx, 0, weight_bytes_per_element=2, kv_bytes_per_element=2)
+    edge_k = ref.decode_bytes(edge, edge_ctx, 1, weight_bytes_per_element=2, kv_bytes_per_element=2) - edge_w
+    cases.append((edge, edge_ctx, float(ref.decode_flops(edge, edge_ctx, 1)), float(edge_k), 2, 2))
     for s, ctx, peak, bw, wb, kb in cases:
         expected = ref.critical_batch_size(s, ctx, peak, bw, weight_bytes_per_element=wb, kv_bytes_per_element=kb)
         what = (f"critical_batch_size({_describe(s)}, context_len={ctx}, peak_flops={peak:.4g}, bandwidth={bw:.4g}, "

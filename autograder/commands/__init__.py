@@ -6,5 +6,5 @@ COMMANDS = {       # command -> module of autograder.commands, in the order `--h
     "grade": "grade", "autograde": "autograde", "feedback": "feedback", "export": "export",
     "similarity": "similarity", "release": "release", "normalize": "normalize", "doctor": "doctor",
     "calibrate": "calibrate", "gpu-check": "gpu_check", "workspace": "workspace", "progress": "progress",
-    "runall": "runall", "exercise-map": "exercise_map", "interview": "interview",
+    "runall": "runall", "exercise-map": "exercise_map", "interview": "interview", "mutation": "mutation",
 }

@@ -131,9 +131,21 @@ class PagedCacheMachine(RuleBasedStateMachine):
 
     def _append(self, seq: int, tokens: list[int]) -> None:
         what = f"append {tokens} to sequence {seq} of {len(self.expected[seq])} tokens"
+        table = self.m.tables[seq]
+        last = table.blocks[-1] if table.blocks else None
+        partly_filled_and_shared = (last is not None and len(self.expected[seq]) % self.bs != 0
+                                    and self.m.pool.ref_counts[last] > 1)
         r = self._attempt(what, "append_tokens", seq, list(tokens))
         if r is None:
             return
+        copies = list(r.copies)
+        if not partly_filled_and_shared and copies:
+            raise AssertionError(f"{what}: copied {copies} although its last block "
+                                 f"{'is full' if len(self.expected[seq]) % self.bs == 0 else 'is not shared'}: "
+                                 "copy-on-write copies only a partly filled block that another sequence also holds")
+        if partly_filled_and_shared and len(copies) != 1:
+            raise AssertionError(f"{what}: its last block {last} is partly filled and shared, so exactly one "
+                                 f"copy-on-write copy (old, new) is due; got copies {copies}")
         start = len(self.expected[seq])
         self.expected[seq] = self.expected[seq] + list(tokens)
         self._apply(seq, r, tokens, start, what)

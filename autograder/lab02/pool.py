@@ -101,6 +101,55 @@ def _check_block_pool(pool_cls: type) -> None:
     rest = _call("allocate(3)", pool.allocate, 3)
     if sorted(rest + [a[1]]) != [0, 1, 2, 3] or pool.num_free != 0:
         raise AssertionError(f"allocating the 3 free blocks should hand out exactly the free ids, got {rest}")
+    _check_pool_as_a_pool(pool_cls)
+
+
+def _check_pool_as_a_pool(pool_cls: type) -> None:
+    """The pool's order and sharing, which a scheduler and the prefix cache rely on: blocks are taken from the front
+    of the free queue (0, 1, 2, ... at first) and on_reuse hears each one; a freed block goes to the front (reused
+    first) unless kept for the prefix cache (keep=True: to the back, evicted last); incref takes a free block back
+    (a prefix-cache hit) or adds a holder; fork adds a holder to each block and refuses a free one; OutOfBlocks says
+    how many were needed and how many were free."""
+    pool = _call("BlockPool(num_blocks=4, block_size=1)", pool_cls, 4, 1)
+    heard: list[int] = []
+    pool.on_reuse = heard.append
+    taken = _call("allocate(4)", pool.allocate, 4)
+    if taken != [0, 1, 2, 3]:
+        raise AssertionError(f"allocate(4) on a new pool of 4 must take the free queue from its front: [0, 1, 2, 3], "
+                             f"got {taken!r}")
+    if heard != taken:
+        raise AssertionError(f"on_reuse must be called with each block taken, in order: expected {taken}, heard {heard}")
+    try:
+        with quiet():
+            pool.allocate(1)
+    except OutOfBlocks as err:
+        if (getattr(err, "needed", None), getattr(err, "free", None)) != (1, 0):
+            raise AssertionError(f"OutOfBlocks should carry needed=1 and free=0 (OutOfBlocks(n, free blocks)), got "
+                                 f"needed={getattr(err, 'needed', None)!r}, free={getattr(err, 'free', None)!r}") from None
+    _call("free(block, keep=True)", pool.free, 1, keep=True)
+    _call("free(block)", pool.free, 2)
+    _call("free(block, keep=True)", pool.free, 3, keep=True)
+    _call("free(block)", pool.free, 0)
+    if pool.free_blocks() != [0, 2, 1, 3]:
+        raise AssertionError("free(1, keep=True), free(2), free(3, keep=True), free(0) must leave the free queue "
+                             f"[0, 2, 1, 3] (a plain free goes to the front, reused first; a kept block to the back, "
+                             f"evicted last), got {pool.free_blocks()}")
+    _call("incref(block)", pool.incref, 1)                  # a prefix-cache hit on a free, kept block
+    if pool.ref_counts[1] != 1 or 1 in pool.free_blocks() or pool.num_free != 3:
+        raise AssertionError(f"incref of free block 1 (a prefix-cache hit) must take it off the free queue with "
+                             f"ref_count 1; got ref_count {pool.ref_counts[1]}, free queue {pool.free_blocks()}")
+    _call("incref(block)", pool.incref, 1)
+    _call("fork(blocks)", pool.fork, [1])
+    if pool.ref_counts[1] != 3:
+        raise AssertionError(f"after allocate-by-incref, incref and fork block 1 has 3 holders, got {pool.ref_counts[1]}")
+    for _ in range(3):
+        _call("free(block)", pool.free, 1)
+    if pool.ref_counts[1] != 0 or pool.free_blocks()[0] != 1:
+        raise AssertionError(f"three frees of a block with three holders must return it to the front of the free "
+                             f"queue, got ref_count {pool.ref_counts[1]}, free queue {pool.free_blocks()}")
+    expect_value_error("fork([2]) of a free block", pool.fork, [2], naming=("free",),
+                       hint="a free block has no contents to share")
+    expect_value_error("free(2) of a free block", pool.free, 2, naming=("free",), hint="a double free")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -139,7 +139,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("labs", ("autograder.lab", "autograder.interview")),
     ("judging", ("autograder.judging", "autograder.interactive")),
     ("grading", ("autograder.grading", "autograder.preprocessors")),
-    ("gpu tier and learner", ("autograder.gpu_tier", "autograder.learner")),
+    ("gpu tier, learner and mutation", ("autograder.gpu_tier", "autograder.learner", "autograder.mutation")),
     ("commands", ("autograder.cli", "autograder.commands", "autograder.doctor", "autograder.__main__")),
 ]
 

@@ -1,0 +1,38 @@
+"""mutation --lab NN: mutation testing of a lab's checks (autograder/mutation/)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+HELP = "mutants of a lab's solution cells graded by its checks: score and survivors"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lab", action="append", required=True, help="lab number or folder (repeatable): 00, 02_paged_kv_cache")
+    p.add_argument("--sample", type=int, help="only N mutants, seeded, drawn from those not known as equivalent or "
+                   "surviving (each must be killed)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--exercise", action="append", help="only this exercise cell's mutants (grade id, repeatable)")
+    p.add_argument("--timeout", type=float, default=120, help="seconds per mutant (nbgrader's cell limit scores a "
+                   "mutant that outruns it as killed)")
+    p.add_argument("--json", type=Path, help="also write the results here")
+
+
+def run(args: argparse.Namespace, course: Path) -> int:
+    from autograder.mutation.run import markdown, run_lab
+
+    results = []
+    for lab in args.lab:
+        matches = sorted(p.name for p in (course / "solutions").iterdir() if p.name.startswith(lab.zfill(2)[:2]))
+        if len(matches) != 1:
+            print(f"mutation: no single lab matches {lab!r} (solutions/: {matches})")
+            return 2
+        results.append(run_lab(matches[0], sample=args.sample, seed=args.seed, timeout_s=args.timeout,
+                               exercises=args.exercise))
+    print(markdown(results))
+    if args.json:
+        args.json.write_text(json.dumps([r.__dict__ for r in results], indent=1) + "\n")
+    failed = any(r.baseline_failures for r in results) or (args.sample is not None and any(r.survived for r in results))
+    return 1 if failed else 0

@@ -1,0 +1,158 @@
+"""Mutants of one solution cell: mutmut's operators (numbers, strings, names, operators, comparisons, removed call
+arguments, ...) and the course's own kinds (issue 34), applied one at a time to the lines between
+`### BEGIN SOLUTION` and `### END SOLUTION`.
+
+    mutants_of(source, cell="ex1_code") -> [Mutant(id, cell, line, kind, source), ...]
+
+A mutant's id is stable across runs and machines (the cell, the line and a hash of the mutated source), so a list of
+known equivalent mutants can name it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import MetadataWrapper, PositionProvider
+from mutmut.mutation.file_mutation import MutationVisitor, deep_replace
+from mutmut.mutation.mutators import mutation_operators
+from mutmut.mutation.pragma_handling import IgnoredCode
+
+__all__ = ["Mutant", "mutants_of", "solution_lines", "COURSE_OPERATORS"]
+
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str
+    cell: str
+    line: int          # 1-based line in the cell of the mutated node
+    kind: str          # "mutmut" or the course operator's name
+    source: str        # the whole mutated cell
+
+    def diff_line(self, original: str) -> str:
+        """The mutated line, and the line it replaced: "12: x = a + b  ->  x = a - b"."""
+        old, new = original.splitlines(), self.source.splitlines()
+        for i, (a, b) in enumerate(zip(old, new), start=1):
+            if a != b:
+                return f"{i}: {a.strip()}  ->  {b.strip()}"
+        return f"{self.line}: (lines removed)"
+
+
+def solution_lines(source: str) -> set[int]:
+    """1-based line numbers strictly between BEGIN and END SOLUTION markers (all lines if there are none)."""
+    lines, inside, chosen = source.splitlines(), False, set()
+    for i, text in enumerate(lines, start=1):
+        if text.strip() == BEGIN:
+            inside = True
+        elif text.strip() == END:
+            inside = False
+        elif inside:
+            chosen.add(i)
+    return chosen if any(t.strip() == BEGIN for t in lines) else set(range(1, len(lines) + 1))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The course's operators: the kinds of wrong implementation issue 34 found escaping the checks
+# ----------------------------------------------------------------------------------------------------------
+
+def _drop_method(name: str) -> Callable[[cst.CSTNode], Iterable[cst.CSTNode]]:
+    """x.name() -> x (a dropped .contiguous(), .float(), .clone(), ...)."""
+    def operator(node: cst.CSTNode) -> Iterable[cst.CSTNode]:
+        if m.matches(node, m.Call(func=m.Attribute(attr=m.Name(name)), args=[])):
+            yield node.func.value
+    return operator
+
+
+def _minus_inf_to_large_negative(node: cst.CSTNode) -> Iterable[cst.CSTNode]:
+    """float("-inf"), -math.inf, -torch.inf, -float("inf") -> -1e4 (a mask that is only very negative)."""
+    minus_inf = m.Call(func=m.Name("float"), args=[m.Arg(m.SimpleString(value=m.MatchIfTrue(
+        lambda v: v.strip("'\"").lower() == "-inf")))])
+    negated = m.UnaryOperation(operator=m.Minus(), expression=m.Attribute(attr=m.Name("inf"))
+                               | m.Call(func=m.Name("float"), args=[m.Arg(m.SimpleString(value=m.MatchIfTrue(
+                                   lambda v: v.strip("'\"").lower() == "inf")))]))
+    if m.matches(node, minus_inf | negated):
+        yield cst.parse_expression("-1e4")
+
+
+def _dtype_swap(node: cst.CSTNode) -> Iterable[cst.CSTNode]:
+    """torch.float32 <-> torch.float16, torch.float16 -> torch.bfloat16: a result in the wrong precision."""
+    swaps = {"float32": "float16", "float": "half", "float16": "bfloat16", "bfloat16": "float16", "half": "float"}
+    if m.matches(node, m.Attribute(value=m.Name("torch"), attr=m.Name(m.MatchIfTrue(lambda n: n in swaps)))):
+        yield node.with_changes(attr=cst.Name(swaps[node.attr.value]))
+
+
+def _broad_except(node: cst.CSTNode) -> Iterable[cst.CSTNode]:
+    """except Exception -> except BaseException (swallows KeyboardInterrupt and SystemExit too)."""
+    if m.matches(node, m.ExceptHandler(type=m.Name("Exception"))):
+        yield node.with_changes(type=cst.Name("BaseException"))
+
+
+COURSE_OPERATORS: list[tuple[str, type, Callable[[cst.CSTNode], Iterable[cst.CSTNode]]]] = [
+    ("drop .contiguous()", cst.Call, _drop_method("contiguous")),
+    ("drop .float()", cst.Call, _drop_method("float")),
+    ("drop .clone()", cst.Call, _drop_method("clone")),
+    ("-inf -> -1e4", cst.BaseExpression, _minus_inf_to_large_negative),
+    ("dtype swap", cst.Attribute, _dtype_swap),
+    ("Exception -> BaseException", cst.ExceptHandler, _broad_except),
+]
+
+
+class _Visitor(MutationVisitor):
+    """mutmut's visitor, decorated functions included: mutmut skips them because it swaps functions through
+    trampolines; here each mutant is a whole cell, so @torch.inference_mode() and @triton.jit bodies are mutated too
+    (the decorator expressions themselves still are not)."""
+
+    def _skip_node_and_children(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, cst.FunctionDef) and node.decorators:
+            return False
+        return super()._skip_node_and_children(node)
+
+
+class _CourseVisitor(cst.CSTVisitor):
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    def __init__(self, lines: set[int]):
+        self.lines, self.found = lines, []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        position = self.get_metadata(PositionProvider, node, None)
+        if position is not None and position.start.line in self.lines:
+            for kind, node_type, operator in COURSE_OPERATORS:
+                if isinstance(node, node_type):
+                    self.found += [(kind, node, new, position.start.line) for new in operator(node)]
+        return True
+
+
+def mutants_of(source: str, cell: str) -> list[Mutant]:
+    """Every single-point mutant of the cell's solution lines, mutmut's first, then the course's; duplicates (two
+    operators giving the same source) and mutants that do not compile are left out."""
+    lines = solution_lines(source)
+    module = cst.parse_module(source)
+    wrapper = MetadataWrapper(module)
+    mutmut_visitor = _Visitor(mutation_operators, IgnoredCode(set(), set(), set()), lines)
+    tree = wrapper.visit(mutmut_visitor)
+    positions = wrapper.resolve(PositionProvider)
+    found = [("mutmut", mut.original_node, mut.mutated_node, positions[mut.original_node].start.line)
+             for mut in mutmut_visitor.mutations]
+    course = _CourseVisitor(lines)
+    wrapper.visit(course)
+    found += course.found
+    out, seen = [], {source}
+    for kind, old, new, line in found:
+        mutated = deep_replace(tree, old, new)
+        text = mutated.code if isinstance(mutated, cst.Module) else None
+        if text is None or text in seen:
+            continue
+        try:
+            compile(text, cell, "exec")
+        except SyntaxError:
+            continue
+        seen.add(text)
+        digest = hashlib.sha1(text.encode()).hexdigest()[:10]
+        out.append(Mutant(f"{cell}:{line}:{digest}", cell, line, kind, text))
+    return out

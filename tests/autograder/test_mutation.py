@@ -1,0 +1,89 @@
+"""Mutation testing of the checks (autograder/mutation/): the mutants, and a seeded sample of lab 00 that the checks
+must kill, so that a check weakened later fails the suite."""
+
+from __future__ import annotations
+
+import pytest
+
+from autograder.mutation import run as mutation
+from autograder.mutation.mutants import mutants_of, solution_lines
+
+CELL = '''import math
+import torch
+
+@torch.inference_mode()
+def attend(q, k, v, mask):
+    ### BEGIN SOLUTION
+    s = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    s = s.masked_fill(mask, float("-inf"))
+    try:
+        out = torch.softmax(s.float(), dim=-1).to(torch.float16) @ v.contiguous()
+    except Exception:
+        raise
+    return out
+    ### END SOLUTION
+'''
+
+
+def test_only_the_solution_lines_are_mutated():
+    lines = solution_lines(CELL)
+    assert lines == set(range(7, 14))
+    assert {mu.line for mu in mutants_of(CELL, "ex1_code")} <= lines
+
+
+def test_the_course_operators_and_decorated_functions():
+    """mutmut skips decorated functions (its trampolines); the course's cells are often decorated (inference_mode,
+    triton.jit), so they are mutated here, and the course's own kinds are among the mutants."""
+    mutants = mutants_of(CELL, "ex1_code")
+    kinds = {mu.kind for mu in mutants}
+    assert {"mutmut", "drop .contiguous()", "drop .float()", "-inf -> -1e4", "dtype swap",
+            "Exception -> BaseException"} <= kinds
+    diffs = {mu.diff_line(CELL) for mu in mutants}
+    assert '8: s = s.masked_fill(mask, float("-inf"))  ->  s = s.masked_fill(mask, -1e4)' in diffs
+    assert any("@ v" in d and "contiguous" not in d.split("->")[1] for d in diffs)
+    for mu in mutants:
+        compile(mu.source, "cell", "exec")
+        assert mu.source != CELL
+
+
+def test_mutant_ids_are_stable_and_unique():
+    first, second = mutants_of(CELL, "ex1_code"), mutants_of(CELL, "ex1_code")
+    assert [mu.id for mu in first] == [mu.id for mu in second]
+    assert len({mu.id for mu in first}) == len(first)
+
+
+def _run_in_a_fresh_process(code: str, repo_root) -> dict:
+    """run_lab forks one child per mutant: it runs in a process of its own, not in a pytest worker with threads."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", "import json, sys\nfrom autograder.mutation import run\n" + code +
+                           "\nprint(json.dumps({'killed': r.killed, 'survived': r.survived, "
+                           "'baseline': r.baseline_failures}))"],
+                          cwd=repo_root, env=env, capture_output=True, text=True, timeout=540)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.timeout(600)
+def test_a_seeded_sample_of_lab00_mutants_is_killed(repo_root):
+    """Four mutants of lab 00, drawn from those known.json lists neither as equivalent nor as surviving: its checks
+    kill each one, and the solution itself passes every check."""
+    r = _run_in_a_fresh_process("r = run.run_lab('00_token_factory', sample=4, seed=1, timeout_s=120, log=print, "
+                                "exercises=['ex2_code', 'ex3_code', 'ex5_code', 'ex8_code', 'ex9_code'])", repo_root)
+    assert r["baseline"] == []
+    assert len(r["killed"]) == 4 and r["survived"] == {}, r["survived"]
+
+
+@pytest.mark.timeout(600)
+def test_a_weakened_check_lets_mutants_through(repo_root):
+    """The same kind of sample with lab 00's parameter count check made to pass anything: mutants survive, so the
+    sample test above would fail."""
+    r = _run_in_a_fresh_process("from autograder import lab00\n"
+                                "lab00.check_count_parameters = lambda *args, **kwargs: None\n"
+                                "r = run.run_lab('00_token_factory', sample=3, seed=0, timeout_s=120, log=print, "
+                                "exercises=['ex2_code'])", repo_root)
+    assert len(r["survived"]) == 3
