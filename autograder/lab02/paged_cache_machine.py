@@ -85,7 +85,12 @@ class PagedCacheMachine(RuleBasedStateMachine):
             with quiet():
                 with self.watch():
                     return getattr(self.m, method)(*args)
-        except OutOfBlocks:
+        except OutOfBlocks as err:
+            needed, free = getattr(err, "needed", None), getattr(err, "free", None)
+            if hasattr(err, "needed") and not (isinstance(needed, int) and isinstance(free, int) and 0 <= free <= len(before[1]) and needed > free):
+                raise AssertionError(f"{what}: OutOfBlocks(needed={needed!r}, free={free!r}) with {len(before[1])} "
+                                     "blocks in the free queue: it should say how many blocks the call needed and how "
+                                     "many it could have had (needed > free)") from None
             if self._snapshot() != before:
                 raise AssertionError(f"{what}: {method} raised OutOfBlocks but changed the state (ref counts, free "
                                      "list, tables or prefix cache): count the blocks needed (new ones plus a "
@@ -131,6 +136,13 @@ class PagedCacheMachine(RuleBasedStateMachine):
 
     def _append(self, seq: int, tokens: list[int]) -> None:
         what = f"append {tokens} to sequence {seq} of {len(self.expected[seq])} tokens"
+        if not tokens:                        # zero new tokens: no slots, no copies, nothing changed
+            before = self._snapshot()
+            r = self._attempt(what, "append_tokens", seq, [])
+            if r is None or list(r.slots) != [] or list(r.copies) != [] or self._snapshot() != before:
+                raise AssertionError(f"{what}: expected an empty reservation (slots [], copies []) and no change; "
+                                     f"got {'OutOfBlocks' if r is None else (list(r.slots), r.copies)}")
+            return
         table = self.m.tables[seq]
         last = table.blocks[-1] if table.blocks else None
         partly_filled_and_shared = (last is not None and len(self.expected[seq]) % self.bs != 0
@@ -152,7 +164,7 @@ class PagedCacheMachine(RuleBasedStateMachine):
         self.seen.append(list(self.expected[seq]))
 
     @precondition(lambda self: bool(self.expected))
-    @rule(data=st.data(), tokens=st.lists(st.integers(0, 2), min_size=1, max_size=4))
+    @rule(data=st.data(), tokens=st.lists(st.integers(0, 2), min_size=0, max_size=4))
     @_reports_failure
     def append(self, data: Any, tokens: list[int]) -> None:
         self._append(data.draw(st.sampled_from(sorted(self.expected))), tokens)
