@@ -59,15 +59,28 @@ def _paged_case(lens: list[int], bs: int, Hkv: int, D: int, g: torch.Generator) 
     return k_pool, v_pool, bt, torch.tensor(lens, dtype=torch.int32), dense
 
 
+def _scores_far_below_minus_1e4(k_pool: torch.Tensor, q: torch.Tensor, dense: list) -> tuple:
+    """The same case with every real score far below -1e4 (positive keys, large negative queries): a mask of -1e4
+    instead of -inf then outweighs every visible key, and only a true -inf mask (or dropping the masked slots)
+    still gives the dense answer. Scores stay far apart, so the answer is one key's value, with no near ties."""
+    k_pool = k_pool.abs() + 0.5
+    q = -(q.abs() + 0.5) * 2e4
+    return k_pool, q, [(k.abs() + 0.5, v) for k, v in dense]
+
+
 def check_paged_decode_attention(fn: Callable) -> None:
     """fn(q (B, Hq, D), k_pool, v_pool (num_blocks, bs, Hkv, D), block_tables (B, M) int32, seq_lens (B,) int32)
     -> (B, Hq, D): each sequence's query attends to its seq_lens[b] keys, read through its block table."""
     own_work(fn, REFERENCE_PAGED, what=DECODE_WHAT)
     g = torch.Generator().manual_seed(0)
-    for lens, bs, Hq, Hkv, D in (([5, 1, 12], 4, 4, 2, 8), ([16, 3], 16, 4, 4, 8), ([9, 8, 17, 2], 8, 6, 1, 16)):
+    for lens, bs, Hq, Hkv, D, far in (([5, 1, 12], 4, 4, 2, 8, False), ([16, 3], 16, 4, 4, 8, False),
+                                      ([9, 8, 17, 2], 8, 6, 1, 16, False), ([5, 1, 12], 4, 4, 2, 8, True)):
         k_pool, v_pool, bt, seq_lens, dense = _paged_case(lens, bs, Hkv, D, g)
         q = torch.randn(len(lens), Hq, D, generator=g)
         what = f"lengths {lens}, block_size {bs}, {Hq} query / {Hkv} KV heads"
+        if far:
+            k_pool, q, dense = _scores_far_below_minus_1e4(k_pool, q, dense)
+            what += ", every score below -1e4 (mask with -inf, not a large negative number)"
         got = _call(f"paged decode attention ({what})", fn, q.clone(), k_pool.clone(), v_pool.clone(), bt.clone(), seq_lens.clone(),
                     exercise=DECODE_WHAT)
         if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(q.shape):
@@ -92,11 +105,15 @@ def check_paged_attention(fn: Callable) -> None:
     cases = (([6, 3, 10], [6, 3, 10], 4, 4, 2, 8, "prefill of 3 prompts"),
              ([9, 13], [1, 1], 4, 4, 2, 8, "decode of 2 sequences"),
              ([11, 7, 5], [4, 1, 5], 4, 6, 3, 8, "mixed batch: a chunk after a cached prefix, a decode, a prefill"),
-             ([17], [17], 16, 4, 1, 16, "one prompt crossing a block boundary, MQA"))
+             ([17], [17], 16, 4, 1, 16, "one prompt crossing a block boundary, MQA"),
+             ([11, 7, 5], [4, 1, 5], 4, 6, 3, 8, "mixed batch, every score below -1e4 (mask with -inf, not a large "
+                                                 "negative number)"))
     for lens, q_lens, bs, Hq, Hkv, D, what in cases:
         k_pool, v_pool, bt, seq_lens, dense = _paged_case(lens, bs, Hkv, D, g)
         Tq = max(q_lens)
         q = torch.randn(len(lens), Hq, Tq, D, generator=g)
+        if "below -1e4" in what:
+            k_pool, q, dense = _scores_far_below_minus_1e4(k_pool, q, dense)
         ql = torch.tensor(q_lens, dtype=torch.int32)
         got = _call(f"paged attention ({what})", fn, q.clone(), k_pool.clone(), v_pool.clone(), bt.clone(),
                     seq_lens.clone(), ql.clone(), exercise=PAGED_WHAT)

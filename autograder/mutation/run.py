@@ -97,11 +97,15 @@ def _run_cells(shell: Any, cells: list[Cell]) -> list[str]:
 
 def _in_child(shell: Any, mutant: Mutant, following: list[Cell], timeout_s: float) -> tuple[str, str]:
     """Fork; the child runs the mutant and the following cells and writes its failures to a pipe."""
-    read, write = os.pipe()
+    import torch
+
+    torch.set_num_threads(1)          # a cell may have raised it: OpenMP's pool does not survive fork(); one thread
+    read, write = os.pipe()           # never enters it
     stacks = tempfile.TemporaryFile()
     pid = os.fork()
     if pid == 0:                                          # the child: quiet, bounded, never returns
         try:
+            torch.set_num_threads(1)
             os.close(read)
             null = os.open(os.devnull, os.O_WRONLY)
             os.dup2(null, 1)
