@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["AUTOGRADER_DIR", "REPO_ROOT", "SHARED_DIR", "CALIBRATION_DIR", "EXERCISE_MAP", "SANDBOX_BOOT"]
+__all__ = ["AUTOGRADER_DIR", "REPO_ROOT", "SHARED_DIR", "CALIBRATION_DIR", "EXERCISE_MAP", "SANDBOX_BOOT",
+           "MUTATION_KNOWN"]
 
 AUTOGRADER_DIR = Path(__file__).resolve().parent          # the autograder package
 REPO_ROOT = AUTOGRADER_DIR.parent                         # the course: solutions/, labs/, nbgrader_config.py, data/
@@ -20,3 +21,4 @@ SHARED_DIR = REPO_ROOT / "shared"                         # the minigpt package 
 CALIBRATION_DIR = AUTOGRADER_DIR / "calibration"          # speed thresholds, one file per check and device class
 EXERCISE_MAP = AUTOGRADER_DIR / "exercise_map.json"       # check and learner names -> exercise labels
 SANDBOX_BOOT = AUTOGRADER_DIR / "judging" / "sandbox_boot.py"     # the first process inside every grading sandbox
+MUTATION_KNOWN = AUTOGRADER_DIR / "mutation" / "known.json"     # equivalent and surviving mutants, per lab

@@ -7,6 +7,7 @@ from typing import Any, Callable
 
 from autograder.harness import call_learner, expect_value_error, quiet
 from autograder.checking.reference_guard import no_calls_into, own_work
+from autograder.checking.wire import run_where
 from minigpt.cache.block_pool import BlockPool as ReferenceBlockPool
 from minigpt.cache.block_pool import OutOfBlocks
 from minigpt.cache.block_table import slot_of as reference_slot_of
@@ -104,21 +105,30 @@ def _check_block_pool(pool_cls: type) -> None:
     _check_pool_as_a_pool(pool_cls)
 
 
+def allocate_hearing_reuse(pool_cls: type, n: int) -> tuple[list, list]:
+    """Run where the learner's pool lives (the judge hands over no callable of its own): a new pool of n blocks of
+    size 1 whose on_reuse records what it hears, then allocate(n): (the blocks taken, the blocks heard)."""
+    heard: list[int] = []
+    pool = call_learner(f"BlockPool(num_blocks={n}, block_size=1)", pool_cls, n, 1)
+    pool.on_reuse = heard.append
+    taken = call_learner(f"allocate({n})", pool.allocate, n)
+    return [int(b) for b in taken] if isinstance(taken, list) else taken, heard
+
+
 def _check_pool_as_a_pool(pool_cls: type) -> None:
     """The pool's order and sharing, which a scheduler and the prefix cache rely on: blocks are taken from the front
     of the free queue (0, 1, 2, ... at first) and on_reuse hears each one; a freed block goes to the front (reused
     first) unless kept for the prefix cache (keep=True: to the back, evicted last); incref takes a free block back
     (a prefix-cache hit) or adds a holder; fork adds a holder to each block and refuses a free one; OutOfBlocks says
     how many were needed and how many were free."""
-    pool = _call("BlockPool(num_blocks=4, block_size=1)", pool_cls, 4, 1)
-    heard: list[int] = []
-    pool.on_reuse = heard.append
-    taken = _call("allocate(4)", pool.allocate, 4)
+    taken, heard = run_where(pool_cls, allocate_hearing_reuse, pool_cls, 4)
     if taken != [0, 1, 2, 3]:
         raise AssertionError(f"allocate(4) on a new pool of 4 must take the free queue from its front: [0, 1, 2, 3], "
                              f"got {taken!r}")
     if heard != taken:
         raise AssertionError(f"on_reuse must be called with each block taken, in order: expected {taken}, heard {heard}")
+    pool = _call("BlockPool(num_blocks=4, block_size=1)", pool_cls, 4, 1)
+    _call("allocate(4)", pool.allocate, 4)
     try:
         with quiet():
             pool.allocate(1)

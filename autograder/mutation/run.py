@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from autograder.mutation.mutants import Mutant, mutants_of
-from autograder.paths import REPO_ROOT
+from autograder.paths import MUTATION_KNOWN, REPO_ROOT
 
 __all__ = ["KNOWN", "Cell", "LabResult", "notebook_cells", "run_lab", "load_known", "markdown"]
 
-KNOWN = Path(__file__).with_name("known.json")
+KNOWN = MUTATION_KNOWN
 SOLUTIONS = REPO_ROOT / "solutions"
 
 
