@@ -121,14 +121,16 @@ def _check_pool_as_a_pool(pool_cls: type) -> None:
     first) unless kept for the prefix cache (keep=True: to the back, evicted last); incref takes a free block back
     (a prefix-cache hit) or adds a holder; fork adds a holder to each block and refuses a free one; OutOfBlocks says
     how many were needed and how many were free."""
-    taken, heard = run_where(pool_cls, allocate_hearing_reuse, pool_cls, 4)
+    pool = _call("BlockPool(num_blocks=4, block_size=1)", pool_cls, 4, 1)
+    taken = _call("allocate(4)", pool.allocate, 4)                     # observed here
     if taken != [0, 1, 2, 3]:
         raise AssertionError(f"allocate(4) on a new pool of 4 must take the free queue from its front: [0, 1, 2, 3], "
                              f"got {taken!r}")
+    # on_reuse is a callback inside the learner's process: what it heard is recorded there (the one figure of this
+    # check reported by the kernel, not observed by the judge)
+    _, heard = run_where(pool_cls, allocate_hearing_reuse, pool_cls, 4)
     if heard != taken:
         raise AssertionError(f"on_reuse must be called with each block taken, in order: expected {taken}, heard {heard}")
-    pool = _call("BlockPool(num_blocks=4, block_size=1)", pool_cls, 4, 1)
-    _call("allocate(4)", pool.allocate, 4)
     try:
         with quiet():
             pool.allocate(1)
