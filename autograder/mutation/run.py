@@ -34,9 +34,8 @@ from typing import Any
 from autograder.mutation.mutants import Mutant, mutants_of
 from autograder.paths import MUTATION_KNOWN, REPO_ROOT
 
-__all__ = ["KNOWN", "Cell", "LabResult", "notebook_cells", "run_lab", "load_known", "markdown"]
+__all__ = ["Cell", "LabResult", "notebook_cells", "run_lab", "load_known", "markdown"]
 
-KNOWN = MUTATION_KNOWN
 SOLUTIONS = REPO_ROOT / "solutions"
 
 
@@ -78,7 +77,7 @@ def notebook_cells(assignment: str) -> list[Cell]:
     return cells
 
 
-def load_known(assignment: str, path: Path = KNOWN) -> dict[str, dict[str, str]]:
+def load_known(assignment: str, path: Path = MUTATION_KNOWN) -> dict[str, dict[str, str]]:
     data = json.loads(path.read_text()) if path.exists() else {}
     entry = data.get(assignment, {})
     return {"equivalent": dict(entry.get("equivalent", {})), "survivors": dict(entry.get("survivors", {}))}
@@ -95,17 +94,29 @@ def _run_cells(shell: Any, cells: list[Cell]) -> list[str]:
     return failed
 
 
+def _checks_after(cells: list[Cell], pos: int) -> list[Cell]:
+    """The cells after cells[pos] up to the last check cell before the next exercise: what a mutant of cells[pos]
+    must run (what runs after that last check decides nothing)."""
+    following = []
+    for nxt in cells[pos + 1:]:
+        if nxt.exercise:
+            break
+        following.append(nxt)
+    while following and not following[-1].graded:
+        following.pop()
+    return following
+
+
 def _in_child(shell: Any, mutant: Mutant, following: list[Cell], timeout_s: float) -> tuple[str, str]:
     """Fork; the child runs the mutant and the following cells and writes its failures to a pipe."""
     import torch
 
-    torch.set_num_threads(1)          # a cell may have raised it: OpenMP's pool does not survive fork(); one thread
-    read, write = os.pipe()           # never enters it
+    torch.set_num_threads(1)          # a cell may have raised it: OpenMP's pool does not survive fork(); the child
+    read, write = os.pipe()           # inherits one thread, which never enters the pool
     stacks = tempfile.TemporaryFile()
     pid = os.fork()
     if pid == 0:                                          # the child: quiet, bounded, never returns
         try:
-            torch.set_num_threads(1)
             os.close(read)
             null = os.open(os.devnull, os.O_WRONLY)
             os.dup2(null, 1)
@@ -138,7 +149,7 @@ def _in_child(shell: Any, mutant: Mutant, following: list[Cell], timeout_s: floa
 
 
 def run_lab(assignment: str, *, sample: int | None = None, seed: int = 0, timeout_s: float = 120,
-            exercises: list[str] | None = None, known_path: Path = KNOWN,
+            exercises: list[str] | None = None, known_path: Path = MUTATION_KNOWN,
             log: Any = print) -> LabResult:
     """Mutation-test one lab (see the module docstring). `sample`: only that many mutants, drawn with `seed` from
     those known.json lists neither as equivalent nor as a survivor (so every one must be killed)."""
@@ -170,22 +181,15 @@ def run_lab(assignment: str, *, sample: int | None = None, seed: int = 0, timeou
     os.chdir(SOLUTIONS / assignment)
     try:
         for pos, cell in enumerate(cells[: last + 1 if sample is not None else len(cells)]):
-            following = []
-            for nxt in cells[pos + 1:]:
-                if nxt.exercise:
-                    break
-                following.append(nxt)
-            while following and not following[-1].graded:      # what runs after the last check decides nothing
-                following.pop()
+            following = _checks_after(cells, pos) if chosen.get(pos) else []
             for mu in chosen.get(pos, []):
                 if mu.id in result.equivalent:
                     continue
                 verdict, why = _in_child(shell, mu, following, timeout_s)
-                original = cell.source
                 if verdict == "killed":
                     result.killed[mu.id] = why
                 else:
-                    result.survived[mu.id] = f"[{mu.kind}] {mu.diff_line(original)}"
+                    result.survived[mu.id] = f"[{mu.kind}] {mu.diff_line(cell.source)}"
                     log(f"  survived {mu.id}: {result.survived[mu.id]}")
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                 result.baseline_failures += _run_cells(shell, [cell])
