@@ -8,6 +8,7 @@ import random
 from typing import Any, Callable
 
 from autograder.harness import call_learner, quiet
+from autograder.checking.drawn import fixed_example_source
 from autograder.checking.reference_guard import ReferenceHandedIn, no_calls_into, own_work
 from autograder.checking.wire import Callback, class_of, del_attribute, is_class, is_remote, vars_of
 from minigpt.cache.block_manager import BlockManager as ReferenceBlockManager
@@ -61,27 +62,6 @@ def manager_class(make_manager: Callable[[int, int, bool], Any]) -> type:
     own_work(class_of(manager), ReferenceBlockManager, what=MANAGER_WHAT, methods=MANAGER_METHODS,
              given=EARLIER_PIECES)
     return class_of(manager)
-
-
-@contextlib.contextmanager
-def fixed_example_source() -> Any:
-    """Hypothesis with derandomize=True still mixes into its examples the constants it finds in the source of every
-    loaded local module (hypothesis.internal.conjecture.providers, 6.1xx), so a notebook kernel and a script draw
-    different examples. Inside this block it draws from its fixed global constants only; the Python `random`
-    state is seeded and restored."""
-    from hypothesis.internal.conjecture import providers
-
-    empty = providers.Constants()
-    saved_get, saved_state = providers._get_local_constants, random.getstate()
-    providers.CONSTANTS_CACHE.cache.clear()
-    providers._get_local_constants = lambda: empty
-    random.seed(0)
-    try:
-        yield
-    finally:
-        providers._get_local_constants = saved_get
-        providers.CONSTANTS_CACHE.cache.clear()
-        random.setstate(saved_state)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import minigpt.kernels  # noqa: F401  (on a CPU: TRITON_INTERPRET=1 before any k
 from autograder.checking.models import Launches, count_triton_launches
 from autograder.harness import call_learner
 from autograder.lab04.common import ATTENTION_CASES, PAGED_CASES, TOL, _close, _err, _qkv
+from autograder.lab04.drawn_cases import attention_cases, paged_cases, runnable_on
 from autograder.lab04.tiled import _ATTENTION_REFERENCES, _compare_out_lse
 from autograder.checking.reference_guard import no_calls_into, own_work
 from autograder.checking.wire import run_where
@@ -71,26 +72,33 @@ MERGE = "Exercise 5 (merge_partials)"
 
 
 def check_flash_forward(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16)) -> None:
-    """fn(q, k, v, causal) -> (out, lse) through a Triton kernel of the notebook's (not the package's); CPU tensors
-    run in the interpreter."""
+    """fn(q, k, v, causal[, block_m, block_n]) -> (out, lse) through a Triton kernel of the notebook's (not the
+    package's); CPU tensors run in the interpreter. The fixed cases in `dtypes`, then the drawn ones
+    (drawn_cases.py: three dtypes, strided layouts, tile sizes, large scores)."""
     own_work(fn, _ATTENTION_REFERENCES, what=FLASH_FORWARD)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    first = True
-    for dtype in dtypes:
-        for B, Hq, Hkv, Tq, Tk, D, causal, what in ATTENTION_CASES:
-            q, k, v = (t.to(device) for t in _qkv(B, Hq, Hkv, Tq, Tk, D, dtype=dtype, seed=3))
-            # the first case also refuses a call into the reference (profiling every case in the interpreter would
-            # double the check's time); every launch is checked to be the notebook's kernel
-            got, launches = call_launcher("flash_forward", fn, q, k, v, causal, exercise=FLASH_FORWARD,
-                                          context=f"{what}, {dtype}", watch=_ATTENTION_REFERENCES if first else ())
-            first = False
-            if not launches:
-                raise AssertionError(f"{what}: flash_forward launched no Triton kernel; write the forward pass as "
-                                     "a @triton.jit kernel and launch it over a grid")
-            if isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], torch.Tensor) and got[0].dtype != dtype:
-                raise AssertionError(f"{what}: the output must be in the input dtype {dtype}, got {got[0].dtype}")
-            _compare_out_lse(tuple(t.cpu() for t in got) if isinstance(got, tuple) else got,
-                             q.cpu(), k.cpu(), v.cpu(), causal, f"{what}, {dtype}", TOL[dtype])
+    tiles = run_where(fn, _takes, fn, ("block_m", "block_n"))
+    cases = ([(dtype, case) for dtype in dtypes for case in ATTENTION_CASES]
+             + [(None, runnable_on(c, device)) for c in attention_cases()])
+    for n, (dtype, case) in enumerate(cases):
+        if dtype is not None:
+            B, Hq, Hkv, Tq, Tk, D, causal, what = case
+            qkv, kwargs, what = _qkv(B, Hq, Hkv, Tq, Tk, D, dtype=dtype, seed=3), {}, f"{what}, {dtype}"
+        else:
+            qkv, causal, dtype, what = case.tensors(), case.causal, case.dtype, str(case)
+            kwargs = {"block_m": case.block_m, "block_n": case.block_n} if tiles else {}
+        q, k, v = (t.to(device) for t in qkv)
+        # the first case also refuses a call into the reference (profiling every case in the interpreter would
+        # double the check's time); every launch is checked to be the notebook's kernel
+        got, launches = call_launcher("flash_forward", fn, q, k, v, causal, exercise=FLASH_FORWARD, context=what,
+                                      watch=_ATTENTION_REFERENCES if n == 0 else (), **kwargs)
+        if not launches:
+            raise AssertionError(f"{what}: flash_forward launched no Triton kernel; write the forward pass as "
+                                 "a @triton.jit kernel and launch it over a grid")
+        if isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], torch.Tensor) and got[0].dtype != dtype:
+            raise AssertionError(f"{what}: the output must be in the input dtype {dtype}, got {got[0].dtype}")
+        _compare_out_lse(tuple(t.cpu() for t in got) if isinstance(got, tuple) else got,
+                         q.cpu(), k.cpu(), v.cpu(), causal, what, TOL[dtype])
 
 
 def check_merge_partials(fn: Callable) -> None:
@@ -125,38 +133,61 @@ def _paged(B, Hq, Hkv, D, block_size, lens, dtype=torch.float32, device="cpu"):
                                device=device, extra_blocks=1, num_blocks=48)
 
 
-def _takes_merge(fn: Callable) -> bool:
-    """True when fn accepts a `merge` keyword (the notebook's launcher: the function that merges the splits)."""
+def _takes(fn: Callable, names: tuple[str, ...]) -> bool:
+    """True when fn accepts every keyword in `names` (the notebook's launchers: `merge`, the function that merges
+    the splits; `block_m`, `block_n`, `pages_per_split`, the tiles)."""
     try:
-        return "merge" in inspect.signature(fn).parameters
+        parameters = inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
+    return all(name in parameters for name in names)
+
+
+def _drawn_paged(case, device: str) -> tuple:
+    """(q, k_pool, v_pool, block_tables, seq_lens) of a drawn case: every block table exactly full; q scaled and,
+    for an offset case, a slice of a wider buffer (row strides that are not D)."""
+    q, *rest = random_paged_inputs(list(case.seq_lens), n_heads=case.Hq, n_kv_heads=case.Hkv, head_dim=case.D,
+                                   block_size=case.page_size, dtype=case.dtype, device=device, seed=7)
+    q = (q.float() * case.scale).to(case.dtype)
+    if case.offset_query:
+        q = torch.cat([torch.zeros_like(q[..., :8]), q], -1)[..., 8:]
+    return (q, *rest)
 
 
 def check_paged_decode(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16)) -> None:
     """fn(q (B,Hq,D), k_pool, v_pool (num_blocks, block_size, Hkv, D), block_tables (B, max_blocks) int32,
-    seq_lens (B,) int32, merge=...) -> (B, Hq, D), through a Triton kernel of the notebook's, equal to
-    gather-then-attend. The check passes the package's merge_partials as `merge`, so it grades the split kernel
-    alone: a wrong Exercise 5 does not fail this one."""
+    seq_lens (B,) int32, merge=..., pages_per_split=...) -> (B, Hq, D), through a Triton kernel of the notebook's,
+    equal to gather-then-attend: the fixed cases in `dtypes`, then the drawn ones (drawn_cases.py). The check passes
+    the package's merge_partials as `merge`, so it grades the split kernel alone: a wrong Exercise 5 does not fail
+    this one."""
     own_work(fn, _PAGED_REFERENCES, what=PAGED_DECODE)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    merge = {"merge": merge_partials} if run_where(fn, _takes_merge, fn) else {}
-    first = True
-    for dtype in dtypes:
-        for B, Hq, Hkv, D, bs, lens, what in PAGED_CASES:
-            args = _paged(B, Hq, Hkv, D, bs, lens, dtype, device=device)
-            got, launches = call_launcher("paged_decode", fn, *(a.clone() for a in args), exercise=PAGED_DECODE,
-                                          context=f"{what}, {dtype}", watch=_PAGED_REFERENCES if first else (),
-                                          **merge)        # the first case watched only, as in check_flash_forward
-            first = False
-            if not launches:
-                raise AssertionError(f"{what}: paged_decode launched no Triton kernel")
-            cpu = [a.cpu() for a in args]
-            want = paged_decode_attention(*(a.double() if a.is_floating_point() else a for a in cpu))
-            if not isinstance(got, torch.Tensor) or not _close(got.cpu(), want, TOL[dtype]):
-                err = _err(got.cpu(), want) if isinstance(got, torch.Tensor) else type(got).__name__
-                merged = ("the splits were merged by the package's merge_partials, so the partial outputs or "
-                          "LSEs are wrong" if merge else "merge the splits with their LSE weights")
-                raise AssertionError(f"{what}, {dtype}: {err} against gather-then-attend. Check: physical block = "
-                                     "block_tables[b, page]; mask the slots of the last page past seq_len; query head "
-                                     f"h reads KV head h // group; an empty split writes LSE = -inf; {merged}.")
+    merge = {"merge": merge_partials} if run_where(fn, _takes, fn, ("merge",)) else {}
+    splits = run_where(fn, _takes, fn, ("pages_per_split",))
+    cases = ([(dtype, case) for dtype in dtypes for case in PAGED_CASES]
+             + [(None, runnable_on(c, device)) for c in paged_cases()])
+    for n, (dtype, case) in enumerate(cases):
+        kwargs = dict(merge)
+        if dtype is not None:
+            B, Hq, Hkv, D, bs, lens, what = case
+            args, what = _paged(B, Hq, Hkv, D, bs, lens, dtype, device=device), f"{what}, {dtype}"
+        else:
+            args, dtype, what = _drawn_paged(case, device), case.dtype, str(case)
+            kwargs.update({"pages_per_split": case.pages_per_split} if splits else {})
+        got, launches = call_launcher("paged_decode", fn, *(a.clone() if a._base is None else a for a in args),
+                                      exercise=PAGED_DECODE, context=what,
+                                      watch=_PAGED_REFERENCES if n == 0 else (), **kwargs)
+        if not launches:
+            raise AssertionError(f"{what}: paged_decode launched no Triton kernel")
+        if isinstance(got, torch.Tensor) and got.dtype != dtype:
+            raise AssertionError(f"{what}: the output must be in q's dtype {dtype}, got {got.dtype}")
+        cpu = [a.cpu() for a in args]
+        want = paged_decode_attention(*(a.double() if a.is_floating_point() else a for a in cpu))
+        if not isinstance(got, torch.Tensor) or not _close(got.cpu(), want, TOL[dtype]):
+            err = _err(got.cpu(), want) if isinstance(got, torch.Tensor) else type(got).__name__
+            merged = ("the splits were merged by the package's merge_partials, so the partial outputs or "
+                      "LSEs are wrong" if merge else "merge the splits with their LSE weights")
+            raise AssertionError(f"{what}: {err} against gather-then-attend. Check: physical block = "
+                                 "block_tables[b, page]; mask the slots of the last page past seq_len; query head "
+                                 "h reads KV head h // group; use each tensor's own strides; subtract the running "
+                                 f"maximum before exp2; an empty split writes LSE = -inf; {merged}.")

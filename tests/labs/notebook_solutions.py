@@ -15,12 +15,19 @@ from typing import Any
 SOLUTIONS = Path(__file__).resolve().parents[2] / "solutions"
 
 
-def solution_cells(assignment: str, *grade_ids: str, preamble: str = "") -> dict[str, Any]:
+def solution_cells(assignment: str, *grade_ids: str, preamble: str = "",
+                   replace: dict[str, str] | None = None) -> dict[str, Any]:
     """Run `preamble`, then the named cells of solutions/<assignment>/<assignment>.ipynb (in that order) in one fresh
-    namespace; each cell is compiled under its own file name outside the package (registered in linecache, as ipykernel does)."""
+    namespace; each cell is compiled under its own file name outside the package (registered in linecache, as ipykernel does).
+    `replace`: {text: replacement} applied to the cells first, each text found exactly once (a wrong implementation
+    that differs from the solution in one place)."""
     path = SOLUTIONS / assignment / f"{assignment}.ipynb"
     cells = {c.get("metadata", {}).get("nbgrader", {}).get("grade_id"): "".join(c["source"])
              for c in json.loads(path.read_text())["cells"]}
+    for old, new in (replace or {}).items():
+        found = [g for g in grade_ids if old in cells[g]]
+        assert len(found) == 1 and cells[found[0]].count(old) == 1, f"{old!r} is not in exactly one place: {found}"
+        cells[found[0]] = cells[found[0]].replace(old, new)
     namespace: dict[str, Any] = {"__name__": f"solution_{assignment}"}
     for name, source in [("preamble", preamble)] + [(g, cells[g]) for g in grade_ids]:
         filename = f"/notebook-cells/{assignment}/{name}.py"        # like ipykernel's cell files; Triton reads the source

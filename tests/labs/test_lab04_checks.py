@@ -336,8 +336,42 @@ def flash_in_pytorch(q, k, v, causal):
     return out, lse
 
 
+def _one_change(old: str, new: str) -> dict:
+    """The solution's kernels with one line changed (a wrong implementation the fixed cases cannot see)."""
+    return solution_cells("04_flash_attention", *_CELLS, preamble=_PREAMBLE, replace={old: new})
+
+
+# Kernels right on the fixed cases (contiguous tensors, the default tiles, scores of order one) and wrong elsewhere:
+# the drawn cases (autograder/lab04/drawn_cases.py) must catch each.
+FLASH_UNSEEN = {
+    "causal bound with BLOCK_N": ("hi = tl.minimum(k_len, start_m + BLOCK_M + offset)",
+                                  "hi = tl.minimum(k_len, start_m + BLOCK_N + offset)"),
+    "K read with q's strides": ("cols[None, :] * stride_kt + offs_d[:, None] * stride_kd",
+                                "cols[None, :] * stride_qt + offs_d[:, None] * stride_qd"),
+    "exp2 without the running maximum": ('s = tl.where(visible, s, float("-inf"))\n        m_new = tl.maximum(m_i, tl.max(s, 1))',
+                                         's = tl.where(visible, s, float("-inf"))\n        m_new = tl.maximum(m_i, 0.0 * tl.max(s, 1))'),
+}
+PAGED_UNSEEN = {
+    "q read as contiguous": ("Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd",
+                             "Q + b * stride_qb + heads[:, None] * HEAD_DIM + offs_d[None, :]"),
+    "two pages per split hard-coded": ("last = tl.minimum(first + PAGES_PER_SPLIT,", "last = tl.minimum(first + 2,"),
+    "output left in float32": ("return (merge or merge_partials)(o_part, lse_part).to(q.dtype)",
+                               "return (merge or merge_partials)(o_part, lse_part)"),
+}
+
+
 def test_flash_solution_passes():
     lab04.check_flash_forward(SOL_FLASH, dtypes=(torch.float16,))
+
+
+@pytest.mark.parametrize("change", list(FLASH_UNSEEN), ids=list(FLASH_UNSEEN))
+def test_flash_drawn_cases_catch_what_the_fixed_ones_cannot(change, monkeypatch):
+    wrong = _one_change(*FLASH_UNSEEN[change])["flash_forward"]
+    monkeypatch.setattr(lab04.triton_kernels, "attention_cases", lambda: [])
+    lab04.check_flash_forward(wrong, dtypes=(torch.float32,))                  # the fixed cases alone pass it
+    monkeypatch.undo()
+    with pytest.raises(AssertionError, match="drawn case"):
+        lab04.check_flash_forward(wrong, dtypes=(torch.float32,))
 
 
 @pytest.mark.parametrize("reference", [flash_attention_forward, flash_reference])
@@ -433,6 +467,17 @@ def paged_wrapper(q, k_pool, v_pool, tables, lens):
 
 def test_paged_solution_passes():
     lab04.check_paged_decode(SOL_PAGED, dtypes=(torch.float16,))
+
+
+@pytest.mark.parametrize("change", list(PAGED_UNSEEN), ids=list(PAGED_UNSEEN))
+def test_paged_drawn_cases_catch_what_the_fixed_ones_cannot(change, monkeypatch):
+    wrong = _one_change(*PAGED_UNSEEN[change])["paged_decode"]
+    if change != "output left in float32":       # the dtype of the result is checked in every case now
+        monkeypatch.setattr(lab04.triton_kernels, "paged_cases", lambda: [])
+        lab04.check_paged_decode(wrong, dtypes=(torch.float32,))
+        monkeypatch.undo()
+    with pytest.raises(AssertionError, match="drawn case" if change != "output left in float32" else "dtype"):
+        lab04.check_paged_decode(wrong, dtypes=(torch.float32,))
 
 
 @pytest.mark.parametrize("reference", [paged_decode, paged_wrapper])

@@ -1,0 +1,151 @@
+"""Drawn cases for the Triton kernel checks of lab 04: what the fixed cases never ask for.
+
+The fixed cases (common.ATTENTION_CASES, PAGED_CASES) use contiguous tensors, the launcher's default tiles and
+scores of order one. A kernel that reads one tensor with another's strides, bounds a loop with BLOCK_N where
+BLOCK_M belongs, or exponentiates scores without subtracting the running maximum passes all of them. These cases,
+drawn by hypothesis with a fixed seed (autograder/checking/drawn.py), vary:
+
+* dtype: float32, float16, bfloat16 (bfloat16 on a GPU only: Triton's interpreter miscomputes bf16 arithmetic,
+  minigpt/kernels/triton_support.py, so on a CPU those cases run in float16);
+* layout, drawn for q, k and v apart: contiguous, a (B, T, H, D) buffer seen as (B, H, T, D) (what a model's
+  projection hands over), a slice at an offset into a longer buffer; so the strides of q, k and v differ;
+* tiles: block_m, block_n in {16, 32, 64} (pages_per_split and the page size for the decode kernel), with lengths
+  at a tile's edges (1, a tile minus one, exactly a tile, a tile plus one, several tiles);
+* magnitude: queries scaled by 1 or 40, so scores reach about +-150 in log2 units and exp2 without the running
+  maximum overflows float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import dataclasses
+
+import torch
+
+from autograder.checking.drawn import drawn_examples
+
+__all__ = ["AttentionCase", "PagedCase", "attention_cases", "paged_cases", "DRAWN_ATTENTION", "DRAWN_PAGED",
+           "runnable_on"]
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+TILES = (16, 32, 64)
+LAYOUTS = ("contiguous", "(B, T, H, D) transposed", "offset slice")
+SCALES = (1.0, 40.0)
+DRAWN_ATTENTION = 8         # drawn cases per check: each runs in well under a second in the interpreter
+DRAWN_PAGED = 8
+
+
+def _laid_out(shape: tuple[int, int, int, int], layout: str, dtype: torch.dtype, g: torch.Generator,
+              scale: float = 1.0) -> torch.Tensor:
+    """A (B, H, T, D) tensor in `layout`; a view's base is a contiguous buffer of its own."""
+    B, H, T, D = shape
+    if layout == "contiguous":
+        return (torch.randn(B, H, T, D, generator=g) * scale).to(dtype)
+    if layout == "(B, T, H, D) transposed":
+        return (torch.randn(B, T, H, D, generator=g) * scale).to(dtype).transpose(1, 2)
+    return (torch.randn(B, H, T + 5, D, generator=g) * scale).to(dtype)[:, :, 5:]
+
+
+@dataclass(frozen=True)
+class AttentionCase:
+    B: int
+    Hq: int
+    Hkv: int
+    Tq: int
+    Tk: int
+    D: int
+    causal: bool
+    dtype: torch.dtype
+    layouts: tuple[str, str, str]      # of q, k, v
+    block_m: int
+    block_n: int
+    scale: float
+
+    def __str__(self) -> str:
+        return (f"drawn case B={self.B}, Hq={self.Hq}, Hkv={self.Hkv}, Tq={self.Tq}, Tk={self.Tk}, D={self.D}, "
+                f"causal={self.causal}, {self.dtype}, q/k/v {' / '.join(self.layouts)}, block_m={self.block_m}, "
+                f"block_n={self.block_n}, queries x{self.scale:g}")
+
+    def tensors(self, seed: int = 11) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(q, k, v) on the CPU, q scaled by `scale`."""
+        g = torch.Generator().manual_seed(seed)
+        q_layout, k_layout, v_layout = self.layouts
+        return (_laid_out((self.B, self.Hq, self.Tq, self.D), q_layout, self.dtype, g, self.scale),
+                _laid_out((self.B, self.Hkv, self.Tk, self.D), k_layout, self.dtype, g),
+                _laid_out((self.B, self.Hkv, self.Tk, self.D), v_layout, self.dtype, g))
+
+
+def _attention_case():
+    """The strategy (hypothesis is imported here, when cases are drawn, not when a notebook imports the checks)."""
+    from hypothesis import strategies as st
+
+    return st.composite(_draw_attention_case)()
+
+
+def _draw_attention_case(draw) -> AttentionCase:
+    from hypothesis import strategies as st
+
+    block_m, block_n = draw(st.sampled_from(TILES)), draw(st.sampled_from(TILES))
+    Hkv, group = draw(st.sampled_from((1, 2))), draw(st.sampled_from((1, 2, 4)))
+    Tk = draw(st.sampled_from((1, block_n - 1, block_n, block_n + 1, 2 * block_n + 3)))
+    Tq = draw(st.sampled_from(sorted({1, min(Tk, block_m - 1) or 1, min(Tk, block_m + 1), Tk})))
+    return AttentionCase(B=draw(st.sampled_from((1, 2))), Hq=Hkv * group, Hkv=Hkv, Tq=Tq, Tk=Tk,
+                         D=draw(st.sampled_from((16, 24, 64))), causal=draw(st.booleans()),
+                         dtype=draw(st.sampled_from(DTYPES)), layouts=draw(st.tuples(*[st.sampled_from(LAYOUTS)] * 3)),
+                         block_m=block_m, block_n=block_n, scale=draw(st.sampled_from(SCALES)))
+
+
+def runnable_on(case, device: str):
+    """The case as `device` runs it: on a CPU (Triton's interpreter) a bfloat16 case runs in float16."""
+    if device == "cuda" or case.dtype != torch.bfloat16:
+        return case
+    return dataclasses.replace(case, dtype=torch.float16)
+
+
+def attention_cases(count: int = DRAWN_ATTENTION) -> list[AttentionCase]:
+    """The drawn attention cases, the same in every process."""
+    return drawn_examples(_attention_case(), count)
+
+
+@dataclass(frozen=True)
+class PagedCase:
+    Hq: int
+    Hkv: int
+    D: int
+    page_size: int
+    pages_per_split: int
+    seq_lens: tuple[int, ...]
+    dtype: torch.dtype
+    offset_query: bool
+    scale: float
+
+    def __str__(self) -> str:
+        return (f"drawn case seq_lens={list(self.seq_lens)}, Hq={self.Hq}, Hkv={self.Hkv}, D={self.D}, pages of "
+                f"{self.page_size}, pages_per_split={self.pages_per_split}, {self.dtype}, "
+                f"{'q a slice at an offset' if self.offset_query else 'q contiguous'}, queries x{self.scale:g}")
+
+
+def _paged_case():
+    from hypothesis import strategies as st
+
+    return st.composite(_draw_paged_case)()
+
+
+def _draw_paged_case(draw) -> PagedCase:
+    from hypothesis import strategies as st
+
+    page = draw(st.sampled_from((8, 16, 32)))
+    lengths = st.sampled_from((1, page - 1, page, page + 1, 3 * page, 5 * page - 1))
+    Hkv, group = draw(st.sampled_from((1, 2))), draw(st.sampled_from((1, 2, 4)))
+    return PagedCase(Hq=Hkv * group, Hkv=Hkv, D=draw(st.sampled_from((16, 24, 64))), page_size=page,
+                     pages_per_split=draw(st.sampled_from((1, 2, 3))),
+                     seq_lens=tuple(draw(st.lists(lengths, min_size=1, max_size=3))),
+                     dtype=draw(st.sampled_from(DTYPES)), offset_query=draw(st.booleans()),
+                     scale=draw(st.sampled_from(SCALES)))
+
+
+def paged_cases(count: int = DRAWN_PAGED) -> list[PagedCase]:
+    """The drawn paged-decode cases, the same in every process; every block table is exactly full (no spare
+    entry past the longest sequence's last page)."""
+    return drawn_examples(_paged_case(), count)
