@@ -209,15 +209,23 @@ def threshold_for(min_fraction: dict[str, float], device_class: str) -> float:
         "this check has not been calibrated for this kind of machine")
 
 
+# How many times a speed check measures before it fails (check_speedup): a busy machine gets more tries.
+SPEED_ROUNDS = 3
+
+
 def check_speedup(candidate: Callable[[], Any], baseline: Callable[[], Any], reference: Callable[[], Any], *,
                   what: str, check: str | None = None, min_fraction: dict[str, float] | None = None,
-                  repeats: int = 5, warmup: int = 1, device: str = "cpu") -> dict[str, float]:
+                  repeats: int = 5, warmup: int = 1, device: str = "cpu", rounds: int = SPEED_ROUNDS) -> dict[str, float]:
     """Assert the learner's speedup over `baseline` is at least a fraction of the reference's.
 
     The fraction is the calibrated one of `check` on this device class (autograder.checking.thresholds; raises
     Uncalibrated, an AssertionError, before timing anything when there is none), or `min_fraction[class]`.
-    The three zero-argument callables are timed interleaved (minigpt.timing.compare) in this process.
-    Returns {"speedup", "reference_speedup", "threshold"} where threshold = fraction * reference_speedup.
+    The three zero-argument callables are timed interleaved (minigpt.timing.compare) in this process. A round below
+    the threshold is measured again, up to `rounds` rounds, and the best round counts: a machine busy with other
+    work slows the contenders unevenly for a while, and an honest solution should not lose its points to that; a
+    slow implementation stays below in every round (the calibration puts the threshold well above the slow
+    implementations' best run: autograder/calibration/). Returns {"speedup", "reference_speedup", "threshold",
+    "rounds"} (the best round's figures) where threshold = fraction * reference_speedup.
     """
     from minigpt.timing import compare, device_class
 
@@ -228,21 +236,26 @@ def check_speedup(candidate: Callable[[], Any], baseline: Callable[[], Any], ref
         fraction = threshold_for(min_fraction, dev_class)
     else:
         raise TypeError("check_speedup needs a calibrated check name (check=) or min_fraction")
-    results = compare({"baseline": baseline, "candidate": candidate, "reference": reference},
-                      warmup=warmup, repeats=repeats, device=device)
-    t_base = results["baseline"].median
-    learner = t_base / results["candidate"].median
-    ref = t_base / results["reference"].median
-    threshold = fraction * ref
-    _log_measurement({"what": what, "check": check, "device_class": dev_class, "speedup": learner, "reference_speedup": ref,
-                      "min_fraction": fraction, "threshold": threshold, "passed": at_least(learner, threshold)})
-    if not at_least(learner, threshold):
-        raise AssertionError(
-            f"{what}: your speedup over the baseline is {learner:.2f}x, the reference solution reaches "
-            f"{ref:.2f}x on this machine, and at least {threshold:.2f}x ({fraction:.0%} of the reference, "
-            f"device class {dev_class}) is needed. Check that the slow path is really gone "
-            "(no recomputation, no Python loop over tokens, no device<->host copies).")
-    return {"speedup": learner, "reference_speedup": ref, "threshold": threshold}
+    best: dict[str, float] | None = None
+    for round_ in range(1, max(1, rounds) + 1):
+        results = compare({"baseline": baseline, "candidate": candidate, "reference": reference},
+                          warmup=warmup, repeats=repeats, device=device)
+        t_base = results["baseline"].median
+        learner, ref = t_base / results["candidate"].median, t_base / results["reference"].median
+        passed = at_least(learner, fraction * ref)
+        _log_measurement({"what": what, "check": check, "device_class": dev_class, "speedup": learner,
+                          "reference_speedup": ref, "min_fraction": fraction, "threshold": fraction * ref,
+                          "passed": passed, "round": round_})
+        if best is None or learner / ref > best["speedup"] / best["reference_speedup"]:
+            best = {"speedup": learner, "reference_speedup": ref, "threshold": fraction * ref, "rounds": round_}
+        if passed:
+            return best
+    assert best is not None
+    raise AssertionError(
+        f"{what}: your speedup over the baseline is {best['speedup']:.2f}x, the reference solution reaches "
+        f"{best['reference_speedup']:.2f}x on this machine, and at least {best['threshold']:.2f}x ({fraction:.0%} of "
+        f"the reference, device class {dev_class}) is needed (best of {rounds} measurements). Check that the slow "
+        "path is really gone (no recomputation, no Python loop over tokens, no device<->host copies).")
 
 
 def expect_value_error(what: str, fn: Callable[..., Any], *args: Any, naming: Sequence[str] = (), hint: str = "",

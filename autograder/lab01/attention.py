@@ -42,6 +42,12 @@ def check_causal_attention(attention_fn: Callable) -> None:
     q = torch.randn(2, 4, 3, 8, generator=g) * 30
     k, v = torch.randn(2, 2, 8, 8, generator=g) * 30, torch.randn(2, 2, 8, 8, generator=g)
     _compare_attention(attention_fn, q, k, v, "chunk with scores in the hundreds (softmax must subtract the max)", 3, 8)
+    # Every visible score far below -1e4 (positive keys, large negative queries): a mask of -1e4 instead of -inf
+    # would outweigh every visible key. Scores stay far apart, so the answer is one key's value, with no near ties.
+    q = -(torch.randn(2, 4, 3, 8, generator=g).abs() + 0.5) * 2e4
+    k, v = torch.randn(2, 2, 8, 8, generator=g).abs() + 0.5, torch.randn(2, 2, 8, 8, generator=g)
+    _compare_attention(attention_fn, q, k, v, "chunk with every score far below -1e4 (masked keys must get "
+                       "exactly zero weight: mask with -inf, not a large negative number)", 3, 8)
     for dtype in (torch.bfloat16, torch.float16):
         q = torch.randn(2, 4, 3, 8, generator=g).to(dtype)
         k, v = torch.randn(2, 2, 8, 8, generator=g).to(dtype), torch.randn(2, 2, 8, 8, generator=g).to(dtype)

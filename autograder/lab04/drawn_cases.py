@@ -8,9 +8,13 @@ drawn by hypothesis with a fixed seed (autograder/checking/drawn.py), vary:
 * dtype: float32, float16, bfloat16 (bfloat16 on a GPU only: Triton's interpreter miscomputes bf16 arithmetic,
   minigpt/kernels/triton_support.py, so on a CPU those cases run in float16);
 * layout, drawn for q, k and v apart: contiguous, a (B, T, H, D) buffer seen as (B, H, T, D) (what a model's
-  projection hands over), a slice at an offset into a longer buffer; so the strides of q, k and v differ;
+  projection hands over), a slice of a longer buffer whose other elements are NaN (a kernel that reads before or
+  past its tensor, or past head_dim into the next row's padding, brings NaN into the output); so the strides of q,
+  k and v differ;
 * tiles: block_m, block_n in {16, 32, 64} (pages_per_split and the page size for the decode kernel), with lengths
   at a tile's edges (1, a tile minus one, exactly a tile, a tile plus one, several tiles);
+* for the decode kernel, every slot of the pool that no sequence owns (past a sequence's length, blocks in no
+  table) is NaN, so a load that the length should have masked shows (`fenced_pool`);
 * magnitude: queries scaled by 1 or 40, so scores reach about +-150 in log2 units and exp2 without the running
   maximum overflows float32.
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import dataclasses
+import math
 
 import torch
 
@@ -30,7 +35,7 @@ __all__ = ["AttentionCase", "PagedCase", "attention_cases", "paged_cases", "DRAW
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 TILES = (16, 32, 64)
-LAYOUTS = ("contiguous", "(B, T, H, D) transposed", "offset slice")
+LAYOUTS = ("contiguous", "(B, T, H, D) transposed", "slice of a NaN-filled buffer")
 SCALES = (1.0, 40.0)
 DRAWN_ATTENTION = 8         # drawn cases per check: each runs in well under a second in the interpreter
 DRAWN_PAGED = 8
@@ -44,7 +49,9 @@ def _laid_out(shape: tuple[int, int, int, int], layout: str, dtype: torch.dtype,
         return (torch.randn(B, H, T, D, generator=g) * scale).to(dtype)
     if layout == "(B, T, H, D) transposed":
         return (torch.randn(B, T, H, D, generator=g) * scale).to(dtype).transpose(1, 2)
-    return (torch.randn(B, H, T + 5, D, generator=g) * scale).to(dtype)[:, :, 5:]
+    buffer = torch.full((B, H, T + 10, D), math.nan, dtype=dtype)
+    buffer[:, :, 5:T + 5] = (torch.randn(B, H, T, D, generator=g) * scale).to(dtype)
+    return buffer[:, :, 5:T + 5]
 
 
 @dataclass(frozen=True)
@@ -143,6 +150,17 @@ def _draw_paged_case(draw) -> PagedCase:
                      seq_lens=tuple(draw(st.lists(lengths, min_size=1, max_size=3))),
                      dtype=draw(st.sampled_from(DTYPES)), offset_query=draw(st.booleans()),
                      scale=draw(st.sampled_from(SCALES)))
+
+
+def fenced_pool(pool: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+    """A copy of a K or V pool (num_blocks, page, Hkv, D) with NaN in every slot no sequence owns: slots past a
+    sequence's length on its last page, and blocks in no block table. Attention over the owned slots is unchanged."""
+    page = pool.shape[1]
+    owned = torch.zeros(pool.shape[:2], dtype=torch.bool, device=pool.device)
+    for table, length in zip(block_tables.tolist(), seq_lens.tolist()):
+        for index, block in enumerate(table[:math.ceil(length / page)]):
+            owned[block, :max(0, min(page, length - index * page))] = True
+    return pool.masked_fill(~owned[:, :, None, None], math.nan)
 
 
 def paged_cases(count: int = DRAWN_PAGED) -> list[PagedCase]:

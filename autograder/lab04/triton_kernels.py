@@ -13,7 +13,7 @@ import minigpt.kernels  # noqa: F401  (on a CPU: TRITON_INTERPRET=1 before any k
 from autograder.checking.models import Launches, count_triton_launches
 from autograder.harness import call_learner
 from autograder.lab04.common import ATTENTION_CASES, PAGED_CASES, TOL, _close, _err, _qkv
-from autograder.lab04.drawn_cases import attention_cases, paged_cases, runnable_on
+from autograder.lab04.drawn_cases import attention_cases, fenced_pool, paged_cases, runnable_on
 from autograder.lab04.tiled import _ATTENTION_REFERENCES, _compare_out_lse
 from autograder.checking.reference_guard import no_calls_into, own_work
 from autograder.checking.wire import run_where
@@ -143,15 +143,20 @@ def _takes(fn: Callable, names: tuple[str, ...]) -> bool:
     return all(name in parameters for name in names)
 
 
-def _drawn_paged(case, device: str) -> tuple:
-    """(q, k_pool, v_pool, block_tables, seq_lens) of a drawn case: every block table exactly full; q scaled and,
-    for an offset case, a slice of a wider buffer (row strides that are not D)."""
-    q, *rest = random_paged_inputs(list(case.seq_lens), n_heads=case.Hq, n_kv_heads=case.Hkv, head_dim=case.D,
-                                   block_size=case.page_size, dtype=case.dtype, device=device, seed=7)
+def _drawn_paged(case, device: str) -> tuple[tuple, tuple]:
+    """The inputs (q, k_pool, v_pool, block_tables, seq_lens) of a drawn case, twice: as the learner gets them (the
+    slots no sequence owns NaN, drawn_cases.fenced_pool) and as the answer is computed (those slots random). Every
+    block table exactly full, two spare blocks in the pool; q scaled and, for an offset case, a slice of a wider
+    buffer (row strides that are not D)."""
+    q, k_pool, v_pool, tables, lens = random_paged_inputs(
+        list(case.seq_lens), n_heads=case.Hq, n_kv_heads=case.Hkv, head_dim=case.D, block_size=case.page_size,
+        dtype=case.dtype, device=device, seed=7,
+        num_blocks=len(case.seq_lens) * math.ceil(max(case.seq_lens) / case.page_size) + 2)
     q = (q.float() * case.scale).to(case.dtype)
     if case.offset_query:
-        q = torch.cat([torch.zeros_like(q[..., :8]), q], -1)[..., 8:]
-    return (q, *rest)
+        q = torch.cat([torch.full_like(q[..., :8], math.nan), q], -1)[..., 8:]
+    fenced = (q, fenced_pool(k_pool, tables, lens), fenced_pool(v_pool, tables, lens), tables, lens)
+    return fenced, (q, k_pool, v_pool, tables, lens)
 
 
 def check_paged_decode(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16)) -> None:
@@ -171,8 +176,9 @@ def check_paged_decode(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.fl
         if dtype is not None:
             B, Hq, Hkv, D, bs, lens, what = case
             args, what = _paged(B, Hq, Hkv, D, bs, lens, dtype, device=device), f"{what}, {dtype}"
+            clean = args
         else:
-            args, dtype, what = _drawn_paged(case, device), case.dtype, str(case)
+            (args, clean), dtype, what = _drawn_paged(case, device), case.dtype, str(case)
             kwargs.update({"pages_per_split": case.pages_per_split} if splits else {})
         got, launches = call_launcher("paged_decode", fn, *(a.clone() if a._base is None else a for a in args),
                                       exercise=PAGED_DECODE, context=what,
@@ -181,7 +187,7 @@ def check_paged_decode(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.fl
             raise AssertionError(f"{what}: paged_decode launched no Triton kernel")
         if isinstance(got, torch.Tensor) and got.dtype != dtype:
             raise AssertionError(f"{what}: the output must be in q's dtype {dtype}, got {got.dtype}")
-        cpu = [a.cpu() for a in args]
+        cpu = [a.cpu() for a in clean]
         want = paged_decode_attention(*(a.double() if a.is_floating_point() else a for a in cpu))
         if not isinstance(got, torch.Tensor) or not _close(got.cpu(), want, TOL[dtype]):
             err = _err(got.cpu(), want) if isinstance(got, torch.Tensor) else type(got).__name__
@@ -189,5 +195,6 @@ def check_paged_decode(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.fl
                       "LSEs are wrong" if merge else "merge the splits with their LSE weights")
             raise AssertionError(f"{what}: {err} against gather-then-attend. Check: physical block = "
                                  "block_tables[b, page]; mask the slots of the last page past seq_len; query head "
-                                 "h reads KV head h // group; use each tensor's own strides; subtract the running "
-                                 f"maximum before exp2; an empty split writes LSE = -inf; {merged}.")
+                                 "h reads KV head h // group; use each tensor's own strides; load only the slots below "
+                                 "seq_len (the others may hold anything, here NaN); subtract the running maximum "
+                                 f"before exp2; an empty split writes LSE = -inf; {merged}.")

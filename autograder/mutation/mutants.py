@@ -11,6 +11,7 @@ known equivalent mutants can name it.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -92,6 +93,27 @@ def _broad_except(node: cst.CSTNode) -> Iterable[cst.CSTNode]:
         yield node.with_changes(type=cst.Name("BaseException"))
 
 
+def _narrow_except(node: cst.CSTNode) -> Iterable[cst.CSTNode]:
+    """except BaseException -> except Exception (a cancelled request, a CancelledError or KeyboardInterrupt, skips
+    the cleanup: the slot is never freed)."""
+    if m.matches(node, m.ExceptHandler(type=m.Name("BaseException"))):
+        yield node.with_changes(type=cst.Name("Exception"))
+
+
+TILE_NAME = re.compile(r"\b(?:BLOCK_(?:[A-Z]|SIZE)|PAGE_SIZE|block_(?:[a-z]|size)|page_size)\b")
+
+
+def _tile_swap(names: set[str]) -> Callable[[cst.CSTNode], Iterable[cst.CSTNode]]:
+    """BLOCK_M -> BLOCK_N (each tile-size name for each other one of the same cell, same case): a loop bound or an
+    offset written with the wrong block size, invisible while the tiles are equal."""
+    def operator(node: cst.CSTNode) -> Iterable[cst.CSTNode]:
+        if isinstance(node, cst.Name) and node.value in names:
+            for other in sorted(names - {node.value}):
+                if other.isupper() == node.value.isupper():
+                    yield node.with_changes(value=other)
+    return operator
+
+
 COURSE_OPERATORS: list[tuple[str, type, Callable[[cst.CSTNode], Iterable[cst.CSTNode]]]] = [
     ("drop .contiguous()", cst.Call, _drop_method("contiguous")),
     ("drop .float()", cst.Call, _drop_method("float")),
@@ -99,6 +121,7 @@ COURSE_OPERATORS: list[tuple[str, type, Callable[[cst.CSTNode], Iterable[cst.CST
     ("-inf -> -1e4", cst.BaseExpression, _minus_inf_to_large_negative),
     ("dtype swap", cst.Attribute, _dtype_swap),
     ("Exception -> BaseException", cst.ExceptHandler, _broad_except),
+    ("BaseException -> Exception", cst.ExceptHandler, _narrow_except),
 ]
 
 
@@ -116,13 +139,13 @@ class _Visitor(MutationVisitor):
 class _CourseVisitor(cst.CSTVisitor):
     METADATA_DEPENDENCIES = (PositionProvider,)
 
-    def __init__(self, lines: set[int]):
-        self.lines, self.found = lines, []
+    def __init__(self, lines: set[int], operators: list):
+        self.lines, self.operators, self.found = lines, operators, []
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         position = self.get_metadata(PositionProvider, node, None)
         if position is not None and position.start.line in self.lines:
-            for kind, node_type, operator in COURSE_OPERATORS:
+            for kind, node_type, operator in self.operators:
                 if isinstance(node, node_type):
                     self.found += [(kind, node, new, position.start.line) for new in operator(node)]
         return True
@@ -139,7 +162,9 @@ def mutants_of(source: str, cell: str) -> list[Mutant]:
     positions = wrapper.resolve(PositionProvider)
     found = [("mutmut", mut.original_node, mut.mutated_node, positions[mut.original_node].start.line)
              for mut in mutmut_visitor.mutations]
-    course = _CourseVisitor(lines)
+    tiles = set(TILE_NAME.findall(source))
+    course = _CourseVisitor(lines, COURSE_OPERATORS + ([("tile size swap", cst.Name, _tile_swap(tiles))]
+                                                       if len(tiles) > 1 else []))
     wrapper.visit(course)
     found += course.found
     out, seen = [], {source}

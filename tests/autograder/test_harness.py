@@ -76,7 +76,7 @@ UNIT = 0.01
 def test_check_speedup_passes_fast_candidate(costs_as_time):
     out = harness.check_speedup(_sleeper(UNIT), _sleeper(4 * UNIT), _sleeper(UNIT), what="fake",
                                 min_fraction={"cpu": 0.5, "cuda": 0.5}, repeats=3)
-    assert set(out) == {"speedup", "reference_speedup", "threshold"}
+    assert set(out) == {"speedup", "reference_speedup", "threshold", "rounds"}
     assert 2.5 < out["reference_speedup"] < 5.0
     assert 2.5 < out["speedup"] < 5.0
     assert out["threshold"] == pytest.approx(0.5 * out["reference_speedup"])
@@ -99,6 +99,27 @@ def test_check_speedup_threshold_is_relative_to_reference(costs_as_time):
     harness.check_speedup(*args, what="x", min_fraction={"cpu": 0.5}, repeats=3)
     with pytest.raises(AssertionError):
         harness.check_speedup(*args, what="x", min_fraction={"cpu": 2.0}, repeats=3)
+
+
+def test_check_speedup_measures_again_before_failing(costs_as_time):
+    """A round below the threshold is measured again (a busy machine gets more tries); the best round counts, and a
+    candidate that is slow in every round fails after `rounds` rounds."""
+    costs = iter([4 * UNIT] * 3 + [UNIT] * 100)      # the first round's three samples (repeats=3, no warm-up) slow
+    calls: list[str] = []
+
+    def sometimes_slow():
+        calls.append("c")
+        return next(costs)
+
+    out = harness.check_speedup(sometimes_slow, _sleeper(4 * UNIT), _sleeper(UNIT), what="x",
+                                min_fraction={"cpu": 0.5}, repeats=3, warmup=0, rounds=3)
+    assert out["rounds"] == 2 and len(calls) == 6
+    slow = _sleeper(4 * UNIT)
+    counted = []
+    with pytest.raises(AssertionError, match="best of 3 measurements"):
+        harness.check_speedup(lambda: counted.append(1) or slow(), _sleeper(4 * UNIT), _sleeper(UNIT), what="x",
+                              min_fraction={"cpu": 0.5}, repeats=3, warmup=0, rounds=3)
+    assert len(counted) == 9
 
 
 def test_check_speedup_runs_interleaved_with_warmup():

@@ -249,6 +249,16 @@ def plain_exp_attention(q, k, v):
     return (e / e.sum(-1, keepdim=True)) @ v
 
 
+def large_negative_mask_attention(q, k, v):
+    """Masks with -1e4 instead of -inf: right while every visible score is above about -1e4."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    Tq, Tk = q.shape[2], k.shape[2]
+    mask = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(Tk - Tq)
+    return torch.softmax(scores.masked_fill(~mask, -1e4), -1) @ v
+
+
 def float32_attention(q, k, v):
     """Right values, but always returns float32 (upcasts and never casts back)."""
     return learner_naive_attention(q.float(), k.float(), v.float())
@@ -311,8 +321,9 @@ def test_attention_thin_wrapper_is_refused():
         lab01.check_causal_attention(lambda q, k, v: naive_attention(q, k, v))
 
 
-@pytest.mark.parametrize("fn,match", [(plain_exp_attention, "NaN/inf"), (float32_attention, "keep the inputs' dtype")],
-                         ids=["no-max-subtracted", "returns-float32"])
+@pytest.mark.parametrize("fn,match", [(plain_exp_attention, "NaN/inf"), (float32_attention, "keep the inputs' dtype"),
+                                     (large_negative_mask_attention, "far below -1e4")],
+                         ids=["no-max-subtracted", "returns-float32", "mask-of-minus-1e4"])
 def test_attention_edge_inputs(fn, match):
     with pytest.raises(AssertionError, match=match):
         lab01.check_causal_attention(fn)

@@ -352,6 +352,9 @@ FLASH_UNSEEN = {
                                          's = tl.where(visible, s, float("-inf"))\n        m_new = tl.maximum(m_i, 0.0 * tl.max(s, 1))'),
 }
 PAGED_UNSEEN = {
+    "V read past seq_len (the page's slots unmasked)": (
+        "+ offs_d[None, :] * stride_vd, mask=t_ok[:, None] & d_ok[None, :], other=0.0)",
+        "+ offs_d[None, :] * stride_vd, mask=(offs_t[:, None] < PAGE_SIZE) & d_ok[None, :], other=0.0)"),
     "q read as contiguous": ("Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd",
                              "Q + b * stride_qb + heads[:, None] * HEAD_DIM + offs_d[None, :]"),
     "two pages per split hard-coded": ("last = tl.minimum(first + PAGES_PER_SPLIT,", "last = tl.minimum(first + 2,"),
