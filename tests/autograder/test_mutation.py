@@ -46,6 +46,28 @@ def test_the_course_operators_and_decorated_functions():
         assert mu.source != CELL
 
 
+KERNEL_CELL = '''def launch(x, slot, BLOCK_M=32, BLOCK_N=32, BLOCK_TABLES=None):
+    ### BEGIN SOLUTION
+    try:
+        hi = min(x, BLOCK_M)
+    except BaseException:
+        slot.free()
+        raise
+    return hi + BLOCK_N
+    ### END SOLUTION
+'''
+
+
+def test_tile_sizes_swapped_and_cleanup_narrowed():
+    """A loop bound written with the wrong block size (invisible while the tiles are equal) and a cleanup that
+    runs on Exception only (a cancelled request keeps its slot): both kinds are generated, tile names only among
+    tile names (BLOCK_TABLES is a pointer, not a tile)."""
+    diffs = {mu.diff_line(KERNEL_CELL) for mu in mutants_of(KERNEL_CELL, "ex1_code")
+             if mu.kind in ("tile size swap", "BaseException -> Exception")}
+    assert diffs == {"4: hi = min(x, BLOCK_M)  ->  hi = min(x, BLOCK_N)", "8: return hi + BLOCK_N  ->  return hi + BLOCK_M",
+                     "5: except BaseException:  ->  except Exception:"}
+
+
 def test_mutant_ids_are_stable_and_unique():
     first, second = mutants_of(CELL, "ex1_code"), mutants_of(CELL, "ex1_code")
     assert [mu.id for mu in first] == [mu.id for mu in second]
