@@ -13,7 +13,7 @@ import minigpt.kernels  # noqa: F401  (on a CPU: TRITON_INTERPRET=1 before any k
 from autograder.checking.models import Launches, count_triton_launches
 from autograder.harness import call_learner
 from autograder.lab04.common import ATTENTION_CASES, PAGED_CASES, TOL, _close, _err, _qkv
-from autograder.lab04.drawn_cases import attention_cases, fenced_pool, paged_cases, runnable_on
+from autograder.lab04.drawn_cases import attention_cases, fenced_pool, paged_cases, runnable_on, scaled, tolerance
 from autograder.lab04.tiled import _ATTENTION_REFERENCES, _compare_out_lse
 from autograder.checking.reference_guard import no_calls_into, own_work
 from autograder.checking.wire import run_where
@@ -84,8 +84,10 @@ def check_flash_forward(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.f
         if dtype is not None:
             B, Hq, Hkv, Tq, Tk, D, causal, what = case
             qkv, kwargs, what = _qkv(B, Hq, Hkv, Tq, Tk, D, dtype=dtype, seed=3), {}, f"{what}, {dtype}"
+            tol = TOL[dtype]
         else:
             qkv, causal, dtype, what = case.tensors(), case.causal, case.dtype, str(case)
+            tol = tolerance(case.magnitude, TOL[dtype])
             kwargs = {"block_m": case.block_m, "block_n": case.block_n} if tiles else {}
         q, k, v = (t.to(device) for t in qkv)
         # the first case also refuses a call into the reference (profiling every case in the interpreter would
@@ -98,7 +100,7 @@ def check_flash_forward(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.f
         if isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], torch.Tensor) and got[0].dtype != dtype:
             raise AssertionError(f"{what}: the output must be in the input dtype {dtype}, got {got[0].dtype}")
         _compare_out_lse(tuple(t.cpu() for t in got) if isinstance(got, tuple) else got,
-                         q.cpu(), k.cpu(), v.cpu(), causal, what, TOL[dtype])
+                         q.cpu(), k.cpu(), v.cpu(), causal, what, tol)
 
 
 def check_merge_partials(fn: Callable) -> None:
@@ -146,13 +148,14 @@ def _takes(fn: Callable, names: tuple[str, ...]) -> bool:
 def _drawn_paged(case, device: str) -> tuple[tuple, tuple]:
     """The inputs (q, k_pool, v_pool, block_tables, seq_lens) of a drawn case, twice: as the learner gets them (the
     slots no sequence owns NaN, drawn_cases.fenced_pool) and as the answer is computed (those slots random). Every
-    block table exactly full, two spare blocks in the pool; q scaled and, for an offset case, a slice of a wider
+    block table exactly full, two spare blocks in the pool; q and K of the case's magnitude and, for an offset case, a slice of a wider
     buffer (row strides that are not D)."""
     q, k_pool, v_pool, tables, lens = random_paged_inputs(
         list(case.seq_lens), n_heads=case.Hq, n_kv_heads=case.Hkv, head_dim=case.D, block_size=case.page_size,
         dtype=case.dtype, device=device, seed=7,
         num_blocks=len(case.seq_lens) * math.ceil(max(case.seq_lens) / case.page_size) + 2)
-    q = (q.float() * case.scale).to(case.dtype)
+    q = scaled(q.float(), case.magnitude, "q").to(case.dtype)
+    k_pool = scaled(k_pool.float(), case.magnitude, "k").to(case.dtype)
     if case.offset_query:
         q = torch.cat([torch.full_like(q[..., :8], math.nan), q], -1)[..., 8:]
     fenced = (q, fenced_pool(k_pool, tables, lens), fenced_pool(v_pool, tables, lens), tables, lens)
@@ -176,9 +179,10 @@ def check_paged_decode(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.fl
         if dtype is not None:
             B, Hq, Hkv, D, bs, lens, what = case
             args, what = _paged(B, Hq, Hkv, D, bs, lens, dtype, device=device), f"{what}, {dtype}"
-            clean = args
+            clean, tol = args, TOL[dtype]
         else:
             (args, clean), dtype, what = _drawn_paged(case, device), case.dtype, str(case)
+            tol = tolerance(case.magnitude, TOL[dtype])
             kwargs.update({"pages_per_split": case.pages_per_split} if splits else {})
         got, launches = call_launcher("paged_decode", fn, *(a.clone() if a._base is None else a for a in args),
                                       exercise=PAGED_DECODE, context=what,
@@ -189,7 +193,7 @@ def check_paged_decode(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.fl
             raise AssertionError(f"{what}: the output must be in q's dtype {dtype}, got {got.dtype}")
         cpu = [a.cpu() for a in clean]
         want = paged_decode_attention(*(a.double() if a.is_floating_point() else a for a in cpu))
-        if not isinstance(got, torch.Tensor) or not _close(got.cpu(), want, TOL[dtype]):
+        if not isinstance(got, torch.Tensor) or not _close(got.cpu(), want, tol):
             err = _err(got.cpu(), want) if isinstance(got, torch.Tensor) else type(got).__name__
             merged = ("the splits were merged by the package's merge_partials, so the partial outputs or "
                       "LSEs are wrong" if merge else "merge the splits with their LSE weights")

@@ -350,8 +350,14 @@ FLASH_UNSEEN = {
                                 "cols[None, :] * stride_qt + offs_d[:, None] * stride_qd"),
     "exp2 without the running maximum": ('s = tl.where(visible, s, float("-inf"))\n        m_new = tl.maximum(m_i, tl.max(s, 1))',
                                          's = tl.where(visible, s, float("-inf"))\n        m_new = tl.maximum(m_i, 0.0 * tl.max(s, 1))'),
+    "mask of -1e4": ('s = tl.where(visible, s, float("-inf"))', "s = tl.where(visible, s, -1e4)"),
+    "running maximum starts at -1e4": ('m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)',
+                                       "m_i = tl.full((BLOCK_M,), -1e4, dtype=tl.float32)"),
 }
 PAGED_UNSEEN = {
+    "mask of -1e4": ('qk_scale, float("-inf"))', "qk_scale, -1e4)"),
+    "running maximum starts at -1e4": ('m_i = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)',
+                                       "m_i = tl.full((BLOCK_H,), -1e4, dtype=tl.float32)"),
     "V read past seq_len (the page's slots unmasked)": (
         "+ offs_d[None, :] * stride_vd, mask=t_ok[:, None] & d_ok[None, :], other=0.0)",
         "+ offs_d[None, :] * stride_vd, mask=(offs_t[:, None] < PAGE_SIZE) & d_ok[None, :], other=0.0)"),
