@@ -71,18 +71,25 @@ def _same_greedy_output(fn: Callable, target: Any, their_target: Any, their_draf
                              "not count; pass check_generate_speculative first")
 
 
-def _target_calls(target: Any, run: Callable[[], Any]) -> int:
-    """How many times run() calls target's forward."""
-    calls = [0]
+def _forward_work(model: Any, run: Callable[[], Any]) -> dict[str, int]:
+    """How many times run() calls model's forward, and how many token positions those calls feed it in all."""
+    work = {"calls": 0, "positions": 0}
 
-    def count(module: Any, args: Any) -> None:
-        calls[0] += 1
-    handle = target.register_forward_pre_hook(count)
+    def count(module: Any, args: Any, kwargs: Any) -> None:
+        tokens = args[0] if args else kwargs.get("tokens")
+        work["calls"] += 1
+        work["positions"] += int(tokens.shape[-1]) if hasattr(tokens, "shape") else 0
+    handle = model.register_forward_pre_hook(count, with_kwargs=True)
     try:
         run()
     finally:
         handle.remove()
-    return calls[0]
+    return work
+
+
+def _target_calls(target: Any, run: Callable[[], Any]) -> int:
+    """How many times run() calls target's forward."""
+    return _forward_work(target, run)["calls"]
 
 
 def one_thread_call(run: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -98,20 +105,24 @@ def one_thread_call(run: Callable[[Any], Any]) -> Callable[[Any], Any]:
 def check_target_calls(generate_fn: Callable) -> dict[str, dict[str, float]]:
     """Target forward calls per generated token (greedy, NEW_TOKENS tokens) with prompt lookup (k = LOOKUP_K) and with
     the trained draft model (k = DRAFT_K): below plain decoding's one call per token, and at most one call more than
-    the reference makes with the same drafter. Deterministic. Returns {drafter: {"learner", "reference", "plain"}},
-    calls per token."""
+    the reference makes with the same drafter; with the draft model, at most twice the reference's token positions
+    fed to the draft (its KV cache used). Deterministic. Returns {drafter: {"learner", "reference", "plain"}}, calls
+    per token, and for the draft model {"draft_positions", "reference_draft_positions"} per token."""
     what = "the target-calls check (generate_speculative)"
     fn, _ = _learners(generate_fn, what)
     target, draft = trained_pair()
-    their_target, their_draft = where_it_runs(generate_fn, trained_pair, here=(target, draft))
+    their_target, _ = where_it_runs(generate_fn, trained_pair, here=(target, draft))
     their_lookup = where_it_runs(generate_fn, PromptLookupModel, target.config.vocab_size,
                                  here=PromptLookupModel(target.config.vocab_size))
     prompts = code_edit_prompts()
     # (drafter here, drafter where the learner's code runs, prompt, k): the counted target is always this side's
     # (judged: a handle, so every forward the learner's loop makes is a request here and is counted here)
+    # the draft model is this side's too, so the positions it is fed are counted here: with a KV cache a draft step
+    # feeds one new token, without one the whole context again (the reference: 129 positions for 32 tokens, a draft
+    # without a cache 4,732)
     setups = {"prompt lookup": (PromptLookupModel(target.config.vocab_size), their_lookup, prompts[LOOKUP_PROMPT],
                                 LOOKUP_K),
-              "draft model": (draft, their_draft, prompts[DRAFT_PROMPT], DRAFT_K)}
+              "draft model": (draft, draft, prompts[DRAFT_PROMPT], DRAFT_K)}
     out: dict[str, dict[str, float]] = {}
     with fixed_threads(1):
         for name, (drafter, their_drafter, prompt, k) in setups.items():
@@ -124,6 +135,8 @@ def check_target_calls(generate_fn: Callable) -> dict[str, dict[str, float]]:
                                                                            SamplingParams(), **kw))
             plain = _target_calls(target, lambda: generate_kv_cache(target, list(prompt), NEW_TOKENS, stop_token_ids=()))
             out[name] = {"learner": learner / NEW_TOKENS, "reference": reference / NEW_TOKENS, "plain": plain / NEW_TOKENS}
+            if name == "draft model":
+                out[name].update(_draft_positions(fn, target, drafter, prompt, k, label))
             if not (learner < plain and learner <= reference + 1):
                 raise AssertionError(
                     f"{label}: your generator called the target {learner} times for {NEW_TOKENS} tokens "
@@ -132,6 +145,24 @@ def check_target_calls(generate_fn: Callable) -> dict[str, dict[str, float]]:
                     "k + 1 positions (it doubles as the prefill in the first round), and keep every accepted draft "
                     "plus the bonus token.")
     return out
+
+
+def _draft_positions(fn: Callable, target: Any, draft: Any, prompt: list[int], k: int, label: str) -> dict[str, float]:
+    """The token positions fed to the draft model per generated token, the learner's loop against the reference's
+    (same prompt, greedy): at most twice the reference's, or the draft model runs without its KV cache."""
+    kw = dict(k=k, stop_token_ids=())
+    learner = _forward_work(draft, lambda: call_learner(label, fn, target, draft, list(prompt), NEW_TOKENS,
+                                                        SamplingParams(), **kw))["positions"]
+    reference = _forward_work(draft, lambda: generate_speculative(target, draft, list(prompt), NEW_TOKENS,
+                                                                  SamplingParams(), **kw))["positions"]
+    if learner > 2 * reference:
+        raise AssertionError(
+            f"{label}: your loop fed the draft model {learner} token positions for {NEW_TOKENS} tokens "
+            f"({learner / NEW_TOKENS:.1f} per token); the reference feeds it {reference} ({reference / NEW_TOKENS:.1f} per "
+            "token). Give the draft model its own KV cache: each draft step feeds only the token drafted last (after "
+            "the first), and after verification roll the draft cache back to the accepted length instead of "
+            "starting it over.")
+    return {"draft_positions": learner / NEW_TOKENS, "reference_draft_positions": reference / NEW_TOKENS}
 
 
 def speed_models() -> tuple[Any, PromptLookupModel]:

@@ -120,7 +120,7 @@ UNCLIPPED = _verify(p_over_q, _unclipped_residual)
 # --- wrong generators: the reference loop with one mistake each -----------------------------------
 
 def make_generator_fn(*, temperature_on_q=True, rollback_draft=True, off_by_one=False, bonus=True,
-                      target_top_k=True, seeded=True, verify=own_verify):
+                      target_top_k=True, seeded=True, verify=own_verify, draft_cache=True):
     """The reference loop written out flat, with one mistake switched on."""
     @torch.inference_mode()
     def generate(target, draft, prompt, max_new_tokens, sampling=SamplingParams(), *, k=4,
@@ -136,7 +136,10 @@ def make_generator_fn(*, temperature_on_q=True, rollback_draft=True, off_by_one=
             kr = min(k, max_new_tokens - len(stop.tokens) - 1)
             drafted, qs, x = [], [], context[d_fed:]
             for _ in range(kr):
-                logits = draft(torch.tensor([x]), positions=dc.next_positions(len(x)), kv_caches=dc)[0, -1]
+                if draft_cache:
+                    logits = draft(torch.tensor([x]), positions=dc.next_positions(len(x)), kv_caches=dc)[0, -1]
+                else:                                   # the whole context again at every draft step
+                    logits = draft(torch.tensor([context + drafted]))[0, -1]
                 q_draw = sampling_probs(logits, sampling)
                 t = int(q_draw.argmax()) if sampling.greedy else int(torch.multinomial(q_draw, 1, generator=gen))
                 drafted.append(t)
@@ -154,7 +157,7 @@ def make_generator_fn(*, temperature_on_q=True, rollback_draft=True, off_by_one=
             truncate_cache(tc, L + len(emitted) - 1)
             if kr:
                 d_fed = L + min(len(emitted) - 1, kr - 1)
-            if rollback_draft:
+            if rollback_draft and draft_cache:
                 truncate_cache(dc, d_fed)
             for t in emitted:
                 reason = stop.add(t)
@@ -425,6 +428,16 @@ def test_target_calls_pass_the_reference_and_reject_one_call_per_token():
         return per_token(target, draft, prompt, max_new_tokens, sampling, k=0, **kw)       # never drafts
     with pytest.raises(AssertionError, match="called the target"):
         lab06.check_target_calls(verify_each_token)
+
+
+def test_a_draft_model_without_its_kv_cache_is_caught_by_the_positions_it_is_fed():
+    """Right tokens and the same target calls: only the work done by the draft model tells this one apart."""
+    no_draft_cache = make_generator_fn(draft_cache=False)
+    lab06.check_generate_speculative(no_draft_cache)
+    calls = lab06.check_target_calls(own_generate)
+    assert calls["draft model"]["draft_positions"] == calls["draft model"]["reference_draft_positions"]
+    with pytest.raises(AssertionError, match="fed the draft model"):
+        lab06.check_target_calls(no_draft_cache)
 
 
 def test_speed_check_reference_passes_and_recomputation_fails():
