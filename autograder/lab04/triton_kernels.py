@@ -90,6 +90,7 @@ def check_flash_forward(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.f
             tol = tolerance(case.magnitude, TOL[dtype])
             kwargs = {"block_m": case.block_m, "block_n": case.block_n} if tiles else {}
         q, k, v = (t.to(device) for t in qkv)
+        want = [t.cpu().clone() for t in (q, k, v)]       # what is compared against: the kernel could write into q, k, v
         # the first case also refuses a call into the reference (profiling every case in the interpreter would
         # double the check's time); every launch is checked to be the notebook's kernel
         got, launches = call_launcher("flash_forward", fn, q, k, v, causal, exercise=FLASH_FORWARD, context=what,
@@ -99,8 +100,7 @@ def check_flash_forward(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.f
                                  "a @triton.jit kernel and launch it over a grid")
         if isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], torch.Tensor) and got[0].dtype != dtype:
             raise AssertionError(f"{what}: the output must be in the input dtype {dtype}, got {got[0].dtype}")
-        _compare_out_lse(tuple(t.cpu() for t in got) if isinstance(got, tuple) else got,
-                         q.cpu(), k.cpu(), v.cpu(), causal, what, tol)
+        _compare_out_lse(tuple(t.cpu() for t in got) if isinstance(got, tuple) else got, *want, causal, what, tol)
 
 
 def check_merge_partials(fn: Callable) -> None:
@@ -184,15 +184,16 @@ def check_paged_decode(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.fl
             (args, clean), dtype, what = _drawn_paged(case, device), case.dtype, str(case)
             tol = tolerance(case.magnitude, TOL[dtype])
             kwargs.update({"pages_per_split": case.pages_per_split} if splits else {})
-        got, launches = call_launcher("paged_decode", fn, *(a.clone() if a._base is None else a for a in args),
-                                      exercise=PAGED_DECODE, context=what,
+        # the answer first, from copies: the learner's kernel gets tensors it could write into
+        want = paged_decode_attention(*(a.cpu().double() if a.is_floating_point() else a.cpu() for a in clean))
+        sent = [a.clone() if a._base is None else a._base.clone().as_strided(a.shape, a.stride(), a.storage_offset())
+                for a in args]
+        got, launches = call_launcher("paged_decode", fn, *sent, exercise=PAGED_DECODE, context=what,
                                       watch=_PAGED_REFERENCES if n == 0 else (), **kwargs)
         if not launches:
             raise AssertionError(f"{what}: paged_decode launched no Triton kernel")
         if isinstance(got, torch.Tensor) and got.dtype != dtype:
             raise AssertionError(f"{what}: the output must be in q's dtype {dtype}, got {got.dtype}")
-        cpu = [a.cpu() for a in clean]
-        want = paged_decode_attention(*(a.double() if a.is_floating_point() else a for a in cpu))
         if not isinstance(got, torch.Tensor) or not _close(got.cpu(), want, tol):
             err = _err(got.cpu(), want) if isinstance(got, torch.Tensor) else type(got).__name__
             merged = ("the splits were merged by the package's merge_partials, so the partial outputs or "
