@@ -176,7 +176,7 @@ def _draw_paged_case(draw) -> PagedCase:
     Hkv, group = draw(st.sampled_from((1, 2))), draw(st.sampled_from((1, 2, 4)))
     return PagedCase(Hq=Hkv * group, Hkv=Hkv, D=draw(st.sampled_from((16, 24, 64))), page_size=page,
                      pages_per_split=draw(st.sampled_from((1, 2, 3))),
-                     seq_lens=tuple(draw(st.lists(lengths, min_size=1, max_size=3))),
+                     seq_lens=tuple(draw(st.lists(lengths, min_size=2, max_size=4))),
                      dtype=draw(st.sampled_from(DTYPES)), offset_query=draw(st.booleans()),
                      magnitude="")
 
@@ -195,4 +195,12 @@ def fenced_pool(pool: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.
 def paged_cases(count: int = DRAWN_PAGED) -> list[PagedCase]:
     """The drawn paged-decode cases, the same in every process; every block table is exactly full (no spare
     entry past the longest sequence's last page)."""
-    return _each_magnitude(drawn_examples(_paged_case(), count))
+    return [_with_empty_splits(case) for case in _each_magnitude(drawn_examples(_paged_case(), count))]
+
+
+def _with_empty_splits(case: PagedCase) -> PagedCase:
+    """Far below -1e4, the batch also holds a sequence five pages long, so the shorter ones have splits with no
+    key at all, whose LSE must be -inf (an empty split marked -1e4 would outweigh every real one there)."""
+    if case.magnitude != "scores far below -1e4":
+        return case
+    return dataclasses.replace(case, seq_lens=(5 * case.page_size - 1,) + case.seq_lens)

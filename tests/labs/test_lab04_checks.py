@@ -355,6 +355,7 @@ FLASH_UNSEEN = {
                                        "m_i = tl.full((BLOCK_M,), -1e4, dtype=tl.float32)"),
 }
 PAGED_UNSEEN = {
+    "an empty split's LSE -1e4": ('tl.where(empty, float("-inf"), m_i', "tl.where(empty, -1e4, m_i"),
     "mask of -1e4": ('qk_scale, float("-inf"))', "qk_scale, -1e4)"),
     "running maximum starts at -1e4": ('m_i = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)',
                                        "m_i = tl.full((BLOCK_H,), -1e4, dtype=tl.float32)"),
