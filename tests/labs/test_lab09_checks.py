@@ -19,7 +19,7 @@ from minigpt.longctx import kv_compression as kvc
 from minigpt.longctx.eviction import snapkv_keep
 from minigpt.longctx.ring_attention import block_attention, ring_attention, ring_bytes_per_rank, ring_pass
 from minigpt.longctx.rope_scaling import base_inv_freq, rotations_in_context, scaled_inv_freq
-from minigpt.longctx.sliding_window import RingKVCache, kept_positions
+from minigpt.longctx.sliding_window import RingKVCache, kept_positions, rotate_keys
 from tests.labs.judged_pair import judged
 from tests.labs.notebook_solutions import solution_cells
 
@@ -280,6 +280,25 @@ class SinksNotRotated(MyRingKVCache):
     def read(self):
         slots = [self.slot(p) for p in kept_positions(self.length, self.window, self.n_sinks)]
         return self.k[:, slots], self.v[:, slots]
+
+
+class SinksRotatedOneTooFar(MyRingKVCache):
+    """The sinks rotated on by shift + 1: off by one position (on the unscaled tiny model the logits moved by 7.9e-5
+    to 2.8e-4, against a tolerance of 1e-4)."""
+
+    def read(self):
+        k, v = super().read()
+        if self.n_sinks and self.length - self.window - self.n_sinks > 0:
+            k = torch.cat([rotate_keys(k[:, :self.n_sinks], 1, self.inv_freq), k[:, self.n_sinks:]], dim=1)
+        return k, v
+
+
+def test_sinks_rotated_one_position_too_far_fail_in_every_case() -> None:
+    for window, sinks, T, prefill in ((8, 2, 40, 6), (5, 4, 30, 1), (6, 1, 25, 7)):
+        with pytest.raises(AssertionError, match="logits differ") as info:
+            lab09._stream_check(SinksRotatedOneTooFar, window, sinks, T, prefill, "case", lab09.EX3)
+        error = float(re.search(r"by up to ([0-9.e+-]+)", str(info.value)).group(1))
+        assert error > 10 * lab09.ATOL            # a margin, not a hair past the tolerance
 
 
 def test_sinks_left_at_their_old_positions_fail() -> None:
