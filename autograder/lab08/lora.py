@@ -14,6 +14,7 @@ from autograder.harness import call_learner, quiet
 from autograder.checking.models import NEAR_TIE, SMALL_CONFIG, scaled_model
 from autograder.lab08.common import CHECK_CONFIG, _watched, one_call_at_a_time
 from autograder.checking.reference_guard import own_work
+from autograder.checking.tensor_trace import TensorTrace
 from autograder.checking.wire import run_where
 from minigpt.cache.paged import PagedKVCache
 from minigpt.engine.cached_generation import generate_kv_cache
@@ -167,6 +168,24 @@ def check_lora_delta(lora_delta_fn: Callable[..., Tensor]) -> None:
         raise AssertionError(f"lora_delta made {few} torch calls for 8 rows and {many} for 64 rows (same 4 adapters): "
                              "it loops over rows in Python. Gather every row's factors at once (A[idx], B[idx]) and "
                              "apply them with batched matmuls (torch.bmm / einsum).")
+    _check_largest_tensor(lora_delta_fn)
+
+
+def _check_largest_tensor(lora_delta_fn: Callable[..., Tensor], rows: int = 32, d: int = 128, r: int = 4) -> None:
+    """The cost of the method, not only its values: no tensor much larger than the factors gathered per row
+    (rows x r x d numbers). Merging each row's delta B_a A_a first (rows x d x d) gives the same values from a
+    tensor d / r = 32 times larger, the cost LoRA exists to avoid."""
+    x, A, B, idx = _delta_inputs(d, d, r, 4, rows, seed=9)
+    what = f"lora_delta on {rows} rows, 4 adapters of rank {r}, d_in = d_out = {d}"
+    with TensorTrace() as trace:
+        call_learner(what, lora_delta_fn, x, A, B, idx, 0.5)
+    largest = max((math.prod(shape) for call in trace.calls for shape in call.outputs), default=0)
+    bound = 2 * rows * r * d
+    if largest > bound:
+        shape = next(shape for call in trace.calls for shape in call.outputs if math.prod(shape) == largest)
+        raise AssertionError(f"{what}: your function built a tensor of shape {shape} ({largest} numbers); the factors "
+                             f"gathered per row hold {rows * r * d} each. A delta merged per row (B_a @ A_a, d_out x "
+                             "d_in) is what LoRA avoids: apply A first (rank r), then B, to each row's x.")
 
 
 def small_model(seed: int = 0) -> GPT:

@@ -117,6 +117,18 @@ def loop_over_adapters(x, A, B, idx, scaling):
     return out
 
 
+def merged_per_row(x, A, B, idx, scaling):
+    """Right values and a fixed number of calls, but each row's delta B_a A_a merged first: (N, d_out, d_in)."""
+    i = idx.clamp(min=0)
+    deltas = torch.bmm(B[i], A[i]) * scaling
+    return torch.bmm(deltas, x.unsqueeze(-1)).squeeze(-1) * (idx >= 0).float()[:, None]
+
+
+def test_a_delta_merged_per_row_is_refused_by_its_size():
+    with pytest.raises(AssertionError, match=r"built a tensor of shape \(32, 128, 128\)"):
+        lab08.check_lora_delta(merged_per_row)
+
+
 def test_reference_passes():
     lab08.check_lora_delta(own_lora)
     lab08.check_lora_delta(loop_over_adapters)
