@@ -12,16 +12,18 @@ from minigpt.serving.admission import admitted
 from minigpt.serving.streaming import sse_stream
 from tests.labs.judged_pair import judged
 from tests.labs.learner_copy import as_learner
-from tests.labs.test_lab08_lora_checks import loop_over_rows, own_lora
+from tests.labs.test_lab08_lora_checks import loop_over_rows, merged_per_row, own_lora
 from tests.labs.test_lab08_server_checks import admit_waits, sse_no_abort
 
 
 def test_a_loop_over_rows_is_counted_where_it_runs():
     """The torch calls are counted in the kernel: counted in the judge, a Python loop would make none there."""
-    with judged(good=own_lora, loop=loop_over_rows) as learner:
+    with judged(good=own_lora, loop=loop_over_rows, merged=merged_per_row) as learner:
         lab08.check_lora_delta(learner.good)
         with pytest.raises(AssertionError, match="loops over rows"):
             lab08.check_lora_delta(learner.loop)
+        with pytest.raises(AssertionError, match="built a tensor of shape"):     # traced in the kernel too
+            lab08.check_lora_delta(learner.merged)
 
 
 def test_stream_handler_scenarios_run_in_the_kernel_and_are_judged_here():
