@@ -169,6 +169,39 @@ def _check_verify_draft(verify_fn: Callable) -> None:
                 "draw from the residual max(0, p - q) normalised to sum 1 (not from p); verify draft i with p[i], the "
                 "target's distribution at the SAME position; draw the bonus token from p[k], the position after the "
                 "last draft.")
+    # 7. One uniform per draft: two drafts each accepted with probability exactly 1/2 (p = 0.4, q = 0.8), 600 rounds:
+    # both accepted 1/4 of the time, only the first 1/4, neither 1/2. One uniform shared by the round accepts the
+    # second whenever it accepts the first (1/2, 0, 1/2); the distribution test above needs about 20,000 samples
+    # to see that, this one is decided at once.
+    _check_independent_acceptance(verify_fn)
+
+
+INDEPENDENCE_ROUNDS = 600
+
+
+def _check_independent_acceptance(verify_fn: Callable) -> None:
+    """Rounds of two drafts accepted with probability 1/2 each: how many drafts each round accepts must follow
+    (1/2, 1/4, 1/4) for (0, 1, 2), which needs a fresh uniform per draft."""
+    q_rows = torch.tensor([[0.8, 0.2, 0.0, 0.0], [0.8, 0.0, 0.2, 0.0]])
+    p_rows = torch.tensor([[0.4, 0.2, 0.2, 0.2], [0.4, 0.2, 0.2, 0.2], [0.25, 0.25, 0.25, 0.25]])
+    gen = torch.Generator().manual_seed(23)
+    counts = torch.zeros(3, dtype=torch.long)
+    for _ in range(INDEPENDENCE_ROUNDS):
+        emitted = [int(t) for t in _verify_call(verify_fn, "verify_draft", [0, 0], q_rows.clone(), p_rows.clone(),
+                                                gen)[0]]
+        accepted = 0                    # the drafts are token 0; a rejection emits a residual token, never 0
+        for token in emitted[:2]:
+            if token != 0:
+                break
+            accepted += 1
+        counts[accepted] += 1
+    result = chi_square_test(counts, torch.tensor([0.5, 0.25, 0.25]))
+    if not at_least(result.p_value, SIGNIFICANCE):
+        raise AssertionError(
+            f"two drafts, each accepted with probability min(1, 0.4 / 0.8) = 1/2, over {INDEPENDENCE_ROUNDS} rounds: "
+            f"none accepted {int(counts[0])} times, only the first {int(counts[1])}, both {int(counts[2])}; expected "
+            "about 1/2, 1/4, 1/4 (p-value {:.2g}). Draw a fresh uniform for each draft: one uniform shared by the "
+            "round accepts the second draft whenever it accepts the first.".format(result.p_value))
 
 
 def _explained(verify_fn: Callable) -> Callable:

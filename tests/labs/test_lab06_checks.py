@@ -104,6 +104,30 @@ WRONG_VERIFY = {
 }
 
 
+def one_uniform_per_round(drafted, q, p, generator=None):
+    """Right accept probabilities and residuals, but one uniform for the whole round: the second draft is accepted
+    whenever the first is. The distribution test needs about 20,000 samples to see it (measured: p = 1.9e-5 at
+    20,000, p = 0.84 at the check's 1,500)."""
+    k = len(drafted)
+    if k == 0:
+        return [int(torch.multinomial(p[0], 1, generator=generator))], p.new_zeros(0)
+    probs = [min(1.0, float(p[i, t] / q[i, t])) for i, t in enumerate(drafted)]
+    u = float(torch.rand(1, generator=generator))
+    emitted = []
+    for i, t in enumerate(drafted):
+        if u >= probs[i]:
+            return emitted + [_residual(p[i], q[i], generator)], torch.tensor(probs)
+        emitted.append(int(t))
+    return emitted + [int(torch.multinomial(p[k], 1, generator=generator))], torch.tensor(probs)
+
+
+def test_one_uniform_per_round_is_caught():
+    results = lab06.verify_distribution_test(one_uniform_per_round)     # no power against it at 1,500 samples...
+    assert all(r.p_value > lab06.SIGNIFICANCE for r in results)
+    with pytest.raises(AssertionError, match="fresh uniform for each draft"):
+        lab06.check_verify_draft(one_uniform_per_round)            # ...the acceptance counts decide at once
+
+
 def _unclipped_residual(p, q, g):
     r = p - q
     return int(torch.multinomial(r / r.sum(), 1, generator=g))
