@@ -33,14 +33,20 @@ def check_online_softmax(fn: Callable) -> None:
              ((3, 1), 4, 1.0, "N = 1"),
              ((2, 33), 8, 100.0, "large scores (|x| up to ~300): exp overflows without the running max"),
              ((1, 12), 4, 1.0, "increasing scores: the max changes in every block"),
-             ((2, 40), 8, 1.0, "very negative scores (about -1e4): exp underflows to 0 without the running max"),
+             ((2, 40), 8, 1.0, "very negative scores (about -1e5, far below -1e4): exp underflows to 0 without the "
+                               "running max, and a max that starts at -1e4 instead of -inf never moves"),
+             ((2, 16), 4, 1.0, "rows about +100 and -100: each row needs its own max (one max for the whole tensor "
+                               "underflows the low row)"),
+             ((2, 3, 20), 8, 1.0, "a 3-D input (2, 3, 20): every reduction over the last dimension only"),
              ((3, 24), 8, 1.0, "float16 input: the result in float16")]
     for shape, block, scale, what in cases:
         x = torch.randn(*shape, generator=g) * scale
         if what.startswith("increasing"):
             x = torch.arange(12.0)[None] * 2
         if what.startswith("very negative"):
-            x = x - 1e4
+            x = x - 1e5
+        if what.startswith("rows about"):
+            x = x + torch.tensor([[100.0], [-100.0]])
         if what.startswith("float16"):
             x = x.half()
         with TensorTrace() as trace, no_calls_into(ref_online.online_softmax, ref_online.OnlineSoftmaxState,
@@ -61,7 +67,7 @@ def check_online_softmax(fn: Callable) -> None:
             hint = ""
             if not torch.isfinite(got).all():
                 hint = " Subtract the running max before exp (m_new = max(m_old, max(block)))."
-            elif got.shape == want.shape and not torch.allclose(got.double().sum(-1), torch.ones(shape[0],
+            elif got.shape == want.shape and not torch.allclose(got.double().sum(-1), torch.ones(shape[:-1],
                                                                 dtype=torch.float64), atol=1e-4):
                 hint = (" The rows do not sum to 1: when the max grows, multiply the old denominator by "
                         "exp(m_old - m_new) before adding the new block's sum; and cover the short last block.")

@@ -61,6 +61,29 @@ def check_tiled_attention(fn: Callable) -> None:
                                    context=f"{what}, block_k {block_k}")
             _method(trace, Tq, Tk, block_k, f"{what}, block_k = {block_k}", "tiled_attention")
             _compare_out_lse(got, q, k, v, causal, f"{what}, block_k = {block_k}", TOL[torch.float32])
+    for what, (q, k, v), tol in _edge_inputs():
+        with no_calls_into(*_ATTENTION_REFERENCES, what=TILED_FORWARD):
+            got = call_learner("tiled_attention", fn, q.clone(), k.clone(), v.clone(), True, 8, context=what)
+        if isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], torch.Tensor) and got[0].dtype != q.dtype:
+            raise AssertionError(f"{what}: the output must be in the input dtype {q.dtype}, got {got[0].dtype}")
+        _compare_out_lse(got, q, k, v, True, what, tol)
+
+
+def _edge_inputs() -> list[tuple[str, tuple[torch.Tensor, ...], float]]:
+    """Causal, Tq = 20, Tk = 33, GQA group 2, key tiles of 8: in float16 (computed in float32, returned in float16);
+    with query rows whose scores sit about +200 and -200 (each row needs its own running max: one max for the whole
+    tensor underflows the low rows); with every score far below -1e4 (keys all ones, queries negative integers, so a
+    query's scores tie exactly: a mask or a running max of -1e4 instead of -inf is wrong)."""
+    from autograder.lab04.drawn_cases import scaled, tolerance
+
+    q, k, v = _qkv(1, 4, 2, 20, 33, 24, seed=5)
+    sign = torch.tensor([1.0, -1.0, 1.0, -1.0]).view(1, 4, 1, 1)
+    far = "scores far below -1e4"
+    return [("float16 inputs, causal, Tq = 20, Tk = 33", tuple(t.half() for t in (q, k, v)), TOL[torch.float16]),
+            ("query rows with scores near +200 and near -200, causal", ((q.abs() + 0.5) * 30 * sign, k.abs() + 0.5, v),
+             TOL[torch.float32]),
+            ("every score far below -1e4, causal", (scaled(q, far, "q"), scaled(k, far, "k"), v),
+             tolerance(far, TOL[torch.float32]))]
 
 
 def _compare_out_lse(got: Any, q, k, v, causal: bool, what: str, tol: float) -> None:

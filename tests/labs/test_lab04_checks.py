@@ -126,7 +126,8 @@ def test_online_softmax_refuses_the_reference(reference):
 # --- tiled attention forward ------------------------------------------------------------------------
 
 def _tiled(q, k, v, causal, block_k, bug=None):
-    """Tiled forward with one deliberate bug (None = correct)."""
+    """Tiled forward with one deliberate bug (None = correct), computed in float32, returned in q's dtype."""
+    dtype, (q, k, v) = q.dtype, (t.float() for t in (q, k, v))
     B, Hq, Tq, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
     group = Hq // Hkv
@@ -159,7 +160,7 @@ def _tiled(q, k, v, causal, block_k, bug=None):
         l, m = l_new, m_new
     out = acc if bug == "divide in loop" else acc / l
     lse = torch.log(l) if bug == "lse without max" else m + torch.log(l)
-    return out, lse.squeeze(-1)
+    return out.to(dtype), lse.squeeze(-1)
 
 
 def tiled_log2_lse(q, k, v, causal, block_k):
