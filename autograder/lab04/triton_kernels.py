@@ -108,7 +108,8 @@ def check_merge_partials(fn: Callable) -> None:
     own_work(fn, merge_partials, what=MERGE)
     g = torch.Generator().manual_seed(5)
     for shape, what in (((2, 3, 4, 8), "4 splits"), ((1, 2, 1, 8), "a single split"),
-                        ((2, 2, 5, 4), "5 splits, some empty (lse = -inf)")):
+                        ((2, 2, 5, 4), "5 splits, some empty (lse = -inf)"),
+                        ((3, 4, 8), "a 3-D input (B, S, D): merge over the split dimension, -2")):
         # build partials from real attention over random chunks, so the answer is known
         *lead, S, D = shape
         scores = torch.randn(*lead, S, 6, generator=g, dtype=torch.float64) * 3

@@ -12,8 +12,9 @@ what is measured is whether the checks can tell a wrong implementation, not whet
 `tests/autograder/test_judge*.py` and `test_witness.py` cover).
 
 Known mutants are listed in autograder/mutation/known.json: "equivalent" (the same behaviour as the solution, each
-with its reason) and "survivors" (wrong, and not yet caught: the next check to write). The score is
-killed / (mutants - equivalent).
+with its reason) and "survivors" (wrong, and not yet caught: the next check to write); "gpu_only" names exercises
+whose checks run on a GPU only: without one their mutants are not run and are reported apart. The score is
+killed / (mutants run - equivalent).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from autograder.mutation.mutants import Mutant, mutants_of
 from autograder.paths import MUTATION_KNOWN, REPO_ROOT
@@ -55,6 +56,7 @@ class LabResult:
     killed: dict[str, str] = field(default_factory=dict)         # id -> the first check cell that failed, or timeout
     survived: dict[str, str] = field(default_factory=dict)       # id -> diff line
     equivalent: dict[str, str] = field(default_factory=dict)     # id -> reason (from known.json)
+    not_run: dict[str, int] = field(default_factory=dict)        # GPU-only exercise -> its mutants (no GPU here)
     mutants: int = 0
     seconds: float = 0.0
 
@@ -80,7 +82,7 @@ def notebook_cells(assignment: str) -> list[Cell]:
 def load_known(assignment: str, path: Path = MUTATION_KNOWN) -> dict[str, dict[str, str]]:
     data = json.loads(path.read_text()) if path.exists() else {}
     entry = data.get(assignment, {})
-    return {"equivalent": dict(entry.get("equivalent", {})), "survivors": dict(entry.get("survivors", {}))}
+    return {key: dict(entry.get(key, {})) for key in ("equivalent", "survivors", "gpu_only")}
 
 
 def _run_cells(shell: Any, cells: list[Cell]) -> list[str]:
@@ -107,12 +109,27 @@ def _checks_after(cells: list[Cell], pos: int) -> list[Cell]:
     return following
 
 
-def _in_child(shell: Any, mutant: Mutant, following: list[Cell], timeout_s: float) -> tuple[str, str]:
-    """Fork; the child runs the mutant and the following cells and writes its failures to a pipe."""
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """torch on one thread for the whole run, whatever a cell or a check asks (torch.set_num_threads does nothing
+    inside): OpenMP's worker threads do not survive fork(), so a child that asks for two threads after the parent
+    ran on two waits for ever. Lab 01's timed checks did, and their mutants, equivalent ones included, were
+    "killed" by the time limit. Timed checks then compare their contenders on the same one thread."""
     import torch
 
-    torch.set_num_threads(1)          # a cell may have raised it: OpenMP's pool does not survive fork(); the child
-    read, write = os.pipe()           # inherits one thread, which never enters the pool
+    set_threads, before = torch.set_num_threads, torch.get_num_threads()
+    set_threads(1)
+    torch.set_num_threads = lambda n: None
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_threads
+        set_threads(before)
+
+
+def _in_child(shell: Any, mutant: Mutant, following: list[Cell], timeout_s: float) -> tuple[str, str]:
+    """Fork; the child runs the mutant and the following cells and writes its failures to a pipe."""
+    read, write = os.pipe()
     stacks = tempfile.TemporaryFile()
     pid = os.fork()
     if pid == 0:                                          # the child: quiet, bounded, never returns
@@ -153,19 +170,22 @@ def run_lab(assignment: str, *, sample: int | None = None, seed: int = 0, timeou
             log: Any = print) -> LabResult:
     """Mutation-test one lab (see the module docstring). `sample`: only that many mutants, drawn with `seed` from
     those known.json lists neither as equivalent nor as a survivor (so every one must be killed)."""
-    import torch
     from IPython.core.interactiveshell import InteractiveShell
 
-    threads, backend = torch.get_num_threads(), os.environ.get("MPLBACKEND")
-    torch.set_num_threads(1)                              # no thread pool across fork()
+    backend = os.environ.get("MPLBACKEND")
     os.environ["MPLBACKEND"] = "Agg"
     started = time.perf_counter()
     cells = notebook_cells(assignment)
     known = load_known(assignment, known_path)
     result = LabResult(assignment)
     chosen: dict[int, list[Mutant]] = {}
+    import torch
+
     for pos, cell in enumerate(cells):
         if cell.exercise and (exercises is None or cell.grade_id in exercises):
+            if cell.grade_id in known["gpu_only"] and not torch.cuda.is_available():
+                result.not_run[cell.grade_id] = len(mutants_of(cell.source, cell.grade_id))
+                continue
             chosen[pos] = mutants_of(cell.source, cell.grade_id)
     every = [mu for ms in chosen.values() for mu in ms]
     result.mutants = len(every)
@@ -180,26 +200,26 @@ def run_lab(assignment: str, *, sample: int | None = None, seed: int = 0, timeou
     cwd = os.getcwd()
     os.chdir(SOLUTIONS / assignment)
     try:
-        for pos, cell in enumerate(cells[: last + 1 if sample is not None else len(cells)]):
-            following = _checks_after(cells, pos) if chosen.get(pos) else []
-            for mu in chosen.get(pos, []):
-                if mu.id in result.equivalent:
-                    continue
-                verdict, why = _in_child(shell, mu, following, timeout_s)
-                if verdict == "killed":
-                    result.killed[mu.id] = why
-                else:
-                    result.survived[mu.id] = f"[{mu.kind}] {mu.diff_line(cell.source)}"
-                    log(f"  survived {mu.id}: {result.survived[mu.id]}")
-            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                result.baseline_failures += _run_cells(shell, [cell])
-            if cell.exercise and chosen.get(pos):
-                log(f"{assignment} {cell.grade_id}: {len(chosen[pos])} mutants, "
-                    f"{sum(1 for mu in chosen[pos] if mu.id in result.killed)} killed")
+        with _one_thread():
+            for pos, cell in enumerate(cells[: last + 1 if sample is not None else len(cells)]):
+                following = _checks_after(cells, pos) if chosen.get(pos) else []
+                for mu in chosen.get(pos, []):
+                    if mu.id in result.equivalent:
+                        continue
+                    verdict, why = _in_child(shell, mu, following, timeout_s)
+                    if verdict == "killed":
+                        result.killed[mu.id] = why
+                    else:
+                        result.survived[mu.id] = f"[{mu.kind}] {mu.diff_line(cell.source)}"
+                        log(f"  survived {mu.id}: {result.survived[mu.id]}")
+                with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                    result.baseline_failures += _run_cells(shell, [cell])
+                if cell.exercise and chosen.get(pos):
+                    log(f"{assignment} {cell.grade_id}: {len(chosen[pos])} mutants, "
+                        f"{sum(1 for mu in chosen[pos] if mu.id in result.killed)} killed")
     finally:
         os.chdir(cwd)
         InteractiveShell.clear_instance()
-        torch.set_num_threads(threads)
         if backend is None:
             os.environ.pop("MPLBACKEND", None)
         else:
@@ -214,6 +234,9 @@ def markdown(results: list[LabResult]) -> str:
         rows.append(f"| {r.assignment} | {r.mutants} | {len(r.equivalent)} | {len(r.killed)} | {len(r.survived)} | "
                     f"{r.score:.0%} | {r.seconds:.0f} |")
     for r in results:
+        if r.not_run:
+            rows.append(f"\n{r.assignment}: not run without a GPU (their checks run on a GPU only): "
+                        + ", ".join(f"{ex} ({n} mutants)" for ex, n in r.not_run.items()))
         if r.baseline_failures:
             rows.append(f"\n{r.assignment}: the solution itself failed {r.baseline_failures}: no score")
         if r.survived:
