@@ -109,3 +109,31 @@ def test_a_weakened_check_lets_mutants_through(repo_root):
                                 "r = run.run_lab('00_token_factory', sample=3, seed=0, timeout_s=120, log=print, "
                                 "exercises=['ex2_code'])", repo_root)
     assert len(r["survived"]) == 3
+
+
+def test_the_run_keeps_torch_on_one_thread():
+    """Inside a run torch.set_num_threads does nothing (OpenMP's workers do not survive fork(): a child that asked
+    for two threads after the parent ran on two hung, and its mutant counted as killed); afterwards it works again."""
+    import torch
+
+    from autograder.mutation.run import _one_thread
+
+    before = torch.get_num_threads()
+    with _one_thread():
+        torch.set_num_threads(2)
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    torch.set_num_threads(before)
+
+
+def test_gpu_only_exercises_are_reported_apart(tmp_path):
+    """known.json's gpu_only exercises are not run without a GPU, and the report says how many mutants that leaves."""
+    import json
+
+    from autograder.mutation.run import LabResult, load_known, markdown
+
+    known = tmp_path / "known.json"
+    known.write_text(json.dumps({"01_kv_cache": {"gpu_only": {"ex4_code": "a CUDA graph"}}}))
+    assert load_known("01_kv_cache", known)["gpu_only"] == {"ex4_code": "a CUDA graph"}
+    report = markdown([LabResult("01_kv_cache", not_run={"ex4_code": 30})])
+    assert "not run without a GPU" in report and "ex4_code (30 mutants)" in report
