@@ -213,6 +213,16 @@ def _refuses_big_update(cls: type, what: str) -> None:
     if cache.length != 3 or not torch.equal(before, after):
         raise AssertionError(f"{what}: after refusing the update the cache changed (length {cache.length}, "
                              "expected 3): check before writing anything")
+    with no_calls_into(*CACHE_REFERENCES, what=EX2):
+        empty = call_learner(f"{EX2}: {cls.__name__}(...)", cls, 1, TINY.n_kv_heads, TINY.head_dim, 4, 0, f,
+                             context=what)
+        if not _update_refused(empty, torch.cat([k, k], 1)):
+            raise AssertionError(f"{what}: a prefill of 6 tokens into an EMPTY window of 4 was accepted; the first "
+                                 "queries of that chunk would then attend to keys the ring no longer holds: refuse "
+                                 "any chunk longer than the room left, from an empty cache too")
+        if empty.length != 0:
+            raise AssertionError(f"{what}: after refusing a prefill of 6 into an empty window of 4 the cache holds "
+                                 f"{empty.length} tokens: check before writing anything")
 
 
 def _update_refused(cache: Any, chunk: torch.Tensor) -> bool:

@@ -301,6 +301,23 @@ def test_sinks_rotated_one_position_too_far_fail_in_every_case() -> None:
         assert error > 10 * lab09.ATOL            # a margin, not a hair past the tolerance
 
 
+class ChecksRoomOnlyOnceStarted(MyRingKVCache):
+    """Refuses an oversized chunk only when the cache already holds tokens: a long prefill into an empty ring is
+    accepted, and its first queries attend to evicted keys."""
+
+    def update(self, k, v):
+        if self.length == 0 and k.shape[1] > self.capacity:
+            for t in range(k.shape[1]):
+                super().update(k[:, t:t + 1], v[:, t:t + 1])
+            return self.read()
+        return super().update(k, v)
+
+
+def test_a_prefill_longer_than_the_ring_into_an_empty_cache_is_refused() -> None:
+    with pytest.raises(AssertionError, match="EMPTY window of 4"):
+        lab09.check_ring_cache(ChecksRoomOnlyOnceStarted)
+
+
 def test_sinks_left_at_their_old_positions_fail() -> None:
     with pytest.raises(AssertionError, match="rotated on by shift"):
         lab09.check_sink_cache(SinksNotRotated)
