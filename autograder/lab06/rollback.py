@@ -50,6 +50,14 @@ def _check_truncate_cache(truncate_fn: Callable) -> None:
         if not torch.equal(layer.k[:, :6], want) or not torch.equal(layer.v[:, :6], -want):
             raise AssertionError(f"layer {i}: after truncating to 4 and writing 2 positions, positions [0, 6) should hold the "
                                  "first 4 old positions then the 2 new ones; truncation must keep the data before `length`")
+    kept = [layer.k[:, :6].clone() for layer in cache]
+    call_learner("truncate_cache(cache, 6) on a cache of 6 positions (its own length: nothing to drop)", truncate_fn,
+                 cache, 6)
+    if [layer.length for layer in cache] != [6] * cfg.n_layers or not all(
+            torch.equal(layer.k[:, :6], k) for layer, k in zip(cache, kept)):
+        raise AssertionError("truncate_cache(cache, 6) on a cache of 6 positions must keep all 6 and change nothing "
+                             f"(lengths {[layer.length for layer in cache]}): a length equal to the cache's is allowed, "
+                             "only a longer one is an error")
     for bad in (7, -1):
         before = [layer.length for layer in cache]
         expect_value_error(f"truncate_cache(cache, {bad}) on a cache of 6 positions", truncate_fn, cache, bad,

@@ -121,6 +121,18 @@ def one_uniform_per_round(drafted, q, p, generator=None):
     return emitted + [int(torch.multinomial(p[k], 1, generator=generator))], torch.tensor(probs)
 
 
+def truncate_refusing_its_own_length(cache, length):
+    """Raises for length >= cache.length: truncating to the current length (a round that accepted everything) fails."""
+    if not 0 <= length < cache.length and length != 0:
+        raise ValueError(f"length must be in [0, {cache.length}), got {length}")
+    own_truncate(cache, length)
+
+
+def test_truncating_to_the_current_length_is_allowed():
+    with pytest.raises(AssertionError, match="its own length"):
+        lab06.check_truncate_cache(truncate_refusing_its_own_length)
+
+
 def test_one_uniform_per_round_is_caught():
     results = lab06.verify_distribution_test(one_uniform_per_round)     # no power against it at 1,500 samples...
     assert all(r.p_value > lab06.SIGNIFICANCE for r in results)
