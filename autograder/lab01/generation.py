@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable
 
+import torch
+
 from autograder.harness import assert_finite, quiet, within
 from autograder.lab01.common import ATOL, SMALL_CONFIGS, random_prompt, small_model
 from autograder.checking.reference_guard import no_calls_into, own_work
@@ -31,11 +33,13 @@ class _Recorder:
         self.calls: list[dict[str, Any]] = []
         self.attn_shapes: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
         self.key_buffers: list[int] = []        # per attention call: address of the memory the keys live in
+        self.key_dtypes: list[Any] = []         # per attention call: the keys' dtype
         inner = resolve_attention(attention if attention is not None else "sdpa")
 
         def recording_attention(q, k, v):
             self.attn_shapes.append((tuple(q.shape), tuple(k.shape)))
             self.key_buffers.append(storage_address(k))
+            self.key_dtypes.append(k.dtype)
             return inner(q, k, v)
 
         model.set_attention(recording_attention)
@@ -149,6 +153,43 @@ def _check_preallocated(rec: _Recorder, n_layers: int, what: str) -> None:
                                      "every step copy the whole cache (quadratic time). Allocate max length up front.")
 
 
+class _LetterTokenizer:
+    """decode(ids) -> one letter per token: enough for stop strings on the small models' vocabularies."""
+
+    @staticmethod
+    def decode(ids: list[int]) -> str:
+        return "".join(chr(ord("a") + i % 26) for i in ids)
+
+
+def _check_contract_edges(generate_fn: Callable, attention: Callable | None) -> None:
+    """What the step-by-step cases never ask: zero new tokens, a stop string (with its tokenizer), and a model in
+    bfloat16 (the cache in the model's dtype)."""
+    model = small_model("GQA 4q/2kv")
+    prompt = random_prompt(5, model.config.vocab_size, seed=41)
+    what = "model GQA 4q/2kv, prompt of 5 tokens, max_new_tokens=0"
+    ref, _ = _run(generate_naive, model, prompt, 0, SamplingParams(), None, "naive", learner=False, stop_token_ids=())
+    out, _ = _run(generate_fn, model, prompt, 0, SamplingParams(), attention, what, stop_token_ids=())
+    if (out.tokens, out.finish_reason) != (ref.tokens, ref.finish_reason):
+        raise AssertionError(f"{what}: expected no tokens and finish_reason {ref.finish_reason!r} (like "
+                             f"generate_naive), got {out.tokens} and {out.finish_reason!r}")
+    free, _ = _run(generate_naive, model, prompt, 16, SamplingParams(), None, "naive", learner=False, stop_token_ids=())
+    stop = _LetterTokenizer.decode(free.tokens[6:8])
+    kw = dict(stop_token_ids=(), stop_strings=(stop,), tokenizer=_LetterTokenizer())
+    what = f"model GQA 4q/2kv, prompt of 5 tokens, stop_strings=({stop!r},) with a tokenizer"
+    ref, _ = _run(generate_naive, model, prompt, 16, SamplingParams(), None, "naive", learner=False, **kw)
+    out, _ = _run(generate_fn, model, prompt, 16, SamplingParams(), attention, what, **kw)
+    if (out.tokens, out.finish_reason) != (ref.tokens, ref.finish_reason):
+        raise AssertionError(f"{what}: expected {ref.tokens} ({ref.finish_reason!r}), got {out.tokens} "
+                             f"({out.finish_reason!r}); pass stop_strings and tokenizer on to minigpt.generate.StopRule")
+    half = small_model("GQA 4q/2kv").to(torch.bfloat16)
+    what = "model GQA 4q/2kv in bfloat16, prompt of 5 tokens, 3 new tokens"
+    out, rec = _run(generate_fn, half, prompt, 3, SamplingParams(), attention, what, stop_token_ids=())
+    wrong = sorted({str(d) for d in rec.key_dtypes if d != torch.bfloat16})
+    if wrong:
+        raise AssertionError(f"{what}: attention received keys in {', '.join(wrong)}; allocate the cache in the "
+                             "model's dtype (dtype=model.dtype), as the keys it stores come out of the model")
+
+
 def check_generate_kv_cache(generate_fn: Callable, attention: Callable | None = None) -> None:
     """generate_fn(model, prompt, max_new_tokens, sampling, *, stop_token_ids, ...) -> Generation must give the
     same tokens as minigpt.generate.generate_naive (greedy and seeded sampling), with logits close at every step,
@@ -193,6 +234,7 @@ def _check_generate(generate_fn: Callable, attention: Callable | None) -> None:
         if (out.tokens, out.finish_reason) != (ref.tokens, ref.finish_reason):
             raise AssertionError(f"{what}, stop_token_ids=({stop},): expected {ref.tokens} ({ref.finish_reason!r}), got "
                                  f"{out.tokens} ({out.finish_reason!r}); use minigpt.generate.StopRule")
+    _check_contract_edges(generate_fn, attention)
     # A request that does not fit must be refused like the naive generator does (check_request).
     model = small_model("GQA 4q/2kv")
     try:
