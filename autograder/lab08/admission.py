@@ -70,6 +70,14 @@ def _admission_unit_observations(fn: Callable) -> dict:
         except KeyError:
             pass
         seen["in_use_after_error"] = slots.in_use
+        if slots.in_use != 0:
+            return seen
+        try:                        # a client that goes away: its task is cancelled (a BaseException, not Exception)
+            async with fn(slots, 0.5):
+                raise asyncio.CancelledError()
+        except asyncio.CancelledError:
+            pass
+        seen["in_use_after_cancel"] = slots.in_use
         return seen
     return call_learner("admitted", run_sync, scenario(), passthrough=(QueueFull,))
 
@@ -98,6 +106,9 @@ def _check_admission_unit(fn: Callable) -> None:
     if seen["in_use_after_error"] != 0:
         raise AssertionError("a request that failed with an exception kept its slot: give it back in a `finally` "
                              "(a few errors would otherwise fill the queue forever)")
+    if seen["in_use_after_cancel"] != 0:
+        raise AssertionError("a cancelled request (its client went away: asyncio.CancelledError, a BaseException, not "
+                             "an Exception) kept its slot: give it back in a `finally`, which runs for both")
 
 
 def _post_or_error(url: str, body: dict) -> httpx.Response | Exception:

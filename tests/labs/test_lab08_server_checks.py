@@ -210,6 +210,21 @@ async def admit_leaks_on_error(slots, retry_after_s):
 
 
 @asynccontextmanager
+async def admit_frees_on_exception_only(slots, retry_after_s):
+    """Gives the slot back on success and on an Exception, but a cancelled request (CancelledError is a
+    BaseException) keeps it forever."""
+    if slots.in_use >= slots.capacity:
+        raise QueueFull(retry_after_s)
+    slots.in_use += 1
+    try:
+        yield
+    except Exception:
+        slots.in_use -= 1
+        raise
+    slots.in_use -= 1
+
+
+@asynccontextmanager
 async def admit_no_retry_after(slots, retry_after_s):
     if slots.in_use >= slots.capacity:
         raise QueueFull()
@@ -242,6 +257,7 @@ def test_reference_admission_passes():
     (admit_waits, "WAITED"),
     (admit_leaks, "still taken"),
     (admit_leaks_on_error, "exception kept its slot"),
+    (admit_frees_on_exception_only, "cancelled request"),
     (admit_no_retry_after, "retry_after"),
     (admit_one_past, "past the capacity"),
 ])
