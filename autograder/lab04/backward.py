@@ -258,6 +258,8 @@ def check_attention_function(cls: Any, triton: bool) -> None:
         ((torch.randn(1, 5, 8, generator=g), torch.randn(1, 13, 8, generator=g), torch.randn(1, 13, 8, generator=g)),
          False, "keyword", "(batch 1, 5 queries, 13 keys, dim 8), is_causal=False as a keyword"),
         (_qkv(1, 4, 2, 9, 9, 8, seed=22), True, "keyword", "(1, 4 query heads, 2 KV heads, 9, 8), is_causal=True"),
+        (_qkv(2, 1, 1, 7, 7, 8, seed=23), True, "keyword", "(2, 1 head, 7, 8): 4-D with a single head, is_causal=True "
+                                                           "(the output keeps its head dimension)"),
     ]
     name = cls.__name__
     for i, (qkv, is_causal, pass_as, context) in enumerate(cases):
