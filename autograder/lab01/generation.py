@@ -14,7 +14,7 @@ import torch
 from autograder.harness import assert_finite, quiet, within
 from autograder.lab01.common import ATOL, SMALL_CONFIGS, random_prompt, small_model
 from autograder.checking.reference_guard import no_calls_into, own_work
-from autograder.checking.wire import storage_address
+from autograder.checking.wire import run_where, storage_address
 from minigpt.attention import resolve_attention
 from minigpt.config import ModelConfig
 from minigpt.engine.cached_generation import generate_kv_cache
@@ -174,10 +174,13 @@ def _check_contract_edges(generate_fn: Callable, attention: Callable | None) -> 
                              f"generate_naive), got {out.tokens} and {out.finish_reason!r}")
     free, _ = _run(generate_naive, model, prompt, 16, SamplingParams(), None, "naive", learner=False, stop_token_ids=())
     stop = _LetterTokenizer.decode(free.tokens[6:8])
-    kw = dict(stop_token_ids=(), stop_strings=(stop,), tokenizer=_LetterTokenizer())
+    kw = dict(stop_token_ids=(), stop_strings=(stop,))
     what = f"model GQA 4q/2kv, prompt of 5 tokens, stop_strings=({stop!r},) with a tokenizer"
-    ref, _ = _run(generate_naive, model, prompt, 16, SamplingParams(), None, "naive", learner=False, **kw)
-    out, _ = _run(generate_fn, model, prompt, 16, SamplingParams(), attention, what, **kw)
+    ref, _ = _run(generate_naive, model, prompt, 16, SamplingParams(), None, "naive", learner=False,
+                  tokenizer=_LetterTokenizer(), **kw)
+    # the learner's generator gets a tokenizer built where it runs (judged: the grader hands over data, not objects)
+    out, _ = _run(generate_fn, model, prompt, 16, SamplingParams(), attention, what,
+                  tokenizer=run_where(generate_fn, _LetterTokenizer), **kw)
     if (out.tokens, out.finish_reason) != (ref.tokens, ref.finish_reason):
         raise AssertionError(f"{what}: expected {ref.tokens} ({ref.finish_reason!r}), got {out.tokens} "
                              f"({out.finish_reason!r}); pass stop_strings and tokenizer on to minigpt.generate.StopRule")
