@@ -15,7 +15,7 @@ from autograder.checking.models import count_triton_launches
 from autograder.harness import call_learner
 from autograder.lab04.common import ATTENTION_CASES, TOL, _close, _err, _full_attention, _qkv
 from autograder.lab04.drawn_cases import attention_cases, runnable_on
-from autograder.lab04.triton_kernels import _takes, call_launcher
+from autograder.lab04.triton_kernels import accepts_keywords, call_launcher
 from autograder.checking.reference_guard import ReferenceHandedIn, no_calls_into, own_work
 from autograder.checking.wire import is_class, run_where
 from minigpt.kernels.flash_attention import FlashAttentionFunction
@@ -106,7 +106,7 @@ def check_flash_backward(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.
     too few digits there for a gradient's tolerance)."""
     own_work(fn, _BACKWARD_REFERENCES, what=FLASH_BACKWARD)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    tiles = run_where(fn, _takes, fn, ("block_m", "block_n"))
+    tiles = run_where(fn, accepts_keywords, fn, ("block_m", "block_n"))
     cases = [(dtype, case) for dtype in dtypes for case in BACKWARD_CASES]
     cases += [(None, runnable_on(_gradient_case(c), device)) for c in attention_cases()
               if c.magnitude != "scores far below -1e4"]

@@ -77,7 +77,7 @@ def check_flash_forward(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.f
     (drawn_cases.py: three dtypes, strided layouts, tile sizes, large scores)."""
     own_work(fn, _ATTENTION_REFERENCES, what=FLASH_FORWARD)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    tiles = run_where(fn, _takes, fn, ("block_m", "block_n"))
+    tiles = run_where(fn, accepts_keywords, fn, ("block_m", "block_n"))
     cases = ([(dtype, case) for dtype in dtypes for case in ATTENTION_CASES]
              + [(None, runnable_on(c, device)) for c in attention_cases()])
     for n, (dtype, case) in enumerate(cases):
@@ -90,7 +90,7 @@ def check_flash_forward(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.f
             tol = tolerance(case.magnitude, TOL[dtype])
             kwargs = {"block_m": case.block_m, "block_n": case.block_n} if tiles else {}
         q, k, v = (t.to(device) for t in qkv)
-        want = [t.cpu().clone() for t in (q, k, v)]       # what is compared against: the kernel could write into q, k, v
+        want = [t.cpu().clone() for t in (q, k, v)]       # compared against: the kernel could write into its inputs
         # the first case also refuses a call into the reference (profiling every case in the interpreter would
         # double the check's time); every launch is checked to be the notebook's kernel
         got, launches = call_launcher("flash_forward", fn, q, k, v, causal, exercise=FLASH_FORWARD, context=what,
@@ -136,7 +136,7 @@ def _paged(B, Hq, Hkv, D, block_size, lens, dtype=torch.float32, device="cpu"):
                                device=device, extra_blocks=1, num_blocks=48)
 
 
-def _takes(fn: Callable, names: tuple[str, ...]) -> bool:
+def accepts_keywords(fn: Callable, names: tuple[str, ...]) -> bool:
     """True when fn accepts every keyword in `names` (the notebook's launchers: `merge`, the function that merges
     the splits; `block_m`, `block_n`, `pages_per_split`, the tiles)."""
     try:
@@ -149,8 +149,8 @@ def _takes(fn: Callable, names: tuple[str, ...]) -> bool:
 def _drawn_paged(case, device: str) -> tuple[tuple, tuple]:
     """The inputs (q, k_pool, v_pool, block_tables, seq_lens) of a drawn case, twice: as the learner gets them (the
     slots no sequence owns NaN, drawn_cases.fenced_pool) and as the answer is computed (those slots random). Every
-    block table exactly full, two spare blocks in the pool; q and K of the case's magnitude and, for an offset case, a slice of a wider
-    buffer (row strides that are not D)."""
+    block table exactly full, two spare blocks in the pool; q and K of the case's magnitude and, for an offset
+    case, q a slice of a wider buffer (row strides that are not D)."""
     q, k_pool, v_pool, tables, lens = random_paged_inputs(
         list(case.seq_lens), n_heads=case.Hq, n_kv_heads=case.Hkv, head_dim=case.D, block_size=case.page_size,
         dtype=case.dtype, device=device, seed=7,
@@ -171,8 +171,8 @@ def check_paged_decode(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.fl
     this one."""
     own_work(fn, _PAGED_REFERENCES, what=PAGED_DECODE)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    merge = {"merge": merge_partials} if run_where(fn, _takes, fn, ("merge",)) else {}
-    splits = run_where(fn, _takes, fn, ("pages_per_split",))
+    merge = {"merge": merge_partials} if run_where(fn, accepts_keywords, fn, ("merge",)) else {}
+    splits = run_where(fn, accepts_keywords, fn, ("pages_per_split",))
     cases = ([(dtype, case) for dtype in dtypes for case in PAGED_CASES]
              + [(None, runnable_on(c, device)) for c in paged_cases()])
     for n, (dtype, case) in enumerate(cases):
