@@ -14,7 +14,7 @@ import minigpt.kernels  # noqa: F401  (on a CPU: TRITON_INTERPRET=1 before any k
 from autograder.checking.models import count_triton_launches
 from autograder.harness import call_learner
 from autograder.lab04.common import ATTENTION_CASES, TOL, _close, _err, _full_attention, _qkv
-from autograder.lab04.drawn_cases import attention_cases, runnable_on
+from autograder.lab04.drawn_cases import FAR_BELOW, X40, attention_cases, runnable_on
 from autograder.lab04.triton_kernels import accepts_keywords, call_launcher
 from autograder.checking.reference_guard import ReferenceHandedIn, no_calls_into, own_work
 from autograder.checking.wire import is_class, run_where
@@ -109,7 +109,7 @@ def check_flash_backward(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.
     tiles = run_where(fn, accepts_keywords, fn, ("block_m", "block_n"))
     cases = [(dtype, case) for dtype in dtypes for case in BACKWARD_CASES]
     cases += [(None, runnable_on(_gradient_case(c), device)) for c in attention_cases()
-              if c.magnitude != "scores far below -1e4"]
+              if c.magnitude != FAR_BELOW]
     for n, (dtype, case) in enumerate(cases):
         kwargs: dict = {}
         if dtype is not None:
@@ -147,7 +147,7 @@ def check_flash_backward(fn: Callable, dtypes: tuple[torch.dtype, ...] = (torch.
 def _gradient_case(case):
     """A drawn case for the backward: queries x40 run in float32 (in float16 such scores leave a gradient too few
     digits: the solution's dk was off by 0.057 against a tolerance of 5e-3)."""
-    return dataclasses.replace(case, dtype=torch.float32) if case.magnitude == "queries x40" else case
+    return dataclasses.replace(case, dtype=torch.float32) if case.magnitude == X40 else case
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -23,8 +23,6 @@ drawn by hypothesis with a fixed seed (autograder/checking/drawn.py), vary:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import dataclasses
 import math
 
@@ -33,14 +31,15 @@ import torch
 from autograder.checking.drawn import drawn_examples
 
 __all__ = ["AttentionCase", "PagedCase", "attention_cases", "paged_cases", "DRAWN_ATTENTION", "DRAWN_PAGED",
-           "runnable_on", "scaled", "tolerance"]
+           "runnable_on", "scaled", "tolerance", "MAGNITUDES", "ORDER_ONE", "X40", "FAR_BELOW"]
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # (block_m, block_n), unequal first: hypothesis draws the first values more often, and equal tiles hide a bound
 # written with the other tile's size
 TILE_PAIRS = ((64, 16), (16, 32), (32, 64), (32, 16), (16, 16), (64, 64))
 LAYOUTS = ("contiguous", "(B, T, H, D) transposed", "slice of a NaN-filled buffer")
-MAGNITUDES = ("scores far below -1e4", "order one", "queries x40")
+ORDER_ONE, X40, FAR_BELOW = "order one", "queries x40", "scores far below -1e4"
+MAGNITUDES = (FAR_BELOW, ORDER_ONE, X40)
 DRAWN_ATTENTION = 9         # drawn cases per check: each runs in well under a second in the interpreter
 DRAWN_PAGED = 9
 
@@ -50,9 +49,9 @@ def scaled(x: torch.Tensor, magnitude: str, role: str) -> torch.Tensor:
     every key is all ones and every query element a negative multiple of 16 between -4080 and -2048 (exact in
     fp16 and bf16), so each dot product is an integer float32 adds exactly in any order: a query's scores are all
     equal, about -2e4 in log2 units or lower, and the answer is the mean of the values it sees."""
-    if magnitude == "queries x40":
+    if magnitude == X40:
         return x * 40 if role == "q" else x
-    if magnitude == "scores far below -1e4":
+    if magnitude == FAR_BELOW:
         return -16 * (128 + (x.abs() * 40).floor().clamp(max=127)) if role == "q" else torch.ones_like(x)
     return x
 
@@ -61,11 +60,11 @@ def tolerance(magnitude: str, tol: float) -> float:
     """The comparison's tolerance for a case of this magnitude: far below -1e4 a float32 LSE holds about 3
     decimals (its spacing there is about 4e-3), so splits merge to about 1e-3; the mistakes that case is for are
     off by order one or NaN."""
-    return max(tol, 1e-2) if magnitude == "scores far below -1e4" else tol
+    return max(tol, 1e-2) if magnitude == FAR_BELOW else tol
 
 
 def _laid_out(shape: tuple[int, int, int, int], layout: str, dtype: torch.dtype, g: torch.Generator,
-              magnitude: str = "order one", role: str = "v") -> torch.Tensor:
+              magnitude: str = ORDER_ONE, role: str = "v") -> torch.Tensor:
     """A (B, H, T, D) tensor in `layout`; a view's base is a contiguous buffer of its own."""
     B, H, T, D = shape
     if layout == "contiguous":
@@ -77,7 +76,7 @@ def _laid_out(shape: tuple[int, int, int, int], layout: str, dtype: torch.dtype,
     return buffer[:, :, 5:T + 5]
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class AttentionCase:
     B: int
     Hq: int
@@ -144,7 +143,7 @@ def _each_magnitude(cases: list) -> list:
     return [dataclasses.replace(case, magnitude=MAGNITUDES[i % len(MAGNITUDES)]) for i, case in enumerate(cases)]
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class PagedCase:
     Hq: int
     Hkv: int
@@ -201,6 +200,6 @@ def paged_cases(count: int = DRAWN_PAGED) -> list[PagedCase]:
 def _with_empty_splits(case: PagedCase) -> PagedCase:
     """Far below -1e4, the batch also holds a sequence five pages long, so the shorter ones have splits with no
     key at all, whose LSE must be -inf (an empty split marked -1e4 would outweigh every real one there)."""
-    if case.magnitude != "scores far below -1e4":
+    if case.magnitude != FAR_BELOW:
         return case
     return dataclasses.replace(case, seq_lens=(5 * case.page_size - 1,) + case.seq_lens)

@@ -74,16 +74,15 @@ def _edge_inputs() -> list[tuple[str, tuple[torch.Tensor, ...], float]]:
     with query rows whose scores sit about +200 and -200 (each row needs its own running max: one max for the whole
     tensor underflows the low rows); with every score far below -1e4 (keys all ones, queries negative integers, so a
     query's scores tie exactly: a mask or a running max of -1e4 instead of -inf is wrong)."""
-    from autograder.lab04.drawn_cases import scaled, tolerance
+    from autograder.lab04.drawn_cases import FAR_BELOW, scaled, tolerance
 
     q, k, v = _qkv(1, 4, 2, 20, 33, 24, seed=5)
     sign = torch.tensor([1.0, -1.0, 1.0, -1.0]).view(1, 4, 1, 1)
-    far = "scores far below -1e4"
     return [("float16 inputs, causal, Tq = 20, Tk = 33", tuple(t.half() for t in (q, k, v)), TOL[torch.float16]),
             ("query rows with scores near +200 and near -200, causal", ((q.abs() + 0.5) * 30 * sign, k.abs() + 0.5, v),
              TOL[torch.float32]),
-            ("every score far below -1e4, causal", (scaled(q, far, "q"), scaled(k, far, "k"), v),
-             tolerance(far, TOL[torch.float32]))]
+            ("every score far below -1e4, causal", (scaled(q, FAR_BELOW, "q"), scaled(k, FAR_BELOW, "k"), v),
+             tolerance(FAR_BELOW, TOL[torch.float32]))]
 
 
 def _compare_out_lse(got: Any, q, k, v, causal: bool, what: str, tol: float) -> None:
