@@ -261,7 +261,7 @@ def check_speedup(candidate: Callable[[], Any], baseline: Callable[[], Any], ref
 def expect_value_error(what: str, fn: Callable[..., Any], *args: Any, naming: Sequence[str] = (), hint: str = "",
                        **kwargs: Any) -> None:
     """fn(*args, **kwargs) must raise a ValueError whose message names each of `naming` (or, with none, has a
-    message at all). NotImplementedError: "`what` is not implemented yet"; another exception, or none: an
+    message at all: not empty, not "None"). NotImplementedError: "`what` is not implemented yet"; another exception, or none: an
     AssertionError that says `what` and `hint` (why the input is refused)."""
     try:
         with quiet():
@@ -269,7 +269,8 @@ def expect_value_error(what: str, fn: Callable[..., Any], *args: Any, naming: Se
     except NotImplementedError:
         raise AssertionError(f"{what}: not implemented yet (NotImplementedError)") from None
     except ValueError as err:
-        missing = [n for n in naming if str(n).lower() not in str(err).lower()] if naming else ([] if str(err) else ["the problem"])
+        said = "" if str(err) == "None" else str(err)          # ValueError(None) says nothing
+        missing = [n for n in naming if str(n).lower() not in said.lower()] if naming else ([] if said else ["the problem"])
         if missing:
             raise AssertionError(f"{what} raised ValueError, good, but its message should name "
                                  f"{', '.join(map(str, missing))}; got {err!r}") from None

@@ -24,12 +24,13 @@ the drain-every-step formula diagnosed), check_q4 (all-reduce time per step at b
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from typing import Any, Callable
 
 import torch
 
-from autograder.harness import call_learner, check_answer, quiet
+from autograder.harness import call_learner, check_answer, expect_value_error, quiet
 from autograder.checking.reference_guard import watched as _watched, no_calls_into, own_work
 from autograder.checking.wire import is_remote, run_where
 from minigpt.config import ModelConfig
@@ -105,6 +106,32 @@ def check_shard_weight(shard_weight: Callable) -> None:
     what = "Exercise 1 (shard_weight)"
     own_work(shard_weight, [sharding.shard_parameter, sharding.shard_state_dict], what=what)
     _check_shard_weight(_watched(shard_weight, (sharding.shard_parameter, sharding.shard_state_dict), what))
+    _check_pieces_own_memory(shard_weight)
+
+
+# A piece of each kind: rows (a view of `full` when sliced), columns, and a whole replicated tensor
+_OWNERSHIP_CASES = ("layers.0.attn.wq.weight", "layers.0.mlp.w_down.weight", "tok_emb.weight", "norm.weight")
+
+
+def piece_shares_memory(shard_weight: Callable, pname: str, full: torch.Tensor, cfg: ModelConfig, tp: int,
+                        rank: int) -> bool:
+    """Run where shard_weight lives (run_where): True when its piece is a view of `full` (same storage)."""
+    with quiet():
+        piece = shard_weight(pname, full, cfg, tp, rank)
+    return isinstance(piece, torch.Tensor) and piece.untyped_storage().data_ptr() == full.untyped_storage().data_ptr()
+
+
+def _check_pieces_own_memory(shard_weight: Callable) -> None:
+    """Every piece owns its memory: a view of the full parameter keeps all of it alive on every rank (each rank
+    would hold the whole model), and writing into one rank's piece would change the others'."""
+    cfg, state = CONFIGS["GQA 4q/2kv"], _model("GQA 4q/2kv").state_dict()
+    for pname in _OWNERSHIP_CASES:
+        full = state[pname].clone()
+        if call_learner("shard_weight", run_where, shard_weight, piece_shares_memory, shard_weight, pname, full, cfg, 2,
+                        1, context=f"{pname}, tp=2, rank 1"):
+            raise AssertionError(f"Exercise 1 (shard_weight): the piece of {pname} (tp=2, rank 1) is a view of the full "
+                                 "tensor: it keeps the whole tensor alive on every rank, and a write into one rank's "
+                                 "piece changes the full weight. Return a copy (.contiguous().clone()).")
 
 
 def _check_shard_weight(shard_weight: Callable) -> None:
@@ -127,21 +154,14 @@ def _check_shard_weight(shard_weight: Callable) -> None:
                 if not torch.equal(got, want):
                     raise AssertionError(f"{what}: the piece has the right shape but holds the wrong rows/columns. "
                                          + _value_hint(pname, cfg, tp, rank))
-    for name, tp in (("GQA 4q/2kv", 3), ("MQA 4q/1kv", 8)):
-        cfg = CONFIGS[name]
+    for name, tp, d_ff in (("GQA 4q/2kv", 3, None), ("MQA 4q/1kv", 8, None), ("GQA 4q/2kv", 4, 130)):
+        cfg = CONFIGS[name] if d_ff is None else dataclasses.replace(CONFIGS[name], d_ff=d_ff)
         full = _model(name).state_dict()["layers.0.attn.wq.weight"]
-        try:
-            with quiet():
-                shard_weight("layers.0.attn.wq.weight", full, cfg, tp, 0)
-        except ValueError:
-            continue
-        except NotImplementedError:
-            raise AssertionError("shard_weight is not implemented yet (NotImplementedError)") from None
-        except Exception as err:
-            raise AssertionError(f"tp={tp} with n_heads={cfg.n_heads}: expected a ValueError, got "
-                                 f"{type(err).__name__}: {err}") from None
-        raise AssertionError(f"tp={tp} does not divide n_heads={cfg.n_heads}: shard_weight must raise ValueError "
-                             "(a rank would get part of a head), it returned a piece")
+        why = (f"d_ff={d_ff} does not split into {tp} equal blocks" if d_ff else
+               f"tp={tp} does not divide n_heads={cfg.n_heads} (a rank would get part of a head)")
+        expect_value_error(f"Exercise 1 (shard_weight): tp={tp}, n_heads={cfg.n_heads}, n_kv_heads={cfg.n_kv_heads}, "
+                           f"d_ff={cfg.d_ff}", shard_weight, "layers.0.attn.wq.weight", full, cfg, tp, 0,
+                           naming=(str(tp),), hint=f": {why}")
 
 
 def _shape_hint(pname: str, cfg: ModelConfig, tp: int) -> str:

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import torch
 
-from autograder.harness import assert_finite, call_learner, check_answer, quiet, within
+from autograder.harness import assert_finite, call_learner, check_answer, expect_value_error, quiet, within
 from autograder.checking.reference_guard import no_calls_into, own_work, watched
 from autograder.checking.wire import run_where
 from minigpt.attention import naive_attention
@@ -100,12 +100,16 @@ def check_scaled_inv_freq(fn: Callable) -> None:
                 raise AssertionError(f"{what}: expected a tensor of shape {tuple(want.shape)} (one frequency per "
                                      f"pair), got {shape}")
             assert_finite(got, what, want)
+            if got.dtype != torch.float64:
+                raise AssertionError(f"{what}: the frequencies must be float64 (as the base is), got {got.dtype}: "
+                                     "a float32 arange or theta' ** (...) of float32 loses digits a long context needs")
             got = got.double()
             if torch.allclose(got, want, rtol=1e-5, atol=0):
                 continue
             raise AssertionError(f"{what}: frequencies differ from the reference by up to "
                                  f"{((got - want).abs() / want).max().item():.3g} (relative). "
                                  + _freq_hint(got, base, want, factor, method, L))
+    expect_value_error(f"{EX1}: method 'rope2'", fn, 64, 10_000.0, 2.0, "rope2", 512, naming=("rope2",))
     _check_freq_perplexity(fn)
 
 
@@ -214,6 +218,21 @@ def _refuses_big_update(cls: type, what: str) -> None:
         raise AssertionError(f"{what}: after refusing the update the cache changed (length {cache.length}, "
                              "expected 3): check before writing anything")
     with no_calls_into(*CACHE_REFERENCES, what=EX2):
+        pair = call_learner(f"{EX2}: {cls.__name__}(...)", cls, 1, TINY.n_kv_heads, TINY.head_dim, 4, 0, f,
+                            context=what)
+        with quiet():
+            pair.update(k, k.clone())
+        if not _update_refused(pair, k[:, :2]):
+            raise AssertionError(f"{what}: 2 tokens at once into a window of 4 holding 3 were accepted; the first "
+                                 "of them would see a key the second evicted: refuse any chunk of more than one "
+                                 "token that does not fit the room left")
+        pair = call_learner(f"{EX2}: {cls.__name__}(...)", cls, 1, TINY.n_kv_heads, TINY.head_dim, 4, 0, f,
+                            context=what)
+        with quiet():
+            pair.update(k[:, :2], k[:, :2].clone())
+        if _update_refused(pair, k[:, :2]):
+            raise AssertionError(f"{what}: 2 tokens into a window of 4 holding 2 fill it exactly and evict nothing: "
+                                 "they must be accepted")
         empty = call_learner(f"{EX2}: {cls.__name__}(...)", cls, 1, TINY.n_kv_heads, TINY.head_dim, 4, 0, f,
                              context=what)
         if not _update_refused(empty, torch.cat([k, k], 1)):
@@ -277,15 +296,7 @@ def check_kv_bytes(fn: Callable) -> None:
                              (L * 2 * (layout.kv_lora_rank + layout.rope_dim),
                               "MLA caches ONE latent c_KV (keys and values are both projected up from it), not two.")]
             check_answer(got, want, what, mistakes, unit="bytes", reveal=True)
-    try:
-        with quiet():
-            fn("XYZ", 1, 1, 1, 1, 2, 0, 0)
-    except ValueError:
-        return
-    except Exception as err:
-        raise AssertionError(f"{EX4}: an unknown kind 'XYZ' must raise ValueError, got {type(err).__name__}: "
-                             f"{err}") from None
-    raise AssertionError(f"{EX4}: an unknown kind 'XYZ' must raise ValueError, it returned a value")
+    expect_value_error(f"{EX4}: an unknown kind 'XYZ'", fn, "XYZ", 1, 1, 1, 1, 2, 0, 0, naming=("XYZ",))
 
 
 # ---------------------------------------------------------------------------------------------------

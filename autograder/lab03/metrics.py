@@ -8,7 +8,7 @@ from typing import Callable
 
 from autograder.harness import call_learner
 from autograder.checking.reference_guard import no_calls_into, own_work
-from minigpt.engine.metrics import goodput, request_metrics
+from minigpt.engine.metrics import RequestMetrics, goodput, request_metrics
 
 
 @dataclass
@@ -52,6 +52,13 @@ def metrics_cases(request_metrics_fn: Callable, goodput_fn: Callable) -> None:
     itls = [round(x, 9) for x in getattr(got, "itls", ())]
     if itls != [0.1, 0.2, 0.3]:
         raise AssertionError(f"inter-token latencies should be [0.1, 0.2, 0.3], got {list(getattr(got, 'itls', ()))}")
+    if getattr(got, "request_id", None) != "a":
+        raise AssertionError(f"request_id should be the sequence's id 'a' (seq.seq_id), got "
+                             f"{getattr(got, 'request_id', None)!r}")
+    two = call_learner("request_metrics", request_metrics_fn, timeline("d", 0.0, [1.0, 1.5]))
+    if getattr(two, "tpot", None) != 0.5:
+        raise AssertionError(f"tokens at 1.0 and 1.5 s: TPOT should be 0.5 (one gap, n - 1 = 1), got "
+                             f"{getattr(two, 'tpot', None)!r}")
     one = call_learner("request_metrics", request_metrics_fn, b)
     if getattr(one, "tpot", None) != 0.0:
         raise AssertionError(f"a one-token output has TPOT 0 (no gap between tokens), got {getattr(one, 'tpot', None)!r}")
@@ -67,6 +74,11 @@ def metrics_cases(request_metrics_fn: Callable, goodput_fn: Callable) -> None:
             raise AssertionError(f"goodput with TTFT <= {ttft} s and TPOT <= {tpot} s over requests with (TTFT, TPOT) = "
                                  f"(0.5, 0.2), (0.2, 0), (3.0, 0.05) should be {want:.4g}, got {val!r}: a request counts "
                                  "only if it meets BOTH limits (<=), as a share of all requests")
+    at_limits = [RequestMetrics("x", 0.5, 0.25, (0.25,), 0.75, 2), RequestMetrics("y", 0.25, 0.5, (0.5,), 0.75, 2)]
+    val = call_learner("goodput", goodput_fn, at_limits, 0.5, 0.25)
+    if val != 0.5:
+        raise AssertionError(f"goodput with TTFT <= 0.5 s and TPOT <= 0.25 s over requests with (TTFT, TPOT) = (0.5, "
+                             f"0.25), (0.25, 0.5) should be 0.5, got {val!r}: a request exactly at a limit meets it (<=)")
     empty = call_learner("goodput of no requests", goodput_fn, [], 1.0, 1.0)
     if empty != 0:
         raise AssertionError(f"goodput of an empty list of requests should be 0, got {empty!r}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable
 
 import torch
@@ -22,6 +23,7 @@ from minigpt.engine.runner import ModelRunner
 from minigpt.engine.scheduler import Scheduler, SchedulerConfig
 from minigpt.engine.serving_loop import serve
 from minigpt.model import GPT
+from minigpt.tokenizer import EOT_ID
 from minigpt.timing import fixed_threads
 
 
@@ -91,6 +93,16 @@ def check_greedy_outputs(scheduler_cls: type = Scheduler, pack_fn: Callable | No
                                      "chunk positions, that preemption keeps the output, and the KV slots.")
 
 
+def _ends_early(model: GPT, prompt: list[int]) -> GPT:
+    """`model` with the end-of-text row of its tied embedding set to 1.05x that of the token it picks first after
+    `prompt`: wherever that token would win, end-of-text wins instead (its logit is larger by 5%), so an answer
+    that stops at end-of-text (stop tokens left on) ends early where one that ignores it goes on."""
+    first = generate_kv_cache(model, prompt, 1, stop_token_ids=()).tokens[0]
+    with torch.no_grad():
+        model.tok_emb.weight[EOT_ID] = 1.05 * model.tok_emb.weight[first]
+    return model
+
+
 def check_static_batching(static_fn: Callable) -> None:
     """static_fn(model, prompts, max_new_tokens, batch_size) -> list of token lists (stop tokens disabled): each must
     equal generate_kv_cache on that prompt alone; prompts of very different lengths share a batch. The method: the
@@ -98,11 +110,11 @@ def check_static_batching(static_fn: Callable) -> None:
     whose longest answers are 9 and 7 tokens), not one prompt at a time."""
     what = "Exercise 3 (static batching)"
     own_work(static_fn, static_generate, what=what)
-    model = scaled_model(1)
-    learner_model = model_beside(static_fn, model)      # in the learner's kernel when judged (a copy)
     g = torch.Generator().manual_seed(12)
     prompts = [_rand_tokens(n, g) for n in (3, 17, 9, 30, 5)]
     new = [6, 2, 9, 4, 7]
+    model = _ends_early(scaled_model(1, replace(SMALL_CONFIG, vocab_size=EOT_ID + 1)), prompts[2])
+    learner_model = model_beside(static_fn, model)      # in the learner's kernel when judged (a copy)
     rows: list[int] = []
     # counts rows where the model runs (when judged, the kernel calls this judge-side hook: one request per call;
     # the kernel's copy swaps its attention per batch, which the judge's own model cannot let learner code do)
@@ -122,8 +134,10 @@ def check_static_batching(static_fn: Callable) -> None:
         want = generate_kv_cache(model, p, n, stop_token_ids=()).tokens
         bad = _first_real_divergence(model, Request(i, p, n), list(got[i]), want)
         if bad:
+            why = ("Stop tokens are off here (pass stop_token_ids=()): every answer has exactly its max_new_tokens."
+                   if len(got[i]) < n else "Padding must never be attended to (or written to the cache).")
             raise AssertionError(f"prompt {i} ({len(p)} tokens, batched with prompts of {[len(q) for q in prompts]} "
-                                 f"tokens): {bad}. Padding must never be attended to (or written to the cache).")
+                                 f"tokens): {bad}. {why}")
     if max(rows, default=0) > 3 or max(rows, default=0) < 2 or len(rows) != 9 + 7:
         raise AssertionError(f"the model ran {len(rows)} times with batches of {sorted(set(rows))} rows; static batching "
                              "in groups of 3 runs each group together until its longest answer ends: 9 + 7 = 16 calls "

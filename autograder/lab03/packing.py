@@ -36,8 +36,14 @@ def check_pack_chunks(pack_fn: Callable) -> None:
         want = pack_chunks(chunks, m)
         with no_calls_into(pack_chunks, what=what_ex):
             got = call_learner(f"pack_chunks ({what})", pack_fn, chunks, m)
+        if list(getattr(got, "seq_ids", None) or []) != want.seq_ids:
+            raise AssertionError(f"{what}: seq_ids should be {want.seq_ids} (the chunks' sequences in the order "
+                                 f"given), got {getattr(got, 'seq_ids', None)!r}")
         for name in ("tokens", "positions", "slots", "cu_seqlens_q", "seq_lens"):
             w, x = getattr(want, name), getattr(got, name, None)
+            if isinstance(x, torch.Tensor) and x.dtype != w.dtype:
+                raise AssertionError(f"{what}: {name} has dtype {x.dtype}, should be {w.dtype} (index tensors are "
+                                     "int64: torch.tensor of Python ints)")
             if not isinstance(x, torch.Tensor) or x.shape != w.shape or not torch.equal(x.long().cpu(), w.long()):
                 hint = {"positions": " Positions continue across chunks: a chunk starting at `start` covers "
                                      "start .. start + n - 1, not 0 .. n - 1.",
@@ -47,10 +53,31 @@ def check_pack_chunks(pack_fn: Callable) -> None:
                 raise AssertionError(f"{what}: {name} should be {w.tolist()}, got "
                                      f"{x.tolist() if isinstance(x, torch.Tensor) else x!r}.{hint}")
         bt = getattr(got, "block_tables", None)
+        if isinstance(bt, torch.Tensor) and bt.dtype != want.block_tables.dtype:
+            raise AssertionError(f"{what}: block_tables has dtype {bt.dtype}, should be {want.block_tables.dtype} "
+                                 "(what block_tables_tensor makes)")
         for b, (seq_id, toks, start, _) in enumerate(chunks):
             need = math.ceil((start + len(toks)) / 4)
             if bt is None or bt[b, :need].tolist() != m.table(seq_id).blocks[:need]:
                 raise AssertionError(f"{what}: block_tables row {b} should start with {m.table(seq_id).blocks}")
+    _check_device(pack_fn, m, cases, what_ex)
+
+
+PACKED_FIELDS = ("tokens", "positions", "slots", "cu_seqlens_q", "seq_lens", "block_tables")
+
+
+def _check_device(pack_fn: Callable, m: BlockManager, cases: dict, what_ex: str) -> None:
+    """Every tensor of the batch is made on the device asked for (the meta device here: it holds no data, so a tensor
+    built without `device=` is seen on the CPU on any machine)."""
+    chunks = list(cases.values())[-1]
+    with no_calls_into(pack_chunks, what=what_ex):
+        got = call_learner("pack_chunks(chunks, manager, device='meta')", pack_fn, chunks, m, "meta")
+    elsewhere = {name: str(getattr(got, name).device) for name in PACKED_FIELDS
+                 if isinstance(getattr(got, name, None), torch.Tensor) and not getattr(got, name).is_meta}
+    if elsewhere:
+        raise AssertionError(f"{what_ex}: asked for device='meta', but {elsewhere} were made elsewhere: pass "
+                             "device=device to every torch.tensor (and to block_tables_tensor), or a GPU step "
+                             "gets CPU index tensors")
 
 
 def refuse_thin_pack(pack_fn: Callable) -> None:

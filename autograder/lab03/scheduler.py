@@ -6,11 +6,12 @@ from typing import Any, Callable, Hashable
 
 import torch
 
-from autograder.harness import call_learner, quiet
+from autograder.harness import call_learner, quiet, within
 from autograder.lab03.common import (_fake_token, _request, construct, learner_scheduling, manager_beside,
                                      own_scheduler)
 from autograder.checking.wire import run_where
 from minigpt.engine.request import Request, SequenceStatus
+from minigpt.cache.block_table import blocks_needed
 from minigpt.engine.scheduler import SchedulerConfig
 
 
@@ -41,6 +42,8 @@ def scheduler_view(sch: Any, seqs: list[Any] | None = None, out: Any = None, fin
                            "num_preemptions": c.seq.num_preemptions, "num_output": len(c.seq.output_tokens),
                            "output": list(c.seq.output_tokens) if c.start == 0 else None} for c in out.chunks]
         view["preempted"] = [s.seq_id for s in getattr(out, "preempted", [])]
+        view["num_free"], view["block_size"] = m.pool.num_free, m.block_size
+        view["head_remaining"] = sch.waiting[0].num_remaining if sch.waiting else None
     return view
 
 
@@ -194,6 +197,32 @@ def _check_step(view: dict[str, Any], before_view: dict[str, Any], cfg: Schedule
                                  "tokens: without chunking a prefill runs whole, or waits until the budget left "
                                  "holds it")
     _check_blocks(view, where + " after schedule()")
+    _check_work_conserving(view, cfg, n_tok, where)
+
+
+def _check_work_conserving(view: dict[str, Any], cfg: SchedulerConfig, n_tok: int, where: str) -> None:
+    """No budget left idle that the policy would spend: a running sequence goes without a chunk only when the budget
+    is used up (a preempted victim's chunk gives its tokens back), and without a preemption the head of the queue
+    is admitted when a seat, budget and the blocks of its first chunk are there."""
+    left = cfg.max_num_batched_tokens - n_tok
+    idle = [sid for sid in view["running"] if sid not in {c["seq_id"] for c in view["chunks"]}]
+    if idle and left > 0:
+        raise AssertionError(f"{where}: running {idle} got no tokens while {left} of the budget "
+                             f"max_num_batched_tokens={cfg.max_num_batched_tokens} were left: every running sequence "
+                             "gets a chunk while budget is left (a preempted victim's chunk gives its tokens back "
+                             "to the budget)")
+    head = view["head_remaining"]
+    if view["preempted"] or head is None or left <= 0 or len(view["running"]) >= cfg.max_num_seqs:
+        return
+    if head > left and not cfg.enable_chunked_prefill:
+        return
+    need = blocks_needed(min(head, left), view["block_size"])
+    if within(need, view["num_free"]):
+        raise AssertionError(f"{where}: the head of the queue (its first chunk: {min(head, left)} tokens, {need} "
+                             f"blocks) was not admitted although {len(view['running'])} of max_num_seqs="
+                             f"{cfg.max_num_seqs} run, {left} tokens of budget and {view['num_free']} blocks were "
+                             "free: admit while a seat, budget and the blocks of the first chunk are there (a chunk "
+                             "that fills its blocks exactly fits)")
 
 
 def _check_order(view: dict[str, Any], running_before: list[Hashable], queue_order: list[Hashable],

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import math
 from typing import Any, Callable
@@ -10,7 +9,7 @@ from typing import Any, Callable
 import torch
 
 import minigpt.kernels  # noqa: F401  (on a CPU: TRITON_INTERPRET=1 before any kernel is built)
-from autograder.checking.models import Launches, count_triton_launches
+from autograder.launches import call_counting_launches, call_launcher, own_kernels
 from autograder.harness import call_learner
 from autograder.lab04.common import ATTENTION_CASES, PAGED_CASES, TOL, _close, _err, _qkv
 from autograder.lab04.drawn_cases import attention_cases, fenced_pool, paged_cases, runnable_on, scaled, tolerance
@@ -24,46 +23,6 @@ from minigpt.kernels.paged_decode import (gather_then_sdpa, merge_partials, page
 # ---------------------------------------------------------------------------------------------------
 # Triton: the forward kernel and the paged decode kernel
 # ---------------------------------------------------------------------------------------------------
-
-def own_kernels(launches: Launches, what: str) -> None:
-    """Refuse a launch of one of the package's Triton kernels (the reference's kernel behind your launcher)."""
-    for kernel in launches.kernels:
-        own_work(kernel, (), what=what)
-
-
-def call_counting_launches(fn: Callable, args: list, kwargs: dict, what: str, watch: tuple = (),
-                           views: dict | None = None) -> tuple[Any, int]:
-    """fn(*args, **kwargs), run in the process where fn lives (the learner's kernel when the check is judged: a
-    Triton launch happens there, so it is counted there); returns (its value, the number of Triton launches).
-
-    Raises ReferenceHandedIn for a launch of one of the package's kernels, and, when `watch` names references,
-    for a call into them (no_calls_into). `views`: {index in args: (shape, stride, offset)}: that argument is a
-    whole buffer and fn gets this view of it (the buffer travels whole, so a store past the view shows in it)."""
-    args = list(args)
-    for index, (shape, stride, offset) in (views or {}).items():
-        args[index] = args[index].as_strided(shape, stride, offset)
-    guard = no_calls_into(*watch, what=what) if watch else contextlib.nullcontext()
-    with count_triton_launches() as launches, guard:
-        value = fn(*args, **kwargs)
-    own_kernels(launches, what)
-    return value, launches[0]
-
-
-def call_launcher(what: str, fn: Callable, *args: Any, exercise: str, context: str = "", watch: tuple = (),
-                  **kwargs: Any) -> tuple[Any, int]:
-    """call_learner for a launcher of Triton kernels: (fn(*args, **kwargs), number of Triton launches), counted
-    where fn runs; a launch of the package's kernel, or a call into `watch`, is refused naming `exercise`. A tensor
-    argument that is a view of a larger buffer reaches fn as the same view of that buffer."""
-    if fn is None or not callable(fn):
-        raise AssertionError(f"{what}: expected your function, got {fn!r}")
-    sent, views = list(args), {}
-    for i, a in enumerate(args):
-        base = a._base if isinstance(a, torch.Tensor) else None
-        if base is not None and base.is_contiguous() and base.storage_offset() == 0:
-            sent[i], views[i] = base, (tuple(a.shape), tuple(a.stride()), a.storage_offset())
-    return call_learner(what, lambda: run_where(fn, call_counting_launches, fn, sent, kwargs, exercise, tuple(watch),
-                                                views), context=context)
-
 
 FLASH_FORWARD = "Exercise 4 (the forward kernel)"
 _PAGED_REFERENCES = (paged_decode, paged_decode_partials, paged_decode_attention, gather_then_sdpa)

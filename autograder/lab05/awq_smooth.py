@@ -73,7 +73,7 @@ def check_smoothing_factors(fn: Callable) -> None:
     g = torch.Generator().manual_seed(0)
     act = torch.rand(32, generator=g) * 10 + 0.1
     act[3] = 80.0
-    weights = [torch.randn(16, 32, generator=g), torch.randn(8, 32, generator=g) * 1.5]
+    weights = [torch.randn(16, 32, generator=g) * 0.05, torch.randn(8, 32, generator=g) * 0.08]  # a layer's sizes
     dead_act = act.clone()
     dead_act[7] = 0.0                               # a dead activation channel (never fires on the calibration set)
     s = _call(_SMOOTH, ex, "smoothing_factors with a dead channel", fn, dead_act, [w.clone() for w in weights], 0.5)
@@ -92,3 +92,11 @@ def check_smoothing_factors(fn: Callable) -> None:
                 if torch.allclose(s.float(), smoothing_factors(act, weights[:1], alpha), rtol=1e-4) else \
                 " alpha is the exponent of the activation maximum, 1 - alpha that of the weight maximum."
             raise AssertionError(f"{what}: factors differ from max|x_j|^alpha / max|W_:,j|^(1-alpha).{hint}")
+    what = "smoothing_factors(bfloat16 act_absmax and weights, alpha=0.5)"
+    act16, weights16 = act.bfloat16(), [w.bfloat16() for w in weights]
+    s = _call(_SMOOTH, ex, what, fn, act16.clone(), [w.clone() for w in weights16], 0.5)
+    want = smoothing_factors(act16.float(), [w.float() for w in weights16], 0.5)
+    if not isinstance(s, torch.Tensor) or s.dtype != torch.float32 or not torch.allclose(s, want, rtol=1e-5):
+        got = s.dtype if isinstance(s, torch.Tensor) else type(s).__name__
+        raise AssertionError(f"{what}: the factors must be float32 ({got} here) and computed in float32: take "
+                             ".float() of the maxima before the powers (a power in bfloat16 keeps 3 digits)")

@@ -25,8 +25,9 @@ def check_quantize_fp8(fn: Callable) -> None:
                 and bool((zeros[0].float() * torch.as_tensor(zeros[1]).float() == 0).all())):
             raise AssertionError(f"quantize_fp8(an all-zero x, '{fmt}') must give zero codes and a finite scale: "
                                  "max|x| = 0 makes scale 0 and x / scale NaN; clamp the scale to a tiny positive value")
-        for magnitude, xdtype in ((3000.0, torch.float32), (1e-3, torch.float32), (20.0, torch.bfloat16)):
-            x = (_randn(8, 32, seed=int(magnitude)) * magnitude).to(xdtype)
+        for magnitude, xdtype, shape in ((3000.0, torch.float32, (8, 32)), (1e-3, torch.float32, (8, 32)),
+                                         (20.0, torch.bfloat16, (64, 64))):
+            x = (_randn(*shape, seed=int(magnitude)) * magnitude).to(xdtype)
             what = f"quantize_fp8(x {str(xdtype)[6:]} with max|x| = {x.abs().max().item():.3g}, '{fmt}')"
             out = _call(_FP8, ex, what, fn, x.clone(), fmt)
             if not (isinstance(out, tuple) and len(out) == 2):
@@ -35,7 +36,11 @@ def check_quantize_fp8(fn: Callable) -> None:
             if not isinstance(codes, torch.Tensor) or codes.dtype != dtype:
                 raise AssertionError(f"{what}: codes must have dtype {dtype}, got "
                                      f"{codes.dtype if isinstance(codes, torch.Tensor) else type(codes).__name__}")
-            scale = torch.as_tensor(scale, dtype=torch.float32)
+            if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32 or scale.numel() != 1:
+                got = f"{scale.dtype} {tuple(scale.shape)}" if isinstance(scale, torch.Tensor) else type(scale).__name__
+                raise AssertionError(f"{what}: the scale must be a one-element float32 tensor whatever x's dtype, got "
+                                     f"{got}: compute it from x.float()")
+            _same_codes(codes, x, scale, dtype, what)
             back = codes.float() * scale
             x = x.float()
             rel = ((back - x).abs() / x.abs().clamp(min=x.abs().max().item() * 1e-2)).max().item()
@@ -49,3 +54,21 @@ def check_quantize_fp8(fn: Callable) -> None:
             if not within(abs(codes.float().abs().max().item() - info["max"]), 1e-3 * info["max"]):
                 raise AssertionError(f"{what}: max|x| should map to the format's max {info['max']:g}, "
                                      f"got {codes.float().abs().max().item():g}; scale = max|x| / fp8 max")
+
+
+# Codes allowed to differ from fp8(x.float() / scale): the float32 quotient computed another way (x * (1 / scale))
+# moves a code at a rounding boundary now and then (0.04% of them over 20 seeded 64 x 64 bfloat16 tensors, both
+# formats); dividing in bfloat16 first rounds twice and moves 0.9% (E5M2) to 2.5% (E4M3) of the check's tensor.
+CODE_MISMATCH = 2e-3
+
+
+def _same_codes(codes: torch.Tensor, x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    """The codes are fp8(x / scale) computed in float32, up to CODE_MISMATCH of them."""
+    fmax = torch.finfo(dtype).max
+    want = (x.float() / scale.float()).clamp(-fmax, fmax).to(dtype).float()
+    if codes.shape != x.shape:
+        raise AssertionError(f"{what}: codes must have x's shape {tuple(x.shape)}, got {tuple(codes.shape)}")
+    moved = (codes.float() != want).float().mean().item()
+    if not within(moved, CODE_MISMATCH):
+        raise AssertionError(f"{what}: {moved:.1%} of the codes differ from fp8(x.float() / scale): divide in float32 "
+                             "(x.float() / scale); x / scale in x's bfloat16 rounds twice")

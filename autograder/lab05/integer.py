@@ -20,7 +20,8 @@ def check_quantize_symmetric(fn: Callable) -> None:
     own_work(fn, _INT_QUANT, what=EX1)
     cases = [(8, None, (12, 64), torch.float32), (8, 16, (12, 64), torch.float32), (4, None, (10, 32), torch.float32),
              (4, 8, (6, 48), torch.float32), (4, 16, (16, 64), torch.float32), (8, 16, (8, 64), torch.bfloat16),
-             (4, None, (6, 32), torch.float16)]
+             (4, None, (6, 32), torch.float16), (2, 8, (6, 32), torch.float32), (3, None, (6, 32), torch.float32),
+             (8, 1, (4, 16), torch.float32)]
     for i, (bits, group, shape, dtype) in enumerate(cases):
         w = (_randn(*shape, seed=i) * (1 + torch.arange(shape[0])[:, None])).to(dtype)  # rows of different ranges
         w[1] = 0                                    # a dead output channel: scale 0 must not make NaN codes
@@ -70,11 +71,12 @@ def check_quantize_symmetric(fn: Callable) -> None:
             raise AssertionError(f"{what}: the codes differ from round(w / scale): use round-to-nearest and clamp to "
                                  f"[-{qmax}, {qmax}] with each element divided by its own group's scale")
     w = _randn(4, 32)
-    expect_value_error("bits=5 (unsupported)", fn, w, 5, None)
-    expect_value_error("group_size=12 with 32 input features (does not divide)", fn, w, 4, 12)
+    expect_value_error("bits=5 (unsupported)", fn, w, 5, None, naming=("5",))
+    expect_value_error("group_size=12 with 32 input features (does not divide)", fn, w, 4, 12, naming=("12",))
+    expect_value_error("group_size=0", fn, w, 4, 0, hint=" (a group holds at least one input)")
     bad = w.clone()
     bad[1, 2] = float("nan")
-    expect_value_error("a weight with a NaN", fn, bad, 8, None)
+    expect_value_error("a weight with a NaN", fn, bad, 8, None, naming=("nan",))
 
 
 def check_int4_model_perplexity(fn: Callable, *, n_windows: int = 2, seq_len: int = 128, max_excess: float = 0.005) -> dict[str, float]:

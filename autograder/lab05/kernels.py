@@ -8,7 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from autograder.checking.models import count_triton_launches
+from autograder.launches import call_launcher
 from autograder.harness import EachCallItsOwnInput, at_least, call_learner, check_speedup, quiet, within
+from autograder.lab05.gemv_cases import GemvCase, gemv_cases, gemv_inputs
 from autograder.lab05.common import GEMV_SPEED_CHECKS, INT4_CPU_SPEED_CHECK, _call, _randn
 from autograder.checking.reference_guard import own_work
 from autograder.checking.wire import run_where
@@ -65,6 +67,32 @@ def check_dequant_gemv(fn: Callable) -> None:
                     hint = " Sign-extend each nibble ((n ^ 8) - 8) and multiply by the scale of group (column // group_size)."
             err = (y.float().cpu() - want).abs().max().item()
             raise AssertionError(f"{what}: differs from the dequantized product by up to {err:.3g}.{hint}")
+    for case in gemv_cases():
+        _check_drawn_gemv(fn, case, ex, (dequant_gemv, dequant_gemv_reference))
+
+
+def _check_drawn_gemv(fn: Callable, case: GemvCase, ex: str, references: tuple) -> None:
+    """One drawn case (gemv_cases.py): y in x's dtype and shape, equal to the dequantized product of the contiguous
+    copies (float16 output rounds to about 1e-3 relative)."""
+    from minigpt.kernels.dequant_gemv import dequant_gemv_reference
+    laid, clean = gemv_inputs(case)
+    what = f"{ex}, drawn case ({case.describe()})"
+    y, launches = call_launcher(what, fn, *laid, case.bits, case.group_size, exercise=ex, watch=references,
+                                block_n=case.block_n, block_k=case.block_k)
+    if not launches:
+        raise AssertionError(f"{what}: no Triton kernel was launched")
+    if not isinstance(y, torch.Tensor) or tuple(y.shape) != (case.N,) or y.dtype != case.dtype:
+        got = f"{tuple(y.shape)} {y.dtype}" if isinstance(y, torch.Tensor) else type(y).__name__
+        raise AssertionError(f"{what}: expected y of shape ({case.N},) in x's dtype {case.dtype}, got {got}")
+    x, qweight, scale = clean
+    want = dequant_gemv_reference(x.float(), qweight, scale, case.bits, case.group_size)
+    tol = 1e-3 if case.dtype == torch.float32 else 1e-2
+    if not torch.allclose(y.float().cpu(), want, atol=tol, rtol=tol):
+        err = (y.float().cpu() - want).abs().max().item()
+        raise AssertionError(f"{what}: differs from the dequantized product by up to {err:.3g} (NaN: a load read "
+                             "outside its tensor, past K or a row, or with another tensor's strides; a large error "
+                             "with K several tiles long: each tile must ADD to the accumulator, and the packed "
+                             "bytes of tile k0 start at k0 // 2). Rerun it: the launcher takes block_n and block_k.")
 
 
 def check_int4_cpu_linear(make: Callable, *, K: int = 4096, N: int = 4096, group_size: int = 128,

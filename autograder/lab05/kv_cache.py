@@ -62,5 +62,21 @@ def check_quantized_kv_cache(cache_cls: type) -> None:
                         if head > 0 else " scale = max|x| over head_dim / 127, codes = round(x / scale).")
                 raise AssertionError(f"{what}: dequantized {name} of head {head} are off by more than half a step "
                                      f"(max|x| / 254 per token and head).{hint}")
+        _check_scales(cache, k, v, sum(x.shape[1] for x in ks) - T, what)
         if getattr(cache, "length", None) != sum(x.shape[1] for x in ks):
             raise AssertionError(f"{what}: cache.length should be {sum(x.shape[1] for x in ks)}, got {getattr(cache, 'length', None)!r}")
+
+
+def _check_scales(cache: object, k: torch.Tensor, v: torch.Tensor, start: int, what: str) -> None:
+    """cache.k_scale, cache.v_scale at the written positions: max over head_dim of |x| / 127, computed in float32 (a
+    bfloat16 write's scales rounded to bfloat16 are off by up to 0.4%); an all-zero token's is any positive floor."""
+    T = k.shape[1]
+    for x, name in ((k, "k_scale"), (v, "v_scale")):
+        got = getattr(cache, name, None)
+        want = (x.float().abs().amax(-1) / 127).clamp(min=1e-12)
+        if not isinstance(got, torch.Tensor) or got.dtype != torch.float32 or tuple(got.shape[:2]) < (k.shape[0], start + T):
+            raise AssertionError(f"{what}: cache.{name} must be a float32 tensor (B, max_seq_len, Hkv)")
+        written, live = got[:, start:start + T].float(), want > 1e-12       # an all-zero token: any tiny floor
+        if not torch.allclose(written[live], want[live], rtol=1e-6, atol=0) or not bool((written[~live] > 0).all()):
+            raise AssertionError(f"{what}: cache.{name} at positions {start}..{start + T - 1} differs from "
+                                 "max|x| over head_dim / 127 computed in float32 (x.float().abs().amax(-1) / 127)")

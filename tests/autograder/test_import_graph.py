@@ -135,7 +135,7 @@ def test_labs_never_import_each_other(graph):
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("autograder.paths", "autograder.machine", "autograder.processes")),
     ("checking", ("autograder.checking",)),
-    ("harness", ("autograder.harness", "autograder.gpu_bench")),
+    ("harness", ("autograder.harness", "autograder.gpu_bench", "autograder.launches")),
     ("labs", ("autograder.lab", "autograder.interview")),
     ("judging", ("autograder.judging", "autograder.interactive")),
     ("grading", ("autograder.grading", "autograder.preprocessors")),

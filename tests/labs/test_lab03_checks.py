@@ -19,7 +19,7 @@ from minigpt.engine.request import SequenceStatus
 from tests.labs.notebook_solutions import solution_cells
 
 EXAMPLES = 40
-SOLUTION = solution_cells("03_continuous_batching", "ex1_code", "ex2_code", "ex3_code", "ex4_code", preamble="""
+SOLUTION_PREAMBLE = """
 import torch
 from minigpt.cache.block_table import blocks_needed
 from minigpt.engine.packed_batch import PackedBatch
@@ -27,7 +27,9 @@ from minigpt.engine.paged_generation import generate_paged_batch
 from minigpt.engine.request import SequenceStatus
 from minigpt.engine.scheduler import Scheduler, SchedulerOutput
 from minigpt.engine import metrics as ref_metrics
-""")
+"""
+SOLUTION = solution_cells("03_continuous_batching", "ex1_code", "ex2_code", "ex3_code", "ex4_code",
+                          preamble=SOLUTION_PREAMBLE)
 Solution = SOLUTION["MyScheduler"]          # the notebook's scheduler: its own schedule(), the reference's helpers
 
 
@@ -222,6 +224,30 @@ def goodput_count(ms, ttft_limit, tpot_limit):
     return sum(m.ttft <= ttft_limit and m.tpot <= tpot_limit for m in ms)
 
 
+# --- wrong versions of the notebook's own cells, one edit each (what mutation testing found) ------------------
+
+def _metrics_with(old: str, new: str) -> dict:
+    return solution_cells("03_continuous_batching", "ex4_code", preamble=SOLUTION_PREAMBLE, replace={old: new})
+
+
+def _solution_with(old: str, new: str) -> dict:
+    return solution_cells("03_continuous_batching", "ex1_code", "ex2_code", preamble=SOLUTION_PREAMBLE,
+                          replace={old: new})
+
+
+ExactFitRefused = _solution_with("blocks_needed(n, self.manager.block_size) > self.manager.pool.num_free",
+                                 "blocks_needed(n, self.manager.block_size) >= self.manager.pool.num_free")["MyScheduler"]
+pack_tokens_on_cpu = _solution_with("torch.tensor([tokens], device=device)", "torch.tensor([tokens])")["pack_chunks"]
+pack_table_on_cpu = _solution_with("for s in ids], device)", "for s in ids])")["pack_chunks"]
+pack_no_ids = _solution_with("return PackedBatch(ids,", "return PackedBatch(None,")["pack_chunks"]
+metrics_tpot_zero_for_two = _metrics_with("if len(t) > 1 else 0.0", "if len(t) > 2 else 0.0")["request_metrics"]
+metrics_no_id = _metrics_with("RequestMetrics(seq.seq_id,", "RequestMetrics(None,")["request_metrics"]
+goodput_strict = _metrics_with("m.tpot <= tpot_limit", "m.tpot < tpot_limit")["goodput"]
+static_stops_at_end_of_text = solution_cells(
+    "03_continuous_batching", "ex3_code", preamble=SOLUTION_PREAMBLE,
+    replace={"max(budgets), stop_token_ids=())": "max(budgets))"})["static_generate"]
+
+
 # --- tests --------------------------------------------------------------------------------------------
 
 def test_solution_passes_every_check():
@@ -235,7 +261,8 @@ def test_solution_passes_every_check():
 
 
 @pytest.mark.parametrize("wrong", [StubScheduler, NoFreeOnFinish, LosesTokensOnPreempt, OverBudget, RestartsChunkAtZero,
-                                   LifoAdmission, ChunksWhenDisabled, PreemptsOldest, SkipsBlockedHead])
+                                   LifoAdmission, ChunksWhenDisabled, PreemptsOldest, SkipsBlockedHead,
+                                   ExactFitRefused])
 def test_scheduler_check_rejects(wrong):
     with pytest.raises(AssertionError):
         lab03.check_scheduler(wrong, max_examples=EXAMPLES)
@@ -243,7 +270,8 @@ def test_scheduler_check_rejects(wrong):
 
 @pytest.mark.parametrize("wrong, message", [(ChunksWhenDisabled, "chunked prefill is disabled"),
                                             (PreemptsOldest, "preempt the NEWEST"),
-                                            (SkipsBlockedHead, "first come, first served")])
+                                            (SkipsBlockedHead, "first come, first served"),
+                                            (ExactFitRefused, "fills its blocks exactly")])
 def test_scheduler_check_names_the_mistake(wrong, message):
     with pytest.raises(AssertionError, match=message):
         lab03.check_scheduler(wrong, max_examples=EXAMPLES)
@@ -275,7 +303,8 @@ def test_greedy_check_rejects_scheduler(wrong):
         lab03.check_greedy_outputs(wrong)
 
 
-@pytest.mark.parametrize("wrong", [_stub, pack_positions_from_zero, pack_wrong_seq_lens])
+@pytest.mark.parametrize("wrong", [_stub, pack_positions_from_zero, pack_wrong_seq_lens, pack_tokens_on_cpu,
+                                   pack_table_on_cpu, pack_no_ids])
 def test_pack_check_rejects(wrong):
     with pytest.raises(AssertionError):
         lab03.check_pack_chunks(wrong)
@@ -286,7 +315,8 @@ def test_greedy_check_rejects_positions_restarting_at_zero():
         lab03.check_greedy_outputs(Solution, pack_positions_from_zero)
 
 
-@pytest.mark.parametrize("wrong", [_stub, static_attends_to_padding, static_one_at_a_time])
+@pytest.mark.parametrize("wrong", [_stub, static_attends_to_padding, static_one_at_a_time,
+                                   static_stops_at_end_of_text])
 def test_static_check_rejects(wrong):
     with pytest.raises(AssertionError):
         lab03.check_static_batching(wrong)
@@ -301,7 +331,9 @@ def test_static_check_names_one_at_a_time():
     (_stub, SOLUTION["goodput"]), (metrics_tpot_over_n, SOLUTION["goodput"]),
     (metrics_ttft_from_start, SOLUTION["goodput"]), (metrics_e2e_to_last_token, SOLUTION["goodput"]),
     (SOLUTION["request_metrics"], _stub), (SOLUTION["request_metrics"], goodput_either),
-    (SOLUTION["request_metrics"], goodput_count), (SOLUTION["request_metrics"], goodput_empty_nan)])
+    (SOLUTION["request_metrics"], goodput_count), (SOLUTION["request_metrics"], goodput_empty_nan),
+    (metrics_tpot_zero_for_two, SOLUTION["goodput"]), (metrics_no_id, SOLUTION["goodput"]),
+    (SOLUTION["request_metrics"], goodput_strict)])
 def test_metrics_check_rejects(metrics_fn, goodput_fn):
     with pytest.raises(AssertionError):
         lab03.check_metrics(metrics_fn, goodput_fn)
