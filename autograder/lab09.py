@@ -249,7 +249,10 @@ def _update_refused(cache: Any, chunk: torch.Tensor) -> bool:
     try:
         with quiet():
             cache.update(chunk, chunk.clone())
-    except ValueError:
+    except ValueError as err:
+        if str(err) in ("", "None"):
+            raise AssertionError(f"{EX2}: update refused a chunk of {chunk.shape[1]} tokens with a ValueError that "
+                                 "says nothing: say why (it would evict tokens the chunk's queries need)") from None
         return True
     except NotImplementedError:
         raise AssertionError(f"{EX2}: update is not implemented yet (NotImplementedError)") from None

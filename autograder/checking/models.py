@@ -20,7 +20,8 @@ from autograder.checking.wire import is_remote, run_where
 from minigpt.config import ModelConfig
 from minigpt.model import GPT
 
-__all__ = ["SMALL_CONFIG", "NEAR_TIE", "scaled_model", "model_beside", "Launches", "count_triton_launches"]
+__all__ = ["SMALL_CONFIG", "NEAR_TIE", "scaled_model", "model_beside", "Launches", "count_triton_launches",
+           "LetterTokenizer"]
 
 SMALL_CONFIG = ModelConfig(vocab_size=256, max_seq_len=96, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128)
 NEAR_TIE = 1e-3          # top-2 logit gap below which batched float sums may flip the greedy choice
@@ -92,3 +93,12 @@ def count_triton_launches() -> Iterator[Launches]:
     finally:
         for cls, original in originals.items():
             cls.run = original
+
+
+class LetterTokenizer:
+    """decode(ids) -> one letter per token: enough for stop strings on the small models' vocabularies (labs 01 and
+    06; judged, build it where the learner's generator runs: run_where(generate_fn, LetterTokenizer))."""
+
+    @staticmethod
+    def decode(ids: list[int]) -> str:
+        return "".join(chr(ord("a") + i % 26) for i in ids)

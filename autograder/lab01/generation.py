@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 import torch
 
+from autograder.checking.models import LetterTokenizer
 from autograder.harness import assert_finite, quiet, within
 from autograder.lab01.common import ATOL, SMALL_CONFIGS, random_prompt, small_model
 from autograder.checking.reference_guard import no_calls_into, own_work
@@ -153,14 +154,6 @@ def _check_preallocated(rec: _Recorder, n_layers: int, what: str) -> None:
                                      "every step copy the whole cache (quadratic time). Allocate max length up front.")
 
 
-class _LetterTokenizer:
-    """decode(ids) -> one letter per token: enough for stop strings on the small models' vocabularies."""
-
-    @staticmethod
-    def decode(ids: list[int]) -> str:
-        return "".join(chr(ord("a") + i % 26) for i in ids)
-
-
 def _check_contract_edges(generate_fn: Callable, attention: Callable | None) -> None:
     """What the step-by-step cases never ask: zero new tokens, a stop string (with its tokenizer), and a model in
     bfloat16 (the cache in the model's dtype)."""
@@ -173,14 +166,14 @@ def _check_contract_edges(generate_fn: Callable, attention: Callable | None) -> 
         raise AssertionError(f"{what}: expected no tokens and finish_reason {ref.finish_reason!r} (like "
                              f"generate_naive), got {out.tokens} and {out.finish_reason!r}")
     free, _ = _run(generate_naive, model, prompt, 16, SamplingParams(), None, "naive", learner=False, stop_token_ids=())
-    stop = _LetterTokenizer.decode(free.tokens[6:8])
+    stop = LetterTokenizer.decode(free.tokens[6:8])
     kw = dict(stop_token_ids=(), stop_strings=(stop,))
     what = f"model GQA 4q/2kv, prompt of 5 tokens, stop_strings=({stop!r},) with a tokenizer"
     ref, _ = _run(generate_naive, model, prompt, 16, SamplingParams(), None, "naive", learner=False,
-                  tokenizer=_LetterTokenizer(), **kw)
+                  tokenizer=LetterTokenizer(), **kw)
     # the learner's generator gets a tokenizer built where it runs (judged: the grader hands over data, not objects)
     out, _ = _run(generate_fn, model, prompt, 16, SamplingParams(), attention, what,
-                  tokenizer=run_where(generate_fn, _LetterTokenizer), **kw)
+                  tokenizer=run_where(generate_fn, LetterTokenizer), **kw)
     if (out.tokens, out.finish_reason) != (ref.tokens, ref.finish_reason):
         raise AssertionError(f"{what}: expected {ref.tokens} ({ref.finish_reason!r}), got {out.tokens} "
                              f"({out.finish_reason!r}); pass stop_strings and tokenizer on to minigpt.generate.StopRule")

@@ -9,7 +9,9 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from autograder.harness import at_least, call_learner, quiet
+from autograder.checking.models import LetterTokenizer
+from autograder.checking.remote import run_where
+from autograder.harness import at_least, call_learner, quiet, within
 from autograder.checking.remote import is_remote
 from autograder.lab06.common import (ENGINE_SAMPLES, SIGNIFICANCE, TOY_SAMPLING, TOY_VOCAB, _chi2_report,
                                      _exact_three, _toy_tables, toy_pair, where_it_runs, with_reference_pieces)
@@ -40,6 +42,7 @@ class _CacheTracer:
     def __init__(self, models: dict[str, nn.Module]) -> None:
         self.contents: dict[int, list[int]] = {}
         self.calls: dict[str, int] = {name: 0 for name in models}
+        self.positions: dict[str, int] = {name: 0 for name in models}         # positions fed, summed over calls
         self.snapshots: list[tuple[str, list[int], int]] = []      # (model, cache prefix, call index)
         self.errors: list[str] = []
         self.handles = [m.register_forward_pre_hook(self._hook(name), with_kwargs=True) for name, m in models.items()]
@@ -50,6 +53,7 @@ class _CacheTracer:
             positions = args[1] if len(args) > 1 else kwargs.get("positions")
             caches = args[2] if len(args) > 2 else kwargs.get("kv_caches")
             self.calls[name] += 1
+            self.positions[name] += int(tokens.shape[-1])
             if caches is None:
                 return
             length = caches[0].length
@@ -153,9 +157,12 @@ def check_generate_speculative(generate_fn: Callable, *, n_prompts: int = 4, new
     what = "Exercise 4 (generate_speculative)"
     own_work(generate_fn, generate_speculative, what=what)
     generate_fn = with_reference_pieces(generate_fn)
+    seed = tiny_pair_seed(generate_fn)
+    with fixed_threads(1):
+        work = reference_work(seed)          # before the guard below: the reference runs here, counted
     with fixed_threads(1), no_calls_into(generate_speculative, what=what):                  # small models: one thread is fast enough and immune to a busy machine
         _check_greedy_trained(generate_fn, n_prompts, new_tokens)
-        _check_generate(generate_fn)
+        _check_generate(generate_fn, seed, work)
 
 
 def _check_greedy_trained(generate_fn: Callable, n_prompts: int, new_tokens: int) -> None:
@@ -181,6 +188,26 @@ def _check_greedy_trained(generate_fn: Callable, n_prompts: int, new_tokens: int
             raise AssertionError(f"{what}: finish_reason should be 'length', got {got.finish_reason!r}")
 
 
+def _check_edges(generate_fn: Callable, tiny_target: GPT, their_target: Any, their_draft: Any, prompt: list[int],
+                 free: list[int]) -> None:
+    """What the other cases never ask: zero new tokens, and a stop string (with a tokenizer built where the loop
+    runs); `free` is the target's greedy output without stops."""
+    got = _gen(generate_fn, "max_new_tokens=0", their_target, their_draft, list(prompt), 0, SamplingParams(), k=3,
+               stop_token_ids=())
+    if (list(got.tokens), got.finish_reason) != ([], "length"):
+        raise AssertionError(f"max_new_tokens=0: expected no tokens and finish_reason 'length' (like "
+                             f"generate_kv_cache), got {got.tokens} and {got.finish_reason!r}")
+    stop = LetterTokenizer.decode(free[6:8])
+    want = generate_kv_cache(tiny_target, prompt, 30, stop_token_ids=(), stop_strings=(stop,),
+                             tokenizer=LetterTokenizer())
+    what = f"greedy with stop_strings=({stop!r},) and a tokenizer"
+    got = _gen(generate_fn, what, their_target, their_draft, list(prompt), 30, SamplingParams(), k=3,
+               stop_token_ids=(), stop_strings=(stop,), tokenizer=run_where(generate_fn, LetterTokenizer))
+    if (got.tokens, got.finish_reason) != (want.tokens, want.finish_reason):
+        raise AssertionError(f"{what}: expected {want.tokens} ({want.finish_reason!r}), got {got.tokens} "
+                             f"({got.finish_reason!r}); pass stop_strings and tokenizer on to minigpt.generate.StopRule")
+
+
 def tiny_pair_seed(generate_fn: Callable) -> int:
     """The seed of the tiny models of parts 2-5: judged, a secret drawn here, so that the kernel cannot build its own
     copy of the target (and call it where the judge does not count) yet get the target's outputs; in one process
@@ -190,20 +217,60 @@ def tiny_pair_seed(generate_fn: Callable) -> int:
     return 1 + secrets.randbelow(2**30) if is_remote(generate_fn) else 0
 
 
-def _check_generate(generate_fn: Callable, seed: int | None = None) -> None:
+# The greedy runs whose forward work is compared with the reference's: (label, draft is a twin of the target, k, new
+# tokens, prompt). Greedy, so the rounds are the same in any correct loop.
+WORK_RUNS = (("tiny random pair", False, 3, 30, (5, 9, 2, 7, 1)), ("draft identical to the target", True, 3, 24,
+                                                                   (3, 1, 4)))
+
+
+def _traced_run(generate_fn: Callable, target: GPT, draft: GPT, prompt: list[int], n: int, params: SamplingParams,
+                k: int, what: str, models: dict[str, GPT]) -> tuple[Generation, _CacheTracer]:
+    tracer = _CacheTracer(models)
+    try:
+        got = _gen(generate_fn, what, target, draft, list(prompt), n, params, k=k, stop_token_ids=())
+    finally:
+        tracer.close()
+    return got, tracer
+
+
+def reference_work(seed: int) -> dict[str, dict[str, int]]:
+    """Positions the reference loop feeds the target and the draft in each of WORK_RUNS (the tiny pair of `seed`)."""
+    target, draft = _tiny_pair(seed)
+    work = {}
+    for label, twin, k, n, prompt in WORK_RUNS:
+        other = copy.deepcopy(target) if twin else draft
+        _, tracer = _traced_run(generate_speculative, target, other, list(prompt), n, SamplingParams(), k, label,
+                                {"target": target, "draft": other})
+        work[label] = dict(tracer.positions)
+    return work
+
+
+def _check_work(tracer: _CacheTracer, reference: dict[str, int], k: int, what: str) -> None:
+    """Each model is fed at most the reference's positions plus k (a loop may size its last round differently):
+    more means positions computed again after a rollback that dropped accepted tokens."""
+    for name in ("target", "draft"):
+        if not within(tracer.positions[name], reference[name] + k):
+            raise AssertionError(f"{what}: the {name} model was fed {tracer.positions[name]} positions, the reference "
+                                 f"loop {reference[name]}: positions were computed again, by a model run without its "
+                                 "KV cache or after a rollback that dropped accepted tokens. Feed each model only what "
+                                 "its cache lacks, and keep context + accepted drafts: truncate_cache(cache, "
+                                 "len(context) + n) with n the accepted drafts (for the draft, at most what it has "
+                                 "seen)")
+
+
+def _check_generate(generate_fn: Callable, seed: int | None = None,
+                    work: dict[str, dict[str, int]] | None = None) -> None:
     # 2. Caches rolled back: what each cache holds is always part of the final sequence (tiny random GPTs). Parts 2
     # and 3 trace and count every forward, so the models are this side's (judged: handles, each forward a request
     # here, and weights from a seed the kernel does not know: it has to call them).
     seed = tiny_pair_seed(generate_fn) if seed is None else seed
+    work = reference_work(seed) if work is None else work
     tiny_target, tiny_draft = _tiny_pair(seed)
     for params in (SamplingParams(), SamplingParams(temperature=1.0, seed=3)):
         prompt = [5, 9, 2, 7, 1]
         what = f"tiny random models, prompt {prompt}, 30 new tokens, {params}, k=3"
-        tracer = _CacheTracer({"target": tiny_target, "draft": tiny_draft})
-        try:
-            got = _gen(generate_fn, what, tiny_target, tiny_draft, list(prompt), 30, params, k=3, stop_token_ids=())
-        finally:
-            tracer.close()
+        got, tracer = _traced_run(generate_fn, tiny_target, tiny_draft, prompt, 30, params, 3, what,
+                                  {"target": tiny_target, "draft": tiny_draft})
         if len(got.tokens) != 30:
             raise AssertionError(f"{what}: expected exactly 30 new tokens, got {len(got.tokens)}; a round must never emit "
                                  "more than the tokens still allowed (draft fewer near the end)")
@@ -212,6 +279,7 @@ def _check_generate(generate_fn: Callable, seed: int | None = None) -> None:
             want = generate_kv_cache(tiny_target, prompt, 30, stop_token_ids=())
             if got.tokens != want.tokens:
                 raise AssertionError(f"{what}: greedy output differs from the target's greedy output")
+            _check_work(tracer, work["tiny random pair"], 3, what)
         if tracer.calls["target"] >= 30:
             raise AssertionError(f"{what}: the target model was called {tracer.calls['target']} times for 30 tokens; it "
                                  "should verify all k drafts of a round in ONE forward call over k + 1 positions")
@@ -220,11 +288,10 @@ def _check_generate(generate_fn: Callable, seed: int | None = None) -> None:
     for params in (SamplingParams(), SamplingParams(temperature=0.8, seed=1)):
         k, n = 3, 24
         what = f"draft identical to the target (every draft accepted), {n} new tokens, k={k}, {params}"
-        tracer = _CacheTracer({"target": tiny_target})
-        try:
-            got = _gen(generate_fn, what, tiny_target, twin, [3, 1, 4], n, params, k=k, stop_token_ids=())
-        finally:
-            tracer.close()
+        got, tracer = _traced_run(generate_fn, tiny_target, twin, [3, 1, 4], n, params, k, what,
+                                  {"target": tiny_target, "draft": twin})
+        if params.greedy:
+            _check_work(tracer, work["draft identical to the target"], k, what)
         rounds = math.ceil(n / (k + 1))
         if tracer.calls["target"] != rounds:
             hint = (" Looks like no bonus token: when all k drafts are accepted, also emit a token from the target's "
@@ -244,6 +311,10 @@ def _check_generate(generate_fn: Callable, seed: int | None = None) -> None:
         raise AssertionError(f"greedy with stop_token_ids=({stop},): expected {want.tokens} ({want.finish_reason!r}), got "
                              f"{got.tokens} ({got.finish_reason!r}); feed every emitted token to minigpt.generate.StopRule "
                              "and stop at the first one that ends generation")
+    if got.prompt_tokens != len(prompt):
+        raise AssertionError(f"greedy with a stop token: Generation.prompt_tokens should be the prompt's length "
+                             f"{len(prompt)}, got {got.prompt_tokens!r}")
+    _check_edges(generate_fn, tiny_target, their_target, their_draft, prompt, ref.tokens)
     # 5. The same seed twice gives the same tokens; another seed other tokens.
     params = SamplingParams(temperature=1.0, seed=7)
     runs = [_gen(generate_fn, f"sampling with {p}", their_target, their_draft, [5, 9, 2, 7, 1], 20, p, k=3,

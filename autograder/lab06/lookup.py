@@ -26,6 +26,7 @@ _NGRAM_CASES: list[tuple[list[int], int, int, str]] = [
     ([9, 8, 7, 1, 8, 7], 5, 3, "copy at most what follows, here 2 tokens, even if k is larger"),
     ([5, 1, 5], 2, 3, "a single-token match (n = 1)"),
     ([1, 2, 1, 2, 1, 2], 0, 3, "k = 0: nothing to propose"),
+    ([1, 2, 1, 2, 1, 2], 1, 3, "k = 1: one token"),
 ]
 
 
@@ -66,6 +67,12 @@ def check_acceptance_stats(rate_fn: Callable, tokens_fn: Callable) -> None:
             hint = " You get 1: that is E_q[p/q] without the clip; the acceptance probability is E_q[min(1, p/q)]."
         raise AssertionError(f"acceptance_rate on 5 random (p, q) pairs over 11 tokens: expected {want.tolist()}, got "
                              f"{got_t.tolist() if got_t.numel() < 20 else got_t.shape}.{hint}")
+    p3, q3 = (torch.softmax(torch.randn(2, 3, 11, generator=g) * 2, -1) for _ in range(2))
+    got = call_learner("acceptance_rate(p, q) of shape (2, 3, 11)", rate_fn, p3.clone(), q3.clone())
+    if not isinstance(got, torch.Tensor) or got.shape != (2, 3) or not torch.allclose(got, acceptance_rate(p3, q3),
+                                                                                       atol=1e-5):
+        raise AssertionError("acceptance_rate on p, q of shape (2, 3, 11) must sum over the LAST axis (the vocabulary) "
+                             f"and return shape (2, 3), got {getattr(got, 'shape', type(got).__name__)}")
     for alpha, k in [(0.0, 3), (0.5, 1), (0.62, 3), (0.8, 4), (0.95, 8), (1.0, 5)]:
         got = call_learner(f"expected_tokens_per_round({alpha}, {k})", tokens_fn, alpha, k)
         check_answer(got, expected_tokens_per_round(alpha, k), f"expected_tokens_per_round({alpha}, {k})",

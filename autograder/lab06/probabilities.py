@@ -44,3 +44,20 @@ def _check_sampling_probs(probs_fn: Callable) -> None:
                     " Divide the logits by the temperature, then filter (minigpt.sampling.filter_logits), then softmax.")
             raise AssertionError(f"{s}: probabilities differ from the distribution sample_next draws from by up to "
                                  f"{(got.float() - want).abs().max().item():.3g}.{hint}")
+    _check_shapes_and_dtype(probs_fn, g)
+
+
+def _check_shapes_and_dtype(probs_fn: Callable, g: torch.Generator) -> None:
+    """Logits (2, 3, V) in bfloat16 (a model's output): float32 probabilities over the last axis, same shape."""
+    logits = (torch.randn(2, 3, 50, generator=g) * 3).bfloat16()
+    for s in (SamplingParams(), SamplingParams(temperature=0.8, top_k=10)):
+        what = f"sampling_probs(bfloat16 logits (2, 3, 50), {s})"
+        got = call_learner(what, probs_fn, logits.clone(), s)
+        want = sampling_probs(logits, s)
+        if not isinstance(got, Tensor) or got.shape != want.shape or got.dtype != torch.float32:
+            got_s = f"{got.dtype} {tuple(got.shape)}" if isinstance(got, Tensor) else type(got).__name__
+            raise AssertionError(f"{what}: expected float32 probabilities of shape {tuple(want.shape)} (logits "
+                                 f"(..., V): any leading axes, the last one the vocabulary), got {got_s}")
+        if not torch.allclose(got, want, atol=1e-5):
+            raise AssertionError(f"{what}: probabilities differ by up to {(got - want).abs().max().item():.3g}: work "
+                                 "over the LAST axis (-1), on logits.float()")

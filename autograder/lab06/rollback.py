@@ -58,10 +58,11 @@ def _check_truncate_cache(truncate_fn: Callable) -> None:
         raise AssertionError("truncate_cache(cache, 6) on a cache of 6 positions must keep all 6 and change nothing "
                              f"(lengths {[layer.length for layer in cache]}): a length equal to the cache's is allowed, "
                              "only a longer one is an error")
-    for bad in (7, -1):
+    for bad in (7, -1, True, 2.0):
         before = [layer.length for layer in cache]
         expect_value_error(f"truncate_cache(cache, {bad}) on a cache of 6 positions", truncate_fn, cache, bad,
-                           naming=(cache.length,), hint=" (a cache cannot grow by truncation, and lengths are >= 0)")
+                           naming=(cache.length,), hint=" (a cache cannot grow by truncation, lengths are >= 0, and a "
+                                                         "length is an int: True and 2.0 are not positions)")
         if [layer.length for layer in cache] != before:
             raise AssertionError(f"the rejected truncate_cache(cache, {bad}) changed the lengths; check before changing state")
     call_learner("truncate_cache(cache, 0)", truncate_fn, cache, 0)

@@ -142,6 +142,19 @@ def _check_verify_draft(verify_fn: Callable) -> None:
     if [int(t) for t in out[0]] != [3]:
         raise AssertionError(f"with no draft tokens verify_draft should return one token drawn from p[0] (here one-hot on "
                              f"3), got {out[0]}")
+    if tuple(torch.as_tensor(out[1]).shape) != (0,):
+        raise AssertionError(f"with no draft tokens accept_probs has one entry per draft: shape (0,), got "
+                             f"{tuple(torch.as_tensor(out[1]).shape)}")
+    flat = torch.full((1, 8), 1 / 8)
+
+    def lone(seed: int) -> list[int]:
+        gen = torch.Generator().manual_seed(seed)
+        return [int(_verify_call(verify_fn, "verify_draft with no drafts", [], torch.zeros(0, 8), flat.clone(), gen)[0][0])
+                for _ in range(12)]
+    if lone(11) != lone(11):            # 12 draws of 8 outcomes: a global RNG repeats with probability 8^-12
+        raise AssertionError("verify_draft with no drafts, 12 times on a generator seeded 11, twice, gave different "
+                             "tokens: draw every random number from the `generator` argument "
+                             "(torch.multinomial(p[0], 1, generator=generator))")
     # 5. The same generator state gives the same tokens (every draw from the generator passed in): 16 rounds on one
     # generator, twice; drafts that are rejected often, a residual with 7 outcomes (a global RNG repeats by chance
     # with a probability far below 1e-6).

@@ -167,7 +167,7 @@ def make_generator_fn(*, temperature_on_q=True, rollback_draft=True, off_by_one=
         p_params = sampling if target_top_k else SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p)
         size = target.config.max_seq_len          # room for a draft cache that is never rolled back
         tc, dc = KVCache.for_model(target, 1, size), KVCache.for_model(draft, 1, size)
-        context, reason, d_fed = list(ids), None, 0
+        context, reason, d_fed = list(ids), "length" if max_new_tokens == 0 else None, 0
         while reason is None:
             kr = min(k, max_new_tokens - len(stop.tokens) - 1)
             drafted, qs, x = [], [], context[d_fed:]
@@ -467,9 +467,11 @@ def test_target_calls_pass_the_reference_and_reject_one_call_per_token():
 
 
 def test_a_draft_model_without_its_kv_cache_is_caught_by_the_positions_it_is_fed():
-    """Right tokens and the same target calls: only the work done by the draft model tells this one apart."""
+    """Right tokens and the same target calls: only the work done by the draft model tells this one apart, in
+    exercise 4's check (positions fed on the tiny pair) and in the target-calls check."""
     no_draft_cache = make_generator_fn(draft_cache=False)
-    lab06.check_generate_speculative(no_draft_cache)
+    with pytest.raises(AssertionError, match="the draft model was fed .* without its KV cache"):
+        lab06.check_generate_speculative(no_draft_cache)
     calls = lab06.check_target_calls(own_generate)
     assert calls["draft model"]["draft_positions"] == calls["draft model"]["reference_draft_positions"]
     with pytest.raises(AssertionError, match="fed the draft model"):

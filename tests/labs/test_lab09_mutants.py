@@ -27,6 +27,8 @@ EDITS = [
      "2 tokens at once"),
     ("ex2_code", {"if T > 1 and self.length + T > self.capacity:": "if T > 1 and self.length + T >= self.capacity:"},
      "16 tokens at once"),          # a prefill that fills the window exactly, refused
+    ("ex2_code", {'raise ValueError(f"{T} tokens at once would evict cached ones; feed one at a time")':
+                  "raise ValueError(None)"}, "says nothing"),
     ("ex4_code", {'raise ValueError(f"unknown kind {kind!r}")': "raise ValueError(None)"}, "should name XYZ"),
 ]
 
