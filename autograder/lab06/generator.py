@@ -190,13 +190,19 @@ def _check_greedy_trained(generate_fn: Callable, n_prompts: int, new_tokens: int
 
 def _check_edges(generate_fn: Callable, tiny_target: GPT, their_target: Any, their_draft: Any, prompt: list[int],
                  free: list[int]) -> None:
-    """What the other cases never ask: zero new tokens, and a stop string (with a tokenizer built where the loop
+    """What the other cases never ask: zero and one new token, and a stop string (with a tokenizer built where the loop
     runs); `free` is the target's greedy output without stops."""
     got = _gen(generate_fn, "max_new_tokens=0", their_target, their_draft, list(prompt), 0, SamplingParams(), k=3,
                stop_token_ids=())
     if (list(got.tokens), got.finish_reason) != ([], "length"):
         raise AssertionError(f"max_new_tokens=0: expected no tokens and finish_reason 'length' (like "
                              f"generate_kv_cache), got {got.tokens} and {got.finish_reason!r}")
+    got = _gen(generate_fn, "max_new_tokens=1", their_target, their_draft, list(prompt), 1, SamplingParams(), k=3,
+               stop_token_ids=())
+    if (list(got.tokens), got.finish_reason) != (free[:1], "length"):
+        raise AssertionError(f"max_new_tokens=1 (greedy): expected the target's first token {free[:1]} and "
+                             f"finish_reason 'length', got {got.tokens} and {got.finish_reason!r}: with one token left "
+                             "a round drafts nothing (k = 0) and emits the target's token")
     stop = LetterTokenizer.decode(free[6:8])
     want = generate_kv_cache(tiny_target, prompt, 30, stop_token_ids=(), stop_strings=(stop,),
                              tokenizer=LetterTokenizer())

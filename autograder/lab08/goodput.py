@@ -38,10 +38,16 @@ def goodput_cases() -> dict[str, tuple[list[RequestRecord], float, float]]:
         _record(10, 5.0, 5.25, 0.125, 6, 7.0, error="cancelled: the benchmark's max_duration ran out"),
     ]
     all_good = [_record(i, 0.25 * i, 0.25 * i + 0.25, 0.125, 3, 0.25 * i + 0.75) for i in range(4)]
+    later = [_record(i, 100.0 + 0.25 * i, 100.25 + 0.25 * i, 0.0, 1, 100.5 + 0.25 * i) for i in range(4)]
     return {"a mixed benchmark (11 requests: some slow to start, some slow per token, a 429, a broken and a "
             "cancelled stream)":
             (mixed, 0.5, 0.25),
             "four fast requests": (all_good, 0.5, 0.25),
+            "four fast one-token requests sent 100 s after the clock's zero": (later, 0.5, 0.25),
+            "one good request of 0.5 s (a benchmark shorter than a second)": ([_record(0, 2.0, 2.125, 0.125, 3, 2.5)],
+                                                                              0.5, 0.25),
+            "one request refused at once (429: it ends when it is sent, the benchmark lasts 0 s)":
+            ([_record(0, 1.0, 1.0, 0.0, 0, 1.0, status=429, error="HTTP 429: queue full")], 0.5, 0.25),
             "no requests at all": ([], 0.5, 0.25)}
 
 
@@ -51,6 +57,8 @@ def _goodput_mistakes(records: list[RequestRecord], ttft: float, tpot: float) ->
         return []
     ok = [r for r in records if r.ok]
     span = max(r.end_time for r in records) - min(r.send_time for r in records)
+    if not ok or span <= 0:
+        return []
     good = [r for r in ok if r.ttft <= ttft and r.tpot <= tpot]
     strict = [r for r in ok if r.ttft < ttft and r.tpot < tpot]
     counted_failed = [r for r in records if r.chunk_times and r.ttft <= ttft and r.tpot <= tpot]

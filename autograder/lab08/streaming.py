@@ -47,6 +47,9 @@ def _parse_events(events: list[Any], what: str) -> list[Any]:
                                  "'data: <payload>\\n\\n' (the blank line ends the event)")
         payload = e[len("data: "):-2]
         parsed.append("[DONE]" if payload == "[DONE]" else json.loads(payload))
+        if payload != "[DONE]" and payload != json.dumps(parsed[-1], separators=(",", ":")):
+            raise AssertionError(f"{what}: event {i} carries {payload!r}; send compact JSON, "
+                                 "json.dumps(chunk, separators=(',', ':')): no spaces, every byte of a stream counts")
     return parsed
 
 

@@ -97,3 +97,22 @@ def test_lab05_int4_speed_judged_calls_the_learners_linear_from_the_judge(judge_
                               {"make_int4_linear": LAB05["make_int4_linear"]})
     assert result["error"] is None, result["error"]
     assert answered >= 3 * 4
+
+
+@pytest.mark.parametrize("check, name, fn, match", [
+    ("check_pack_chunks", "pack_chunks", "pack_tokens_on_cpu", "device='meta'"),
+    ("check_gptq", "gptq", "gptq_aliasing", "modified the w or H"),
+    ("check_dequant_gemv", "triton_dequant_gemv", "gemv_x_not_contiguous", "drawn case"),
+])
+def test_new_contract_checks_judged(judge_process, check, name, fn, match):
+    """Checks that look at what the learner's kernel holds (a tensor's device, an input changed in place, a view
+    handed over as a view) see it when judged too, where only values cross the wire."""
+    from tests.labs import test_lab03_checks, test_lab05_mutants
+
+    wrong = {"pack_tokens_on_cpu": test_lab03_checks.pack_tokens_on_cpu,
+             "gptq_aliasing": test_lab05_mutants._edited("ex4_code", {"W = w.double().clone()": "W = w.double()"}),
+             "gemv_x_not_contiguous": test_lab05_mutants._edited("ex9_code", {"](x.contiguous(), qweight":
+                                                                              "](x, qweight"})}[fn]
+    lab = "lab03" if name == "pack_chunks" else "lab05"
+    result, _ = judged(judge_process, f"from autograder.{lab} import {check}\n{check}({name})\n", {name: wrong})
+    assert result["error"] and match in result["error"]["evalue"], result["error"]
