@@ -261,8 +261,8 @@ def check_speedup(candidate: Callable[[], Any], baseline: Callable[[], Any], ref
 def expect_value_error(what: str, fn: Callable[..., Any], *args: Any, naming: Sequence[str] = (), hint: str = "",
                        **kwargs: Any) -> None:
     """fn(*args, **kwargs) must raise a ValueError whose message names each of `naming` (or, with none, has a
-    message at all: not empty, not "None"). NotImplementedError: "`what` is not implemented yet"; another exception, or none: an
-    AssertionError that says `what` and `hint` (why the input is refused)."""
+    message at all: not empty, not "None"). NotImplementedError: "`what` is not implemented yet"; another exception,
+    or none: an AssertionError that says `what` and `hint` (why the input is refused)."""
     try:
         with quiet():
             fn(*args, **kwargs)

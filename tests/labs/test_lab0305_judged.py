@@ -18,6 +18,7 @@ import pytest
 from autograder.judging import judge
 from autograder.checking import wire
 from autograder.judging.observe import observed_call
+from tests.labs.notebook_solutions import solution_cells
 from tests.labs.test_lab03_checks import SOLUTION as LAB03
 from tests.labs.test_lab03_checks import Solution as Lab03Scheduler
 from tests.labs.test_lab05_checks import SOLUTION as LAB05
@@ -91,12 +92,17 @@ def test_lab05_awq_fold_and_triton_gemv_judged(judge_process):
 
 def test_lab05_int4_speed_judged_calls_the_learners_linear_from_the_judge(judge_process):
     """The timed calls are the judge's own requests, on inputs it drew: 1 (the small case's linear) + 1 (its output)
-    + 1 (the timed linear) + (repeats + 1) * 4 calls of it."""
+    + 1 (the timed linear) + one request per timed sample (warm-up + repeats), each making 4 calls in the kernel."""
     result, answered = judged(judge_process, "from autograder.lab05 import check_int4_cpu_linear\n"
                                              "check_int4_cpu_linear(make_int4_linear, repeats=2)\n",
                               {"make_int4_linear": LAB05["make_int4_linear"]})
     assert result["error"] is None, result["error"]
-    assert answered >= 3 * 4
+    assert answered >= 3 + (1 + 2)
+
+
+def _lab05_cell(cell: str, name: str, edit: dict[str, str]) -> Any:
+    """The solution notebook's `name` from `cell`, with one edit (tests/labs/test_mutants_found.py)."""
+    return solution_cells("05_quantization", cell, preamble="import torch", replace=edit)[name]
 
 
 @pytest.mark.parametrize("check, name, fn, match", [
@@ -107,12 +113,12 @@ def test_lab05_int4_speed_judged_calls_the_learners_linear_from_the_judge(judge_
 def test_new_contract_checks_judged(judge_process, check, name, fn, match):
     """Checks that look at what the learner's kernel holds (a tensor's device, an input changed in place, a view
     handed over as a view) see it when judged too, where only values cross the wire."""
-    from tests.labs import test_lab03_checks, test_lab05_mutants
+    from tests.labs import test_lab03_checks
 
     wrong = {"pack_tokens_on_cpu": test_lab03_checks.pack_tokens_on_cpu,
-             "gptq_aliasing": test_lab05_mutants._edited("ex4_code", {"W = w.double().clone()": "W = w.double()"}),
-             "gemv_x_not_contiguous": test_lab05_mutants._edited("ex9_code", {"](x.contiguous(), qweight":
-                                                                              "](x, qweight"})}[fn]
+             "gptq_aliasing": _lab05_cell("ex4_code", "gptq", {"W = w.double().clone()": "W = w.double()"}),
+             "gemv_x_not_contiguous": _lab05_cell("ex9_code", "triton_dequant_gemv",
+                                                  {"](x.contiguous(), qweight": "](x, qweight"})}[fn]
     lab = "lab03" if name == "pack_chunks" else "lab05"
     result, _ = judged(judge_process, f"from autograder.{lab} import {check}\n{check}({name})\n", {name: wrong})
     assert result["error"] and match in result["error"]["evalue"], result["error"]
