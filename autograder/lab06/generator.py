@@ -10,9 +10,8 @@ import torch
 from torch import nn
 
 from autograder.checking.models import LetterTokenizer
-from autograder.checking.remote import run_where
+from autograder.checking.remote import is_remote, run_where
 from autograder.harness import at_least, call_learner, quiet, within
-from autograder.checking.remote import is_remote
 from autograder.lab06.common import (ENGINE_SAMPLES, SIGNIFICANCE, TOY_SAMPLING, TOY_VOCAB, _chi2_report,
                                      _exact_three, _toy_tables, toy_pair, where_it_runs, with_reference_pieces)
 from autograder.checking.reference_guard import no_calls_into, own_work
@@ -253,7 +252,8 @@ def reference_work(seed: int) -> dict[str, dict[str, int]]:
 
 def _check_work(tracer: _CacheTracer, reference: dict[str, int], k: int, what: str) -> None:
     """Each model is fed at most the reference's positions plus k (a loop may size its last round differently):
-    more means positions computed again after a rollback that dropped accepted tokens."""
+    more means positions computed again (a model run without its cache, or a rollback that dropped accepted
+    tokens)."""
     for name in ("target", "draft"):
         if not within(tracer.positions[name], reference[name] + k):
             raise AssertionError(f"{what}: the {name} model was fed {tracer.positions[name]} positions, the reference "
