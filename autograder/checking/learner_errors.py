@@ -31,7 +31,7 @@ from types import TracebackType
 
 from autograder.paths import AUTOGRADER_DIR, EXERCISE_MAP, REPO_ROOT, SHARED_DIR
 
-_QUESTION_NAME = re.compile(r"q(\d+)_\w+")
+_QUESTION_NAME = re.compile(r"q(\d+)_\w+|answer_q(\d+)\w*")      # lab 00's q1_kv_gib, the other labs' answer_q1
 
 
 # ------------------------------------------------------------------------------------- the map from solutions/
@@ -122,8 +122,13 @@ def _is_cell(filename: str) -> bool:
 
 
 def _lab_of(filename: str) -> str | None:
-    m = re.search(r"lab(\d\d)", Path(filename).stem)
-    return m[1] if m else None
+    """The lab of a check module: autograder/lab00.py, or any file of a package autograder/lab03/ (metrics.py)."""
+    path = Path(filename)
+    for part in (path.stem, *reversed(path.parent.parts)):
+        m = re.fullmatch(r"lab(\d\d)", part)
+        if m:
+            return m[1]
+    return None
 
 
 def _check_label(frames: list[traceback.FrameSummary]) -> tuple[str, str] | None:
@@ -156,8 +161,8 @@ def explain(etype: type[BaseException], value: BaseException, tb: TracebackType 
     first_cell = next((i for i, f in enumerate(frames) if _is_cell(f.filename)), 0)
     frames = frames[first_cell:]                   # from the cell on (IPython's own exec frame comes first)
     if isinstance(value, NameError) and (m := _QUESTION_NAME.fullmatch(getattr(value, "name", "") or "")):
-        return [f"Question {int(m[1])} is not answered yet: give `{value.name}` a value in the answer cell above "
-                "and run that cell, then this one."]
+        return [f"Question {int(m[1] or m[2])} is not answered yet: give `{value.name}` a value in the answer cell "
+                "above and run that cell, then this one."]
     if isinstance(value, NameError) and len(frames) == 1 and getattr(value, "name", None):
         return [f"NameError: `{value.name}` is not defined yet: a cell above defines it and has not run or failed. "
                 "Run the cells above in order; a cell that needs an exercise you have not done says which."]

@@ -26,6 +26,10 @@ CELLS = {
                    "ax.set_title(str(kv_cache_bytes(PRESETS['Llama-3-8B'], 8192, 1, 2)))\nplt.show()",
     "plain": "1 / 0",
     "undefined": "print(new_ids)",
+    # a lab whose checks are a package (autograder/lab06/rollback.py), and the answer_qN naming of labs 01-09
+    "wrong_in_package": "def truncate_cache(cache, length):\n    cache[0].length = length",
+    "check_wrong_in_package": "from autograder.lab06 import check_truncate_cache; check_truncate_cache(truncate_cache)",
+    "check_unanswered_answer_q": "from autograder.lab03 import check_q3_kv_memory; check_q3_kv_memory(answer_q3)",
 }
 
 
@@ -109,3 +113,33 @@ def test_exercise_map_is_current(repo_root):
 def test_a_name_a_failed_cell_should_have_defined(outputs):
     ename, text = outputs["undefined"]
     assert ename == "NameError" and text.startswith("NameError: `new_ids` is not defined yet: a cell above defines it")
+
+
+def test_a_package_labs_failing_check_names_its_exercise(outputs):
+    ename, text = outputs["check_wrong_in_package"]
+    assert ename == "AssertionError"
+    last = text.splitlines()[-1]
+    assert last.startswith("AssertionError: Exercise 1 (check_truncate_cache): after truncate_cache"), text
+    assert "rollback.py" not in text and "harness.py" not in text
+
+
+def test_an_unanswered_answer_q_names_the_question(outputs):
+    ename, text = outputs["check_unanswered_answer_q"]
+    assert ename == "NameError" and text.startswith("Question 3 is not answered yet: give `answer_q3` a value"), text
+
+
+def test_every_package_check_of_the_map_has_a_lab():
+    """Each check the exercise map names is found in a module _lab_of gives that lab: a package lab's checks live in
+    autograder/labNN/<file>.py, whose own name says nothing."""
+    import importlib
+    import inspect
+
+    from autograder.checking.learner_errors import _lab_of, exercise_map
+
+    for key in exercise_map()["checks"]:
+        lab, name = key.split(":", 1)
+        module = importlib.import_module(f"autograder.lab{lab}")
+        fn = getattr(module, name, None)
+        if fn is None or not callable(fn):
+            continue                       # a check the notebook imports from elsewhere (none today)
+        assert _lab_of(inspect.getsourcefile(inspect.unwrap(fn))) == lab, key
