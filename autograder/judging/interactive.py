@@ -57,7 +57,7 @@ def judge_cell(source: str) -> None:
     global _judge
     if _judge is None or _judge.proc.poll() is not None:
         folder = tempfile.mkdtemp(prefix="judge-")
-        _judge = JudgeProcess(folder, cwd=os.getcwd())
+        _judge = JudgeProcess(folder, cwd=os.getcwd(), grading=False)
         atexit.register(_stop, _judge, folder)
     token = secrets.token_hex(8)
     _judge.run(source, token, timeout=3600)

@@ -284,7 +284,10 @@ class JudgeProcess:
     memory, CPU, process and file-size limits; no network; every process it starts dies with it. It shares with
     the kernel only a folder holding its socket."""
 
-    def __init__(self, socket_dir: str, cwd: str | None = None) -> None:
+    def __init__(self, socket_dir: str, cwd: str | None = None, *, grading: bool = True) -> None:
+        """grading=False: the check cells a learner runs in JupyterLab (judging/interactive.py), where a GPU-tier check
+        on a machine without a GPU prints SKIPPED instead of failing (harness.require_gpu); grading gives no points
+        there either way. Under nbgrader (grading=True) the judge runs as autograde unless told otherwise."""
         from autograder.judging import sandbox
 
         ours, theirs = socket.socketpair()
@@ -294,7 +297,7 @@ class JudgeProcess:
         folder = _folder_of_its_own(socket_dir, uid) if uid is not None else Path(socket_dir)
         self.path = str(folder / "judge.sock")
         cmd = [sys.executable, "-P", "-m", "autograder.judging.judge", self.path, str(theirs.fileno())]
-        execution = {"NBGRADER_EXECUTION": os.environ.get("NBGRADER_EXECUTION", "autograde")}
+        execution = {"NBGRADER_EXECUTION": os.environ.get("NBGRADER_EXECUTION", "autograde")} if grading else {}
         if self.sandboxed:
             argv = sandbox.bwrap_argv(policy, cmd, submission_dir=None, socket_dir=str(folder), uid=uid,
                                       extra_env=execution)
@@ -302,6 +305,8 @@ class JudgeProcess:
         else:
             argv, env = cmd, {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **execution}
             env.pop(sandbox.ENV_VAR, None)
+            if not grading:
+                env.pop("NBGRADER_EXECUTION", None)
         self.proc = subprocess.Popen(argv, pass_fds=[theirs.fileno()], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         theirs.close()
