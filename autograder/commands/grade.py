@@ -26,6 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, course: Path) -> int:
     from autograder.grading import batch
     from autograder.judging import sandbox
+    from autograder.learner import progress
 
     sandboxed = not args.unsafe
     if sandboxed and (why := sandbox.probe()):
@@ -41,5 +42,6 @@ def run(args: argparse.Namespace, course: Path) -> int:
         print(f"  {c.grade_id:<28} {c.score:g} / {c.max_score:g}{extra}")
     if args.json:
         args.json.write_text(json.dumps(res.to_dict(), indent=1))
+    progress.record(args.path, res.to_dict())          # in a workspace: `make progress` need not grade it again
     print(f"score: {res.score:g} / {res.max_score:g}")
     return 1 if args.require_full and res.score < res.max_score else 0

@@ -5,7 +5,8 @@
 
 A notebook is graded as `make grade` grades it (`batch.grade_notebook`, nbgrader in a temporary course), and
 the result is kept in `workspace/.progress.json` under the notebook's sha256, so a lab is graded again only
-after it changed. GPU-tier cells are the graded cells that call `require_gpu(`: without a GPU they earn
+after it changed (`make grade` of a workspace notebook records its result there too). A notebook whose learner cells
+are still the release's scores 0 without running. GPU-tier cells are the graded cells that call `require_gpu(`: without a GPU they earn
 nothing, so a CPU-only learner's maximum is the CPU column.
 """
 
@@ -19,9 +20,34 @@ from typing import Callable
 import nbformat
 
 from autograder.grading import batch, nbgrader_runs as grading
-from autograder.learner.workspace import sha256
+from autograder.learner.workspace import MANIFEST, sha256
 
 CACHE = ".progress.json"
+
+
+def learner_cells(notebook: Path) -> list[str]:
+    """The sources of the cells a learner writes (nbgrader solution cells), in order: outputs, execution counts and
+    the other cells do not say whether the learner has started."""
+    return [cell.source for cell in nbformat.read(str(notebook), as_version=4).cells
+            if cell.get("metadata", {}).get("nbgrader", {}).get("solution")]
+
+
+def record(notebook: Path, result: dict) -> None:
+    """Keep a grading of `notebook` in its workspace's progress cache, as `make progress` would (`make grade` calls
+    this), so the lab is not graded again until it changes. A notebook outside a workspace (no release manifest in
+    a folder above it) is not remembered."""
+    notebook = Path(notebook).resolve()
+    ws = next((d for d in notebook.parents if (d / MANIFEST).exists()), None)
+    if ws is None:
+        return
+    cache_path = ws / CACHE
+    try:
+        cache = json.loads(cache_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        cache = {}
+    status = "graded" if result.get("status") == "ok" else str(result.get("status"))
+    cache[notebook.relative_to(ws).as_posix()] = {"sha256": sha256(notebook), "result": result, "status": status}
+    cache_path.write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n")
 
 
 def graded_points(notebook: Path) -> tuple[dict[str, float], dict[str, float]]:
@@ -42,7 +68,7 @@ class LabProgress:
     cpu_max: float
     gpu_score: float | None
     gpu_max: float
-    status: str                    # "graded", "cached", "not in workspace", or the grading status/error
+    status: str                    # "graded", "cached", "not started", "not in workspace", or the grading status/error
 
 
 def _split(result: dict, cpu: dict[str, float], gpu: dict[str, float]) -> tuple[float, float]:
@@ -72,6 +98,9 @@ def progress(course_root: Path, workspace: Path, *, labs: list[str] | None = Non
         if not mine.exists():
             rows.append(LabProgress(lab, rel, None, sum(cpu.values()), None, sum(gpu.values()), "not in workspace"))
             continue
+        if not regrade and learner_cells(mine) == learner_cells(released):
+            rows.append(LabProgress(lab, rel, 0.0, sum(cpu.values()), 0.0, sum(gpu.values()), "not started"))
+            continue                                # an untouched release scores 0: nothing to run
         digest = sha256(mine)
         entry = cache.get(rel)
         status = "cached"

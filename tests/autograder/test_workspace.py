@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -17,6 +18,10 @@ def _lab_notebook(gid_points: dict[str, tuple[int, str]], title: str = "v1") -> 
     """A released-style notebook: a markdown title and one graded cell per grade_id (source, points)."""
     nb = nbformat.v4.new_notebook()
     nb.cells.append(nbformat.v4.new_markdown_cell(f"# Lab {title}"))
+    answer = nbformat.v4.new_code_cell("def ex1():\n    raise NotImplementedError()")
+    answer.metadata["nbgrader"] = {"grade": False, "grade_id": "ex1_code", "solution": True, "locked": False,
+                                   "schema_version": 3}
+    nb.cells.append(answer)
     for gid, (points, source) in gid_points.items():
         cell = nbformat.v4.new_code_cell(source)
         cell.metadata["nbgrader"] = {"grade": True, "grade_id": gid, "points": points, "solution": False,
@@ -108,17 +113,39 @@ def _fake_grader(calls):
     return grade
 
 
+def _answer(nb: Path, code: str = "return 1") -> None:
+    """Write the learner's cell of a workspace notebook (its outputs alone do not count as work)."""
+    book = nbformat.read(str(nb), as_version=4)
+    cell = next(c for c in book.cells if c.metadata.get("nbgrader", {}).get("solution"))
+    cell.source = f"def ex1():\n    {code}"
+    nbformat.write(book, str(nb))
+
+
+def test_progress_scores_an_untouched_release_zero_without_grading(course, tmp_path):
+    ws = tmp_path / "ws"
+    workspace.sync(course, ws)
+    nb = ws / "00_intro" / "00_intro.ipynb"
+    book = nbformat.read(str(nb), as_version=4)
+    book.cells[-1].outputs = [nbformat.v4.new_output("stream", text="ran\n")]      # Run All, autosaved: no work
+    book.cells[-1].execution_count = 3
+    nbformat.write(book, str(nb))
+    calls: list[str] = []
+    rows = progress.progress(course, ws, grade=_fake_grader(calls))
+    assert calls == [] and [(r.cpu_score, r.gpu_score, r.status) for r in rows] == [(0, 0, "not started")] * 2
+
+
 def test_progress_grades_changed_notebooks_only(course, tmp_path):
     ws = tmp_path / "ws"
     workspace.sync(course, ws)
+    for lab in ("00_intro", "01_cache"):
+        _answer(ws / lab / f"{lab}.ipynb")
     calls: list[str] = []
     rows = progress.progress(course, ws, grade=_fake_grader(calls))
     assert calls == ["00_intro.ipynb", "01_cache.ipynb"]
     assert [(r.cpu_score, r.cpu_max, r.gpu_score, r.gpu_max, r.status) for r in rows] == [(2, 2, 0, 3, "graded")] * 2
     progress.progress(course, ws, grade=_fake_grader(calls))
     assert len(calls) == 2, "unchanged notebooks were graded again"
-    nb = ws / "01_cache" / "01_cache.ipynb"
-    nb.write_text(nb.read_text().replace("v1", "v1, edited"))
+    _answer(ws / "01_cache" / "01_cache.ipynb", "return 2")
     rows = progress.progress(course, ws, grade=_fake_grader(calls))
     assert calls[2:] == ["01_cache.ipynb"] and [r.status for r in rows] == ["cached", "graded"]
     table = progress.format_table(rows)
@@ -129,6 +156,7 @@ def test_progress_reports_missing_and_failed(course, tmp_path):
     ws = tmp_path / "ws"
     workspace.sync(course, ws)
     shutil.rmtree(ws / "00_intro")
+    _answer(ws / "01_cache" / "01_cache.ipynb")
 
     def broken(path):
         raise grading.GradingError("nbgrader failed")
@@ -143,3 +171,16 @@ def test_workspace_command(course, tmp_path, capsys):
     assert main(["--course", str(course), "workspace", "--dir", str(ws)]) == 0
     assert "created from labs/" in capsys.readouterr().out
     assert json.loads((ws / workspace.MANIFEST).read_text())
+
+
+def test_a_grading_of_a_workspace_notebook_is_remembered(course, tmp_path):
+    """`make grade` records its result where `make progress` looks: the same notebook is not graded again."""
+    ws = tmp_path / "ws"
+    workspace.sync(course, ws)
+    nb = ws / "01_cache" / "01_cache.ipynb"
+    _answer(nb)
+    progress.record(nb, _fake_grader([])(nb).to_dict())
+    progress.record(tmp_path / "elsewhere.ipynb", {"status": "ok", "cells": []})      # outside: ignored
+    calls: list[str] = []
+    rows = progress.progress(course, ws, labs=["01"], grade=_fake_grader(calls))
+    assert calls == [] and [(r.cpu_score, r.status) for r in rows] == [(2, "cached")]
