@@ -3,11 +3,11 @@
     rows = progress(course_root, workspace)      # grades what changed since it was last graded
     print(format_table(rows))
 
-A notebook is graded as `make grade` grades it (`batch.grade_notebook`, nbgrader in a temporary course), and
-the result is kept in `workspace/.progress.json` under the notebook's sha256, so a lab is graded again only
-after it changed (`make grade` of a workspace notebook records its result there too). A notebook whose learner cells
-are still the release's scores 0 without running. GPU-tier cells are the graded cells that call `require_gpu(`: without a GPU they earn
-nothing, so a CPU-only learner's maximum is the CPU column.
+A notebook is graded as `make grade` grades it (`batch.grade_notebook`, nbgrader in a temporary course), and the
+result is kept in `workspace/.progress.json` under the notebook's fingerprint (its cells, not their outputs), so a
+lab is graded again only after it changed; `make grade` of a workspace notebook records its result there too. A
+notebook whose learner cells are still the release's scores 0 without running. GPU-tier cells are the graded cells
+that call `require_gpu(`: without a GPU they earn nothing, so a CPU-only learner's maximum is the CPU column.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Callable
 import nbformat
 
 from autograder.grading import batch, nbgrader_runs as grading
-from autograder.learner.workspace import MANIFEST, sha256
+from autograder.learner.workspace import MANIFEST, fingerprint
 
 CACHE = ".progress.json"
 
@@ -46,7 +46,8 @@ def record(notebook: Path, result: dict) -> None:
     except (OSError, json.JSONDecodeError):
         cache = {}
     status = "graded" if result.get("status") == "ok" else str(result.get("status"))
-    cache[notebook.relative_to(ws).as_posix()] = {"sha256": sha256(notebook), "result": result, "status": status}
+    cache[notebook.relative_to(ws).as_posix()] = {"fingerprint": fingerprint(notebook), "result": result,
+                                                  "status": status}
     cache_path.write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n")
 
 
@@ -101,17 +102,17 @@ def progress(course_root: Path, workspace: Path, *, labs: list[str] | None = Non
         if not regrade and learner_cells(mine) == learner_cells(released):
             rows.append(LabProgress(lab, rel, 0.0, sum(cpu.values()), 0.0, sum(gpu.values()), "not started"))
             continue                                # an untouched release scores 0: nothing to run
-        digest = sha256(mine)
+        digest = fingerprint(mine)
         entry = cache.get(rel)
         status = "cached"
-        if regrade or not entry or entry.get("sha256") != digest:
+        if regrade or not entry or entry.get("fingerprint") != digest:
             on_start(lab)
             try:
                 result = grade(mine).to_dict()
                 status = "graded" if result["status"] == "ok" else result["status"]
             except grading.GradingError as err:
                 result, status = {"cells": [], "status": "error"}, f"error: {err}"
-            entry = cache[rel] = {"sha256": digest, "result": result, "status": status}
+            entry = cache[rel] = {"fingerprint": digest, "result": result, "status": status}
             cache_path.write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n")
         cpu_score, gpu_score = _split(entry["result"], cpu, gpu)
         ok = not entry["status"].startswith("error")

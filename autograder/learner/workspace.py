@@ -4,7 +4,8 @@
     print(report.summary())
 
 labs/ is the course's release (regenerated from solutions/, tracked in git); learners work in workspace/.
-A manifest (`workspace/.course-release.json`) records, for each file, the sha256 of the release copied there:
+A manifest (`workspace/.course-release.json`) records, for each file, the fingerprint of the release copied there
+(for a notebook its cells' sources: outputs that Run All and autosave write are not an edit):
 
 * a released file missing from the workspace is copied in;
 * a file still equal to the release it was copied from is replaced by a newer release;
@@ -27,6 +28,23 @@ SKIP_PARTS = {".ipynb_checkpoints", "__pycache__"}
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def fingerprint(path: Path) -> str:
+    """What says whether a file changed as a learner changes it: for a notebook the sha256 of its cells' types,
+    sources, nbgrader metadata and tags (Run All and autosave rewrite outputs, execution counts and the rest of the
+    metadata, which are not the learner's work); for any other file, or a notebook that does not parse, the sha256
+    of its bytes."""
+    path = Path(path)
+    if path.suffix == ".ipynb":
+        try:
+            cells = json.loads(path.read_text())["cells"]
+            text = json.dumps([[c.get("cell_type"), "".join(c.get("source", "")), c.get("metadata", {}).get("nbgrader"),
+                                c.get("metadata", {}).get("tags")] for c in cells], sort_keys=True)
+            return "cells:" + hashlib.sha256(text.encode()).hexdigest()
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass
+    return sha256(path)
 
 
 @dataclass
@@ -78,7 +96,7 @@ def sync(course_root: Path, workspace: Path) -> SyncReport:
     manifest = _load_manifest(workspace)
     for rel in released_files(labs):
         key, src, dst = rel.as_posix(), labs / rel, workspace / rel
-        release = sha256(src)
+        release = fingerprint(src)
         if not dst.exists():
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, dst)
@@ -87,11 +105,11 @@ def sync(course_root: Path, workspace: Path) -> SyncReport:
             continue
         if manifest.get(key) == release:
             continue
-        current = sha256(dst)
+        current = fingerprint(dst)
         if current == release:                      # the learner's file already equals the release
             manifest[key] = release
-        elif current == manifest.get(key):           # unedited since copied: take the newer release
-            shutil.copyfile(src, dst)
+        elif manifest.get(key) in (current, sha256(dst)):    # unedited since copied (an older manifest holds
+            shutil.copyfile(src, dst)                          # the bytes' sha256): take the newer release
             manifest[key] = release
             report.updated.append(key)
         else:                                        # edited (or of unknown origin): keep it

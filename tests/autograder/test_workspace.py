@@ -184,3 +184,32 @@ def test_a_grading_of_a_workspace_notebook_is_remembered(course, tmp_path):
     calls: list[str] = []
     rows = progress.progress(course, ws, labs=["01"], grade=_fake_grader(calls))
     assert calls == [] and [(r.cpu_score, r.status) for r in rows] == [(2, "cached")]
+
+
+def test_run_all_and_autosave_do_not_make_a_notebook_the_learners(course, tmp_path):
+    """Outputs and execution counts written by Run All are not an edit: the next release replaces the notebook in
+    place (issue 40: labs 04 and 09 landed in .new-releases/ after a Run All)."""
+    ws = tmp_path / "ws"
+    workspace.sync(course, ws)
+    nb = ws / "01_cache" / "01_cache.ipynb"
+    book = nbformat.read(str(nb), as_version=4)
+    book.cells[-1].outputs = [nbformat.v4.new_output("stream", text="ran\n")]
+    book.cells[-1].execution_count = 7
+    book.metadata["widgets"] = {"state": {}}
+    nbformat.write(book, str(nb))
+    new = _lab_notebook({"ex1_check": (2, "check_ex1()")}, title="v2")
+    _release(course, "01_cache/01_cache.ipynb", new)
+    report = workspace.sync(course, ws)
+    assert report.updated == ["01_cache/01_cache.ipynb"] and not report.kept
+    assert nb.read_text() == new
+
+
+def test_a_manifest_of_bytes_still_recognises_an_unedited_notebook(course, tmp_path):
+    """Workspaces made before fingerprints recorded each release's sha256: an unedited copy is still updated."""
+    ws = tmp_path / "ws"
+    workspace.sync(course, ws)
+    manifest = ws / workspace.MANIFEST
+    old = {rel: workspace.sha256(ws / rel) for rel in json.loads(manifest.read_text())}
+    manifest.write_text(json.dumps(old))
+    _release(course, "00_intro/00_intro.ipynb", _lab_notebook({"ex1_check": (2, "check_ex1()")}, title="v2"))
+    assert workspace.sync(course, ws).updated == ["00_intro/00_intro.ipynb"]
