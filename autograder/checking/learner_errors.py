@@ -173,7 +173,9 @@ def explain(etype: type[BaseException], value: BaseException, tb: TracebackType 
         label, name = check
         if isinstance(value, NotImplementedError) or "is not implemented yet" in message:
             learner = _learner_function(frames)
-            what = f"`{learner[0]}` still raises NotImplementedError" if learner else message
+            what = (f"`{learner[0]}` still raises NotImplementedError" if learner else
+                    re.sub(r"\s*(is not implemented yet|\(NotImplementedError\))", "", message).strip(" .:") or
+                    "it still raises NotImplementedError")
             return [f"{label} is not implemented yet: {what}. Write it in its cell above, run that cell, then "
                     "this check."]
         return _short(cell_frames, f"{etype.__name__}: {label} ({name}): {message}", cell_names)

@@ -61,17 +61,20 @@ def _released_cells(released_nb) -> dict[str, dict]:
 def neutralise_notebook(text: str, released_nb, notes: list[str] | None = None) -> str:
     """The submitted notebook with everything but the learner's cell sources taken from the release.
 
-    What was dropped is appended to notes (tags, another kernelspec, unknown or duplicated grade ids).
+    What was dropped is appended to notes (tags the release does not have, another kernelspec, unknown or duplicated
+    grade ids).
     """
     notes = [] if notes is None else notes
     nb = nbformat.reads(text, as_version=4)
     allowed = _released_cells(released_nb)
     seen: set[str] = set()
     tags, unknown, dupes = 0, [], []
+    released_tags = {str(t) for c in released_nb.cells for t in c.get("metadata", {}).get("tags", [])}
     for cell in nb.cells:
         meta = cell.get("metadata", {}).get("nbgrader", {})
         gid = meta.get("grade_id") if isinstance(meta, dict) else None
-        tags += bool(cell.get("metadata", {}).get("tags"))
+        own = cell.get("metadata", {}).get("tags") or []
+        tags += bool({str(t) for t in own} - released_tags) if isinstance(own, list) else 1     # the release's own: no news
         cell.metadata = nbformat.NotebookNode()
         if isinstance(gid, str) and gid in allowed and gid not in seen:
             cell.metadata["nbgrader"] = nbformat.from_dict(allowed[gid])

@@ -47,8 +47,9 @@ def metrics_cases(request_metrics_fn: Callable, goodput_fn: Callable) -> None:
         if not isinstance(val, (int, float)) or not math.isclose(val, want, rel_tol=1e-9, abs_tol=1e-12):
             hint = {"tpot": " TPOT = (last token time - first token time) / (n - 1): the first token is TTFT's.",
                     "ttft": " TTFT counts from the ARRIVAL (queueing included)."}.get(name, "")
+            got = f"{val:.6g}" if isinstance(val, float) else repr(val)       # 0.15, not 0.15000000000000002
             raise AssertionError(f"tokens at 1.5, 1.6, 1.8, 2.1 s for a request arriving at 1.0 s: {name} should be "
-                                 f"{want}, got {val!r}.{hint}")
+                                 f"{want}, got {got}.{hint}")
     itls = [round(x, 9) for x in getattr(got, "itls", ())]
     if itls != [0.1, 0.2, 0.3]:
         raise AssertionError(f"inter-token latencies should be [0.1, 0.2, 0.3], got {list(getattr(got, 'itls', ()))}")

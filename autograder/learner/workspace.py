@@ -69,7 +69,7 @@ class SyncReport:
         for rel in self.kept:
             lines.append(f"{rel} has a newer release; your copy is kept as it is. The new release is at "
                          f"{self.workspace / NEW_RELEASES / rel}")
-        return "\n".join(lines) or f"workspace {self.workspace} is up to date with labs/"
+        return "\n".join(lines) or f"{self.workspace} is up to date with labs/"
 
 
 def released_files(labs: Path) -> list[Path]:

@@ -179,3 +179,19 @@ def test_guard_detects_restores_and_scopes_changes(tmp_path, monkeypatch):
     assert any("other students" in p for p in problems) and any("manual score" in p for p in problems)
     assert gradebook_guard.backup(db, tmp_path / "copy.db").exists()
     guard.close()
+
+
+def test_the_releases_own_tags_are_not_reported_as_dropped():
+    """A learner's notebook carries the release's `raises-exception` tags: dropping them is no news (issue 40:
+    "cell tags dropped from 24 cell(s)" on every learner's own grading); a tag of their own still is."""
+    released = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("1 / 0")
+    cell.metadata["tags"] = ["raises-exception"]
+    released.cells = [cell]
+    notes: list[str] = []
+    intake.neutralise_notebook(nbformat.writes(released), released, notes)
+    assert not any("tags" in n for n in notes), notes
+    mine = nbformat.v4.new_notebook()
+    mine.cells = [nbformat.v4.new_code_cell("1 / 0", metadata={"tags": ["raises-exception", "skip-execution"]})]
+    intake.neutralise_notebook(nbformat.writes(mine), released, notes)
+    assert any("cell tags dropped from 1 cell(s)" in n for n in notes), notes
