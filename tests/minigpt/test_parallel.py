@@ -196,13 +196,13 @@ def test_a_hugging_face_folder_gives_the_same_shard_as_the_checkpoint(tmp_path) 
 
 
 def test_world_size_must_match_the_plan() -> None:
-    with pytest.raises(RankError, match="rank 0 failed: ValueError: the plan asks for tp=4 but the world has 2"):
+    with pytest.raises(RankError, match="ranks 0, 1 failed: ValueError: the plan asks for tp=4 but the world has 2"):
         run_ranks(lambda comm: load_tp_model("target", comm, expected_world_size=4), 2, backend="threads")
 
 
 def test_build_refuses_a_shard_for_another_tp() -> None:
     state = sharding.shard_state_dict(_model(GQA).state_dict(), GQA, 4, 0)
-    with pytest.raises(RankError, match="rank 0 failed"):
+    with pytest.raises(RankError, match="ranks 0, 1 failed"):       # the same error on both ranks: said once
         run_ranks(lambda comm: build_tp_model(GQA, comm, state), 2, backend="threads")
 
 
@@ -220,6 +220,15 @@ def test_a_crashing_rank_is_named_and_nothing_hangs(backend: str) -> None:
     with pytest.raises(RankError, match=r"rank 1 failed: RuntimeError: boom"):
         run_ranks(_crash_rank_1, 2, backend=backend, timeout_s=30, collective_timeout_s=5)
     assert time.monotonic() - start < 25
+
+
+def test_a_failing_rank_shows_the_callers_lines_not_the_launcher() -> None:
+    """A learner's worker (issue 40: lab 09 exercise 6 printed launch.py and ring_attention.py once per rank)."""
+    with pytest.raises(RankError) as err:
+        run_ranks(_crash_rank_1, 2, backend="gloo", timeout_s=30, collective_timeout_s=5)
+    text = str(err.value)
+    assert 'raise RuntimeError("boom")' in text and "test_parallel.py" in text, text
+    assert "launch.py" not in text and "comm.py" not in text, text
 
 
 def _hang_rank_0(comm: CountingComm):

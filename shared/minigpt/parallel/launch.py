@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -96,6 +97,16 @@ def _run_threads(fn: Worker, n: int, args: tuple, timeout_s: float, collective_t
 
 # ------------------------------------------------------------------------------------------- processes
 
+def _callers_frames(err: BaseException, limit: int = 4) -> str:
+    """The last `limit` frames of err's traceback that are the caller's code: not this package's, not a library's
+    or the standard library's (a learner's worker shows their own lines, not launch.py once per rank)."""
+    libraries = {sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib")}
+    inside = [Path(__file__).resolve().parents[1], *(Path(p).resolve() for p in libraries)]
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if not f.filename.startswith("<frozen")
+              and not any(Path(f.filename).resolve().is_relative_to(d) for d in inside)]
+    return "".join(traceback.format_list(frames[-limit:]))
+
+
 def _child(fn: Worker, rank: int, n: int, port: int, args: tuple, conn: Connection, collective_timeout_s: float) -> None:
     torch.set_num_threads(1)
     try:
@@ -107,7 +118,7 @@ def _child(fn: Worker, rank: int, n: int, port: int, args: tuple, conn: Connecti
             dist.destroy_process_group()
         payload = pickle.dumps(("ok", result))
     except BaseException as err:                             # noqa: BLE001 - sent to the parent
-        payload = pickle.dumps(("error", f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=4)}"))
+        payload = pickle.dumps(("error", f"{type(err).__name__}: {err}\n{_callers_frames(err)}"))
     conn.send_bytes(payload)
     conn.close()
 
@@ -169,7 +180,10 @@ def _raise_if_failed(errors: dict[int, str], others: dict[int, str]) -> None:
         return
     # In the order the reports arrived: the first is usually the cause, later ones its consequences
     # (a peer's connection reset or collective timeout).
-    lines = [f"rank {r} failed: {msg.strip()}" for r, msg in errors.items()]
+    by_message: dict[str, list[int]] = {}                   # every rank failing alike: said once
+    for r, msg in errors.items():
+        by_message.setdefault(msg.strip(), []).append(r)
+    lines = [f"rank{'s' * (len(rs) > 1)} {', '.join(map(str, rs))} failed: {msg}" for msg, rs in by_message.items()]
     lines += [f"rank {r} {msg}" for r, msg in sorted(others.items())]
     raise RankError("\n".join(lines))
 
