@@ -152,6 +152,17 @@ def _learner_function(frames: list[traceback.FrameSummary]) -> tuple[str, dict] 
     return None
 
 
+def _stub_inside(value: BaseException) -> BaseException | None:
+    """A NotImplementedError that `value` wraps (Triton's interpreter raises InterpreterError from the error inside
+    a kernel), or None."""
+    seen, cause = 0, value.__cause__ or value.__context__
+    while cause is not None and seen < 5:
+        if isinstance(cause, NotImplementedError):
+            return cause
+        seen, cause = seen + 1, cause.__cause__ or cause.__context__
+    return None
+
+
 def explain(etype: type[BaseException], value: BaseException, tb: TracebackType | None,
             cell_names: dict[str, int] | None = None) -> list[str] | None:
     """Lines to show instead of the traceback, or None to keep IPython's own traceback.
@@ -179,7 +190,10 @@ def explain(etype: type[BaseException], value: BaseException, tb: TracebackType 
             return [f"{label} is not implemented yet: {what}. Write it in its cell above, run that cell, then "
                     "this check."]
         return _short(cell_frames, f"{etype.__name__}: {label} ({name}): {message}", cell_names)
-    if isinstance(value, NotImplementedError):
+    wrapped = None if isinstance(value, NotImplementedError) else _stub_inside(value)
+    if wrapped is not None:                        # the stub ran inside a kernel: its own frames say which one
+        frames = frames + [f for f in traceback.extract_tb(wrapped.__traceback__) if _is_cell(f.filename)]
+    if isinstance(value, NotImplementedError) or wrapped is not None:
         learner = _learner_function(frames)
         if learner is not None:
             name, info = learner

@@ -60,3 +60,24 @@ def test_only_paths_reads_its_own_file():
                 if f != paths.AUTOGRADER_DIR / "paths.py"
                 and any(isinstance(n, ast.Name) and n.id == "__file__" for n in ast.walk(ast.parse(f.read_text())))]
     assert anchored == [], f"these modules find folders from __file__ instead of autograder.paths: {anchored}"
+
+
+def test_a_stub_inside_a_triton_kernel_names_its_exercise():
+    """Triton's interpreter raises InterpreterError from the kernel's NotImplementedError (issue 40: a lab 04 demo
+    cell showed a bare `InterpreterError: NotImplementedError()`); the explanation looks through it."""
+    from autograder.checking.learner_errors import explain
+
+    def flash_fwd_kernel():                    # a learner's kernel stub (its name is in lab 04's exercise map)
+        raise NotImplementedError()
+
+    class InterpreterError(Exception):
+        pass
+
+    try:
+        try:
+            flash_fwd_kernel()
+        except NotImplementedError as err:
+            raise InterpreterError(repr(err)) from err
+    except InterpreterError as err:
+        lines = explain(type(err), err, err.__traceback__)
+    assert lines and lines[0].startswith("This cell needs exercise") and "`flash_fwd_kernel`" in lines[0], lines
