@@ -100,6 +100,16 @@ def exercise_map() -> dict:
         return {"checks": {}, "learner": {}}
 
 
+def passed_line(source: str) -> str | None:
+    """What a check cell that passed says, the same in every lab: "Exercise 3 passed." (the labels of the checks it
+    calls, from the exercise map; None when it calls none the map knows)."""
+    lab = re.search(r"autograder\.lab(\d\d)", source)
+    checks = exercise_map()["checks"]
+    labels = dict.fromkeys(checks[f"{lab[1]}:{name}"] for name in re.findall(r"\b(check_\w+)\s*\(", source)
+                           if lab and f"{lab[1]}:{name}" in checks)
+    return f"{' and '.join(labels)} passed." if labels else None
+
+
 # ------------------------------------------------------------------------------------- explaining an error
 
 def _library_dirs() -> tuple[str, ...]:

@@ -81,3 +81,14 @@ def test_a_stub_inside_a_triton_kernel_names_its_exercise():
     except InterpreterError as err:
         lines = explain(type(err), err, err.__traceback__)
     assert lines and lines[0].startswith("This cell needs exercise") and "`flash_fwd_kernel`" in lines[0], lines
+
+
+def test_a_passing_check_cell_says_so_the_same_way_in_every_lab():
+    """issue 40: lab 00's checks were silent when they passed, the others printed "<name>: OK" in their own words."""
+    from autograder.checking.learner_errors import passed_line
+
+    assert passed_line("from autograder.lab03 import check_pack_chunks\ncheck_pack_chunks(pack_chunks)") == \
+        "Exercise 1 passed."
+    assert passed_line("from autograder.lab00 import check_q1_kv_gib; check_q1_kv_gib(q1_kv_gib)") == \
+        "Question 1 passed."
+    assert passed_line("print(1)") is None
