@@ -92,3 +92,5 @@ def test_a_passing_check_cell_says_so_the_same_way_in_every_lab():
     assert passed_line("from autograder.lab00 import check_q1_kv_gib; check_q1_kv_gib(q1_kv_gib)") == \
         "Question 1 passed."
     assert passed_line("print(1)") is None
+    assert passed_line("from autograder.lab03 import check_pack_chunks\ntry:\n    check_pack_chunks(f)\n"
+                       "except AssertionError as err:\n    print(err)") is None          # it may have failed
