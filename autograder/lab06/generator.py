@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -222,10 +223,20 @@ def tiny_pair_seed(generate_fn: Callable) -> int:
     return 1 + secrets.randbelow(2**30) if is_remote(generate_fn) else 0
 
 
-# The greedy runs whose forward work is compared with the reference's: (label, draft is a twin of the target, k, new
-# tokens, prompt). Greedy, so the rounds are the same in any correct loop.
-WORK_RUNS = (("tiny random pair", False, 3, 30, (5, 9, 2, 7, 1)), ("draft identical to the target", True, 3, 24,
-                                                                   (3, 1, 4)))
+@dataclass(frozen=True)
+class WorkRun:
+    """A run of parts 2 and 3 whose greedy forward work is compared with the reference's (greedy: the rounds are the
+    same in any correct loop); `twin`: the draft is a copy of the target."""
+    label: str
+    twin: bool
+    k: int
+    new_tokens: int
+    prompt: tuple[int, ...]
+
+
+TINY_RUN = WorkRun("tiny random pair", False, 3, 30, (5, 9, 2, 7, 1))
+TWIN_RUN = WorkRun("draft identical to the target", True, 3, 24, (3, 1, 4))
+WORK_RUNS = (TINY_RUN, TWIN_RUN)
 
 
 def _traced_run(generate_fn: Callable, target: GPT, draft: GPT, prompt: list[int], n: int, params: SamplingParams,
@@ -242,11 +253,11 @@ def reference_work(seed: int) -> dict[str, dict[str, int]]:
     """Positions the reference loop feeds the target and the draft in each of WORK_RUNS (the tiny pair of `seed`)."""
     target, draft = _tiny_pair(seed)
     work = {}
-    for label, twin, k, n, prompt in WORK_RUNS:
-        other = copy.deepcopy(target) if twin else draft
-        _, tracer = _traced_run(generate_speculative, target, other, list(prompt), n, SamplingParams(), k, label,
-                                {"target": target, "draft": other})
-        work[label] = dict(tracer.positions)
+    for run in WORK_RUNS:
+        other = copy.deepcopy(target) if run.twin else draft
+        _, tracer = _traced_run(generate_speculative, target, other, list(run.prompt), run.new_tokens, SamplingParams(),
+                                run.k, run.label, {"target": target, "draft": other})
+        work[run.label] = dict(tracer.positions)
     return work
 
 
@@ -272,32 +283,32 @@ def _check_generate(generate_fn: Callable, seed: int | None = None,
     seed = tiny_pair_seed(generate_fn) if seed is None else seed
     work = reference_work(seed) if work is None else work
     tiny_target, tiny_draft = _tiny_pair(seed)
+    prompt, n, k = list(TINY_RUN.prompt), TINY_RUN.new_tokens, TINY_RUN.k
     for params in (SamplingParams(), SamplingParams(temperature=1.0, seed=3)):
-        prompt = [5, 9, 2, 7, 1]
-        what = f"tiny random models, prompt {prompt}, 30 new tokens, {params}, k=3"
-        got, tracer = _traced_run(generate_fn, tiny_target, tiny_draft, prompt, 30, params, 3, what,
+        what = f"tiny random models, prompt {prompt}, {n} new tokens, {params}, k={k}"
+        got, tracer = _traced_run(generate_fn, tiny_target, tiny_draft, prompt, n, params, k, what,
                                   {"target": tiny_target, "draft": tiny_draft})
-        if len(got.tokens) != 30:
-            raise AssertionError(f"{what}: expected exactly 30 new tokens, got {len(got.tokens)}; a round must never emit "
-                                 "more than the tokens still allowed (draft fewer near the end)")
+        if len(got.tokens) != n:
+            raise AssertionError(f"{what}: expected exactly {n} new tokens, got {len(got.tokens)}; a round must never "
+                                 "emit more than the tokens still allowed (draft fewer near the end)")
         tracer.check_prefixes(prompt + got.tokens, what)
         if params.greedy:
-            want = generate_kv_cache(tiny_target, prompt, 30, stop_token_ids=())
+            want = generate_kv_cache(tiny_target, prompt, n, stop_token_ids=())
             if got.tokens != want.tokens:
                 raise AssertionError(f"{what}: greedy output differs from the target's greedy output")
-            _check_work(tracer, work["tiny random pair"], 3, what)
-        if tracer.calls["target"] >= 30:
-            raise AssertionError(f"{what}: the target model was called {tracer.calls['target']} times for 30 tokens; it "
-                                 "should verify all k drafts of a round in ONE forward call over k + 1 positions")
+            _check_work(tracer, work[TINY_RUN.label], k, what)
+        if tracer.calls["target"] >= n:
+            raise AssertionError(f"{what}: the target model was called {tracer.calls['target']} times for {n} tokens; "
+                                 "it should verify all k drafts of a round in ONE forward call over k + 1 positions")
     # 3. The bonus token: a draft identical to the target has every draft accepted, so each round emits k + 1.
     twin = copy.deepcopy(tiny_target)
+    k, n = TWIN_RUN.k, TWIN_RUN.new_tokens
     for params in (SamplingParams(), SamplingParams(temperature=0.8, seed=1)):
-        k, n = 3, 24
         what = f"draft identical to the target (every draft accepted), {n} new tokens, k={k}, {params}"
-        got, tracer = _traced_run(generate_fn, tiny_target, twin, [3, 1, 4], n, params, k, what,
+        got, tracer = _traced_run(generate_fn, tiny_target, twin, list(TWIN_RUN.prompt), n, params, k, what,
                                   {"target": tiny_target, "draft": twin})
         if params.greedy:
-            _check_work(tracer, work["draft identical to the target"], k, what)
+            _check_work(tracer, work[TWIN_RUN.label], k, what)
         rounds = math.ceil(n / (k + 1))
         if tracer.calls["target"] != rounds:
             hint = (" Looks like no bonus token: when all k drafts are accepted, also emit a token from the target's "

@@ -32,6 +32,23 @@ def learner_cells(notebook: Path) -> list[str]:
             if cell.get("metadata", {}).get("nbgrader", {}).get("solution")]
 
 
+def _load_cache(ws: Path) -> dict:
+    try:
+        return json.loads((ws / CACHE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _save_cache(ws: Path, cache: dict) -> None:
+    (ws / CACHE).write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n")
+
+
+def _entry(digest: str, result: dict, status: str | None = None) -> dict:
+    """A cache entry: the notebook's fingerprint, the grading's result and its status ("graded" when it ran)."""
+    status = status or ("graded" if result.get("status") == "ok" else str(result.get("status")))
+    return {"fingerprint": digest, "result": result, "status": status}
+
+
 def record(notebook: Path, result: dict) -> None:
     """Keep a grading of `notebook` in its workspace's progress cache, as `make progress` would (`make grade` calls
     this), so the lab is not graded again until it changes. A notebook outside a workspace (no release manifest in
@@ -40,15 +57,9 @@ def record(notebook: Path, result: dict) -> None:
     ws = next((d for d in notebook.parents if (d / MANIFEST).exists()), None)
     if ws is None:
         return
-    cache_path = ws / CACHE
-    try:
-        cache = json.loads(cache_path.read_text())
-    except (OSError, json.JSONDecodeError):
-        cache = {}
-    status = "graded" if result.get("status") == "ok" else str(result.get("status"))
-    cache[notebook.relative_to(ws).as_posix()] = {"fingerprint": fingerprint(notebook), "result": result,
-                                                  "status": status}
-    cache_path.write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n")
+    cache = _load_cache(ws)
+    cache[notebook.relative_to(ws).as_posix()] = _entry(fingerprint(notebook), result)
+    _save_cache(ws, cache)
 
 
 def graded_points(notebook: Path) -> tuple[dict[str, float], dict[str, float]]:
@@ -83,11 +94,7 @@ def progress(course_root: Path, workspace: Path, *, labs: list[str] | None = Non
     """One row per released notebook; grades each workspace notebook that changed since its last grading."""
     course_root, workspace = Path(course_root), Path(workspace)
     grade = grade or (lambda path: batch.grade_notebook(path, course_root=course_root))
-    cache_path = workspace / CACHE
-    try:
-        cache = json.loads(cache_path.read_text())
-    except (OSError, json.JSONDecodeError):
-        cache = {}
+    cache = _load_cache(workspace)
     rows = []
     for released in sorted((course_root / "labs").glob("*/*.ipynb")):
         lab = released.parent.name
@@ -108,12 +115,11 @@ def progress(course_root: Path, workspace: Path, *, labs: list[str] | None = Non
         if regrade or not entry or entry.get("fingerprint") != digest:
             on_start(lab)
             try:
-                result = grade(mine).to_dict()
-                status = "graded" if result["status"] == "ok" else result["status"]
+                entry = _entry(digest, grade(mine).to_dict())
             except grading.GradingError as err:
-                result, status = {"cells": [], "status": "error"}, f"error: {err}"
-            entry = cache[rel] = {"fingerprint": digest, "result": result, "status": status}
-            cache_path.write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n")
+                entry = _entry(digest, {"cells": [], "status": "error"}, f"error: {err}")
+            cache[rel], status = entry, entry["status"]
+            _save_cache(workspace, cache)
         cpu_score, gpu_score = _split(entry["result"], cpu, gpu)
         ok = not entry["status"].startswith("error")
         rows.append(LabProgress(lab, rel, cpu_score if ok else None, sum(cpu.values()),
