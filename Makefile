@@ -97,7 +97,8 @@ sandbox-deps:
 # ---------------------------------------------------------------- learner
 lab: setup
 	@$(PY) -m autograder workspace --dir "$(WORKSPACE)"
-	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(WORKSPACE)" $(ALLOW_ROOT) $(LAB_ARGS)
+	JUPYTER_CONFIG_PATH="$(CURDIR)/config/learner$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
+	  $(VENV)/bin/jupyter lab --ServerApp.root_dir="$(WORKSPACE)" $(ALLOW_ROOT) $(LAB_ARGS)
 
 progress: setup
 	@$(PY) -m autograder progress --dir "$(WORKSPACE)" $(PROGRESS_ARGS)

@@ -44,7 +44,10 @@ def _command(name: str):
     return importlib.import_module(f"autograder.commands.{COMMANDS[name]}")
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(argv: list[str]) -> argparse.ArgumentParser:
+    """Every command is listed; only the one named in `argv` (all, when none is) gets its arguments, so a light
+    command does not pay for a heavy one's imports."""
+    chosen = next((arg for arg in argv if arg in COMMANDS), None)
     p = argparse.ArgumentParser(prog="python -m autograder", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--course", type=Path, default=REPO_ROOT,
@@ -52,14 +55,17 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
         command = _command(name)
-        command.add_arguments(sub.add_parser(name, help=command.HELP))
+        parser = sub.add_parser(name, help=command.HELP)
+        if chosen in (None, name):
+            command.add_arguments(parser)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line, run the command's module (autograder/commands/), return its exit status; 2 on a
     grading error (nbgrader failed), with its message."""
-    args = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = _parser(argv).parse_args(argv)
     from autograder.grading.basics import GradingError
 
     try:

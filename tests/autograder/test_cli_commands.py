@@ -16,12 +16,22 @@ def test_every_command_module_has_its_three_parts():
 
 
 def test_the_help_lists_each_command_and_the_docstring_describes_it():
-    parser = cli._parser()
+    parser = cli._parser([])
     listed = set(parser._subparsers._group_actions[0].choices)
     assert listed == set(COMMANDS)
     described = {line.split()[0] for line in cli.__doc__.splitlines() if line.startswith("    ") and line.split()
                  and not line.startswith("     ")}
     assert set(COMMANDS) <= described, set(COMMANDS) - described
+
+
+def test_a_light_command_does_not_import_torch(repo_root):
+    """`make lab` runs `workspace` before JupyterLab starts: it must not pay for another command's imports."""
+    import subprocess
+    import sys
+
+    code = "import sys; from autograder import cli; cli._parser(['workspace']); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=repo_root, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 def test_an_unknown_course_error_is_a_message_and_exit_2(tmp_path, capsys):

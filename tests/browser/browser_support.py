@@ -124,7 +124,7 @@ def run_all(page, attempts: int = 4) -> None:
         page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').first.click()
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
-            if first_prompt.inner_text().strip() not in ("[ ]:", ""):
+            if (first_prompt.text_content() or "").strip() not in ("[ ]:", ""):     # drawn or not (long notebooks)
                 return
             time.sleep(0.25)
     raise AssertionError("JupyterLab did not start running the cells")

@@ -2,7 +2,8 @@
 each test module opening its own notebook) and headless Chromium.
 
 The server runs from this venv on 127.0.0.1 with a random free port and a random token, with its
-config, data, runtime and workspace folders in a temp directory, serving only a temp folder. It is
+config, data, runtime and workspace folders in a temp directory, serving only a temp folder, with the learner's
+settings `make lab` uses (config/learner/). It is
 shut down (REST call, then SIGTERM, then SIGKILL to its own process group) whatever the test does.
 Chromium is Debian's (/usr/bin/chromium, or $CHROMIUM) driven by playwright; without it the tests skip.
 """
@@ -19,6 +20,8 @@ from typing import Iterator
 import pytest
 from browser_support import CHROMIUM, CHROMIUM_ARGS, require_chromium, LabServer, free_port, stop_server, wait_until_up
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
 
 @pytest.fixture(scope="session")
 def lab_server(tmp_path_factory) -> Iterator[LabServer]:
@@ -28,7 +31,8 @@ def lab_server(tmp_path_factory) -> Iterator[LabServer]:
     env = {**os.environ,
            "JUPYTER_CONFIG_DIR": str(tmp / "config"), "JUPYTER_DATA_DIR": str(tmp / "data"),
            "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"), "JUPYTER_PLATFORM_DIRS": "1",
-           "IPYTHONDIR": str(tmp / "ipython"), "PYTHONUNBUFFERED": "1"}
+           "IPYTHONDIR": str(tmp / "ipython"), "PYTHONUNBUFFERED": "1",
+           "JUPYTER_CONFIG_PATH": str(REPO_ROOT / "config" / "learner")}     # the settings `make lab` uses
     env.pop("JUPYTER_TOKEN", None)
     port, token = free_port(), secrets.token_hex(16)
     log = tmp / "server.log"

@@ -4,7 +4,8 @@ on first use), as root and as a normal user.
 Each case runs the Makefile's `lab` target (a temporary workspace, free loopback port, no browser, a temp token),
 waits until the
 server answers, checks that the course's settings turn off the "official Jupyter news?" prompt, opens a
-lab notebook through the server in headless Chromium, and stops the server, leaving no process behind.
+lab notebook through the server in headless Chromium (no nbgrader instructor menus; its first cell runs, and the
+kernel does not warn about plain-text TCP), and stops the server, leaving no process behind.
 Running as root exercises the `--allow-root` the Makefile adds; the non-root case runs as `nobody`
 (through setpriv) when the suite itself runs as root, as it does in containers and CI.
 """
@@ -17,6 +18,7 @@ import secrets
 import shutil
 import socket
 import subprocess
+import time
 import urllib.request
 from pathlib import Path
 
@@ -90,6 +92,8 @@ def test_make_lab_serves_the_labs(user, tmp_path):
         assert contents["type"] == "notebook", "make lab must serve the workspace as the root folder"
         assert (workspace / NOTEBOOK).read_bytes() == (REPO_ROOT / "labs" / NOTEBOOK).read_bytes(), (
             "make lab must copy labs/ into the workspace on first use")
+        assert (workspace / "START_HERE.md").read_text() == (REPO_ROOT / "docs" / "START_HERE.md").read_text(), (
+            "make lab must put the learner's start page at the top of the workspace")
         with sync_api.sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
             try:
@@ -99,11 +103,26 @@ def test_make_lab_serves_the_labs(user, tmp_path):
                 page.locator(".jp-Notebook .jp-RenderedMarkdown h1", has_text="Lab 01").first.wait_for()
                 page.wait_for_timeout(2000)            # the news prompt, where enabled, shows as a toast at start
                 assert page.get_by_text("official Jupyter news").count() == 0, "JupyterLab asked about news"
+                menus = page.locator(".lm-MenuBar-item").all_inner_texts()
+                toolbar = page.locator(".jp-NotebookPanel-toolbar").first.inner_text()
+                hidden = ("Nbgrader" not in menus and "Validate" not in toolbar
+                          and page.locator("#nbgrader-create_assignemnt, #jp-mainmenu-nbgrader").count() == 0)
+                assert hidden, ("make lab shows nbgrader's instructor tools (config/learner/labconfig): "
+                                f"menus {menus}, toolbar {toolbar!r}")
+                first = page.locator(".jp-CodeCell").first
+                first.click()
+                page.keyboard.press("Shift+Enter")     # the kernel answers over its encrypted channels
+                prompt = first.locator(".jp-InputArea-prompt")
+                deadline = time.monotonic() + 90
+                while not any(ch.isdigit() for ch in prompt.inner_text()) and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                assert any(ch.isdigit() for ch in prompt.inner_text()), "the first code cell did not run"
             finally:
                 browser.close()
     finally:
         stop_server(proc, url, token)
     assert proc.returncode == 0, f"`make lab` exited with {proc.returncode}:\n{log.read_text()[-3000:]}"
+    assert "without encryption" not in log.read_text(), "a kernel warned that it talks over TCP in plain text"
     assert _port_closed(port), "the server still listens after shutdown"
     leftovers = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
     assert not leftovers, f"processes left behind by `make lab`: {leftovers}"
