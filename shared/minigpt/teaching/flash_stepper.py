@@ -17,7 +17,7 @@ import ipywidgets as W
 import torch
 from matplotlib.figure import Figure
 
-from minigpt.teaching.plots import show_figure
+from minigpt.teaching.figure_view import FigureView
 
 __all__ = ["stepper_rows", "OnlineSoftmaxStepper", "example_scores"]
 
@@ -49,34 +49,31 @@ def stepper_rows(scores: list[float], values: list[float], block: int) -> list[d
     return rows
 
 
-class OnlineSoftmaxStepper:
+class OnlineSoftmaxStepper(FigureView):
     """Sliders for the key tile size and the number of tiles read; a readout table and a figure."""
 
     def __init__(self, scores: list[float] | None = None, values: list[float] | None = None, *, block: int = 4) -> None:
+        super().__init__()
         if scores is None:
             scores, values = example_scores()
         self.scores, self.values = list(scores), list(values or [1.0] * len(scores))
         n = len(self.scores)
         self.block = W.IntSlider(value=block, min=1, max=n, description="key tile")
         self.step = W.IntSlider(value=1, min=1, max=math.ceil(n / block), description="tiles read")
-        self.readout = W.HTML()
-        self.image = W.Image(format="png")
-        self.widget = W.VBox([W.HBox([self.block, self.step]), self.readout, self.image])
-        self.block.observe(self._on_block, names="value")
-        self.step.observe(lambda _c: self.update(), names="value")
+        self.widget = W.VBox([W.HBox([self.block, self.step]), self.error, self.readout, self.image])
+        self.block.observe(self._on_block, names="value")          # before the redraw: the step's range first
+        self._watch(self.block, self.step)
         self.update()
 
     def _on_block(self, _change) -> None:
-        n_tiles = math.ceil(len(self.scores) / self.block.value)
-        self.step.max = n_tiles                      # clamps value when it shrinks (fires update itself)
-        self.update()
+        self.step.max = math.ceil(len(self.scores) / self.block.value)   # clamps the step when it shrinks
 
     def state(self) -> dict[str, float]:
         """The row shown: the state after `step` tiles."""
         rows = stepper_rows(self.scores, self.values, self.block.value)
         return rows[min(self.step.value, len(rows)) - 1]
 
-    def update(self) -> None:
+    def _compute(self) -> tuple[str, Figure]:
         rows = stepper_rows(self.scores, self.values, self.block.value)
         k = min(self.step.value, len(rows))
         exact = sum(math.exp(s - max(self.scores)) * v for s, v in zip(self.scores, self.values)) / \
@@ -86,11 +83,11 @@ class OnlineSoftmaxStepper:
             f"<tr style='{'font-weight:bold' if i == k - 1 else ''}'><td>{i + 1}</td><td>{r['start']}..{r['stop'] - 1}</td>"
             f"<td>{r['m']:.3f}</td><td>{r['rescale']:.4f}</td><td>{r['l']:.4f}</td><td>{r['acc']:.4f}</td>"
             f"<td>{r['out']:.4f}</td></tr>" for i, r in enumerate(rows[:k]))
-        self.readout.value = (f"<b>after tile {k} of {len(rows)} (tile of {self.block.value} keys)</b>: "
-                              f"m = {rows[k - 1]['m']:.3f}, l = {rows[k - 1]['l']:.4f}, "
-                              f"acc / l = {rows[k - 1]['out']:.4f}; exact softmax-weighted value over all keys "
-                              f"= {exact:.4f}<table>{head}{body}</table>")
-        show_figure(self.image, self._figure(rows, k))
+        text = (f"<b>after tile {k} of {len(rows)} (tile of {self.block.value} keys)</b>: "
+                f"m = {rows[k - 1]['m']:.3f}, l = {rows[k - 1]['l']:.4f}, "
+                f"acc / l = {rows[k - 1]['out']:.4f}; exact softmax-weighted value over all keys "
+                f"= {exact:.4f}<table>{head}{body}</table>")
+        return text, self._figure(rows, k)
 
     def _figure(self, rows: list[dict[str, float]], k: int) -> Figure:
         fig = Figure(figsize=(8, 2.6))
@@ -109,6 +106,3 @@ class OnlineSoftmaxStepper:
         ax.legend(loc="upper left", fontsize=8)
         fig.tight_layout()
         return fig
-
-    def _repr_mimebundle_(self, **kwargs):
-        return self.widget._repr_mimebundle_(**kwargs)

@@ -18,7 +18,7 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from minigpt.teaching.widgets import _Calculator
+from minigpt.teaching.figure_view import FigureView
 
 __all__ = ["LongContextView", "curve_table", "bucketed_perplexity", "BUCKETS"]
 
@@ -54,7 +54,7 @@ def curve_table(curves: Mapping[str, Tensor], names: Sequence[str], trained_len:
             f"<div>trained context: {trained_len:,} tokens</div>")
 
 
-class LongContextView(_Calculator):
+class LongContextView(FigureView):
     """Curves to show, bucket width, log axis -> a table of perplexity per length band and the figure."""
 
     def __init__(self, curves: Mapping[str, Tensor], *, trained_len: int = 512, show: Sequence[str] | None = None,

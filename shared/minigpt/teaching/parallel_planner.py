@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from minigpt.teaching.calculators import GiB, PRESETS, ModelShape
 from minigpt.teaching.hardware import ACCELERATORS, Accelerator
 from minigpt.teaching.parallel_cost import INTERCONNECTS, Interconnect, ParallelPlan, parallel_plan
-from minigpt.teaching.widgets import _Calculator
+from minigpt.teaching.figure_view import FigureView
 
 __all__ = ["ParallelismPlanner", "planner_readout", "GPU_COUNTS", "SIZES"]
 
@@ -53,7 +53,7 @@ def planner_readout(shape: ModelShape, gpu: Accelerator, link: Interconnect, n_g
     return f"<table class='parallel-readout'>{body}</table>"
 
 
-class ParallelismPlanner(_Calculator):
+class ParallelismPlanner(FigureView):
     """Model, GPU, link, GPU count, TP, PP, context, batch, overlap -> memory, bytes and time per token."""
 
     def __init__(self, *, model: str = "Llama-3-70B", gpu: str = "H100-SXM", link: str = "NVLink 4",

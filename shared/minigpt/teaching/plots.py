@@ -10,6 +10,7 @@ uses no pyplot state; `figure_png` renders a standalone Figure to PNG bytes for 
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -38,10 +39,29 @@ def png_size(png: bytes) -> tuple[int, int]:
 def show_figure(image, fig: Figure, dpi: int = 80, scale: int = 2) -> None:
     """Put `fig` into an ipywidgets Image, rendered at `scale` times `dpi` and shown at its size at `dpi`,
     so it is sharp on high-density screens and never stretched."""
+    show_rendered(image, render_figure(fig, dpi, scale))
+
+
+@dataclass(frozen=True)
+class RenderedFigure:
+    """A figure's PNG and the size (CSS pixels) to show it at."""
+
+    png: bytes
+    width: int
+    height: int
+
+
+def render_figure(fig: Figure, dpi: int = 80, scale: int = 2) -> RenderedFigure:
+    """Render at `scale` x `dpi`, to be shown at its size at `dpi` (sharp on high-density screens)."""
     png = figure_png(fig, dpi * scale)
     width, height = png_size(png)
-    image.value = png
-    image.width, image.height = str(round(width / scale)), str(round(height / scale))
+    return RenderedFigure(png, round(width / scale), round(height / scale))
+
+
+def show_rendered(image, figure: RenderedFigure) -> None:
+    """Put a rendered figure into an ipywidgets Image."""
+    image.value = figure.png
+    image.width, image.height = str(figure.width), str(figure.height)
 
 
 def plot_roofline(ax: Axes, peak: float, bandwidth: float, points: Mapping[str, tuple[float, float]] | None = None,

@@ -23,7 +23,7 @@ from minigpt.quant.formats import FP8_DTYPES, dequantize_fp8, fake_quantize, qua
 from minigpt.quant.linear import projection_names
 from minigpt.teaching.calculators import PRESETS, ModelShape, count_parameters, kv_cache_bytes
 from minigpt.teaching.hardware import ACCELERATORS, Accelerator
-from minigpt.teaching.plots import show_figure
+from minigpt.teaching.figure_view import FigureView
 
 METHODS = ["RTN symmetric", "RTN asymmetric", "FP8 E4M3", "FP8 E5M2"]
 BITS = [2, 3, 4, 8]
@@ -104,11 +104,12 @@ def plot_layer(ax, weight: Tensor, method: str, bits: int, group_size: int | Non
     ax.set_title(title, fontsize=9)
 
 
-class QuantizationExplorer:
+class QuantizationExplorer(FigureView):
     """Layer, method, bits, group size, model shape for the memory, GPU and context -> readout + histogram."""
 
     def __init__(self, model: GPT, *, layer: str | None = None, method: str = "RTN symmetric", bits: int = 4,
                  group_size: int | str = 128, gpu: str = "H100-SXM", shape: str = "Llama-3-8B", context: int = 8192) -> None:
+        super().__init__()
         self.model = model
         names = projection_names(model)
         self.layer = W.Dropdown(options=names, value=layer or names[0], description="layer")
@@ -119,32 +120,20 @@ class QuantizationExplorer:
         self.gpu = W.Dropdown(options=list(ACCELERATORS), value=gpu, description="GPU")
         self.context = W.SelectionSlider(options=CONTEXTS, value=context, description="context")
         self.kv = W.Dropdown(options=KV_VIEW, value="bf16", description="KV cache")
-        self.readout, self.error = W.HTML(), W.HTML()
-        self.image = W.Image(format="png")
         self.widget = W.VBox([W.HBox([self.layer, self.method]), W.HBox([self.bits, self.group]),
                               W.HBox([self.shape, self.gpu]), W.HBox([self.context, self.kv]), self.error, self.readout, self.image])
-        for c in (self.layer, self.method, self.bits, self.group, self.shape, self.gpu, self.context, self.kv):
-            c.observe(lambda _change: self.update(), names="value")
+        self._watch(self.layer, self.method, self.bits, self.group, self.shape, self.gpu, self.context, self.kv)
         self.update()
 
-    def update(self) -> None:
+    def _compute(self) -> tuple[str, Figure]:
         group = None if self.group.value == "per channel" else int(self.group.value)
         weight = self.model.get_submodule(self.layer.value).weight
         gpu, shape = ACCELERATORS[self.gpu.value], PRESETS[self.shape.value]
-        try:
-            r = explorer_readout(weight, self.method.value, self.bits.value, group, shape, gpu, self.context.value,
-                                 self.kv.value)
-        except ValueError as err:            # e.g. a group size that does not divide this layer's inputs
-            self.error.value = f"<span style='color:#b00'>{html.escape(str(err))}</span>"
-            return
-        self.error.value = ""
-        self.readout.value = r.html(self.layer.value, self.method.value, shape.name, gpu, self.context.value,
-                                     self.kv.value)
+        r = explorer_readout(weight, self.method.value, self.bits.value, group, shape, gpu, self.context.value,
+                             self.kv.value)             # ValueError: e.g. a group size that does not divide the inputs
+        text = r.html(self.layer.value, self.method.value, shape.name, gpu, self.context.value, self.kv.value)
         fig = Figure(figsize=(8, 2.8))
         method = self.method.value
         label = method if method.startswith("FP8") else f"{method}, INT{self.bits.value}, {self.group.value}"
         plot_layer(fig.subplots(), weight, method, self.bits.value, group, f"{self.layer.value}: {label}")
-        show_figure(self.image, fig)
-
-    def _repr_mimebundle_(self, **kwargs):
-        return self.widget._repr_mimebundle_(**kwargs)
+        return text, fig

@@ -13,7 +13,7 @@ import ipywidgets as W
 from matplotlib.figure import Figure
 
 from minigpt.teaching import serving_simulator as sim
-from minigpt.teaching.widgets import _Calculator
+from minigpt.teaching.figure_view import FigureView
 
 __all__ = ["POLICIES", "BUDGETS", "serving_readout", "ServingSimulator"]
 
@@ -48,7 +48,7 @@ def serving_readout(policy: str, max_rate: float, spread: float, budget: int, *,
     return text, fig, pts
 
 
-class ServingSimulator(_Calculator):
+class ServingSimulator(FigureView):
     """Controls in, HTML readout + PNG figure out, recomputed on every change."""
 
     def __init__(self, *, policy: str = "continuous", max_rate: float = 40.0, spread: float = 1.0,

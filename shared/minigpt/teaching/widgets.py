@@ -6,7 +6,7 @@
 
 All numbers come from pure functions (`kv_calculator_plan`, `kv_readout`, `roofline_readout`,
 tested over the controls' full ranges); a calculator only reads its controls, calls them, and puts
-the text into an HTML readout and the PNG of a matplotlib figure into an Image widget.
+the text into an HTML readout and the PNG of a matplotlib figure into an Image widget (`FigureView`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from matplotlib.figure import Figure
 from minigpt.teaching import calculators as calc
 from minigpt.teaching.calculators import GiB, PRESETS, MemoryPlan, ModelShape, RooflinePoint
 from minigpt.teaching.hardware import ACCELERATORS, Accelerator
-from minigpt.teaching.plots import plot_memory_plan, plot_requests_vs_context, plot_roofline, show_figure
+from minigpt.teaching.figure_view import FigureView
+from minigpt.teaching.plots import plot_memory_plan, plot_requests_vs_context, plot_roofline
 
 CUSTOM = "custom"
 CONTEXTS = [2**k for k in range(7, 18)]           # 128 .. 131072 tokens
@@ -94,36 +95,7 @@ def roofline_readout(shape: ModelShape, gpu: Accelerator, precision: str, batch:
     return "<br>".join(lines)
 
 
-class _Calculator:
-    """Shared plumbing: controls in, HTML readout + PNG figure out, redrawn on every change."""
-
-    def __init__(self) -> None:
-        self.readout = W.HTML()
-        self.image = W.Image(format="png")
-        self.error = W.HTML()
-
-    def _watch(self, *controls: W.Widget) -> None:
-        """Recompute when any control changes; labels sized to their text, never cut short."""
-        for c in controls:
-            if "description_width" in getattr(getattr(c, "style", None), "keys", ()):
-                c.style.description_width = "initial"
-            c.observe(lambda _change: self.update(), names="value")
-
-    def update(self) -> None:
-        try:
-            text, fig = self._compute()
-        except (ValueError, KeyError) as err:         # e.g. a precision this GPU lacks: say so, keep the controls
-            self.error.value = f"<span style='color:#b00'>{html.escape(str(err))}</span>"
-            return
-        self.error.value = ""
-        self.readout.value = text
-        show_figure(self.image, fig)
-
-    def _repr_mimebundle_(self, **kwargs):  # display the widget when the object is a cell's last expression
-        return self.widget._repr_mimebundle_(**kwargs)
-
-
-class KVCacheCalculator(_Calculator):
+class KVCacheCalculator(FigureView):
     """Model preset or custom shape, context, batch, precisions, GPU -> KV bytes, memory share, max requests."""
 
     def __init__(self, extra: Mapping[str, Accelerator] | None = None, *, model: str = "Llama-3-8B",
@@ -155,8 +127,10 @@ class KVCacheCalculator(_Calculator):
             return CustomShape(self.layers.value, self.kv_heads.value, self.head_dim.value, int(self.params_b.value * 1e9))
         return PRESETS[self.model.value]
 
-    def _compute(self) -> tuple[str, Figure]:
+    def _arrange(self) -> None:
         self.custom_box.layout.display = "" if self.model.value == CUSTOM else "none"
+
+    def _compute(self) -> tuple[str, Figure]:
         shape, gpu = self.shape(), self.accelerators[self.gpu.value]
         kw = dict(weight_precision=self.weight_precision.value, kv_precision=self.kv_precision.value,
                   memory_utilization=self.utilization.value)
@@ -170,7 +144,7 @@ class KVCacheCalculator(_Calculator):
         return kv_readout(shape, self.context.value, self.batch.value, gpu, plan, self.kv_precision.value), fig
 
 
-class RooflineCalculator(_Calculator):
+class RooflineCalculator(FigureView):
     """GPU, precision, batch, sequence length -> prefill and decode points on that GPU's roofline."""
 
     def __init__(self, extra: Mapping[str, Accelerator] | None = None, *, model: str = "Llama-3-8B",
@@ -185,7 +159,7 @@ class RooflineCalculator(_Calculator):
         self.gpu.observe(self._gpu_changed, names="value")
         self.widget = W.VBox([W.HBox([self.model, self.gpu, self.precision]), W.HBox([self.batch, self.seq_len]),
                               self.error, self.readout, self.image])
-        self._watch(self.model, self.precision, self.batch, self.seq_len)
+        self._watch(self.model, self.gpu, self.precision, self.batch, self.seq_len)
         self.update()
 
     def _precisions(self, gpu: str) -> list[str]:
@@ -196,8 +170,7 @@ class RooflineCalculator(_Calculator):
         keep = self.precision.value if self.precision.value in options else options[0]
         with self.precision.hold_trait_notifications():
             self.precision.options = options
-            self.precision.value = keep
-        self.update()
+            self.precision.value = keep                  # the redraw follows (the GPU is a watched control)
 
     def _compute(self) -> tuple[str, Figure]:
         shape, gpu, prec = PRESETS[self.model.value], self.accelerators[self.gpu.value], self.precision.value
