@@ -76,7 +76,7 @@ class NumericQuestion:
             check_answer(value, self.expected, self.topic, self.mistakes, unit=self.unit, rel=self.rel)
         except AssertionError as err:
             return Verdict(False, str(err))
-        return Verdict(True, f"right: {_fmt(self.expected)} {self.unit}")
+        return Verdict(True, f"{_fmt(self.expected)} {self.unit}.")
 
 
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")

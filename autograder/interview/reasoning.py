@@ -84,7 +84,7 @@ class DealtChoice:
             return Verdict(False, f"answer with one letter of {', '.join(self.letters)}; got {answer!r}")
         option, why = self.options[self.letters.index(letter)]
         if not why:
-            return Verdict(True, f"right: {letter}")
+            return Verdict(True, f"{letter}.")
         return Verdict(False, f"{letter} is not right: {why}")
 
 

@@ -14,6 +14,7 @@ import json
 import os
 import random
 import secrets
+import textwrap
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -98,7 +99,7 @@ def run_session(n: int = 10, seed: int | None = None, topics: tuple[str, ...] = 
     write(f"Interview practice: {n} question(s), seed {seed} (`python -m autograder interview --seed {seed} "
           f"-n {n}` repeats them). Type s to skip, q to stop.")
     for i, q in enumerate(questions, 1):
-        write(f"\nQuestion {i}/{n} ({q.topic}, lab {q.lab})\n{q.text}")
+        write(f"\nQuestion {i}/{n} ({q.topic}, lab {q.lab})\n{_wrap(q.text)}")
         start = clock()
         verdict, skipped = _ask_until_readable(q, read, write)
         if verdict is None:
@@ -106,8 +107,8 @@ def run_session(n: int = 10, seed: int | None = None, topics: tuple[str, ...] = 
             break
         result.answered.append(Answered(q.topic, q.lab, verdict.correct, skipped, clock() - start))
         if not skipped:
-            write(("  RIGHT. " if verdict.correct else "  WRONG. ") + verdict.message)
-        write(f"  Worked solution: {q.solution}")
+            write(_wrap(("Right: " if verdict.correct else "Wrong: ") + verdict.message, indent="  "))
+        write(_wrap(f"Worked solution: {q.solution}", indent="  "))
     write(f"\nScore: {result.score} / {len(result.answered)}" +
           (f" (stopped after {len(result.answered)} of {n})" if result.stopped else "") +
           f" in {result.seconds:.0f} s.")
@@ -115,6 +116,13 @@ def run_session(n: int = 10, seed: int | None = None, topics: tuple[str, ...] = 
         append_history(history, result)
         write(history_summary(history))
     return result
+
+
+def _wrap(text: str, indent: str = "", width: int = 100) -> str:
+    """Each paragraph of `text` wrapped to `width` columns (a terminal's lines stay readable), lines indented."""
+    return "\n".join(textwrap.fill(line, width, initial_indent=indent, subsequent_indent=indent + "  "
+                                    if indent else "", break_on_hyphens=False) if line.strip() else ""
+                      for line in text.splitlines())
 
 
 def _ask_until_readable(q: Question, read: Callable[[str], str],

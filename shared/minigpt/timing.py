@@ -40,7 +40,8 @@ class Timing:
         return (max(self.samples) - min(self.samples)) / self.median
 
     def __repr__(self) -> str:
-        return f"Timing({self.name!r}, median={self.median * 1e3:.3f} ms over {len(self.samples)} runs, spread {self.spread:.0%})"
+        return (f"Timing({self.name!r}, median={self.median * 1e3:.3f} ms over {len(self.samples)} runs, "
+                f"slowest - fastest = {self.spread:.0%} of the median)")
 
 
 @contextmanager

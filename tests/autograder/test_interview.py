@@ -173,7 +173,7 @@ def test_command_line_session(tmp_path, repo_root):
     proc = subprocess.run([sys.executable, "-m", "autograder", "interview", "--seed", "3", "-n", "2"],
                           input=f"{answer}\nq\n", capture_output=True, text=True, cwd=repo_root, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "RIGHT" in proc.stdout and "Score: 1 / 1 (stopped after 1 of 2)" in proc.stdout
+    assert "Right: " in proc.stdout and "Score: 1 / 1 (stopped after 1 of 2)" in proc.stdout
     assert proc.stderr == ""
     assert read_history(tmp_path / "h.jsonl")[0]["score"] == 1
 

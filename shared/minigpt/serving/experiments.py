@@ -53,8 +53,8 @@ class RatePoint:
         return self.summary.num_ok == self.summary.num_requests
 
     def row(self) -> str:
-        rate = "inf" if math.isinf(self.rate) else f"{self.rate:g}"
-        return f"{self.engine:>10} @ {rate:>4} req/s: {self.summary.row()}"
+        rate = "all at once" if math.isinf(self.rate) else f"{self.rate:g} req/s"
+        return f"{self.engine:>10} @ {rate:>11}: {self.summary.row()}"
 
 
 @dataclass(frozen=True)
