@@ -7,7 +7,8 @@ labs/ is the course's release (regenerated from solutions/, tracked in git); lea
 A manifest (`workspace/.course-release.json`) records, for each file, the fingerprint of the release copied there
 (for a notebook its cells' sources: outputs that Run All and autosave write are not an edit):
 
-* a released file missing from the workspace is copied in;
+* a released file missing from the workspace is copied in (and docs/START_HERE.md, the learner's first page, to
+  the workspace's top);
 * a file still equal to the release it was copied from is replaced by a newer release;
 * a file the learner changed is never touched: a newer release is put beside it, under
   `workspace/.new-releases/<lab>/`, and the report names it.
@@ -24,6 +25,7 @@ from pathlib import Path
 MANIFEST = ".course-release.json"
 NEW_RELEASES = ".new-releases"
 SKIP_PARTS = {".ipynb_checkpoints", "__pycache__"}
+START_HERE = "START_HERE.md"                # the learner's first page, from docs/
 
 
 def sha256(path: Path) -> str:
@@ -61,7 +63,7 @@ class SyncReport:
         lines = []
         if self.created:
             lines.append(f"workspace {self.workspace} created from labs/ ({len(self.copied)} files); "
-                         "your work there is never overwritten by course updates")
+                         f"your work there is never overwritten by course updates. Open {START_HERE} first.")
         elif self.copied:
             lines.append("new in your workspace: " + ", ".join(self.copied))
         if self.updated:
@@ -85,8 +87,17 @@ def _load_manifest(workspace: Path) -> dict[str, str]:
         return {}
 
 
+def course_files(course_root: Path) -> list[tuple[str, Path]]:
+    """(workspace path, source) of every file the workspace holds: labs/'s files, and docs/START_HERE.md at its top."""
+    labs = Path(course_root) / "labs"
+    files = [(rel.as_posix(), labs / rel) for rel in released_files(labs)]
+    start = Path(course_root) / "docs" / START_HERE
+    return files + ([(START_HERE, start)] if start.is_file() else [])
+
+
 def sync(course_root: Path, workspace: Path) -> SyncReport:
-    """Create or update `workspace` from course_root/labs without ever overwriting a learner's change."""
+    """Create or update `workspace` from course_root/labs (and docs/START_HERE.md) without ever overwriting a
+    learner's change."""
     labs = Path(course_root) / "labs"
     if not labs.is_dir():
         raise FileNotFoundError(f"no labs/ folder in {course_root}")
@@ -94,8 +105,8 @@ def sync(course_root: Path, workspace: Path) -> SyncReport:
     report = SyncReport(workspace, created=not workspace.exists())
     workspace.mkdir(parents=True, exist_ok=True)
     manifest = _load_manifest(workspace)
-    for rel in released_files(labs):
-        key, src, dst = rel.as_posix(), labs / rel, workspace / rel
+    for key, src in course_files(course_root):
+        dst = workspace / key
         release = fingerprint(src)
         if not dst.exists():
             dst.parent.mkdir(parents=True, exist_ok=True)
@@ -113,7 +124,7 @@ def sync(course_root: Path, workspace: Path) -> SyncReport:
             manifest[key] = release
             report.updated.append(key)
         else:                                        # edited (or of unknown origin): keep it
-            beside = workspace / NEW_RELEASES / rel
+            beside = workspace / NEW_RELEASES / key
             beside.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, beside)
             report.kept.append(key)

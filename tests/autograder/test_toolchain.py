@@ -82,4 +82,17 @@ def test_readme_starts_with_the_two_commands():
     text = "\n".join(head)
     assert "make lab" in text and "make test" in text
     readme = (REPO_ROOT / "README.md").read_text()
-    assert "## The mini-GPT package" in readme and "## Labs" in readme
+    assert "## Start here" in readme and "## Labs" in readme
+    assert readme.index("## Start here") < readme.index("## Labs") < readme.index("## Working on a lab")
+
+
+def test_readme_links_pages_that_exist():
+    """README speaks to learners; the rest lives in docs/ pages it links, each linking back."""
+    import re
+
+    readme = (REPO_ROOT / "README.md").read_text()
+    pages = re.findall(r"\]\((docs/[\w-]+\.md)\)", readme)
+    assert {"docs/instructors.md", "docs/gpu-tier.md", "docs/development.md", "docs/serving.md"} <= set(pages)
+    for page in pages:
+        assert "../README.md" in (REPO_ROOT / page).read_text(), page
+    assert "## The mini-GPT package" in (REPO_ROOT / "docs" / "development.md").read_text()

@@ -57,6 +57,18 @@ def test_first_sync_copies_labs(course, tmp_path):
     assert not (again.copied or again.updated or again.kept) and "up to date" in again.summary()
 
 
+def test_the_start_page_is_copied_to_the_top_and_updated_like_a_release(course, tmp_path, repo_root):
+    (course / "docs").mkdir()
+    (course / "docs" / "START_HERE.md").write_text("# Start here\n")
+    ws = tmp_path / "ws"
+    report = workspace.sync(course, ws)
+    assert "START_HERE.md" in report.copied and "Open START_HERE.md first" in report.summary()
+    (course / "docs" / "START_HERE.md").write_text("# Start here, newer\n")
+    assert workspace.sync(course, ws).updated == ["START_HERE.md"]
+    assert (ws / "START_HERE.md").read_text() == "# Start here, newer\n"
+    assert (repo_root / "docs" / "START_HERE.md").is_file(), "the course's own start page"
+
+
 def test_update_replaces_unedited_and_keeps_edited(course, tmp_path):
     ws = tmp_path / "ws"
     workspace.sync(course, ws)

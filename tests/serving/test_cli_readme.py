@@ -1,4 +1,4 @@
-"""`python -m minigpt.serving` as a child process (started, answering, stopped) and the README's client example."""
+"""`python -m minigpt.serving` as a child process (started, answering, stopped) and docs/serving.md's client example."""
 
 from __future__ import annotations
 
@@ -12,22 +12,22 @@ import pytest
 
 from minigpt.serving.launch import ServerStartError, serve_subprocess
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+SERVING_PAGE = Path(__file__).resolve().parents[2] / "docs" / "serving.md"
 
 
 def readme_example() -> str:
-    section = README.read_text().split("## Serving (lab 08)", 1)[1].split("\n## ", 1)[0]
+    section = SERVING_PAGE.read_text().split("## Serving (lab 08)", 1)[1].split("\n## ", 1)[0]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
 def test_subprocess_server_runs_the_readme_example_and_stops():
-    # The draft checkpoint under the README's model name keeps the test fast; `make serve` serves the target.
+    # The draft checkpoint under the page's model name keeps the test fast; `make serve` serves the target.
     with serve_subprocess(["--checkpoint", "draft", "--served-model-name", "target", "--num-blocks", "64"]) as url:
         assert httpx.get(url + "/health").status_code == 200
         code = readme_example().replace("http://127.0.0.1:8000", url)
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            exec(compile(code, "README.md", "exec"), {})
+            exec(compile(code, "docs/serving.md", "exec"), {})
         assert "CompletionUsage(completion_tokens=32" in out.getvalue()
         child = url.process
     assert child.poll() is not None                         # the child exited
