@@ -28,3 +28,25 @@ def test_a_bug_is_not_hidden_behind_the_reference():
         return x / 0
     with pytest.raises(ZeroDivisionError):
         yours_or_reference(buggy, reference, "Exercise 3", 1)
+
+
+def test_one_note_per_exercise_per_cell(capsys, monkeypatch):
+    """A cell that falls back twice for one exercise says so once; the next cell says it again."""
+    import IPython
+
+    class Shell:
+        execution_count = 7
+
+    shell = Shell()
+    monkeypatch.setattr(IPython, "get_ipython", lambda: shell)
+
+    def stub(x):
+        raise NotImplementedError()
+    for _ in range(2):
+        yours_or_reference(stub, reference, "Exercise 4", 1)
+        yours_or_reference(stub, reference, "Exercise 5", 1)
+    out = capsys.readouterr().out
+    assert out.count("Exercise 4 is not done yet") == 1 and out.count("Exercise 5 is not done yet") == 1
+    shell.execution_count = 8
+    yours_or_reference(stub, reference, "Exercise 4", 1)
+    assert capsys.readouterr().out.count("Exercise 4 is not done yet") == 1

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass, field
-from typing import ContextManager, Iterator, Sequence
+from typing import Callable, ContextManager, Iterator, Sequence
 
 from minigpt.serving.client_metrics import BenchmarkSummary, RequestRecord, summarize_records
 from minigpt.serving.load_generator import benchmark, corpus_prompts, shared_prefix_prompts
@@ -167,12 +167,14 @@ def steady_window_rates(records: Sequence[RequestRecord], *, warmup_share: float
 def sustained_goodput(rates: Sequence[float] = (1.0, 2.0, 3.0), *, checkpoint: str = "target",
                       duration_s: float = 12.0, warmup_share: float = 0.25, prompt_tokens: int = 32,
                       max_tokens: int = 16, seed: int = 0, ttft_limit: float = 1.0, tpot_limit: float = 0.1,
-                      max_duration: float = 90.0) -> list[SustainedPoint]:
+                      max_duration: float = 90.0,
+                      on_point: Callable[[SustainedPoint], None] | None = None) -> list[SustainedPoint]:
     """One engine server (in this process), a seeded Poisson stream of ceil(rate * duration_s) requests at each
     rate, fresh prompts per rate. The first `warmup_share` of the requests (by send time) fill the server; the
     window runs from the next send to the last send. Goodput = requests sent in the window that met
     TTFT <= ttft_limit and TPOT <= tpot_limit, per second: the window's arrival rate (n - 1 gaps over its length)
-    times the share of its n requests that met both (each followed to its end, however late)."""
+    times the share of its n requests that met both (each followed to its end, however late). `on_point` is
+    called with each rate's point as soon as it is measured (a notebook prints it: each rate takes seconds)."""
     from minigpt.serving.replicas import thread_replicas
 
     points = []
@@ -186,6 +188,8 @@ def sustained_goodput(rates: Sequence[float] = (1.0, 2.0, 3.0), *, checkpoint: s
                                                                 ttft_limit=ttft_limit, tpot_limit=tpot_limit)
             points.append(SustainedPoint(rate, goodput, served, length, sent,
                                          summarize_records(records, ttft_limit=ttft_limit, tpot_limit=tpot_limit)))
+            if on_point is not None:
+                on_point(points[-1])
     return points
 
 

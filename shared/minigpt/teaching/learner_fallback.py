@@ -9,6 +9,24 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+_noted: set[tuple[str, int]] = set()       # (exercise, IPython execution count) already noted
+
+
+def _note_once(exercise: str) -> None:
+    """Print the fallback note once per exercise per executed cell (a cell may fall back for one exercise several
+    times); outside IPython, every time."""
+    try:
+        from IPython import get_ipython
+        shell = get_ipython()
+    except ImportError:
+        shell = None
+    if shell is not None:
+        key = (exercise, shell.execution_count)
+        if key in _noted:
+            return
+        _noted.add(key)
+    print(f"{exercise} is not done yet: this cell uses the package's reference meanwhile.")
+
 
 def yours_or_reference(yours: Callable[..., Any], reference: Callable[..., Any], exercise: str,
                        *probe: Any) -> Callable[..., Any]:
@@ -20,6 +38,6 @@ def yours_or_reference(yours: Callable[..., Any], reference: Callable[..., Any],
     try:
         yours(*probe)
     except NotImplementedError:
-        print(f"{exercise} is not done yet: this cell uses the package's reference meanwhile.")
+        _note_once(exercise)
         return reference
     return yours
