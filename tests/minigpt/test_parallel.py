@@ -282,3 +282,11 @@ def test_every_query_head_and_ffn_unit_has_exactly_one_rank(n_kv: int, group: in
     assert copies == [sharding.kv_replication(cfg, tp)] * n_kv                       # each KV head equally replicated
     for r in range(tp):
         assert {h // cfg.group_size for h in sharding.query_heads(cfg, tp, r)} == set(sharding.kv_heads(cfg, tp, r))
+
+
+def test_ranks_failing_alike_are_named_in_order_whichever_reported_first():
+    """The group's ranks are sorted (the order reports arrive in is the machine's, not the test's)."""
+    from minigpt.parallel.launch import RankError, _raise_if_failed
+
+    with pytest.raises(RankError, match=r"^ranks 0, 1 failed: boom\nrank 2 stopped$"):
+        _raise_if_failed({1: "boom", 0: "boom"}, {2: "stopped"})

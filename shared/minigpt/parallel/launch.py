@@ -183,7 +183,7 @@ def _raise_if_failed(errors: dict[int, str], others: dict[int, str]) -> None:
     by_message: dict[str, list[int]] = {}                   # every rank failing alike: said once
     for r, msg in errors.items():
         by_message.setdefault(msg.strip(), []).append(r)
-    lines = [f"rank{'s' * (len(rs) > 1)} {', '.join(map(str, rs))} failed: {msg}" for msg, rs in by_message.items()]
+    lines = [f"rank{'s' * (len(rs) > 1)} {', '.join(map(str, sorted(rs)))} failed: {msg}" for msg, rs in by_message.items()]
     lines += [f"rank {r} {msg}" for r, msg in sorted(others.items())]
     raise RankError("\n".join(lines))
 
