@@ -13,7 +13,7 @@ multi-LoRA batching, a prefix-aware router and a load generator.
   learner piece), `prometheus_metrics` (per-app registry).
 * `launch` (free_port, serve_in_thread, serve_subprocess) and `python -m minigpt.serving` (`__main__`).
 * `client_metrics` (one request as the client saw it: TTFT, TPOT, ITL; goodput in requests/s meeting both
-  latency objectives), `load_generator` (the course's benchmark_serving: Poisson arrivals, streaming,
+  latency objectives), `load_generator` (the course's `vllm bench serve`: Poisson arrivals, streaming,
   bounded, loopback only; corpus and shared-system-prompt workloads; `python -m minigpt.serving.load_generator`).
 * `replicas` (engine replicas as child processes or in-process threads; /metrics reading, prefix-cache hit rate over
   replicas), `experiments` (`compare_engines`: naive vs engine against request rate; `compare_routing`).

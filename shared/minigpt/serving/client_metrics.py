@@ -17,7 +17,7 @@ Per benchmark (over ALL records, failed ones included: the run lasted that long)
     goodput    = #{ok requests with TTFT <= ttft_limit AND TPOT <= tpot_limit} / duration     requests/s
 
 Lab 03's `goodput` is the *share* of requests that meet both limits (SLO attainment); here it is the
-serving-benchmark quantity, a *rate* (DistServe, vLLM's benchmark_serving `--goodput`): what a
+serving-benchmark quantity, a *rate* (DistServe, vLLM's `vllm bench serve --goodput`): what a
 replica delivers that users would accept. Failed requests (HTTP errors, 429s, broken streams)
 never count as good.
 """
@@ -110,7 +110,7 @@ def token_goodput(records: Sequence[RequestRecord], ttft_limit: float, tpot_limi
 
 @dataclass(frozen=True)
 class BenchmarkSummary:
-    """What `benchmark_serving` prints: counts, rates and p50/p90/p99 latencies (seconds)."""
+    """What `vllm bench serve` prints: counts, rates and p50/p90/p99 latencies (seconds)."""
     num_requests: int
     num_ok: int
     num_failed: int

@@ -1,4 +1,4 @@
-"""The course's `benchmark_serving` (lab 08): an open-loop load generator for OpenAI-compatible servers.
+"""The course's `vllm bench serve` (lab 08): an open-loop load generator for OpenAI-compatible servers.
 
 Requests arrive as a Poisson process at `rate` requests/s: inter-arrival gaps are i.i.d. exponential
 with mean 1/rate (seeded), so the client sends on schedule whether or not earlier requests are done
@@ -221,7 +221,7 @@ def benchmark(base_url: str, prompts: Sequence[str] | Workload, **kwargs) -> lis
 
 def main(argv: Sequence[str] | None = None) -> None:
     """`python -m minigpt.serving.load_generator --url http://127.0.0.1:8000 --rate 4 --num-prompts 32`: one
-    benchmark, its summary printed (what vLLM's benchmark_serving prints)."""
+    benchmark, its summary printed (what vLLM's `vllm bench serve` prints)."""
     import argparse
 
     from minigpt.serving.client_metrics import summarize_records
