@@ -176,7 +176,8 @@ def max_concurrent_requests(shape: ModelShape, context_len: int, memory_bytes: i
                             memory_utilization: float = 0.9) -> int:
     """How many requests of `context_len` tokens fit next to the weights.
 
-    usable = floor(memory_bytes * memory_utilization) (vLLM's gpu_memory_utilization, default 0.9);
+    usable = floor(memory_bytes * memory_utilization) (vLLM's gpu_memory_utilization: 0.92 by default in current
+    releases, 0.9 before);
     requests = (usable - weights) // kv_cache_bytes(one request), and 0 if the weights alone do not fit.
     """
     if not 0 < memory_utilization <= 1:
