@@ -11,7 +11,8 @@ every step; `RooflineClock` then charges the step
     bytes = weights (read once per step) + K/V read (positions 0..s+n-1) of every chunk
 
 (P = matmul parameters), with padded chunks (static batching) charged as B * max chunk rows.
-The KV pool gets the memory left after the weights (90% of the GPU, vLLM's default).
+The KV pool gets the memory left after the weights within 90% of the GPU (vLLM's default for most of its history;
+0.92 in current releases).
 """
 
 from __future__ import annotations
