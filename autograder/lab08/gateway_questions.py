@@ -34,8 +34,9 @@ def check_q_gateway_replicas(answer: Any, *, request_rate: float, per_replica_go
 AFFINITY_SCENARIOS = {
     "A": "an agent framework: every request starts with the same 2,000-token tool description and few-shot preamble",
     "B": "a batch job summarising a million unrelated documents, each prompt different from the first token",
-    "C": "multi-turn chat, each conversation starting differently: each turn resends the whole conversation so far "
-         "(the history is the previous turn's prompt)",
+    "C": "multi-turn chat, each conversation starting differently, its first prompt already longer than the blocks "
+         "the router hashes: each turn resends the whole conversation so far (the history is the previous turn's "
+         "prompt)",
     "D": "a platform serving 200 customers from 16 replicas, each customer with its own 2,000-token system prompt and "
          "a similar share of the traffic; one replica's KV pool holds about 20 such prefixes besides its running "
          "requests",
@@ -61,7 +62,8 @@ def check_q_affinity_pays(answer: Any) -> None:
            "B": "B has no shared prefix: nothing to reuse, so affinity only costs balance",
            "C": "C is the classic case: a conversation's next turn extends its last prompt, so the replica that served "
                 "the last turn still holds its KV blocks (route on the first blocks: the whole conversation stays "
-                "together), and many conversations spread over the ring",
+                "together), and many conversations spread over the ring. The premise matters: a conversation whose "
+                "first prompt is shorter than the hashed blocks changes key every turn until it outgrows them",
            "D": "D: 200 prefixes do not fit in one replica's cache (about 20): round-robin sends every prefix to every "
                 "replica, so they evict one another, while hashing gives each prefix one home (about 200 / 16 = 12.5 "
                 "per replica, which fit) and spreads the 200 keys evenly",
