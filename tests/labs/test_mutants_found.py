@@ -68,6 +68,10 @@ from minigpt.longctx import sliding_window as sw
           "ex4_code": (("kv_bytes_per_token",), lab09.check_kv_bytes)}),
 }
 
+# A mask that lets a load run past its tensor reads whatever memory lies there: the drawn cases catch it, unless a
+# fixed case already met a NaN in that memory (seen in CI, 2026-11-26). Rejected either way; which check says so is
+# the memory's choice.
+OUT_OF_BOUNDS = "drawn case|by up to nan"
 # lab -> (cell, the edit, what the check's message says)
 EDITS: dict[str, list[tuple[str, dict[str, str], str]]] = {
     "05": [
@@ -94,9 +98,9 @@ EDITS: dict[str, list[tuple[str, dict[str, str], str]]] = {
          "drawn case"),
         ("ex9_code", {"j = k0 // 2 + tl.arange(0, HALF)": "j = k0 // 3 + tl.arange(0, HALF)"}, "drawn case"),
         ("ex9_code", {"ok = row_ok[:, None] & (cols < K)[None, :]": "ok = row_ok[:, None] | (cols < K)[None, :]"},
-         "drawn case"),
+         OUT_OF_BOUNDS),
         ("ex9_code", {"x = tl.load(x_ptr + cols, mask=cols < K, other=0.0)":
-                      "x = tl.load(x_ptr + cols, mask=cols <= K, other=0.0)"}, "drawn case"),
+                      "x = tl.load(x_ptr + cols, mask=cols <= K, other=0.0)"}, OUT_OF_BOUNDS),
         ("ex9_code", {"y = torch.empty(N, dtype=x.dtype, device=x.device)": "y = torch.empty(N, device=x.device)"},
          "in x's dtype"),
         ("ex9_code", {"](x.contiguous(), qweight": "](x, qweight"}, "drawn case"),
