@@ -23,7 +23,6 @@ import ast
 import json
 import re
 import sys
-import sysconfig
 import traceback
 from functools import lru_cache
 from pathlib import Path
@@ -115,19 +114,16 @@ def passed_line(source: str) -> str | None:
 
 # ------------------------------------------------------------------------------------- explaining an error
 
-def _library_dirs() -> tuple[str, ...]:
-    paths = sysconfig.get_paths()
-    return tuple(str(Path(p).resolve()) for p in {paths["purelib"], paths["platlib"], paths["stdlib"]})
-
-
 def _is_course(filename: str) -> bool:
     """Code of the course (autograder/, shared/minigpt/) or of an installed library, as opposed to a cell."""
+    from minigpt.paths import library_dirs      # here: importing the minigpt package imports torch
+
     try:
         resolved = str(Path(filename).resolve())
     except (OSError, ValueError):
         return False
     return (resolved.startswith((str(AUTOGRADER_DIR), str(SHARED_DIR))) or
-            resolved.startswith(_library_dirs()))
+            resolved.startswith(tuple(str(d) for d in library_dirs())))
 
 
 def _is_cell(filename: str) -> bool:

@@ -120,9 +120,9 @@ def run_session(n: int = 10, seed: int | None = None, topics: tuple[str, ...] = 
 
 def _wrap(text: str, indent: str = "", width: int = 100) -> str:
     """Each paragraph of `text` wrapped to `width` columns (a terminal's lines stay readable), lines indented."""
-    return "\n".join(textwrap.fill(line, width, initial_indent=indent, subsequent_indent=indent + "  "
-                                    if indent else "", break_on_hyphens=False) if line.strip() else ""
-                      for line in text.splitlines())
+    more = indent + "  " if indent else ""           # an indented paragraph's own lines hang a little further in
+    return "\n".join(textwrap.fill(line, width, initial_indent=indent, subsequent_indent=more, break_on_hyphens=False)
+                     if line.strip() else "" for line in text.splitlines())
 
 
 def _ask_until_readable(q: Question, read: Callable[[str], str],

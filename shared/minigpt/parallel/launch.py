@@ -20,7 +20,6 @@ import signal
 import socket
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import threading
 import time
@@ -36,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from minigpt.parallel.comm import CountingComm, ThreadGroup, TorchDistributed
+from minigpt.paths import library_dirs
 
 __all__ = ["RankError", "free_port", "run_ranks", "torchrun", "init_from_env"]
 
@@ -100,8 +100,7 @@ def _run_threads(fn: Worker, n: int, args: tuple, timeout_s: float, collective_t
 def _callers_frames(err: BaseException, limit: int = 4) -> str:
     """The last `limit` frames of err's traceback that are the caller's code: not this package's, not a library's
     or the standard library's (a learner's worker shows their own lines, not launch.py once per rank)."""
-    libraries = {sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib")}
-    inside = [Path(__file__).resolve().parents[1], *(Path(p).resolve() for p in libraries)]
+    inside = [Path(__file__).resolve().parents[1], *library_dirs()]
     frames = [f for f in traceback.extract_tb(err.__traceback__) if not f.filename.startswith("<frozen")
               and not any(Path(f.filename).resolve().is_relative_to(d) for d in inside)]
     return "".join(traceback.format_list(frames[-limit:]))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-_noted: set[tuple[str, int]] = set()       # (exercise, IPython execution count) already noted
+_noted: dict[str, int] = {}       # exercise -> the IPython execution count of the cell that last noted it
 
 
 def _note_once(exercise: str) -> None:
@@ -21,10 +21,9 @@ def _note_once(exercise: str) -> None:
     except ImportError:
         shell = None
     if shell is not None:
-        key = (exercise, shell.execution_count)
-        if key in _noted:
+        if _noted.get(exercise) == shell.execution_count:
             return
-        _noted.add(key)
+        _noted[exercise] = shell.execution_count
     print(f"{exercise} is not done yet: this cell uses the package's reference meanwhile.")
 
 
