@@ -16,8 +16,8 @@ CPU tier (correctness):
 Every check first refuses the package's reference handed in as the answer (the object, a subclass inheriting
 the asked-for methods, a thin wrapper that calls it: autograder.checking.reference_guard); thread ranks run under the same
 watch, so a wrapper is caught on the ranks too.
-Interview questions (Llama-3-70B, bf16, 8 GPUs over PCIe Gen5 x16): check_q1 (TP bytes per token), check_q2 (PP
-bytes), check_q3 (steady-state bubble of a serving pipeline with fewer micro-batches in flight than stages: 1 - m/p,
+Interview questions (a model the planner does not list, Qwen2.5-32B's shape, bf16, 8 GPUs over PCIe Gen5 x16):
+check_q1 (TP=4 x PP=2 bytes per GPU per token), check_q2 (PP bytes per step of 32), check_q3 (steady-state bubble of a serving pipeline with fewer micro-batches in flight than stages: 1 - m/p,
 the drain-every-step formula diagnosed), check_q4 (all-reduce time per step at batch 64, not batch 1).
 """
 
@@ -42,14 +42,12 @@ from minigpt.parallel.launch import RankError, run_ranks
 from minigpt.parallel.linears import ColumnParallelLinear, RowParallelLinear
 from minigpt.parallel.tp_model import build_tp_model, tp_kv_cache
 from minigpt.parallel.vocab_parallel import vocab_parallel_logits
-from minigpt.teaching.calculators import PRESETS
-from minigpt.teaching.parallel_cost import (INTERCONNECTS, pipeline_bubble_fraction, ring_allreduce_time,
-                                            tp_allreduce_bytes_per_token)
+from minigpt.teaching.parallel_cost import INTERCONNECTS, pipeline_bubble_fraction, tp_allreduce_bytes_per_token
 from minigpt.timing import fixed_threads
 
 __all__ = ["check_shard_weight", "check_parallel_linears", "check_vocab_parallel_logits", "check_tp_kv_cache",
            "check_allreduce_bytes", "check_q1_tp_bytes", "check_q2_pp_bytes", "check_q3_bubble",
-           "check_q4_tp_latency", "Q4_BATCH", "CONFIGS"]
+           "check_q4_tp_latency", "Q2_BATCH", "Q4_BATCH", "Q_LAYERS", "Q_D_MODEL", "CONFIGS"]
 
 CONFIGS = {
     "GQA 4q/2kv": ModelConfig(vocab_size=64, max_seq_len=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48),
@@ -441,32 +439,51 @@ def _check_allreduce_bytes(fn: Callable) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Interview questions: Llama-3-70B, bf16, 8 GPUs linked by PCIe Gen5 x16
+# Interview questions: a model the planner does not list (Qwen2.5-32B's shape: 64 layers, d_model 5120), bf16,
+# 8 GPUs linked by PCIe Gen5 x16. Keys computed here from the shape, not from parallel_cost.
 # ---------------------------------------------------------------------------------------------------
 
-_LLAMA70 = PRESETS["Llama-3-70B"]
+Q_LAYERS, Q_D_MODEL = 64, 5120
 _PCIE = INTERCONNECTS["PCIe Gen5 x16"]
 
 
+def _ring_bytes(layers: int, n: int, batch: int = 1, factor: float | None = None) -> float:
+    """Bytes one GPU sends for 2 all-reduces per layer of batch x d_model bf16 values: factor 2(n-1)/n by default."""
+    factor = 2 * (n - 1) / n if factor is None else factor
+    return 2 * layers * batch * Q_D_MODEL * 2 * factor
+
+
 def check_q1_tp_bytes(answer: Any) -> None:
-    """TP = 8: bytes each GPU sends for the all-reduces of one generated token (ring)."""
-    want = int(tp_allreduce_bytes_per_token(_LLAMA70, 8, 2))
-    payload = 2 * 80 * 8192 * 2
-    check_answer(answer, want, "Q1 (TP=8 bytes sent per GPU per token)",
-                 {payload: "that is the payload; a ring all-reduce sends 2(n-1)/n of it from each GPU.",
-                  payload * 7 // 8: "(n-1)/n is an all-gather; an all-reduce sends 2(n-1)/n (or you counted one "
-                                    "all-reduce per layer; there are two: it gives the same number here).",
-                  want * 2: "bf16 elements are 2 bytes, not 4.",
-                  payload * 2 * 7: "each of the 2(n-1) steps sends a chunk of payload / n, not the whole payload."},
-                 unit="bytes", hint="2 all-reduces per layer * 80 layers * d_model 8192 * 2 bytes, times 2(n-1)/n.")
+    """TP = 4 inside each of PP = 2 stages (8 GPUs): bytes each GPU sends for the all-reduces of one generated token."""
+    want = int(_ring_bytes(Q_LAYERS // 2, 4))
+    check_answer(answer, want, "Q1 (TP=4 x PP=2: bytes one GPU sends for the all-reduces of one token)",
+                 {int(_ring_bytes(Q_LAYERS // 2, 4, factor=1)): "that is the payload; a ring all-reduce sends 2(n-1)/n "
+                  "of it from each GPU.",
+                  int(_ring_bytes(Q_LAYERS, 4)): "a GPU holds one stage, 32 of the 64 layers: it all-reduces only "
+                  "for those.",
+                  int(_ring_bytes(Q_LAYERS // 2, 4, factor=3 / 4)): "(n-1)/n is an all-gather (or one all-reduce "
+                  "per layer); an all-reduce sends 2(n-1)/n, and there are two per layer.",
+                  int(_ring_bytes(Q_LAYERS // 2, 8)): "the all-reduces run among the 4 GPUs of a stage, n = 4, not "
+                  "among all 8.",
+                  int(_ring_bytes(Q_LAYERS, 8)): "that is TP = 8 over all 64 layers; here TP = 4 and each GPU has "
+                  "half the layers."},
+                 unit="bytes", hint="Per GPU: its stage's 32 layers x 2 all-reduces x d_model x 2 bytes x 2(n-1)/n, n = 4.")
+
+
+Q2_BATCH = 32
 
 
 def check_q2_pp_bytes(answer: Any) -> None:
-    """PP = 8: bytes sent between stages for one generated token (all stage boundaries together)."""
-    check_answer(answer, 7 * 8192 * 2, "Q2 (PP=8 bytes per token between stages)",
-                 {8 * 8192 * 2: "8 stages have 7 boundaries, not 8.",
-                  7 * 8192 * 2 * 80 // 8: "only the last layer of a stage sends, once per boundary."},
-                 unit="bytes", hint="A token's hidden state (d_model values, 2 bytes each) crosses each of the p-1 boundaries once.")
+    """PP = 8 (8 layers per stage), a decode step of 32 sequences: bytes that cross stage boundaries in that step,
+    all boundaries together."""
+    step = Q2_BATCH * Q_D_MODEL * 2
+    check_answer(answer, 7 * step, "Q2 (PP=8 bytes between stages per decode step of 32)",
+                 {8 * step: "8 stages have 7 boundaries, not 8.",
+                  7 * Q_D_MODEL * 2: "that is one token's; the step carries 32 sequences, each sending its hidden state.",
+                  7 * step * Q_LAYERS // 8: "only the last layer of a stage sends, once per boundary.",
+                  7 * step * 2: "bf16 elements are 2 bytes, not 4."},
+                 unit="bytes", hint="Each sequence's hidden state (d_model values, 2 bytes each) crosses each of the p-1 "
+                                    "boundaries once per step.")
 
 
 def check_q3_bubble(answer: Any) -> None:
@@ -493,16 +510,17 @@ Q4_BATCH = 64
 def check_q4_tp_latency(answer: Any) -> None:
     """TP = 8 over PCIe Gen5 x16 (63.0 GB/s one way, 8 us per ring step), decoding a batch of 64: milliseconds the
     all-reduces add to each decode step (no overlap)."""
-    payload = Q4_BATCH * 8192 * 2
-    want = 2 * 80 * ring_allreduce_time(payload, 8, _PCIE) * 1e3
-    bw_only = 2 * 80 * (2 * 7 / 8 * payload / _PCIE.bandwidth) * 1e3
-    batch_one = 2 * 80 * ring_allreduce_time(8192 * 2, 8, _PCIE) * 1e3
+    payload = Q4_BATCH * Q_D_MODEL * 2
+    per_allreduce = 2 * 7 * (_PCIE.step_latency_s + payload / 8 / _PCIE.bandwidth)
+    want = 2 * Q_LAYERS * per_allreduce * 1e3
+    bw_only = 2 * Q_LAYERS * (2 * 7 / 8 * payload / _PCIE.bandwidth) * 1e3
+    batch_one = 2 * Q_LAYERS * 2 * 7 * (_PCIE.step_latency_s + Q_D_MODEL * 2 / 8 / _PCIE.bandwidth) * 1e3
     check_answer(answer, want, "Q4 (TP=8 all-reduce time per decode step at batch 64)",
-                 {batch_one: "that is (nearly) the batch-1 figure of section 8: at batch 64 each all-reduce carries "
-                             "64 x d_model x 2 bytes, and the bytes are no longer negligible next to the latencies.",
+                 {batch_one: "that is the batch-1 figure: at batch 64 each all-reduce carries 64 x d_model x 2 bytes, "
+                             "and the bytes are no longer negligible next to the latencies.",
                   bw_only: "that is the bandwidth term alone; each all-reduce also pays 2(n-1) step latencies.",
-                  want / 2: "two all-reduces per layer, 80 layers: 160 of them.",
-                  2 * 80 * (2 * 7 * 8e-6 + 2 * 7 * payload / _PCIE.bandwidth) * 1e3:
+                  want / 2: "two all-reduces per layer, 64 layers: 128 of them.",
+                  2 * Q_LAYERS * (2 * 7 * _PCIE.step_latency_s + 2 * 7 * payload / _PCIE.bandwidth) * 1e3:
                       "each of the 2(n-1) steps sends payload / n, not the whole payload."},
                  unit="ms", rel=0.01,
                  hint="Payload = batch x d_model x 2 bytes; each all-reduce: 2(n-1) ring steps of "

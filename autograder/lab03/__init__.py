@@ -23,8 +23,10 @@ Judged (autograder/judging/judge.py), the learner's scheduler stays in the kerne
 as data by scheduler_view and checked in the judge; serve_outputs), and copies of the models (model_beside).
 Every check refuses the package's reference handed in as the answer (reference_guard: the object itself, a subclass
 inheriting `schedule`, a thin wrapper calling into it).
-Interview questions: check_q1_continuous_vs_static (a step cost that grows with the batch), check_q2_compute_bound_batch,
-check_q3_kv_memory, check_q4_itl_knob (a knob chosen for a stated workload, each wrong option diagnosed).
+Interview questions: check_q1_continuous_vs_static (a step cost that grows with the batch), check_q2_chunk_budget (the
+largest prefill chunk a decode step carries within 1.25x), check_q3_attention_crossover (the context where attention
+outlasts the weight matmuls), both priced on lab 00's rule kernel by kernel, check_q4_itl_knob (a knob chosen for a
+stated workload, each wrong option diagnosed).
 GPU tier (speed): check_continuous_speedup_gpu(scheduler_cls, pack_fn): wall time of static batching over the learner's
 continuous batching on a GPU, relative to the reference, behind autograder.harness.require_gpu.
 """
@@ -35,13 +37,13 @@ from autograder.lab03.common import (GPU_SPEED_CHECK, SCHEDULER, SPEED_MIN_FRACT
 from autograder.lab03.metrics import check_metrics, metrics_cases
 from autograder.lab03.outputs import check_greedy_outputs, check_static_batching
 from autograder.lab03.packing import check_pack_chunks
-from autograder.lab03.questions import (Q1_STEP_COST, Q4_OPTIONS, _q2_numbers, check_q1_continuous_vs_static,
-                                        check_q2_compute_bound_batch, check_q3_kv_memory, check_q4_itl_knob)
+from autograder.lab03.questions import (Q1_STEP_COST, Q2_STEP, Q3_BATCH, Q4_OPTIONS, check_q1_continuous_vs_static,
+                                        check_q2_chunk_budget, check_q3_attention_crossover, check_q4_itl_knob)
 from autograder.lab03.scheduler import check_scheduler, drive, scheduler_invariants
 from autograder.lab03.speed import check_continuous_speedup, check_continuous_speedup_gpu
 
 __all__ = ["check_pack_chunks", "check_scheduler", "check_greedy_outputs", "check_static_batching", "check_metrics",
-           "check_continuous_speedup", "check_q1_continuous_vs_static", "check_q2_compute_bound_batch",
-           "check_q3_kv_memory", "check_q4_itl_knob", "Q1_STEP_COST", "Q4_OPTIONS", "check_continuous_speedup_gpu", "GPU_SPEED_CHECK", "SMALL_CONFIG", "NEAR_TIE",
+           "check_continuous_speedup", "check_q1_continuous_vs_static", "check_q2_chunk_budget",
+           "check_q3_attention_crossover", "check_q4_itl_knob", "Q1_STEP_COST", "Q2_STEP", "Q3_BATCH", "Q4_OPTIONS", "check_continuous_speedup_gpu", "GPU_SPEED_CHECK", "SMALL_CONFIG", "NEAR_TIE",
            "SPEED_MIN_FRACTION", "drive", "scheduler_invariants", "metrics_cases", "own_scheduler",
            "learner_scheduling", "construct", "SCHEDULER"]

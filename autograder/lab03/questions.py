@@ -1,5 +1,6 @@
-"""The interview questions: continuous over static tokens/s with a step cost that grows with the batch, the
-compute-bound batch, its KV memory, and the knob that bounds inter-token latency."""
+"""The interview questions: continuous over static tokens/s with a step cost that grows with the batch, the largest
+prefill chunk a decode step carries within a latency allowance, the context where attention outlasts the weight
+matmuls, and the knob that bounds inter-token latency. Q2 and Q3 price steps on lab 00's rule, kernel by kernel."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import math
 from typing import Any
 
 from autograder.harness import check_answer
-from minigpt.teaching.calculators import PRESETS, critical_batch_size, kv_cache_bytes
+from minigpt.teaching.calculators import (PRESETS, critical_batch_size, forward_kernels, kernels_time, kv_bytes_per_token,
+                                          weight_bytes, weight_bytes_read)
 from minigpt.teaching.hardware import ACCELERATORS
 
 
@@ -68,29 +70,73 @@ def check_q4_itl_knob(answer: Any) -> None:
                       "step that carries the pasted document, and which knob caps it?")
 
 
-def _q2_numbers() -> tuple[int, float]:
+Q2_STEP = {"decodes": 64, "cached": 256, "slowdown": 1.25}     # the step a prefill chunk joins, and its allowance
+
+
+def _q2_step_time(chunk: int, *, lumped: bool = False, stored_weights: bool = False) -> float:
+    """Seconds of one step on the H100 roofline: Q2_STEP's decodes (each attending to cached + 1 positions) plus a
+    fresh prompt's first `chunk` tokens; per kernel as lab 00 prices it (or lumped / charging stored weights: the
+    mistakes)."""
     shape, gpu = PRESETS["Llama-3-8B"], ACCELERATORS["H100-SXM"]
-    batch = critical_batch_size(shape, 256, gpu.peak("bf16"), gpu.memory_bandwidth)
-    return batch, kv_cache_bytes(shape, 256, batch, 2) / 2**30
+    b, c = Q2_STEP["decodes"], Q2_STEP["cached"]
+    kernels = forward_kernels(shape, b + chunk, b * (c + 1) + chunk * (chunk + 1) // 2, b * (c + 1) + chunk)
+    if stored_weights:
+        kernels["weights"] = (kernels["weights"][0], weight_bytes(shape, 2))
+    peak, bw = gpu.peak("bf16"), gpu.memory_bandwidth
+    if lumped:
+        return max(sum(f for f, _ in kernels.values()) / peak, sum(m for _, m in kernels.values()) / bw)
+    return kernels_time(kernels, peak, bw)
 
 
-def check_q2_compute_bound_batch(answer: Any) -> None:
-    """Llama-3-8B, bf16, H100 SXM, every sequence at context 256: smallest batch at which a decode step is
-    compute-bound (weights read once per step, each sequence's K/V read, attention FLOPs included)."""
-    batch, _ = _q2_numbers()
-    gpu = ACCELERATORS["H100-SXM"]
-    check_answer(answer, batch, "Q2 (batch size where decode turns compute-bound)",
-                 {round(gpu.ridge_point("bf16")): "that is the ridge point with the weights alone; each sequence also "
-                  "reads its K/V cache, which lowers the intensity, so a larger batch is needed.",
-                  math.ceil(gpu.ridge_point("bf16")): "that is the ridge point with the weights alone; add the K/V reads."},
-                 unit="sequences",
-                 hint="intensity(B) = B*f / (W + B*k) with f = decode FLOPs per sequence, k = its KV bytes, W = weight "
-                      "bytes; find the smallest B with intensity >= peak / bandwidth (calculators.critical_batch_size).")
+def _q2_largest_chunk(**mistake: bool) -> int:
+    """The largest chunk whose step costs at most Q2_STEP["slowdown"] times the decodes' step alone."""
+    allowed = Q2_STEP["slowdown"] * _q2_step_time(0, **mistake)
+    chunk = 0
+    while _q2_step_time(chunk + 1, **mistake) <= allowed:
+        chunk += 1
+    return chunk
 
 
-def check_q3_kv_memory(answer: Any) -> None:
-    """The KV cache that batch needs at context 256, in GiB (bf16)."""
-    _, gib = _q2_numbers()
-    check_answer(answer, gib, "Q3 (KV memory of that batch)", {gib * 2**30 / 1e9: "GiB is 2**30 bytes, not 1e9.",
-                                                                gib / 2: "K and V: two tensors per layer."},
-                 unit="GiB", rel=0.01, hint="kv_cache_bytes(shape, 256, batch) / 2**30.")
+def check_q2_chunk_budget(answer: Any) -> None:
+    """Llama-3-8B, bf16, H100 SXM. A step carries 64 decodes (256 tokens cached each) and the first C tokens of a new
+    prompt. Priced kernel by kernel (lab 00), the largest C whose step costs at most 1.25x the 64 decodes alone."""
+    shape, gpu = PRESETS["Llama-3-8B"], ACCELERATORS["H100-SXM"]
+    free_ride = critical_batch_size(shape, 0, gpu.peak("bf16"), gpu.memory_bandwidth) - Q2_STEP["decodes"]
+    check_answer(answer, _q2_largest_chunk(), "Q2 (largest prefill chunk within 1.25x of the decode step)",
+                 {_q2_largest_chunk(lumped=True): "that prices the step as ONE roofline point: the decodes' attention "
+                  "bytes then hide part of the matmuls' compute time, which the hardware cannot do. Price the weight "
+                  "matmuls and attention each on its own roofline and add them (lab 00, section 7).",
+                  _q2_largest_chunk(stored_weights=True): "that charges every stored parameter, the whole "
+                  "input-embedding table included; a step reads one embedding row per token.",
+                  free_ride: "that is where the chunk stops riding for free (the weight matmuls turn compute-bound at "
+                  f"{free_ride + Q2_STEP['decodes']} rows); the question allows the step to grow by 25%."},
+                 unit="tokens",
+                 hint="t(C) = max(2P(64 + C) / peak, W_read / bw) + max(attention FLOPs / peak, K/V bytes / bw); the "
+                      "decodes read 257 positions each, the chunk writes C and attends to C(C+1)/2 pairs. Find the "
+                      "largest C with t(C) <= 1.25 t(0).")
+
+
+Q3_BATCH = 64
+
+
+def _q3_crossover(weights: int, kv_per_token: float) -> int:
+    """Smallest context c at which Q3_BATCH sequences' K/V reads take at least as long as the weight reads."""
+    return math.ceil(weights / (Q3_BATCH * kv_per_token))
+
+
+def check_q3_attention_crossover(answer: Any) -> None:
+    """Llama-3-8B, bf16, H100 SXM, a decode step of 64 sequences all at context c: the smallest c at which attention
+    takes at least as long as the weight matmuls (both kernels memory-bound here)."""
+    shape = PRESETS["Llama-3-8B"]
+    kv = kv_bytes_per_token(shape, 2)
+    want = _q3_crossover(weight_bytes_read(shape, Q3_BATCH), kv)
+    check_answer(answer, want, "Q3 (context where attention outlasts the weight matmuls at batch 64)",
+                 {_q3_crossover(weight_bytes(shape, 2), kv): "that counts every stored parameter as read; the "
+                  "input-embedding lookup reads one row per sequence, not the table.",
+                  _q3_crossover(weight_bytes_read(shape, Q3_BATCH), kv / 2): "K and V: each cached token holds both, "
+                  "in every layer.",
+                  math.ceil(weight_bytes_read(shape, 1) / kv):
+                      "that is one sequence's crossover: at batch 64 the weights are read once, the caches 64 times."},
+                 unit="tokens", rel=0.002,
+                 hint="At batch 64 both kernels are memory-bound: compare weight bytes read per step with 64 * c * "
+                      "(K/V bytes per token).")

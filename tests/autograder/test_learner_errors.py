@@ -29,7 +29,7 @@ CELLS = {
     # a lab whose checks are a package (autograder/lab06/rollback.py), and the answer_qN naming of labs 01-09
     "wrong_in_package": "def truncate_cache(cache, length):\n    cache[0].length = length",
     "check_wrong_in_package": "from autograder.lab06 import check_truncate_cache; check_truncate_cache(truncate_cache)",
-    "check_unanswered_answer_q": "from autograder.lab03 import check_q3_kv_memory; check_q3_kv_memory(answer_q3)",
+    "check_unanswered_answer_q": "from autograder.lab03 import check_q3_attention_crossover; check_q3_attention_crossover(answer_q3)",
 }
 
 

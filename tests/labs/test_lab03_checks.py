@@ -3,6 +3,8 @@ reference handed in (itself, a subclass inheriting schedule(), a thin wrapper) f
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -16,6 +18,8 @@ from minigpt.engine.packed_batch import pack_chunks
 from minigpt.engine.scheduler import Scheduler, SchedulerOutput
 from minigpt.cache.block_table import blocks_needed
 from minigpt.engine.request import SequenceStatus
+from minigpt.teaching.calculators import PRESETS, matmul_parameters, weight_bytes_read
+from minigpt.teaching.hardware import ACCELERATORS
 from tests.labs.notebook_solutions import solution_cells
 
 EXAMPLES = 40
@@ -25,6 +29,8 @@ from minigpt.cache.block_table import blocks_needed
 from minigpt.engine.packed_batch import PackedBatch
 from minigpt.engine.paged_generation import generate_paged_batch
 from minigpt.engine.request import SequenceStatus
+from minigpt.teaching.calculators import PRESETS, matmul_parameters, weight_bytes_read
+from minigpt.teaching.hardware import ACCELERATORS
 from minigpt.engine.scheduler import Scheduler, SchedulerOutput
 from minigpt.engine import metrics as ref_metrics
 """
@@ -354,14 +360,35 @@ def test_fake_tokens_do_not_depend_on_the_process():
 def test_interview_questions():
     # Q1 by hand: static = 16 steps of 8 (6 ms) + 240 of 1 (2.5 ms) = 696 ms for 368 tokens; continuous 8 per 6 ms
     lab03.check_q1_continuous_vs_static((8 / 6) / (368 / 696))
-    batch, gib = lab03._q2_numbers()
-    lab03.check_q2_compute_bound_batch(batch)
-    lab03.check_q3_kv_memory(gib)
+    # Q2 and Q3 by the rule written out here, not through the check's helpers
+    shape, gpu = PRESETS["Llama-3-8B"], ACCELERATORS["H100-SXM"]
+    peak, bw = gpu.peak("bf16"), gpu.memory_bandwidth
+
+    def mixed(chunk: int) -> float:
+        weights = max(2 * matmul_parameters(shape) * (64 + chunk) / peak, weight_bytes_read(shape, 64 + chunk) / bw)
+        pairs, kv_tokens = 64 * 257 + chunk * (chunk + 1) // 2, 64 * 257 + chunk
+        attention = max(4 * 32 * 32 * 128 * pairs / peak, kv_tokens * 2 * 32 * 8 * 128 * 2 / bw)
+        return weights + attention
+    chunk = max(c for c in range(1000) if mixed(c) <= 1.25 * mixed(0))
+    assert chunk == 315
+    lab03.check_q2_chunk_budget(chunk)
+    crossover = math.ceil(weight_bytes_read(shape, 64) / (64 * 2 * 32 * 8 * 128 * 2))
+    assert crossover == 1790
+    lab03.check_q3_attention_crossover(crossover)
     lab03.check_q4_itl_knob(2)
-    for check, wrong in [(lab03.check_q1_continuous_vs_static, 16.0), (lab03.check_q1_continuous_vs_static, 256 / 46),
-                         (lab03.check_q2_compute_bound_batch, 295), (lab03.check_q3_kv_memory, gib * 2**30 / 1e9)]:
-        with pytest.raises(AssertionError, match="Likely mistake"):
+    for check, wrong, why in [(lab03.check_q1_continuous_vs_static, 16.0, ""),
+                              (lab03.check_q1_continuous_vs_static, 256 / 46, ""),
+                              (lab03.check_q2_chunk_budget, 355, "ONE roofline point"),
+                              (lab03.check_q2_chunk_budget, 340, "stored parameter"),
+                              (lab03.check_q2_chunk_budget, 232, "riding for free"),
+                              (lab03.check_q3_attention_crossover, 1915, "stored parameter"),
+                              (lab03.check_q3_attention_crossover, 3579, "K and V"),
+                              (lab03.check_q3_attention_crossover, 114517, "one sequence")]:
+        with pytest.raises(AssertionError, match="Likely mistake: .*" + why):
             check(wrong)
+    for check, near in [(lab03.check_q2_chunk_budget, 316), (lab03.check_q3_attention_crossover, 1789)]:
+        with pytest.raises(AssertionError, match="not right"):
+            check(near)
 
 
 @pytest.mark.parametrize("wrong, note", [(1, "does not shorten"), (3, "spike itself"), (4, "memory is not"),

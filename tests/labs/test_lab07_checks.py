@@ -356,24 +356,33 @@ def test_wire_factor_mistake_at_tp2_is_not_blamed_on_the_layer_count() -> None:
 # --- interview questions -------------------------------------------------------------------------
 
 def test_interview_answers() -> None:
-    l70, pcie = PRESETS["Llama-3-70B"], INTERCONNECTS["PCIe Gen5 x16"]
-    lab07.check_q1_tp_bytes(4_587_520)
-    lab07.check_q2_pp_bytes(114_688)
+    # Qwen2.5-32B's shape, by hand: 64 layers, d_model 5120, bf16
+    pcie = INTERCONNECTS["PCIe Gen5 x16"]
+    lab07.check_q1_tp_bytes(2 * 32 * 5120 * 2 * 2 * 3 // 4)               # its stage's 32 layers, ring over 4
+    lab07.check_q2_pp_bytes(7 * 32 * 5120 * 2)
     lab07.check_q3_bubble(1 - 6 / 8)
-    lab07.check_q4_tp_latency(160 * ring_allreduce_time(64 * 16384, 8, pcie) * 1e3)
-    assert int(tp_allreduce_bytes_per_token(l70, 8)) == 4_587_520 and pipeline_bubble_fraction(8, 6) == 7 / 13
-    for check, wrong, message in ((lab07.check_q1_tp_bytes, 2 * 80 * 8192 * 2, "payload"),
-                                  (lab07.check_q1_tp_bytes, 4_587_520.0, "int"),
-                                  (lab07.check_q2_pp_bytes, 8 * 8192 * 2, "7 boundaries"),
+    lab07.check_q4_tp_latency(128 * ring_allreduce_time(64 * 10240, 8, pcie) * 1e3)
+    assert pipeline_bubble_fraction(8, 6) == 7 / 13
+    for check, wrong, message in ((lab07.check_q1_tp_bytes, 2 * 32 * 5120 * 2, "payload"),
+                                  (lab07.check_q1_tp_bytes, 983_040.0, "int"),
+                                  (lab07.check_q1_tp_bytes, 2 * 64 * 5120 * 2 * 2 * 3 // 4, "one stage"),
+                                  (lab07.check_q1_tp_bytes, 2 * 32 * 5120 * 2 * 2 * 7 // 8, "n = 4"),
+                                  (lab07.check_q2_pp_bytes, 8 * 32 * 5120 * 2, "7 boundaries"),
+                                  (lab07.check_q2_pp_bytes, 7 * 5120 * 2, "32 sequences"),
                                   (lab07.check_q3_bubble, 7 / 13, "drain-every-step"),
                                   (lab07.check_q3_bubble, 0.0, "at least p micro-batches"),
                                   (lab07.check_q3_bubble, 6 / 8, "busy share"),
-                                  (lab07.check_q4_tp_latency, 160 * ring_allreduce_time(16384, 8, pcie) * 1e3, "batch-1"),
-                                  (lab07.check_q4_tp_latency, 160 * 14 / 8 * 64 * 16384 / pcie.bandwidth * 1e3,
+                                  (lab07.check_q4_tp_latency, 128 * ring_allreduce_time(10240, 8, pcie) * 1e3, "batch-1"),
+                                  (lab07.check_q4_tp_latency, 128 * 14 / 8 * 64 * 10240 / pcie.bandwidth * 1e3,
                                    "bandwidth term alone"),
                                   (lab07.check_q4_tp_latency, None, "finite")):
         with pytest.raises(AssertionError, match=message):
             check(wrong)
+
+
+def test_no_question_is_about_a_model_the_planner_lists() -> None:
+    """The planner widget prints bytes and times for every preset: the questions' shape must not be one of them."""
+    assert all((s.n_layers, s.d_model) != (lab07.Q_LAYERS, lab07.Q_D_MODEL) for s in PRESETS.values())
 
 
 def test_q3_answer_is_what_the_simulation_gives() -> None:

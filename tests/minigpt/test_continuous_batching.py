@@ -19,7 +19,7 @@ from minigpt.engine.runner import ModelRunner, rows_computed
 from minigpt.engine.scheduler import Scheduler, SchedulerConfig
 from minigpt.engine.serving_loop import serve
 from minigpt.sampling import SamplingParams
-from minigpt.teaching.calculators import PRESETS, weight_bytes
+from minigpt.teaching.calculators import PRESETS, weight_bytes_read
 from minigpt.teaching.hardware import ACCELERATORS
 from minigpt.teaching.serving_simulator import goodput_curve, knee, poisson_workload, simulate, step_cost
 from minigpt.timing import fixed_threads
@@ -173,7 +173,7 @@ def test_roofline_step_cost_and_simulator():
     res = simulate("continuous", reqs)
     assert len(res.sequences) == 60 and res.output_tokens == sum(r.max_new_tokens for r in reqs)
     one_decode = step_cost(_one_decode(), shape, gpu)
-    assert one_decode == pytest.approx(weight_bytes(shape, 2) / gpu.memory_bandwidth, rel=0.01)
+    assert one_decode == pytest.approx(weight_bytes_read(shape, 1) / gpu.memory_bandwidth, rel=0.01)   # what a step reads
     pts = {p: goodput_curve(p, [2.0, 16.0], n=60) for p in ("static", "continuous")}
     assert pts["continuous"][-1].goodput >= pts["static"][-1].goodput
     assert knee(pts["continuous"], 0.0) == 16.0

@@ -20,8 +20,9 @@ The cost model (the usual first-order one; it ignores activations, norms and sof
   untied Llama-3-8B's table is 1.05 GB of its 16.06 GB). The KV cache is written during prefill and read in
   full at every decode step (one cache per sequence).
 * Per kernel: a decode step runs the weight matmuls (intensity grows with the batch) and attention over the
-  cache (intensity fixed at about 2 * group size / KV bytes per element); `decode_kernels` splits the step,
-  `decode_step_time` bounds each part by its own roofline and adds them.
+  cache (intensity fixed at about 2 * group size / KV bytes per element); `forward_kernels` splits any pass
+  (decode step, prefill chunk, mixed batch) that way and `kernels_time` bounds each part by its own roofline and
+  adds them: the one rule every cost model of the course uses.
 """
 
 from __future__ import annotations
@@ -235,18 +236,33 @@ def decode_bytes(shape: ModelShape, context_len: int, batch: int = 1,
             + kv_cache_bytes(shape, context_len, batch, kv_bytes_per_element))
 
 
+def forward_kernels(shape: ModelShape, rows: int, attention_pairs: int, kv_tokens: int, *,
+                    weight_bytes_per_element: float = 2, kv_bytes_per_element: int = 2) -> dict[str, tuple[int, int]]:
+    """THE cost rule of the course: one forward pass (a decode step, a prefill chunk, or a mixed batch of both) as
+    its two kinds of kernel, each (FLOPs, bytes). Every cost model (lab 00's calculators, lab 03's simulated GPU,
+    lab 07's parallel plan, lab 09's chunked prefill) prices a pass with this function and `kernels_time`.
+
+    "weights": the matmuls over `rows` token positions (with the lookup and norms that read weights):
+        2 * matmul_parameters * rows FLOPs, weight_bytes_read(rows) bytes (each weight read once per pass).
+    "attention": QK^T and PV over `attention_pairs` (query, key) pairs, reading or writing `kv_tokens` tokens' K/V:
+        4 * n_layers * n_heads * head_dim * attention_pairs FLOPs, kv_tokens * kv_bytes_per_token bytes.
+
+    A decode step of B sequences at context c: rows B, pairs B*c, kv_tokens B*c.
+    A prefill chunk of n tokens after P cached: rows n, pairs n*P + n(n+1)/2, kv_tokens P + n (prefix read, chunk written).
+    """
+    _check_nonneg_int(rows=rows, attention_pairs=attention_pairs, kv_tokens=kv_tokens)
+    return {"weights": (2 * matmul_parameters(shape) * rows, weight_bytes_read(shape, rows, weight_bytes_per_element)),
+            "attention": (attention_flops(shape, attention_pairs), kv_tokens * kv_bytes_per_token(shape, kv_bytes_per_element))}
+
+
 def decode_kernels(shape: ModelShape, context_len: int, batch: int = 1, *,
                    weight_bytes_per_element: float = 2, kv_bytes_per_element: int = 2) -> dict[str, tuple[int, int]]:
-    """One decode step split into its two kinds of kernel, each as (FLOPs, bytes).
-
-    "weights": the matmuls (and the lookup and norms that read weights): 2 * matmul_parameters * batch FLOPs,
-    weight_bytes_read(batch) bytes. "attention": QK^T and PV over the cache: attention_flops(context_len) * batch
-    FLOPs, kv_cache_bytes(context_len, batch) bytes. Their sums are decode_flops and decode_bytes.
-    """
+    """One decode step split into its two kinds of kernel, each as (FLOPs, bytes): `forward_kernels` with
+    rows = batch and batch * context_len (query, key) pairs and cached tokens. Their sums are decode_flops and
+    decode_bytes."""
     _check_nonneg_int(context_len=context_len, batch=batch)
-    return {"weights": (2 * matmul_parameters(shape) * batch, weight_bytes_read(shape, batch, weight_bytes_per_element)),
-            "attention": (attention_flops(shape, context_len) * batch,
-                          kv_cache_bytes(shape, context_len, batch, kv_bytes_per_element))}
+    return forward_kernels(shape, batch, batch * context_len, batch * context_len,
+                           weight_bytes_per_element=weight_bytes_per_element, kv_bytes_per_element=kv_bytes_per_element)
 
 
 # ---------------------------------------------------------------- roofline
@@ -273,6 +289,14 @@ def time_lower_bound(flops: float, n_bytes: float, peak_flops: float, bandwidth:
     return max(flops / peak_flops, n_bytes / bandwidth)
 
 
+def kernels_time(kernels: dict[str, tuple[int, int]], peak_flops: float, bandwidth: float) -> float:
+    """Lower bound on the seconds of kernels that run one after another: sum of max(FLOPs / peak, bytes / bandwidth).
+
+    Each kernel pays its own roofline; one lumped point, max(total FLOPs / peak, total bytes / bandwidth), would
+    let attention's memory time hide the matmuls' compute time, which the hardware cannot do."""
+    return sum(time_lower_bound(f, m, peak_flops, bandwidth) for f, m in kernels.values())
+
+
 def decode_time_lower_bound(shape: ModelShape, context_len: int, batch: int, bandwidth: float, *,
                             weight_bytes_per_element: float = 2, kv_bytes_per_element: int = 2) -> float:
     """Bandwidth-bound lower bound on the time per output token (one decode step): bytes / bandwidth."""
@@ -282,13 +306,9 @@ def decode_time_lower_bound(shape: ModelShape, context_len: int, batch: int, ban
 
 def decode_step_time(shape: ModelShape, context_len: int, batch: int, peak_flops: float, bandwidth: float,
                      weight_bytes_per_element: float = 2, kv_bytes_per_element: int = 2) -> float:
-    """Lower bound on one decode step's seconds, kernel by kernel: sum over `decode_kernels` of
-    max(FLOPs / peak, bytes / bandwidth). The kernels run one after another, so each pays its own roofline;
-    one lumped point, max(total FLOPs / peak, total bytes / bandwidth), lets attention's memory time hide
-    the matmuls' compute time, which the hardware cannot do."""
-    return sum(time_lower_bound(f, m, peak_flops, bandwidth)
-               for f, m in decode_kernels(shape, context_len, batch, weight_bytes_per_element=weight_bytes_per_element,
-                                          kv_bytes_per_element=kv_bytes_per_element).values())
+    """Lower bound on one decode step's seconds, kernel by kernel: `kernels_time` of `decode_kernels`."""
+    return kernels_time(decode_kernels(shape, context_len, batch, weight_bytes_per_element=weight_bytes_per_element,
+                                       kv_bytes_per_element=kv_bytes_per_element), peak_flops, bandwidth)
 
 
 def decode_tokens_per_second(shape: ModelShape, context_len: int, batch: int, bandwidth: float, *,
@@ -385,19 +405,26 @@ class RooflinePoint:
     tokens: int                # tokens produced or processed by this phase
 
 
-def roofline_point(name: str, flops: int, n_bytes: int, tokens: int, peak: float, bandwidth: float) -> RooflinePoint:
+def roofline_point(name: str, flops: int, n_bytes: int, tokens: int, peak: float, bandwidth: float,
+                   kernels: dict[str, tuple[int, int]] | None = None) -> RooflinePoint:
+    """The phase's lumped point (its place on the roofline plot) and its time: `kernels_time` of its kernels when
+    given (the course's rule), else max(compute time, memory time) of the lumped point."""
     ai = arithmetic_intensity(flops, n_bytes)
-    return RooflinePoint(name, flops, n_bytes, ai, attainable_flops(ai, peak, bandwidth),
-                         time_lower_bound(flops, n_bytes, peak, bandwidth), ai >= ridge_point(peak, bandwidth), tokens)
+    time_s = kernels_time(kernels, peak, bandwidth) if kernels else time_lower_bound(flops, n_bytes, peak, bandwidth)
+    return RooflinePoint(name, flops, n_bytes, ai, attainable_flops(ai, peak, bandwidth), time_s,
+                         ai >= ridge_point(peak, bandwidth), tokens)
 
 
 def roofline_report(shape: ModelShape, peak: float, bandwidth: float, *, batch: int, seq_len: int,
                     weight_bytes_per_element: float = 2, kv_bytes_per_element: int = 2) -> dict[str, RooflinePoint]:
-    """Prefill of `seq_len` tokens and one decode step at context `seq_len`, both at `batch`."""
+    """Prefill of `seq_len` tokens and one decode step at context `seq_len`, both at `batch`; times kernel by kernel."""
     kw = dict(weight_bytes_per_element=weight_bytes_per_element, kv_bytes_per_element=kv_bytes_per_element)
+    prefill_kernels = forward_kernels(shape, batch * seq_len, batch * (seq_len * (seq_len + 1) // 2), batch * seq_len, **kw)
     return {
         "prefill": roofline_point("prefill", prefill_flops(shape, seq_len, batch),
-                                  prefill_bytes(shape, seq_len, batch, **kw), batch * seq_len, peak, bandwidth),
+                                  prefill_bytes(shape, seq_len, batch, **kw), batch * seq_len, peak, bandwidth,
+                                  prefill_kernels),
         "decode": roofline_point("decode", decode_flops(shape, seq_len, batch),
-                                 decode_bytes(shape, seq_len, batch, **kw), batch, peak, bandwidth),
+                                 decode_bytes(shape, seq_len, batch, **kw), batch, peak, bandwidth,
+                                 decode_kernels(shape, seq_len, batch, **kw)),
     }

@@ -9,8 +9,11 @@ Per decode step of a batch of B sequences with `context_len` cached tokens, on t
   (the KV projections once per local KV head: a head replicated when tp > n_kv_heads), replicated
   norms, and 1/tp of the embedding and/or LM head (vocabulary-parallel) on the first/last stage;
   plus its KV cache: 2 * layers/pp * local KV heads * head_dim * context * B * bytes.
-* Compute: each stage reads its weights and cache once per step (decode is memory-bound at small B):
-  t_stage = max(FLOPs / peak, bytes / HBM bandwidth), from lab 00's `time_lower_bound`.
+* Compute, on lab 00's rule (`calculators.kernels_time`): each stage's GPU runs its weight matmuls (2 FLOPs
+  per local weight per sequence; the weights it reads once per step: its layers' shards, the LM head's shard on
+  the last stage, B embedding rows on the first, not the whole table) and its attention (its local query heads'
+  FLOPs; its KV cache read), each kernel at max(FLOPs / peak, bytes / HBM bandwidth), the two added.
+  A token runs through every stage in turn, so compute per token is the sum over the stages.
 * Tensor-parallel communication: 2 all-reduces per layer of B * d_model * bytes (the layer's output).
   A ring all-reduce on n GPUs takes 2(n - 1) steps, each a latency alpha plus payload/n bytes over the
   link: t = 2(n - 1) * alpha + 2(n - 1)/n * payload / link_bandwidth.
@@ -30,7 +33,7 @@ from minigpt.teaching.calculators import ModelShape
 from minigpt.teaching.hardware import Accelerator
 
 __all__ = ["Interconnect", "INTERCONNECTS", "pcie_bandwidth", "ring_allreduce_time", "tp_allreduce_bytes_per_token",
-           "pipeline_bubble_fraction", "gpu_weight_bytes", "gpu_kv_bytes", "ParallelPlan", "parallel_plan"]
+           "pipeline_bubble_fraction", "gpu_weight_bytes", "gpu_kv_bytes", "stage_kernels", "ParallelPlan", "parallel_plan"]
 
 
 def pcie_bandwidth(gigatransfers_per_s: float, lanes: int) -> float:
@@ -98,18 +101,43 @@ def local_kv_heads(shape: ModelShape, tp: int) -> int:
     return max(1, shape.n_kv_heads // tp)
 
 
-def gpu_weight_bytes(shape: ModelShape, tp: int, pp: int = 1, bytes_per_element: float = 2) -> int:
-    """Weight bytes on the fullest GPU (see the module docstring)."""
-    _check_split(shape, tp, pp)
+def _local_layer_weights(shape: ModelShape, tp: int) -> int:
+    """Projection weights of one layer on one rank: 1/tp of wq, wo, gate, up, down; wk, wv per local KV head."""
     d, hd = shape.d_model, shape.head_dim
-    per_layer = (2 * d * shape.n_heads * hd // tp               # wq, wo
-                 + 2 * d * local_kv_heads(shape, tp) * hd       # wk, wv (replicated heads counted per copy)
-                 + 3 * d * shape.d_ff // tp                     # gate, up, down
-                 + 2 * d)                                       # the two RMSNorm weights, replicated
+    return (2 * d * shape.n_heads * hd // tp            # wq, wo
+            + 2 * d * local_kv_heads(shape, tp) * hd    # wk, wv (replicated heads counted per copy)
+            + 3 * d * shape.d_ff // tp)                 # gate, up, down
+
+
+def gpu_weight_bytes(shape: ModelShape, tp: int, pp: int = 1, bytes_per_element: float = 2) -> int:
+    """Weight bytes STORED on the fullest GPU (see the module docstring): memory, not what a step reads."""
+    _check_split(shape, tp, pp)
+    d = shape.d_model
+    per_layer = _local_layer_weights(shape, tp) + 2 * d                  # + the two RMSNorm weights, replicated
     vocab = shape.vocab_size * d // tp
     ends = vocab if (shape.tie_embeddings or pp > 1) else 2 * vocab       # embedding and LM head on one stage?
     params = shape.n_layers // pp * per_layer + ends + d
     return math.ceil(params * bytes_per_element)
+
+
+def stage_kernels(shape: ModelShape, tp: int, pp: int, stage: int, context_len: int, batch: int,
+                  bytes_per_element: float = 2) -> dict[str, tuple[int, int]]:
+    """One GPU of pipeline stage `stage` (0 .. pp-1) in a decode step, as lab 00's two kernels (FLOPs, bytes).
+
+    weights: 2 * batch * (layers/pp * local layer weights + vocab * d_model / tp on the last stage) FLOPs;
+             bytes read once: those weights, the replicated norms, and batch embedding rows on the first stage.
+    attention: 4 * layers/pp * (n_heads/tp) * head_dim * context * batch FLOPs; the rank's KV cache (gpu_kv_bytes).
+    With tp = pp = 1 this is `calculators.decode_kernels`.
+    """
+    _check_split(shape, tp, pp)
+    if not 0 <= stage < pp:
+        raise ValueError(f"stage must be in 0..{pp - 1}, got {stage}")
+    d, layers, last = shape.d_model, shape.n_layers // pp, stage == pp - 1
+    matmul = layers * _local_layer_weights(shape, tp) + (shape.vocab_size * d // tp if last else 0)
+    read = matmul + 2 * layers * d + (d if last else 0) + (batch * d if stage == 0 else 0)
+    attention_flops = 4 * layers * (shape.n_heads // tp) * shape.head_dim * context_len * batch
+    return {"weights": (2 * matmul * batch, math.ceil(read * bytes_per_element)),
+            "attention": (attention_flops, gpu_kv_bytes(shape, tp, pp, context_len, batch, int(bytes_per_element)))}
 
 
 def gpu_kv_bytes(shape: ModelShape, tp: int, pp: int, context_len: int, batch: int, bytes_per_element: int = 2) -> int:
@@ -142,17 +170,18 @@ def parallel_plan(shape: ModelShape, gpu: Accelerator, link: Interconnect, *, tp
     _check_split(shape, tp, pp)
     weights = gpu_weight_bytes(shape, tp, pp, bytes_per_element)
     kv = gpu_kv_bytes(shape, tp, pp, context_len, batch, bytes_per_element)
-    stage_flops = calc.decode_flops(shape, context_len, batch) / (tp * pp)
-    stage_compute = calc.time_lower_bound(stage_flops, weights + kv, gpu.peak(precision), gpu.memory_bandwidth)
+    peak, bandwidth = gpu.peak(precision), gpu.memory_bandwidth
+    stage_compute = [calc.kernels_time(stage_kernels(shape, tp, pp, i, context_len, batch, bytes_per_element),
+                                       peak, bandwidth) for i in range(pp)]
     payload = batch * shape.d_model * bytes_per_element
     stage_comm = 2 * (shape.n_layers // pp) * ring_allreduce_time(payload, tp, link)
-    stage = max(stage_compute, stage_comm) if overlap else stage_compute + stage_comm
+    stages = [max(t, stage_comm) if overlap else t + stage_comm for t in stage_compute]
     hop = link.step_latency_s + payload / link.bandwidth
     pp_comm = (pp - 1) * hop
     return ParallelPlan(
         tp=tp, pp=pp, memory_per_gpu_bytes=weights + kv, weight_bytes_per_gpu=weights, kv_bytes_per_gpu=kv,
         fits=weights + kv <= gpu.memory_bytes * memory_utilization,
-        compute_s=pp * stage_compute, tp_comm_s=pp * stage_comm, pp_comm_s=pp_comm,
-        time_per_token_s=pp * stage + pp_comm,
+        compute_s=sum(stage_compute), tp_comm_s=pp * stage_comm, pp_comm_s=pp_comm,
+        time_per_token_s=sum(stages) + pp_comm,
         tp_bytes_per_token=batch * tp_allreduce_bytes_per_token(shape, tp, bytes_per_element) / pp,
         pp_bytes_per_token=(pp - 1) * payload, overlap=overlap)

@@ -4,15 +4,17 @@
 
 No model runs: every sampled token is a dummy (never a stop token), so a request produces exactly its
 max_new_tokens. The SAME `Scheduler` (or `StaticBatchScheduler`) and `serve` loop as on the CPU decide
-every step; `RooflineClock` then charges the step
+every step; `RooflineClock` then charges the step on lab 00's rule (`calculators.forward_kernels`, `kernels_time`),
+kernel by kernel:
 
-    time = max(FLOPs / peak, bytes / bandwidth) + step_overhead
-    FLOPs = sum over chunks (n tokens from position s) of 2 * P * n + 4 * layers * heads * head_dim * (n*s + n(n+1)/2)
-    bytes = weights (read once per step) + K/V read (positions 0..s+n-1) of every chunk
+    time = max(F_w / peak, B_w / bandwidth) + max(F_a / peak, B_a / bandwidth) + step_overhead
+    weight matmuls: F_w = 2 * P * rows, B_w = the weights a pass over `rows` positions reads (once per step)
+    attention: F_a = 4 * layers * heads * head_dim * sum over chunks (n tokens from position s) of (n*s + n(n+1)/2),
+               B_a = K/V of positions 0..s+n-1 of every chunk
 
-(P = matmul parameters), with padded chunks (static batching) charged as B * max chunk rows.
-The KV pool gets the memory left after the weights within 90% of the GPU (vLLM's default for most of its history;
-0.92 in current releases).
+(P = matmul parameters; rows = the chunks' tokens, or B * the longest chunk when padded, as static batching runs).
+The KV pool gets the memory left after the stored weights within 90% of the GPU (vLLM's default for most of its
+history; 0.92 in current releases).
 """
 
 from __future__ import annotations
@@ -28,8 +30,7 @@ from minigpt.engine.metrics import goodput, request_metrics
 from minigpt.engine.request import Request
 from minigpt.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from minigpt.engine.serving_loop import ServeResult, serve
-from minigpt.teaching.calculators import (PRESETS, ModelShape, attention_flops, kv_bytes_per_token, matmul_parameters,
-                                          weight_bytes)
+from minigpt.teaching.calculators import PRESETS, ModelShape, forward_kernels, kernels_time, kv_bytes_per_token, weight_bytes
 from minigpt.teaching.hardware import ACCELERATORS, Accelerator
 
 __all__ = ["RooflineClock", "step_cost", "pool_blocks", "poisson_workload", "corpus_workload", "simulate", "GoodputPoint",
@@ -41,16 +42,15 @@ DUMMY_TOKEN = 1
 
 def step_cost(output: SchedulerOutput, shape: ModelShape, gpu: Accelerator, *, precision: str = "bf16",
               padded: bool = False, step_overhead_s: float = 0.0) -> float:
-    """Seconds for one step on the roofline (see the module docstring); bf16 weights and KV (2 bytes)."""
+    """Seconds for one step on the roofline, kernel by kernel (see the module docstring); bf16 weights and KV."""
     if not output.chunks:
         return 0.0
     lens = [len(c.tokens) for c in output.chunks]
     rows = len(lens) * max(lens) if padded else sum(lens)
     pairs = sum(n * c.start + n * (n + 1) // 2 for c, n in zip(output.chunks, lens))
-    flops = 2 * matmul_parameters(shape) * rows + attention_flops(shape, pairs)
-    kv = kv_bytes_per_token(shape, 2) * sum(c.start + n for c, n in zip(output.chunks, lens))
-    n_bytes = weight_bytes(shape, 2) + kv
-    return max(flops / gpu.peak(precision), n_bytes / gpu.memory_bandwidth) + step_overhead_s
+    kv_tokens = sum(c.start + n for c, n in zip(output.chunks, lens))
+    kernels = forward_kernels(shape, rows, pairs, kv_tokens)
+    return kernels_time(kernels, gpu.peak(precision), gpu.memory_bandwidth) + step_overhead_s
 
 
 class RooflineClock:
