@@ -86,3 +86,13 @@ def test_this_machine_is_an_accelerator():
     assert set(here.peak_flops) == {"fp32", "bf16"}
     assert here.memory_bandwidth > 0 and here.memory_bytes > 0
     assert here.ridge_point("fp32") > 0
+
+
+@pytest.mark.parametrize("device_name, entry", [
+    ("NVIDIA H100 80GB HBM3", "H100-SXM"), ("NVIDIA H100 PCIe", "H100-PCIe"), ("NVIDIA H100 NVL", None),
+    ("NVIDIA H200", "H200"), ("NVIDIA A100-SXM4-80GB", "A100-SXM-80GB"), ("NVIDIA A100 80GB PCIe", None),
+    ("NVIDIA A100-SXM4-40GB", None), ("NVIDIA L4", "L4"), ("Tesla T4", "T4"), ("NVIDIA GeForce RTX 4090", "RTX-4090"),
+    ("NVIDIA L40S", None), ("NVIDIA B200", None)])
+def test_a_device_name_finds_its_own_datasheet_column(device_name, entry):
+    from minigpt.teaching.hardware import ACCELERATORS, device_accelerator
+    assert device_accelerator(device_name) is (ACCELERATORS[entry] if entry else None)

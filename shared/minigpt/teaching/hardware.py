@@ -158,6 +158,29 @@ def get_accelerator(name: str) -> Accelerator:
                        f"(use this_machine() for the measured one)") from None
 
 
+def device_accelerator(device_name: str) -> Accelerator | None:
+    """The ACCELERATORS entry whose datasheet describes a GPU named `device_name` (torch.cuda.get_device_name), or
+    None where the table has no column for it. Variants of one chip differ: an H100 PCIe has 76% of the SXM's
+    tensor-core rate and 60% of its bandwidth, so "H100" alone is not enough ("NVIDIA H100 80GB HBM3" is the SXM,
+    "NVIDIA H100 PCIe" the PCIe card; the H100 NVL has no column here)."""
+    name = device_name.upper().replace("-", " ")
+    if "H100" in name:
+        if "PCIE" in name:
+            return ACCELERATORS["H100-PCIe"]
+        return ACCELERATORS["H100-SXM"] if "HBM3" in name or "SXM" in name else None
+    if "H200" in name:
+        return ACCELERATORS["H200"] if "NVL" not in name else None
+    if "A100" in name:
+        return ACCELERATORS["A100-SXM-80GB"] if "SXM" in name and "80GB" in name else None
+    if "RTX 4090" in name:
+        return ACCELERATORS["RTX-4090"]
+    words = name.split()
+    for short in ("L4", "T4"):
+        if short in words:
+            return ACCELERATORS[short]
+    return None
+
+
 def _device(device: str | torch.device | None) -> torch.device:
     return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
