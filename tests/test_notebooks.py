@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from answer_leaks import leaks
 from attacks import CHEATS, with_attacks
 
 from autograder.grading import nbgrader_runs as grading, notebooks
@@ -133,6 +134,19 @@ class LabNotebook:
         assert r.status == "ok", _table(r)
         earned = [c for c in r.cells if c.score > 0]
         assert not earned, "the released stub earns points in: " + ", ".join(c.grade_id for c in earned) + "\n" + _table(r)
+
+    @pytest.mark.slow
+    def test_no_answer_is_printed_before_its_question(self, graded_lab, released_lab):
+        """An interview question needs the method applied, not an earlier output read off: the solution's key
+        (what its answer cell prints) appears in no output above the question (tests/answer_leaks.py)."""
+        import nbformat
+
+        a, course, _, _ = released_lab
+        executed = sorted((course / "autograded" / "solution" / a).glob("*.ipynb"))
+        assert executed, "the solution notebook was not executed"
+        for path in executed:
+            found = leaks(nbformat.read(str(path), as_version=4))
+            assert not found, f"solutions/{a}/{path.name}: " + "; ".join(map(str, found))
 
     @pytest.mark.slow
     def test_run_all_reaches_the_last_cell(self, graded_lab, released_lab):
