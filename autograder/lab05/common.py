@@ -10,7 +10,7 @@ import torch
 from autograder.harness import call_learner
 from autograder.checking.reference_guard import no_calls_into
 from minigpt.config import ModelConfig
-from minigpt.quant import formats
+from minigpt.quant import formats, fp4
 from minigpt.quant.awq import apply_awq_scales, awq_model
 from minigpt.quant.gptq import gptq_model, gptq_quantize
 from minigpt.quant.kv_cache import QuantizedLayerKVCache, dequantize_kv, quantize_kv
@@ -37,6 +37,7 @@ _GPTQ = (gptq_quantize, gptq_model)
 _AWQ = (apply_awq_scales, awq_model)
 _SMOOTH = (smoothing_factors, smooth_model)
 _KV = (QuantizedLayerKVCache.update, quantize_kv, dequantize_kv)
+_FP4 = (fp4.round_to_e2m1, fp4.quantize_mxfp4, fp4.quantize_nvfp4, fp4.fake_quantize_mxfp4, fp4.fake_quantize_nvfp4)
 
 
 EX1 = "Exercise 1 (quantize_symmetric)"

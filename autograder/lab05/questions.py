@@ -1,5 +1,5 @@
-"""The interview questions: FP8 ranges, AWQ's recovery at 3 bits, the memory of GPTQ's Hessians, a format for a
-stated workload."""
+"""The interview questions: FP6 E3M2 (OCP MX) range from its bit layout, FP8 ranges, AWQ's recovery at 3 bits,
+the memory of GPTQ's Hessians, a format for a stated workload."""
 
 from __future__ import annotations
 
@@ -14,18 +14,31 @@ from minigpt.teaching import calculators as calc
 from minigpt.teaching.hardware import ACCELERATORS
 
 
-def check_q1_e4m3_max(answer: Any) -> None:
-    check_answer(answer, 448.0, "Q1: the largest finite FP8 E4M3 (float8_e4m3fn) value", unit="a plain number",
-                 mistakes={240.0: "240 is the IEEE-style E4M3 with infinities; e4m3fn ('finite') uses the top exponent "
-                                  "for normal values and keeps only one NaN pattern, reaching 1.75 * 2^8.",
-                           57344.0: "57344 is the E5M2 maximum.", 480.0: "only S.1111.111 is NaN: the largest mantissa is 110."})
+def check_q1_e3m2_max(answer: Any) -> None:
+    """The largest finite OCP MX FP6 E3M2 value: bias 2^(3-1) - 1 = 3, no infinity or NaN, so the top exponent
+    field (111) and the all-ones mantissa (11) are ordinary numbers: 1.75 * 2^(7 - 3) = 28."""
+    check_answer(answer, 28.0, "Q1: the largest finite value of FP6 E3M2 (OCP MX v1.0)", unit="a plain number",
+                 mistakes={14.0: "14 reserves the top exponent field for infinity and NaN as IEEE formats (and E5M2) "
+                                 "do; the MX FP6 formats have no special encodings, so exponent field 111 holds numbers.",
+                           24.0: "24 keeps one NaN pattern at the top as float8_e4m3fn does (S.111.11); FP6 E3M2 has "
+                                 "none, so the mantissa 11 is usable there too.",
+                           224.0: "that forgets the bias: the largest exponent is 7 - 3 = 4, not 7.",
+                           16.0: "that is 2^4 alone: the all-ones mantissa adds 1/2 + 1/4, a significand of 1.75.",
+                           7.5: "7.5 is E2M3's maximum (bias 1); the question asks about E3M2 (bias 3).",
+                           12.0: "12 reserves the top exponent (IEEE-style) and drops a mantissa bit; neither applies."})
 
 
-def check_q2_e5m2_smallest_normal(answer: Any) -> None:
-    check_answer(answer, 2.0 ** -14, "Q2: the smallest positive normal FP8 E5M2 value", unit="a plain number",
-                 mistakes={2.0 ** -6: "2^-6 is E4M3's smallest normal (bias 7); E5M2 has bias 15.",
-                           2.0 ** -16: "2^-16 is E5M2's smallest subnormal, not the smallest normal.",
-                           2.0 ** -15: "the smallest normal exponent is 1 - bias = -14."})
+def check_q2_e3m2_smallest_subnormal(answer: Any) -> None:
+    """The smallest positive FP6 E3M2 value: a subnormal (exponent field 000, mantissa 01), 2^(1 - 3) * 2^-2."""
+    check_answer(answer, 2.0 ** -4, "Q2: the smallest positive value (a subnormal) of FP6 E3M2 (OCP MX v1.0)",
+                 unit="a plain number",
+                 mistakes={2.0 ** -2: "2^-2 is the smallest normal (exponent field 001, 2^(1 - 3)); below it the "
+                                      "subnormals (field 000) step by 2^(1 - bias) / 2^mantissa_bits.",
+                           2.0 ** -5: "subnormals use the exponent 1 - bias, the same as the smallest normals, not "
+                                      "0 - bias: 2^(1 - 3) * 0.01b.",
+                           2.0 ** -3: "2^-3 is 2^(0 - bias) with no mantissa: a subnormal is 2^(1 - bias) * m / 4 "
+                                      "with the smallest nonzero mantissa m = 1.",
+                           2.0 ** -1: "that forgets the bias: 2^(1 - 0) * 2^-2."})
 
 
 def check_q3_range_ratio(answer: Any) -> None:

@@ -16,6 +16,7 @@ from autograder.gpu_tier.slow_implementations import dequantize_every_call   # a
 from minigpt.kernels.dequant_gemv import dequant_gemv, dequant_gemv_reference
 from minigpt.quant.awq import AWQ_GROUPS, apply_awq_scales
 from minigpt.quant.cpu_kernels import Int4WeightOnlyLinear
+from minigpt.quant import fp4
 from minigpt.quant.formats import pack_int4, quantize, quantize_fp8, unpack_int4
 from minigpt.paths import data_dir
 from minigpt.quant.gptq import gptq_quantize
@@ -25,7 +26,7 @@ from autograder.checking.reference_guard import ReferenceHandedIn
 from tests.labs.notebook_solutions import solution_cells
 
 SOLUTION = solution_cells("05_quantization", "ex1_code", "ex2_code", "ex3_code", "ex4_code", "ex5_code", "ex6_code",
-                          "ex7_code", "ex8_code", "ex9_code", preamble="""
+                          "ex7_code", "ex8_code", "ex9_code", "ex10_code", preamble="""
 import copy
 import math
 import torch
@@ -502,15 +503,127 @@ def test_int4_cpu_linear_rejects(fn, match):
         lab05.check_int4_cpu_linear(fn, repeats=3)
 
 
+# --- FP4: MXFP4 and NVFP4 -------------------------------------------------------------------------
+
+ref_mx, ref_nv, ref_round = SOLUTION["quantize_mxfp4"], SOLUTION["quantize_nvfp4"], SOLUTION["round_to_e2m1"]
+
+
+def _mx_with(exponent, rounding=ref_round, block=32):
+    """An MXFP4 quantizer whose shared exponent (from max|block|) and element rounding are given."""
+    def quantize(w):
+        blocks = w.float().reshape(w.shape[0], -1, block)
+        amax = blocks.abs().amax(-1)
+        scales = torch.where(amax > 0, torch.exp2(exponent(amax.clamp(min=1e-38))), torch.tensor(2.0 ** -127))
+        return rounding(blocks / scales[..., None]).reshape(w.shape), scales
+    return quantize
+
+
+def half_away_round(x):
+    """Round half away from zero (floor(|x| / step + 0.5)): ties go up, not to the even code."""
+    a = x.float().abs()
+    step = torch.where(a < 2, 0.5, torch.where(a < 4, 1.0, 2.0))
+    return torch.copysign((torch.floor(a / step + 0.5) * step).clamp(max=6.0), x.float())
+
+
+def no_saturation_round(x):
+    """Rounds on the grid but lets values above 6 through (7 -> 8)."""
+    a = x.float().abs()
+    step = torch.where(a < 2, 0.5, torch.where(a < 4, 1.0, 2.0))
+    return torch.copysign(torch.round(a / step) * step, x.float())
+
+
+def unsigned_round(x):
+    """Rounds |x|: the sign is lost."""
+    return ref_round(x.abs())
+
+
+mx_amax_over_6 = lambda w: ((lambda s: (ref_round(w.float().reshape(w.shape[0], -1, 32) / s[..., None].clamp(min=1e-30))
+                                        .reshape(w.shape), s))(w.float().reshape(w.shape[0], -1, 32).abs().amax(-1) / 6))
+mx_ceil_amax_over_6 = _mx_with(lambda amax: torch.ceil(torch.log2(amax / 6)))
+mx_no_emax = _mx_with(lambda amax: torch.floor(torch.log2(amax)))
+mx_round_log2 = _mx_with(lambda amax: torch.round(torch.log2(amax)) - 2)
+mx_half_away = _mx_with(lambda amax: torch.floor(torch.log2(amax)) - 2, half_away_round)
+mx_no_saturation = _mx_with(lambda amax: torch.floor(torch.log2(amax)) - 2, no_saturation_round)
+mx_unsigned = _mx_with(lambda amax: torch.floor(torch.log2(amax)) - 2, unsigned_round)
+mx_block16 = _mx_with(lambda amax: torch.floor(torch.log2(amax)) - 2, block=16)
+
+
+def mx_nan_zero_block(w):
+    """No guard for an all-zero block: log2(0) = -inf, 0 / 0 = NaN."""
+    blocks = w.float().reshape(w.shape[0], -1, 32)
+    scales = torch.exp2(torch.floor(torch.log2(blocks.abs().amax(-1))) - 2)
+    return ref_round(blocks / scales[..., None]).reshape(w.shape), scales
+
+
+def _nv_with(block_scale, tensor_scale=lambda amax: amax / (6 * 448), block=16):
+    def quantize(w):
+        blocks = w.float().reshape(w.shape[0], -1, block)
+        t = tensor_scale(blocks.abs().amax()).clamp(min=1e-30).reshape(1)
+        s = block_scale(blocks.abs().amax(-1), t).clamp(max=448).to(torch.float8_e4m3fn)
+        d = s.float()[..., None] * t
+        return torch.where(d > 0, ref_round(blocks / torch.where(d > 0, d, 1.0)), 0.0).reshape(w.shape), s, t
+    return quantize
+
+
+nv_no_tensor_scale = _nv_with(lambda amax, t: amax / 6, tensor_scale=lambda amax: torch.ones(()))
+nv_over_4 = _nv_with(lambda amax, t: amax / (4 * t))
+nv_power_of_two = _nv_with(lambda amax, t: torch.exp2(torch.ceil(torch.log2((amax / (6 * t)).clamp(min=1e-30)))))
+nv_block32 = _nv_with(lambda amax, t: amax / (6 * t), block=32)
+
+
+def nv_nan_zero_block(w):
+    """Divides by the block scale without a guard: an all-zero block gives 0 / 0."""
+    blocks = w.float().reshape(w.shape[0], -1, 16)
+    t = (blocks.abs().amax() / (6 * 448)).reshape(1)
+    s = (blocks.abs().amax(-1) / (6 * t)).to(torch.float8_e4m3fn)
+    return ref_round(blocks / (s.float()[..., None] * t)).reshape(w.shape), s, t
+
+
+def test_fp4_solution_passes():
+    lab05.check_fp4_quantize(ref_mx, ref_nv)
+
+
+@pytest.mark.parametrize("mx, nv", [(fp4.quantize_mxfp4, ref_nv), (ref_mx, fp4.quantize_nvfp4),
+                                    (lambda w: fp4.quantize_mxfp4(w), ref_nv),
+                                    (_mx_with(lambda a: torch.floor(torch.log2(a)) - 2, fp4.round_to_e2m1), ref_nv)])
+def test_fp4_refuses_the_reference(mx, nv):
+    with pytest.raises(ReferenceHandedIn):
+        lab05.check_fp4_quantize(mx, nv)
+
+
+@pytest.mark.parametrize("mx, nv, match", [
+    (_stub, ref_nv, "not implemented"), (ref_mx, _stub, "not implemented"),
+    (mx_amax_over_6, ref_nv, "not a power of two. It is max\\|block\\| / 6"),
+    (mx_ceil_amax_over_6, ref_nv, "rounded max\\|block\\| / 6 up"),
+    (mx_no_emax, ref_nv, "subtract E2M1's emax"),
+    (mx_round_log2, ref_nv, "down \\(floor\\)"),
+    (mx_half_away, ref_nv, "tie"),
+    (mx_no_saturation, ref_nv, "not an E2M1 value"),
+    (mx_unsigned, ref_nv, "sign is lost"),
+    (mx_block16, ref_nv, "block of 32"),
+    (mx_nan_zero_block, ref_nv, "all-zero block"),
+    (ref_mx, nv_no_tensor_scale, "tensor_scale"),
+    (ref_mx, nv_over_4, "not 4"),
+    (ref_mx, nv_power_of_two, "power of two"),
+    (ref_mx, nv_block32, "block of 16"),
+    (ref_mx, nv_nan_zero_block, "all-zero block"),
+])
+def test_fp4_rejects(mx, nv, match):
+    with pytest.raises(AssertionError, match=match):
+        lab05.check_fp4_quantize(mx, nv)
+
+
 # --- interview questions -------------------------------------------------------------------------
 
 def test_interview_answers():
-    lab05.check_q1_e4m3_max(448.0)
-    lab05.check_q2_e5m2_smallest_normal(2.0 ** -14)
+    lab05.check_q1_e3m2_max(28.0)
+    lab05.check_q2_e3m2_smallest_subnormal(2.0 ** -4)
     lab05.check_q3_range_ratio(32768.0)
     lab05.check_q5_gptq_hessian_bytes(6 * (3 * 384 ** 2 + 1024 ** 2) * 4)
     lab05.check_q6_production_choice(5)
-    for check, wrong in ((lab05.check_q1_e4m3_max, 240.0), (lab05.check_q2_e5m2_smallest_normal, 2.0 ** -6),
+    for check, wrong in ((lab05.check_q1_e3m2_max, 14.0), (lab05.check_q1_e3m2_max, 24.0), (lab05.check_q1_e3m2_max, 224.0),
+                         (lab05.check_q2_e3m2_smallest_subnormal, 2.0 ** -2),
+                         (lab05.check_q2_e3m2_smallest_subnormal, 2.0 ** -5),
                          (lab05.check_q3_range_ratio, 57344 / 448), (lab05.check_q5_gptq_hessian_bytes, 7 * 6 * 384 ** 2 * 4)):
         with pytest.raises(AssertionError, match="Likely mistake"):
             check(wrong)
