@@ -14,7 +14,7 @@ Profiling questions, graded against the learner's own profiles (profiling.py):
     check_q5_dominant_category(answer, profiles)  the category with the most self time in each pass (or a near tie)
     check_q6_decode_position_cost(answer, profiles, prompt_len)  decode self time / prefill self time per position
 Interview questions: check_q1_kv_bytes_per_token, check_q2_max_batch, check_q3_attention_pairs,
-check_q4_compute_bound_batch (questions.py).
+check_q4_kv_crossover_context (questions.py).
 GPU tier (speed): check_graphed_decode(make_step) behind autograder.harness.require_gpu (gpu.py).
 Every check refuses the package's reference handed in (reference_guard), shared pieces live in common.py.
 """
@@ -26,11 +26,11 @@ from autograder.lab01.generation import check_generate_kv_cache
 from autograder.lab01.gpu import check_graphed_decode
 from autograder.lab01.profiling import check_q5_dominant_category, check_q6_decode_position_cost
 from autograder.lab01.questions import (check_q1_kv_bytes_per_token, check_q2_max_batch, check_q3_attention_pairs,
-                                        check_q4_compute_bound_batch)
+                                        check_q4_kv_crossover_context)
 from autograder.lab01.speed import check_cached_speedup, time_cached_speedup
 
 __all__ = ["check_causal_attention", "check_layer_cache", "check_cache_overflow", "check_generate_kv_cache",
            "check_cached_speedup", "time_cached_speedup", "check_graphed_decode", "check_q1_kv_bytes_per_token",
-           "check_q2_max_batch", "check_q3_attention_pairs", "check_q4_compute_bound_batch",
+           "check_q2_max_batch", "check_q3_attention_pairs", "check_q4_kv_crossover_context",
            "check_q5_dominant_category", "check_q6_decode_position_cost", "SMALL_CONFIGS",
            "CACHED_SPEED_CHECK", "GRAPH_SPEED_CHECK"]

@@ -1,4 +1,5 @@
-"""Lab 01 interview questions (numeric answers). None is printed in lab 00 or above it in lab 01."""
+"""Lab 01 interview questions (numeric answers). None is printed in lab 00 or above it in lab 01, and none repeats a
+lab 00 question."""
 
 from __future__ import annotations
 
@@ -59,13 +60,41 @@ def check_q3_attention_pairs(answer: Any) -> None:
                       "query sees every key cached so far, itself included. Count the decode steps carefully.")
 
 
-def check_q4_compute_bound_batch(answer: Any) -> None:
-    """989 TFLOP/s (bf16), 3.35 TB/s, INT8 weight-only quantization (1 byte per weight, bf16 compute): the batch at
-    which a decode step's weight matmuls become compute-bound (2 FLOPs per weight per sequence)."""
-    balance = 989e12 / 3.35e12
-    check_answer(answer, balance / 2, "Q4 (batch size at the ridge point, INT8 weights)", unit="sequences", rel=0.005,
-                 mistakes={balance: "that is the bf16 ridge (2 bytes per weight); an INT8 weight is 1 byte, so each "
-                                    "byte read carries twice the FLOPs.",
-                           balance * 2: "the intensity doubles with 1-byte weights, so the ridge batch halves."},
-                 hint="Arithmetic intensity of the weight matmuls = 2*B FLOPs / 1 byte per weight = 2B FLOP/byte; "
-                      "it reaches the machine balance (peak FLOP/s / bandwidth) at B = balance / 2.")
+# Q4: the context at which a batched decode step reads more KV cache than weights (section 6's decode_cost, applied to
+# another model; lab 00 prices whole steps, this asks where the cache takes over).
+Q4 = dict(layers=32, query_heads=32, kv_heads=8, head_dim=128, kv_bytes=2, weight_bytes=15.0e9, batch=32)
+
+
+def _q4_crossover(*, batch: int | None = None, heads: int | None = None, kv_factor: int = 2,
+                  kv_bytes: int | None = None) -> int:
+    """Smallest context t (tokens per sequence) with batch * t * (KV bytes per token) > the weight bytes; the
+    keywords swap in the values that the mistakes use."""
+    q = Q4
+    per_token = (kv_factor * q["layers"] * (q["kv_heads"] if heads is None else heads) * q["head_dim"]
+                 * (q["kv_bytes"] if kv_bytes is None else kv_bytes))
+    per_context_token = (q["batch"] if batch is None else batch) * per_token
+    return int(q["weight_bytes"] // per_context_token) + 1
+
+
+def check_q4_kv_crossover_context(answer: Any) -> None:
+    """Llama-3-8B-shaped decode step (32 layers, 32 query heads, 8 KV heads of 128, bf16 KV cache) at batch 32, reading
+    15.0e9 bytes of weights per step: the smallest context length (tokens per sequence) at which the step reads more
+    bytes of KV cache than of weights. Key: floor(15e9 / (32 * 2*32*8*128*2)) + 1, computed here."""
+    key = _q4_crossover()
+    candidates = [
+        (_q4_crossover(batch=1), "the weights are read once per step for the whole batch, but every sequence reads its "
+                                 "own cache: multiply the per-sequence KV bytes by the batch of 32."),
+        (_q4_crossover(heads=Q4["query_heads"]), "the cache holds the 8 KV heads (GQA), not the 32 query heads."),
+        (_q4_crossover(kv_factor=1), "the cache holds K and V: a factor 2 per token."),
+        (_q4_crossover(kv_bytes=1), "the cache is bf16: 2 bytes per element."),
+        (key - 1, "off by one: at that context the KV bytes are still at most the weight bytes; give the first "
+                  "context where they exceed them."),
+    ]
+    mistakes: dict[int, str] = {}
+    for wrong, why in candidates:
+        if wrong != key:
+            mistakes[wrong] = f"{mistakes[wrong]} Or: {why}" if wrong in mistakes else why
+    check_answer(answer, key, "Q4 (context where the KV cache read overtakes the weights)", mistakes,
+                 unit="tokens per sequence",
+                 hint="KV bytes read per step = batch * context * 2 (K and V) * layers * kv_heads * head_dim * 2 bytes; "
+                      "find the smallest integer context at which this exceeds 15.0e9.")

@@ -17,8 +17,8 @@ CPU tier (correctness):
     attention.check_paged_decode_attention(fn)     (B, Hq, D) decode over block tables, GQA, different lengths
     attention.check_paged_attention(fn)            prefill / chunk / mixed batches, bottom-right mask
     attention.check_paged_generation(fn)           the model on a paged cache == lab 01's contiguous cache
-Interview questions (questions.py): check_q1_block_waste ... check_q4_ttft_with_cache, check_q5_fork_trace (a
-failure to explain from a trace, each wrong option diagnosed).
+Interview questions (questions.py): check_q1_block_waste ... check_q4_ttft_with_cache, check_q5_blocks_in_use (blocks
+held after prefix hits, the last-token rule and forks, on a case the notebook does not run; each mistake diagnosed).
 
 Exercise 4 is graded alone: handed the notebook's BlockManager class, its checks set its `pool_class` and `hash_fn`
 (the learner's exercises 1 and 3) to the package's BlockPool and hash_block for their run and put the learner's back
@@ -36,7 +36,7 @@ from autograder.lab02.attention import (GEN_CONFIG, check_paged_attention, check
 from autograder.lab02.pool import check_block_hash, check_block_pool, check_slot_mapping
 from autograder.lab02.prefix_cache import check_prefix_cache
 from autograder.lab02.questions import (check_q1_block_waste, check_q2_paged_capacity, check_q3_prefix_compute_saved,
-                                        check_q4_ttft_with_cache, check_q5_fork_trace)
+                                        check_q4_ttft_with_cache, check_q5_blocks_in_use)
 from autograder.lab02.state_machine import (GRADED_EXAMPLES, STEPS_PER_EXAMPLE, check_block_manager,
                                             make_state_machine, run_state_machine)
 
@@ -44,4 +44,4 @@ __all__ = ["check_block_pool", "check_slot_mapping", "check_block_hash", "check_
            "check_prefix_cache", "check_paged_decode_attention", "check_paged_attention", "check_paged_generation",
            "make_state_machine", "run_state_machine", "GRADED_EXAMPLES", "STEPS_PER_EXAMPLE", "GEN_CONFIG", "check_q1_block_waste",
            "check_q2_paged_capacity", "check_q3_prefix_compute_saved", "check_q4_ttft_with_cache",
-           "check_q5_fork_trace"]
+           "check_q5_blocks_in_use"]

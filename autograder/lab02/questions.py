@@ -1,4 +1,5 @@
-"""Lab 02 interview questions: block waste, paged capacity, prefix-cache compute and TTFT, a fork gone wrong."""
+"""Lab 02 interview questions: block waste, paged capacity, prefix-cache compute and TTFT, blocks in use after
+prefix hits and forks."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 from autograder.harness import check_answer
 
 __all__ = ["check_q1_block_waste", "check_q2_paged_capacity", "check_q3_prefix_compute_saved",
-           "check_q4_ttft_with_cache", "check_q5_fork_trace"]
+           "check_q4_ttft_with_cache", "check_q5_blocks_in_use"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -52,17 +53,60 @@ def check_q4_ttft_with_cache(answer: Any) -> None:
                  unit="x (a ratio)", rel=1e-3, hint="speedup = tokens computed without cache / tokens computed with it.")
 
 
-def check_q5_fork_trace(answer: Any) -> None:
-    """A teammate's manager (blocks of 4, prefix caching off) prints: s0 added with 10 tokens in blocks [3, 7, 1];
-    fork to s1 (every ref count 2); append s1 [42] -> slots [6], copies [], s1 still [3, 7, 1]; append s0 [17] ->
-    slots [6], copies [], s0 still [3, 7, 1]; the two samples then garble. Which explanation (1-5) is right?"""
-    check_answer(answer, 3, "Q5 (what went wrong in the fork trace)",
-                 {1: "nothing ran out: no OutOfBlocks was raised, and a copy would have needed one free block only.",
-                  2: "copying every block at the fork would waste the sharing: full blocks 3 and 7 never change. Only the "
-                  "partly filled last block must be copied, at the first write into it.",
-                  4: "the slot is right: position 10 is in logical block 10 // 4 = 2, which is physical block 1, offset 2, "
-                  "so slot 1 * 4 + 2 = 6. The trouble is whose block that slot is in.",
-                  5: "prefix caching is off in this trace, and only full blocks are hashed: block 1 holds 2 tokens."},
-                 unit="option number (1 to 5)",
-                 hint="Look at the reference counts when s1 writes: who else holds the block that its slot is in, and is "
-                      "that block full?")
+# Q5: prefix hits, the last-token rule and forks on a case the notebook does not run (the course's manager, exercise 4).
+Q5 = dict(block_size=16, prompt=48, a_generated=5, samples=4, new_tokens=20)
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def q5_blocks_in_use(*, last_token_rule: bool = True, prefix_hits: bool = True, copy_full_shared: bool = False,
+                     fork_shares: bool = True) -> int:
+    """Blocks with a reference count >= 1 at the end of Q5, from the manager's rules; the keywords switch one rule off
+    (the mistakes). A holds ceil((P + g) / bs) blocks; B finds A's full prompt blocks by hash but reuses at most
+    (P - 1) // bs of them (its last prompt token is computed); the forks share all of B's blocks; a sample's first
+    append copies the last block only if it is partly filled and shared, otherwise it opens a new block."""
+    bs, P, g, n, m = (Q5[k] for k in ("block_size", "prompt", "a_generated", "samples", "new_tokens"))
+    a_blocks = _ceil(P + g, bs)
+    if not fork_shares:                                   # every sample holds all of its blocks privately
+        return a_blocks + n * _ceil(P + m, bs)
+    hits = (P // bs if not last_token_rule else min(P // bs, (P - 1) // bs)) if prefix_hits else 0
+    b_own = _ceil(P, bs) - hits                           # B's prompt blocks not found in A's
+    fill = P % bs                                         # tokens in B's last prompt block when it is partial
+    if fill:
+        per_sample = _ceil(fill + m, bs) - 1              # the last block is finished (after a copy) then new ones
+        copies = n - 1                                    # the last holder writes in place
+    else:
+        per_sample = _ceil(m, bs)
+        copies = n - 1 if copy_full_shared else 0
+    return a_blocks + b_own + n * per_sample + copies
+
+
+def check_q5_blocks_in_use(answer: Any) -> None:
+    """Exercise 4's manager, blocks of 16, prefix caching on, no eviction. A (48-token prompt) has generated 5 tokens
+    and is still running; B arrives with the same 48 tokens, is prefilled, then forked three times (n = 4 samples,
+    B among them); each sample appends 20 tokens, one per step. Physical blocks in use at the end. The key follows
+    the manager's rules (q5_blocks_in_use); tests/labs/test_lab02_checks.py replays the scenario on the package's
+    BlockManager and gets the same count."""
+    key = q5_blocks_in_use()
+    candidates = [
+        (q5_blocks_in_use(last_token_rule=False),
+         "B cannot reuse all 3 of A's full prompt blocks: its last prompt token must be computed (its logits give the "
+         "first sampled token), so at most (48 - 1) // 16 = 2 are reused and the third block is recomputed into a new one."),
+        (q5_blocks_in_use(prefix_hits=False),
+         "prefix caching is on and A's full prompt blocks are hashed: B finds them and shares them (reference count 2)."),
+        (q5_blocks_in_use(copy_full_shared=True),
+         "copy-on-write copies the last block only when it is partly filled: B's last prompt block is full (48 = 3 x 16), "
+         "so each sample's first new token opens a new block and the shared blocks stay shared."),
+        (q5_blocks_in_use(fork_shares=False),
+         "a fork shares every block of the parent (reference counts go up); nothing is copied at the fork."),
+    ]
+    mistakes: dict[int, str] = {}
+    for wrong, why in candidates:
+        if wrong != key:
+            mistakes[wrong] = f"{mistakes[wrong]} Or: {why}" if wrong in mistakes else why
+    check_answer(answer, key, "Q5 (blocks in use after prefix hits and forks)", mistakes, unit="blocks",
+                 hint="Count A's blocks (53 tokens), then B's prompt blocks that are not reused (the last prompt token "
+                      "is always computed), then each sample's blocks for its 20 new tokens: is B's last block full "
+                      "when the samples start writing?")

@@ -32,8 +32,10 @@ CPU tier, one module per exercise group:
                                              decoding and the calibrated fraction of the reference's speedup
 Exercise 4 and the speed grades run the learner's generator with the package's truncate_cache, sampling_probs and
 verify_draft (common.with_reference_pieces), so they grade its loop alone.
-Interview questions (questions.py): check_q1_acceptance, check_q2_best_k (pick k for a stated alpha and draft
-cost, each wrong pick diagnosed), check_q3_break_even_alpha, check_q4_break_even_batch.
+Interview questions (questions.py, keys computed from first principles, not with the calculator the notebook
+imports): check_q1_acceptance, check_q2_best_k (pick k when acceptance decays with the draft position, each wrong pick
+diagnosed), check_q3_speedup_from_logs (alpha recovered from a logged mean acceptance length, then priced at another
+k), check_q4_break_even_batch (an additive step-time model and a draft that costs a share of a step).
 Shared (common.py): the sample sizes, the toy models, the chi-square power arithmetic.
 Judged (the learner's functions are `Remote`s in the judge): a model whose forwards a check counts or traces is the
 judge's (a handle: each forward is a request to the judge); a model whose calls only feed outputs compared in the
@@ -46,15 +48,15 @@ from autograder.lab06.common import (ENGINE_SAMPLES, SIGNIFICANCE, SPEED_CHECK, 
 from autograder.lab06.generator import _tiny_pair, check_generate_speculative, engine_distribution_test
 from autograder.lab06.lookup import check_acceptance_stats, check_ngram_propose
 from autograder.lab06.probabilities import check_sampling_probs
-from autograder.lab06.questions import (break_even_alpha, check_q1_acceptance, check_q2_best_k,
-                                        check_q3_break_even_alpha, check_q4_break_even_batch)
+from autograder.lab06.questions import (check_q1_acceptance, check_q2_best_k, check_q3_speedup_from_logs,
+                                        check_q4_break_even_batch)
 from autograder.lab06.rollback import check_truncate_cache
 from autograder.lab06.speed import check_speculative_speedup, check_target_calls, code_edit_prompts
 from autograder.lab06.verify import check_verify_draft, verify_distribution_test
 
 __all__ = ["check_truncate_cache", "check_sampling_probs", "check_verify_draft", "check_generate_speculative",
            "check_ngram_propose", "check_acceptance_stats", "check_speculative_speedup", "check_target_calls",
-           "check_q1_acceptance", "check_q2_best_k", "check_q3_break_even_alpha", "check_q4_break_even_batch",
+           "check_q1_acceptance", "check_q2_best_k", "check_q3_speedup_from_logs", "check_q4_break_even_batch",
            "SIGNIFICANCE", "VERIFY_SAMPLES", "ENGINE_SAMPLES", "SPEED_CHECK", "TOY_SAMPLING", "BigramLM", "toy_pair",
            "verify_distribution_test", "engine_distribution_test", "code_edit_prompts", "rejection_threshold",
-           "noncentrality_for_power", "samples_for_power", "break_even_alpha", "_toy_tables", "_tiny_pair", "with_reference_pieces"]
+           "noncentrality_for_power", "samples_for_power", "_toy_tables", "_tiny_pair", "with_reference_pieces"]

@@ -1,11 +1,11 @@
-"""Lab 06, interview questions."""
+"""Lab 06, interview questions. Every key is computed here from first principles, not with
+minigpt.teaching.speculative_calculator (which the notebook imports: a learner could call it)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from autograder.harness import check_answer
-from minigpt.teaching.speculative_calculator import break_even_alpha, break_even_batch, expected_tokens_per_round
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -28,7 +28,26 @@ def check_q1_acceptance(answer: Any) -> None:
                  hint="P(accept) = sum_x q(x) min(1, p(x)/q(x)) = sum_x min(p(x), q(x)).")
 
 
-Q2 = {"alpha": 0.8, "draft_cost": 0.2, "verify_slope": 0.1, "ks": range(1, 9)}
+# Q2: acceptance that decays with the draft position (a draft model drifts from the target as it runs ahead).
+Q2 = {"first_alpha": 0.9, "decay": 0.85, "draft_cost": 0.15, "verify_slope": 0.02, "ks": range(1, 9)}
+
+
+def q2_alphas(k: int) -> list[float]:
+    """The conditional acceptance of drafts 1..k: alpha_i = 0.9 * 0.85^(i-1) (given drafts 1..i-1 accepted)."""
+    return [Q2["first_alpha"] * Q2["decay"] ** i for i in range(k)]
+
+
+def _tokens_chained(alphas: list[float]) -> float:
+    """1 + sum_j prod_{i<=j} alpha_i: the resampled or bonus token plus the expected run of leading accepted drafts."""
+    total, run = 1.0, 1.0
+    for a in alphas:
+        run *= a
+        total += run
+    return total
+
+
+def _constant_tokens(alpha: float, k: int) -> float:
+    return float(k + 1) if alpha == 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
 def _q2_best(tokens_per_round: Any, draft_cost: float, verify_slope: float) -> int:
@@ -37,62 +56,131 @@ def _q2_best(tokens_per_round: Any, draft_cost: float, verify_slope: float) -> i
 
 
 def q2_best_k() -> int:
-    a = Q2["alpha"]
-    return _q2_best(lambda k: expected_tokens_per_round(a, k), Q2["draft_cost"], Q2["verify_slope"])
+    return _q2_best(lambda k: _tokens_chained(q2_alphas(k)), Q2["draft_cost"], Q2["verify_slope"])
+
+
+def q2_mistakes() -> dict[int, str]:
+    """Each wrong pick one mistake in the model gives, those equal to the key left out and those that coincide merged
+    (asserted distinct from the key in tests/labs/test_lab06_checks.py)."""
+    c, s = Q2["draft_cost"], Q2["verify_slope"]
+    chained = lambda k: _tokens_chained(q2_alphas(k))
+    candidates = [
+        (_q2_best(lambda k: _constant_tokens(Q2["first_alpha"], k), c, s),
+         "that k treats every draft as accepted with 0.9 (the constant-alpha formula, or calc.best_k with alpha 0.9); "
+         "here draft i is accepted with 0.9 * 0.85^(i-1), so the later drafts are worth much less."),
+        (_q2_best(lambda k: 1 + sum(q2_alphas(k)), c, s),
+         "that k adds the alpha_i as if each draft counted on its own; a draft is kept only if every earlier one was, "
+         "so the j-th term is the product alpha_1 ... alpha_j."),
+        (_q2_best(chained, 0.0, s),
+         "that k ignores the draft's cost: every drafted token costs a draft step (0.15 target steps), accepted or not."),
+        (_q2_best(chained, c, 0.0),
+         "that k treats the verify pass as free of k: here it costs 1 + 0.02 k target steps."),
+        (_q2_best(lambda k: chained(k) - 1, c, s),
+         "that k counts the accepted drafts only; every round also emits the resampled or bonus token."),
+    ]
+    key, out = q2_best_k(), {}
+    for wrong, why in candidates:
+        if wrong != key:
+            out[wrong] = f"{out[wrong]} Or: {why}" if wrong in out else why
+    return out
 
 
 def check_q2_best_k(answer: Any) -> None:
-    """alpha = 0.8, a draft step costs 0.2 target steps, the target's forward over k + 1 positions costs 1 + 0.1 k target
-    steps: the k in 1..8 with the highest speedup. Each wrong pick below is what one mistake in the cost model gives
-    (asserted distinct in tests/labs/test_lab06_checks.py)."""
-    a, c, s = Q2["alpha"], Q2["draft_cost"], Q2["verify_slope"]
-    mistakes = {
-        _q2_best(lambda k: expected_tokens_per_round(a, k), 0.0, s):
-            "that k ignores the draft's cost: every drafted token costs a draft step (0.2 target steps), whether it is "
-            "accepted or not.",
-        _q2_best(lambda k: expected_tokens_per_round(a, k), c, 0.0):
-            "that k treats the verify pass as free of k: here it costs 1 + 0.1 k target steps.",
-        _q2_best(lambda k: expected_tokens_per_round(a, k) - 1, c, s):
-            "that k counts the accepted drafts only; every round also emits the resampled or bonus token.",
-        max(Q2["ks"]):
-            "the largest k maximises tokens per round (or a linear 1 + a k), not tokens per second: the drafts are accepted "
-            "only while no earlier one was rejected, so E = sum a^i saturates while the round's cost keeps growing.",
-    }
-    check_answer(answer, q2_best_k(), "Q2 (the best k)", mistakes, unit="drafted tokens per round",
-                 hint="speedup(k) = E(a, k) / (k c + 1 + 0.1 k) with E = (1 - a^(k+1)) / (1 - a); evaluate k = 1..8 and "
-                      "take the largest.")
+    """Draft i of a round is accepted (given drafts 1..i-1 were) with probability alpha_i = 0.9 * 0.85^(i-1); a draft
+    step costs 0.15 target steps, the target's forward over k + 1 positions 1 + 0.02 k target steps: the k in 1..8 with
+    the most tokens per second. The key is computed here from E(k) = 1 + sum_j prod_{i<=j} alpha_i; each wrong pick is
+    what one mistake in the model gives (q2_mistakes)."""
+    check_answer(answer, q2_best_k(), "Q2 (the best k when acceptance decays with the position)", q2_mistakes(),
+                 unit="drafted tokens per round",
+                 hint="E(k) = 1 + a1 + a1 a2 + ... + a1 a2 ... ak with a_i = 0.9 * 0.85^(i-1); speedup(k) = E(k) / "
+                      "(0.15 k + 1 + 0.02 k); evaluate k = 1..8 and take the largest.")
 
 
-Q3 = {"k": 3, "target_step_ms": 10.0, "draft_step_ms": 2.0, "verify_ms": 12.0}
+# Q3: from what an engine logs (mean acceptance length at one k) to a prediction at another k.
+Q3 = {"k_logged": 3, "mean_length": 2.8, "k_new": 5, "draft_cost": 0.05, "verify_slope": 0.04}
 
 
-def check_q3_break_even_alpha(answer: Any) -> None:
-    """k = 3, target decode step 10 ms, draft step 2 ms, target verify of 4 positions 12 ms: the acceptance rate
-    below which speculation is slower than plain decoding."""
-    expected = break_even_alpha(Q3["k"], target_step_s=Q3["target_step_ms"], draft_step_s=Q3["draft_step_ms"],
-                                verify_s=Q3["verify_ms"])
-    check_answer(answer, expected, "Q3 (break-even acceptance rate)",
-                 {break_even_alpha(3, target_step_s=10.0, draft_step_s=0.0, verify_s=12.0):
-                      "you left out the 3 draft steps of each round.",
-                  break_even_alpha(3, target_step_s=10.0, draft_step_s=2.0, verify_s=10.0):
-                      "the verify pass costs 12 ms here, not one decode step."},
-                 unit="probability", rel=2e-3,
-                 hint="Speculation pays when E[tokens/round] * t_target > k t_draft + t_verify; solve "
-                      "(1 - a^(k+1)) / (1 - a) = (k t_draft + t_verify) / t_target for a (bisection is fine).")
+def _alpha_from_length(mean_length: float, k: int) -> float:
+    """The constant alpha with (1 - alpha^(k+1)) / (1 - alpha) = mean_length, by bisection (E grows with alpha)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if _constant_tokens(mid, k) < mean_length:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
 
 
-Q4 = {"alpha": 0.8, "k": 4, "memory_ms": 10.0, "per_token_ms": 0.05}
+def _q3_speedup(alpha: float, k: int, draft_cost: float = Q3["draft_cost"]) -> float:
+    return _constant_tokens(alpha, k) / (k * draft_cost + 1 + Q3["verify_slope"] * k)
+
+
+def q3_speedup() -> float:
+    return _q3_speedup(_alpha_from_length(Q3["mean_length"], Q3["k_logged"]), Q3["k_new"])
+
+
+def check_q3_speedup_from_logs(answer: Any) -> None:
+    """An engine running k = 3 logs a mean acceptance length of 2.8 tokens per round (the resampled or bonus token
+    included). With a constant, independent alpha, a draft step of 0.05 target steps and a verify pass over k + 1
+    positions of 1 + 0.04 k target steps: the predicted speedup at k = 5. The key inverts E(alpha, 3) = 2.8 by
+    bisection, then prices k = 5."""
+    L, k0, k1 = Q3["mean_length"], Q3["k_logged"], Q3["k_new"]
+    alpha = _alpha_from_length(L, k0)
+    check_answer(answer, q3_speedup(), "Q3 (speedup at k = 5 predicted from the logs at k = 3)",
+                 [(_q3_speedup((L - 1) / k0, k1),
+                   "(2.8 - 1) / 3 = 0.6 is accepted drafts per drafted token, not alpha: a draft after a rejection is "
+                   "never tested, so that ratio sits below alpha. Recover alpha from E(alpha, 3) = 2.8."),
+                  (_q3_speedup(L / k0, k1), "2.8 / 3 is not alpha either: solve (1 - a^4) / (1 - a) = 2.8 for a."),
+                  (_q3_speedup(_alpha_from_length(L + 1, k0), k1),
+                   "the 2.8 tokens already include the resampled or bonus token: E(alpha, 3) = 2.8, not 3.8."),
+                  (_q3_speedup(alpha, k0), "that is the speedup at k = 3; the question asks for k = 5."),
+                  (_q3_speedup(alpha, k1, draft_cost=0.0), "left out the 5 draft steps (0.05 target steps each)."),
+                  (_constant_tokens(alpha, k1), "that is tokens per round at k = 5; divide by the round's cost in "
+                                                "target steps (5 * 0.05 + 1 + 0.04 * 5).")],
+                 unit="x (a ratio)", rel=2e-3,
+                 hint="First alpha: solve (1 - a^4) / (1 - a) = 2.8 (bisection). Then speedup = E(a, 5) / (5 * 0.05 + "
+                      "1 + 0.04 * 5).")
+
+
+# Q4: a step time that adds the weight reads and the per-token work (not a max), and a draft that costs a share of it.
+Q4 = {"alpha": 0.75, "k": 3, "fixed_ms": 10.0, "per_token_ms": 0.04, "draft_fraction": 0.1}
+
+
+def _q4_first_losing_batch(tokens: float, step: Any, draft: Any, verify: Any) -> int:
+    """The smallest B with tokens * step(B) / (k * draft(B) + verify(B)) < 1."""
+    return next(b for b in range(1, 1 << 20) if tokens * step(b) / (Q4["k"] * draft(b) + verify(b)) < 1.0)
+
+
+def q4_break_even_batch() -> int:
+    k, f = Q4["k"], Q4["draft_fraction"]
+    t = lambda n: Q4["fixed_ms"] + Q4["per_token_ms"] * n
+    return _q4_first_losing_batch(_constant_tokens(Q4["alpha"], k), t, lambda b: f * t(b), lambda b: t(b * (k + 1)))
 
 
 def check_q4_break_even_batch(answer: Any) -> None:
-    """Roofline step time t(n) = max(10 ms, n * 0.05 ms) for n token positions; prompt lookup (free drafts),
-    alpha = 0.8, k = 4: the smallest batch at which speculation is slower than plain decoding."""
-    expected = break_even_batch(Q4["alpha"], Q4["k"], memory_s=Q4["memory_ms"], per_token_s=Q4["per_token_ms"])
+    """A target forward over n token positions takes t(n) = 10 ms + 0.04 ms * n (weights read once, plus per-token
+    work); the draft model's step over a batch costs 0.1 t(B); alpha = 0.75, k = 3. A round over B sequences costs
+    3 draft steps and t(B (k + 1)) and emits E(0.75, 3) tokens per sequence; a plain step costs t(B). The smallest B at
+    which speculation is slower than plain decoding. The key scans B from 1 here."""
+    k, f, a = Q4["k"], Q4["draft_fraction"], Q4["alpha"]
+    fixed, per = Q4["fixed_ms"], Q4["per_token_ms"]
+    t = lambda n: fixed + per * n
+    roof = lambda n: max(fixed, per * n)
+    e = _constant_tokens(a, k)
+    expected = q4_break_even_batch()
     check_answer(answer, expected, "Q4 (break-even batch size)",
-                 {200: "that is where plain decode becomes compute-bound; speculation already lost before, once the "
-                       "verify pass over B (k + 1) positions costs more than E plain steps.",
-                  40: "that is where the verify pass of B (k + 1) positions leaves the memory-bound regime; the speedup "
-                      "is still E there, it drops below 1 later.",
+                 {_q4_first_losing_batch(e, roof, lambda b: f * roof(b), lambda b: roof(b * (k + 1))):
+                      "that is the max() roofline (calc.break_even_batch); here the step ADDS the weight reads and the "
+                      "per-token work, t(n) = 10 + 0.04 n ms, so the extra positions cost time from the first one on.",
+                  _q4_first_losing_batch(e, t, lambda b: 0.0, lambda b: t(b * (k + 1))):
+                      "you left out the 3 draft steps per round (0.1 t(B) each).",
+                  _q4_first_losing_batch(e, t, lambda b: f * t(b), lambda b: b * t(k + 1)):
+                      "the verify pass is one forward over all B (k + 1) positions, t(B (k + 1)), not B separate "
+                      "forwards of k + 1: the weights are read once per step.",
+                  _q4_first_losing_batch(e - 1, t, lambda b: f * t(b), lambda b: t(b * (k + 1))):
+                      "a round also emits the resampled or bonus token: E = 1 + a + a^2 + a^3.",
                   expected - 1: "off by one: at that batch the speedup is still >= 1; give the first batch where it is < 1."},
                  unit="sequences",
-                 hint="speedup(B) = E * t(B) / t(B (k + 1)); find the first integer B with speedup < 1.")
+                 hint="speedup(B) = E * t(B) / (3 * 0.1 t(B) + t(4B)) with t(n) = 10 + 0.04 n; find the first integer B "
+                      "with speedup < 1 (the inequality is linear in B).")

@@ -510,7 +510,7 @@ def test_interview_answers():
     lab01.check_q1_kv_bytes_per_token(2 * 28 * 4 * 128 * 1)
     lab01.check_q2_max_batch(80)
     lab01.check_q3_attention_pairs(100 * 101 // 2 + sum(100 + j for j in range(1, 50)))
-    lab01.check_q4_compute_bound_batch(989 / 3.35 / 2)
+    lab01.check_q4_kv_crossover_context(3577)
 
 
 @pytest.mark.parametrize("check,wrong,diagnosis", [
@@ -525,13 +525,29 @@ def test_interview_answers():
     (lab01.check_q3_attention_pairs, 4950 + sum(99 + j for j in range(1, 50)), "itself"),
     (lab01.check_q3_attention_pairs, sum((100 + i) * (101 + i) // 2 for i in range(50)), "naive loop"),
     (lab01.check_q3_attention_pairs, 6225, None),                                          # the old question's answer
-    (lab01.check_q4_compute_bound_batch, 989 / 3.35, "bf16 ridge"),
-    (lab01.check_q4_compute_bound_batch, 2 * 989 / 3.35, "halves"),
-    (lab01.check_q4_compute_bound_batch, 145, None),                                      # outside 0.5%
+    (lab01.check_q4_kv_crossover_context, 114441, "batch of 32"),                       # one sequence's cache
+    (lab01.check_q4_kv_crossover_context, 895, "8 KV heads"),                           # query heads cached
+    (lab01.check_q4_kv_crossover_context, 7153, "factor 2"),                            # K only
+    (lab01.check_q4_kv_crossover_context, 7153, "2 bytes per element"),                 # fp8, same value: both said
+    (lab01.check_q4_kv_crossover_context, 3576, "off by one"),
+    (lab01.check_q4_kv_crossover_context, 3577.0, "is right but"),
+    (lab01.check_q4_kv_crossover_context, 989 / 3.35 / 2, None),                        # the old question's answer
 ])
 def test_interview_wrong_fails(check, wrong, diagnosis):
     with pytest.raises(AssertionError, match=diagnosis):
         check(wrong)
+
+
+def test_q4_key_from_first_principles_and_mistakes_distinct():
+    """KV bytes per step at context t: 32 sequences * t * (2 * 32 * 8 * 128 * 2) bytes; the first t above 15e9."""
+    from autograder.lab01.questions import _q4_crossover
+    per_step_per_token = 32 * 2 * 32 * 8 * 128 * 2
+    t = 1
+    while t * per_step_per_token <= 15.0e9:
+        t += 1 if t * per_step_per_token > 14.9e9 else max(1, int((15.0e9 - t * per_step_per_token) // per_step_per_token))
+    assert t == _q4_crossover() == 3577
+    wrongs = {_q4_crossover(batch=1), _q4_crossover(heads=32), _q4_crossover(kv_factor=1), _q4_crossover(kv_bytes=1)}
+    assert 3577 not in wrongs and 3576 not in wrongs
 
 
 # --- profiling questions: graded against the learner's own profiles -------------------------------

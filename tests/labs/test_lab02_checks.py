@@ -429,12 +429,51 @@ def test_interview_answers():
             check(wrong)
 
 
-@pytest.mark.parametrize("wrong, note", [(1, "nothing ran out"), (2, "waste the sharing"), (4, "slot is right"),
-                                         (5, "prefix caching is off")])
-def test_q5_fork_trace(wrong, note):
-    lab02.check_q5_fork_trace(3)
+def _replay_q5(prompt_len: int, a_generated: int = 5, samples: int = 4, new_tokens: int = 20) -> int:
+    """Q5's scenario on the package's BlockManager: blocks with a reference count >= 1 at the end."""
+    from minigpt.cache.block_manager import BlockManager
+    manager = BlockManager(64, 16, enable_prefix_caching=True)
+    prompt = list(range(1000, 1000 + prompt_len))
+    manager.add_sequence("A", prompt)
+    for _ in range(a_generated):
+        manager.append_tokens("A", [1])
+    manager.add_sequence("B0", prompt)
+    for j in range(1, samples):
+        manager.fork("B0", f"B{j}")
+    for _ in range(new_tokens):
+        for j in range(samples):
+            manager.append_tokens(f"B{j}", [2 + j])
+    return sum(1 for count in manager.pool.ref_counts if count > 0)
+
+
+def test_q5_key_matches_the_package_manager():
+    """The check's count from the manager's rules equals a replay on minigpt's BlockManager, on Q5's prompt (48
+    tokens: full last block, no copy) and on a 40-token one (partly filled last block: copies)."""
+    from autograder.lab02.questions import Q5, q5_blocks_in_use
+    assert q5_blocks_in_use() == _replay_q5(48) == 13
+    saved = dict(Q5)
+    try:
+        Q5["prompt"] = 40
+        assert q5_blocks_in_use() == _replay_q5(40)
+    finally:
+        Q5.update(saved)
+    lab02.check_q5_blocks_in_use(13)
+
+
+@pytest.mark.parametrize("wrong, note", [(12, "last prompt token must be computed"), (15, "finds them and shares"),
+                                         (16, "partly filled"), (24, "shares every block")])
+def test_q5_each_mistake_is_diagnosed(wrong, note):
     with pytest.raises(AssertionError, match=note):
-        lab02.check_q5_fork_trace(wrong)
+        lab02.check_q5_blocks_in_use(wrong)
+
+
+def test_q5_mistakes_are_distinct_from_the_key():
+    from autograder.lab02.questions import q5_blocks_in_use
+    wrongs = [q5_blocks_in_use(last_token_rule=False), q5_blocks_in_use(prefix_hits=False),
+              q5_blocks_in_use(copy_full_shared=True), q5_blocks_in_use(fork_shares=False)]
+    assert q5_blocks_in_use() not in wrongs and len(set(wrongs)) == len(wrongs)
+    with pytest.raises(AssertionError, match="is right but"):
+        lab02.check_q5_blocks_in_use(13.0)
 
 
 # --- exercise 4 is graded alone: the package's pool and hash stand in for exercises 1 and 3 ---------------------

@@ -386,23 +386,15 @@ def test_wrong_truncate_rejected():
 def test_interview_answers():
     lab06.check_q1_acceptance(0.6)
     lab06.check_q2_best_k(3)
-    lab06.check_q4_break_even_batch(135)
+    lab06.check_q4_break_even_batch(230)
     with pytest.raises(AssertionError, match="clip"):
         lab06.check_q1_acceptance(1.0)
-    with pytest.raises(AssertionError, match="draft steps"):
-        lab06.check_q3_break_even_alpha(lab06.break_even_alpha(3, target_step_s=10, draft_step_s=0, verify_s=12))
     with pytest.raises(AssertionError):
         lab06.check_q4_break_even_batch(200)
 
 
-def test_q3_answer_solves_the_cost_model():
-    a = lab06.break_even_alpha(3, target_step_s=10.0, draft_step_s=2.0, verify_s=12.0)
-    assert abs(expected_tokens_per_round(a, 3) - 1.8) < 1e-9
-    lab06.check_q3_break_even_alpha(a)
-
-
-# Q2: each wrong pick is what one mistake in the cost model gives; they must differ from the answer and each other.
-Q2_MISTAKES = {6: "ignores the draft's cost", 4: "free of k", 5: "accepted drafts only", 8: "saturates"}
+# Q2: acceptance decays with the position; each wrong pick is what one mistake in the model gives.
+Q2_MISTAKES = {7: "constant-alpha", 6: "product", 5: "ignores the draft's cost", 4: "accepted drafts only"}
 
 
 @pytest.mark.parametrize("wrong", sorted(Q2_MISTAKES))
@@ -412,12 +404,88 @@ def test_q2_each_wrong_pick_is_diagnosed(wrong):
 
 
 def test_q2_mistakes_are_distinct_and_the_answer_is_not_close():
-    from autograder.lab06.questions import Q2, q2_best_k
-    assert q2_best_k() == 3 and 3 not in Q2_MISTAKES and len(Q2_MISTAKES) == 4
-    speedup = {k: expected_tokens_per_round(Q2["alpha"], k) / (k * Q2["draft_cost"] + 1 + Q2["verify_slope"] * k)
-               for k in Q2["ks"]}
+    from autograder.lab06.questions import Q2, q2_alphas, q2_best_k, q2_mistakes
+    assert q2_best_k() == 3 and set(q2_mistakes()) == set(Q2_MISTAKES) and q2_best_k() not in q2_mistakes()
+
+    def tokens(k):                                   # by simulation of the definition, not the check's closed form
+        total, run = 1.0, 1.0
+        for a in q2_alphas(k):
+            run *= a
+            total += run
+        return total
+    speedup = {k: tokens(k) / (k * Q2["draft_cost"] + 1 + Q2["verify_slope"] * k) for k in Q2["ks"]}
     best, second = sorted(speedup.values(), reverse=True)[:2]
-    assert best / second > 1.015            # a learner's rounding cannot flip the pick
+    assert max(speedup, key=speedup.get) == 3 and best / second > 1.015     # a learner's rounding cannot flip the pick
+
+
+def test_q2_is_not_one_call_to_the_notebooks_calculator():
+    """calc.best_k with the first draft's alpha (the shortcut the notebook's import offers) gives a diagnosed wrong k."""
+    from minigpt.teaching.speculative_calculator import best_k
+    k, _ = best_k(0.9, target_step_s=1.0, draft_step_s=0.15, verify_s=lambda k: 1 + 0.02 * k)
+    assert k != 3
+    with pytest.raises(AssertionError, match="constant-alpha"):
+        lab06.check_q2_best_k(k)
+
+
+# Q3: alpha from a logged mean acceptance length at k = 3, then the speedup at k = 5.
+def _q3_reference():
+    lo, hi = 0.0, 1.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tokens_per_round(mid, 3) < 2.8 else (lo, mid)
+    a = (lo + hi) / 2
+    return a, expected_tokens_per_round(a, 5) / (5 * 0.05 + 1 + 0.04 * 5)
+
+
+def test_q3_answer_inverts_the_logged_length():
+    a, speedup = _q3_reference()
+    assert abs(expected_tokens_per_round(a, 3) - 2.8) < 1e-9 and 0.76 < a < 0.77
+    lab06.check_q3_speedup_from_logs(speedup)
+    lab06.check_q3_speedup_from_logs(round(speedup, 3))
+
+
+@pytest.mark.parametrize("which, note", [("ratio", "accepted drafts per drafted token"), ("plain", "not alpha either"),
+                                         ("bonus", "already include"), ("k3", "speedup at k = 3"),
+                                         ("nodraft", "draft steps"), ("tokens", "tokens per round at k = 5")])
+def test_q3_each_mistake_is_diagnosed(which, note):
+    from autograder.lab06.questions import _alpha_from_length, _constant_tokens, _q3_speedup
+    a, _ = _q3_reference()
+    wrong = {"ratio": _q3_speedup(1.8 / 3, 5), "plain": _q3_speedup(2.8 / 3, 5),
+             "bonus": _q3_speedup(_alpha_from_length(3.8, 3), 5), "k3": _q3_speedup(a, 3),
+             "nodraft": _q3_speedup(a, 5, draft_cost=0.0), "tokens": _constant_tokens(a, 5)}[which]
+    with pytest.raises(AssertionError, match=note):
+        lab06.check_q3_speedup_from_logs(wrong)
+
+
+def test_q3_mistakes_are_distinct_from_the_key():
+    from autograder.lab06.questions import _alpha_from_length, _constant_tokens, _q3_speedup, q3_speedup
+    a, key = _q3_reference()
+    wrongs = [_q3_speedup(1.8 / 3, 5), _q3_speedup(2.8 / 3, 5), _q3_speedup(_alpha_from_length(3.8, 3), 5),
+              _q3_speedup(a, 3), _q3_speedup(a, 5, draft_cost=0.0), _constant_tokens(a, 5)]
+    assert math.isclose(q3_speedup(), key, rel_tol=1e-9)
+    assert all(abs(w / key - 1) > 0.01 for w in wrongs)
+    assert all(abs(x / y - 1) > 0.005 for i, x in enumerate(wrongs) for y in wrongs[i + 1:])
+
+
+# Q4: t(n) = 10 + 0.04 n ms (additive), a draft step of 0.1 t(B), alpha 0.75, k 3.
+def test_q4_key_solves_the_linear_inequality():
+    """E (10 + 0.04 B) < 3 * 0.1 (10 + 0.04 B) + 10 + 0.16 B is linear in B: B > (10 E - 13) / (0.172 - 0.04 E)."""
+    e = expected_tokens_per_round(0.75, 3)
+    assert math.floor((10 * e - 13) / (0.172 - 0.04 * e)) + 1 == 230
+    lab06.check_q4_break_even_batch(230)
+
+
+@pytest.mark.parametrize("wrong, note", [(153, "max\\(\\) roofline"), (343, "draft steps"), (3, "B separate"),
+                                         (43, "bonus token"), (229, "off by one")])
+def test_q4_each_mistake_is_diagnosed(wrong, note):
+    with pytest.raises(AssertionError, match=note):
+        lab06.check_q4_break_even_batch(wrong)
+
+
+def test_q4_roofline_shortcut_is_a_diagnosed_mistake():
+    """calc.break_even_batch (the max() roofline the notebook imports) gives 153, not the key."""
+    from minigpt.teaching.speculative_calculator import break_even_batch
+    assert break_even_batch(0.75, 3, memory_s=10.0, per_token_s=0.04, draft_fraction=0.1) == 153
 
 
 # --- exercise 4 is graded alone; the speed grades (prompt lookup) ----------------------------------
