@@ -9,7 +9,7 @@ from typing import Any
 
 from autograder.harness import check_answer
 from minigpt.teaching.calculators import (PRESETS, critical_batch_size, forward_kernels, kernels_time, kv_bytes_per_token,
-                                          weight_bytes, weight_bytes_read)
+                                          matmul_parameters, weight_bytes, weight_bytes_read)
 from minigpt.teaching.hardware import ACCELERATORS
 
 
@@ -116,27 +116,29 @@ def check_q2_chunk_budget(answer: Any) -> None:
                       "largest C with t(C) <= 1.25 t(0).")
 
 
-Q3_BATCH = 64
+Q3_BATCH = 512
 
 
-def _q3_crossover(weights: int, kv_per_token: float) -> int:
-    """Smallest context c at which Q3_BATCH sequences' K/V reads take at least as long as the weight reads."""
-    return math.ceil(weights / (Q3_BATCH * kv_per_token))
+def _q3_crossover(*, weights_memory_bound: bool = False, kv_factor: float = 1.0, batch: int = Q3_BATCH) -> int:
+    """Smallest context c at which `batch` sequences' attention (memory-bound: its K/V bytes over the bandwidth) takes
+    at least as long as the weight matmuls, max(2 P B / peak, W_read / bw) (or W_read / bw alone: a mistake)."""
+    shape, gpu = PRESETS["Llama-3-8B"], ACCELERATORS["H100-SXM"]
+    peak, bw = gpu.peak("bf16"), gpu.memory_bandwidth
+    weights_read = weight_bytes_read(shape, batch)
+    matmuls = weights_read / bw if weights_memory_bound else max(2 * matmul_parameters(shape) * batch / peak,
+                                                                 weights_read / bw)
+    return math.ceil(matmuls * bw / (batch * kv_factor * kv_bytes_per_token(shape, 2)))
 
 
 def check_q3_attention_crossover(answer: Any) -> None:
-    """Llama-3-8B, bf16, H100 SXM, a decode step of 64 sequences all at context c: the smallest c at which attention
-    takes at least as long as the weight matmuls (both kernels memory-bound here)."""
-    shape = PRESETS["Llama-3-8B"]
-    kv = kv_bytes_per_token(shape, 2)
-    want = _q3_crossover(weight_bytes_read(shape, Q3_BATCH), kv)
-    check_answer(answer, want, "Q3 (context where attention outlasts the weight matmuls at batch 64)",
-                 {_q3_crossover(weight_bytes(shape, 2), kv): "that counts every stored parameter as read; the "
-                  "input-embedding lookup reads one row per sequence, not the table.",
-                  _q3_crossover(weight_bytes_read(shape, Q3_BATCH), kv / 2): "K and V: each cached token holds both, "
-                  "in every layer.",
-                  math.ceil(weight_bytes_read(shape, 1) / kv):
-                      "that is one sequence's crossover: at batch 64 the weights are read once, the caches 64 times."},
+    """Llama-3-8B, bf16, H100 SXM, a decode step of 512 sequences all at context c: the smallest c at which attention
+    takes at least as long as the weight matmuls (each kernel on its own roofline)."""
+    check_answer(answer, _q3_crossover(), "Q3 (context where attention outlasts the weight matmuls at batch 512)",
+                 {_q3_crossover(weights_memory_bound=True): "that prices the weight matmuls by their bytes; at batch "
+                  "512 they are past the ridge (lab 00: compute-bound from 296 rows), so their time is 2 P B / peak.",
+                  _q3_crossover(kv_factor=0.5): "K and V: each cached token holds both, in every layer.",
+                  _q3_crossover(batch=64): "that is the crossover at batch 64, where the matmuls are still memory-bound; "
+                  "at 512 they are compute-bound and take longer."},
                  unit="tokens", rel=0.002,
-                 hint="At batch 64 both kernels are memory-bound: compare weight bytes read per step with 64 * c * "
-                      "(K/V bytes per token).")
+                 hint="Which kernel is bound by what at batch 512? Attention reads 512 * c * (K/V bytes per token); the "
+                      "matmuls do 2 * P * 512 FLOPs. Past the ridge the answer does not depend on the batch.")

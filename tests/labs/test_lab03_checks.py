@@ -372,8 +372,10 @@ def test_interview_questions():
     chunk = max(c for c in range(1000) if mixed(c) <= 1.25 * mixed(0))
     assert chunk == 315
     lab03.check_q2_chunk_budget(chunk)
-    crossover = math.ceil(weight_bytes_read(shape, 64) / (64 * 2 * 32 * 8 * 128 * 2))
-    assert crossover == 1790
+    kv_per_token = 2 * 32 * 8 * 128 * 2
+    matmuls = 2 * matmul_parameters(shape) * 512 / peak                   # compute-bound past the ridge
+    crossover = math.ceil(matmuls * bw / (512 * kv_per_token))
+    assert crossover == 388 and matmuls > weight_bytes_read(shape, 512) / bw
     lab03.check_q3_attention_crossover(crossover)
     lab03.check_q4_itl_knob(2)
     for check, wrong, why in [(lab03.check_q1_continuous_vs_static, 16.0, ""),
@@ -381,12 +383,12 @@ def test_interview_questions():
                               (lab03.check_q2_chunk_budget, 355, "ONE roofline point"),
                               (lab03.check_q2_chunk_budget, 340, "stored parameter"),
                               (lab03.check_q2_chunk_budget, 232, "riding for free"),
-                              (lab03.check_q3_attention_crossover, 1915, "stored parameter"),
-                              (lab03.check_q3_attention_crossover, 3579, "K and V"),
-                              (lab03.check_q3_attention_crossover, 114517, "one sequence")]:
+                              (lab03.check_q3_attention_crossover, 224, "past the ridge"),
+                              (lab03.check_q3_attention_crossover, 776, "K and V"),
+                              (lab03.check_q3_attention_crossover, 1790, "batch 64")]:
         with pytest.raises(AssertionError, match="Likely mistake: .*" + why):
             check(wrong)
-    for check, near in [(lab03.check_q2_chunk_budget, 316), (lab03.check_q3_attention_crossover, 1789)]:
+    for check, near in [(lab03.check_q2_chunk_budget, 316), (lab03.check_q3_attention_crossover, 387)]:
         with pytest.raises(AssertionError, match="not right"):
             check(near)
 
