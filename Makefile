@@ -3,6 +3,7 @@
 #   make test   set up what is missing, then run the whole CPU test suite
 # Learner:    make progress [PROGRESS_ARGS="--lab 02"] | make grade NB=workspace/02_paged_kv_cache/02_paged_kv_cache.ipynb
 # Instructor: make release | make grade NB=path.ipynb | make autograde | make feedback | make export
+#             make hub [HUB_ARGS="--students 20 --port 8000"]  (a class on JupyterHub on this machine, as root)
 # Machine:    make doctor | make calibrate | make gpu-check [CALIBRATE=1] | make data | make models
 # Practice:   make interview [INTERVIEW_ARGS="--seed 7 -n 5"]  (interview questions with fresh numbers)
 # Serving:    make serve [SERVE_ARGS="--checkpoint draft --engine naive --port 8001"]  (OpenAI-compatible, loopback)
@@ -38,6 +39,9 @@ PROGRESS_ARGS ?=
 SERVE_ARGS ?=
 INTERVIEW_ARGS ?=
 CHROMIUM ?= /usr/bin/chromium
+# JupyterHub's proxy (configurable-http-proxy, from npm), installed beside the venv by `make hub-deps`.
+HUB_PROXY := $(VENV)/hub-proxy/node_modules/.bin/configurable-http-proxy
+HUB_ARGS ?=
 BWRAP ?= /usr/bin/bwrap
 # make autograde JOBS=8 | AUTOGRADE_ARGS="--scheduler tcp://host:8786" | AUTOGRADE_ARGS=--unsafe (no sandbox)
 JOBS ?=
@@ -52,7 +56,7 @@ mutation: setup
 	@test -n "$(LAB)" || { echo "make mutation LAB=NN (00-09)"; exit 2; }
 	OMP_NUM_THREADS=1 MPLBACKEND=Agg $(PY) -m autograder mutation --lab $(LAB) $(MUTATION_ARGS)
 
-.PHONY: mutation serve interview progress help setup lab test browser-deps sandbox-deps release grade autograde feedback export similarity doctor calibrate gpu-check models data normalize check-normalized
+.PHONY: hub hub-deps mutation serve interview progress help setup lab test browser-deps sandbox-deps release grade autograde feedback export similarity doctor calibrate gpu-check models data normalize check-normalized
 
 help:
 	@sed -n '1,9p' Makefile | sed 's/^# \{0,1\}//'
@@ -94,6 +98,13 @@ browser-deps:
 sandbox-deps:
 	$(call apt-install,$(BWRAP),bubblewrap,the sandbox submissions are graded in,make autograde refuses to run without it (--unsafe overrides) and the sandbox tests will be skipped.)
 
+hub-deps: setup
+	@if [ ! -x "$(HUB_PROXY)" ]; then \
+	  if command -v npm >/dev/null && npm install --silent --prefix "$(VENV)/hub-proxy" configurable-http-proxy@4.6.3; then :; \
+	  else echo "make: could not install configurable-http-proxy (JupyterHub's proxy) with npm: make hub needs it and the hub tests will be skipped."; \
+	    if [ -n "$$CI" ]; then echo "make: CI requires it"; exit 1; fi; fi; \
+	fi
+
 # ---------------------------------------------------------------- learner
 lab: setup
 	@$(PY) -m autograder workspace --dir "$(WORKSPACE)"
@@ -103,7 +114,7 @@ lab: setup
 progress: setup
 	@$(PY) -m autograder progress --dir "$(WORKSPACE)" $(PROGRESS_ARGS)
 
-test: setup browser-deps sandbox-deps
+test: setup browser-deps sandbox-deps hub-deps
 	@rc=0; OMP_NUM_THREADS=$(TEST_THREADS) OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest --timeout=$(PYTEST_TIMEOUT) -n $(PYTEST_WORKERS) --dist loadscope --durations=25 $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests; that is a failure"; fi; \
 	exit $$rc
@@ -122,6 +133,10 @@ grade: setup
 # ---------------------------------------------------------------- instructor
 release: setup
 	$(PY) -m autograder release
+
+hub: setup hub-deps sandbox-deps
+	@$(PY) -m autograder hub status >/dev/null 2>&1 || $(PY) -m autograder hub setup $(HUB_ARGS)
+	$(PY) -m autograder hub start $(HUB_ARGS)
 
 autograde: setup sandbox-deps
 	$(PY) -m autograder autograde $(if $(JOBS),--jobs $(JOBS)) $(AUTOGRADE_ARGS)

@@ -80,8 +80,11 @@ def default_package_dirs(root: Path = PACKAGE_ROOT) -> list[str]:
 
 
 def _python_dirs() -> list[str]:
-    """The interpreter's installation and the virtual environment (both read-only in the sandbox)."""
+    """The interpreter's installation, the virtual environment, and any site-packages on sys.path outside them (a
+    class's venv on a hub loads the installation's through a .pth file): all read-only in the sandbox."""
     dirs = {str(Path(sys.base_prefix)), str(Path(sys.prefix))}
+    dirs |= {p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()
+             and not any(Path(p).is_relative_to(d) for d in (sys.base_prefix, sys.prefix))}
     return sorted(dirs)
 
 

@@ -138,7 +138,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("harness", ("autograder.harness", "autograder.gpu_bench", "autograder.launches")),
     ("labs", ("autograder.lab", "autograder.interview")),
     ("judging", ("autograder.judging", "autograder.interactive")),
-    ("grading", ("autograder.grading", "autograder.preprocessors")),
+    ("grading and the class hub", ("autograder.grading", "autograder.preprocessors", "autograder.hub")),
     ("gpu tier, learner and mutation", ("autograder.gpu_tier", "autograder.learner", "autograder.mutation")),
     ("commands", ("autograder.cli", "autograder.commands", "autograder.doctor", "autograder.__main__")),
 ]

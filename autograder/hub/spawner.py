@@ -1,0 +1,78 @@
+"""The hub's spawner for the course: JupyterHub's own LocalProcessSpawner, with the course's environment by role
+and limits per person set in the child process before it runs anything.
+
+    c.JupyterHub.spawner_class = "autograder.hub.spawner.CourseSpawner"
+
+Role: the hub's admins are instructors (formgrader, course list, the course clone as their folder); everyone else
+is a student (Assignments tab only, their home as their folder). JUPYTER_CONFIG_PATH is config/hub/<role>/
+(JupyterLab plugins, server extensions) then config/hub/common/ (nbgrader's exchange and course id).
+
+Limits (resource.setrlimit in the child, inherited by the server, its kernels and terminals):
+    address space   mem_limit per process (RLIMIT_AS): a runaway allocation fails with MemoryError
+    processes       processes_limit for the whole user (RLIMIT_NPROC counts every process of the uid)
+    file size       file_size_limit per file (RLIMIT_FSIZE)
+What one machine cannot enforce this way: memory summed over a user's processes (each gets mem_limit), CPU share
+(a busy student slows the others; cgroups or Kubernetes limits do that), disk space in total (needs quotas).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from collections.abc import Callable
+from pathlib import Path
+
+from jupyterhub.spawner import LocalProcessSpawner
+from traitlets import Integer, Unicode
+
+from autograder.paths import REPO_ROOT
+
+CONFIG_DIR = REPO_ROOT / "config" / "hub"
+
+
+def limits_preexec(mem_bytes: int, processes: int, file_bytes: int,
+                   then: Callable[[], None] = lambda: None) -> Callable[[], None]:
+    """A Popen preexec_fn: set the three limits (0 = leave that one unset), then run `then` (JupyterHub's setuid)."""
+
+    def preexec() -> None:
+        for limit, value in ((resource.RLIMIT_AS, mem_bytes), (resource.RLIMIT_NPROC, processes),
+                             (resource.RLIMIT_FSIZE, file_bytes)):
+            if value:
+                resource.setrlimit(limit, (value, value))
+        then()
+    return preexec
+
+
+class CourseSpawner(LocalProcessSpawner):
+    """LocalProcessSpawner + the course's environment by role + per-user limits (module docstring)."""
+
+    processes_limit = Integer(256, config=True, help="RLIMIT_NPROC of the user's processes (0: unlimited)")
+    file_size_limit = Integer(512 * 2**20, config=True, help="RLIMIT_FSIZE in bytes (0: unlimited)")
+    exchange = Unicode("", config=True, help="nbgrader's exchange folder (Exchange.root)")
+    course_id = Unicode("", config=True, help="nbgrader's course id")
+    venv = Unicode(str(REPO_ROOT / ".venv"), config=True, help="the Python environment users run (the class's)")
+
+    @property
+    def role(self) -> str:
+        return "instructor" if self.user.admin else "student"
+
+    def make_preexec_fn(self, name: str) -> Callable[[], None]:
+        return limits_preexec(int(self.mem_limit or 0), self.processes_limit, self.file_size_limit,
+                              then=super().make_preexec_fn(name))
+
+    def get_env(self) -> dict[str, str]:
+        env = super().get_env()
+        venv_bin = str(Path(self.venv) / "bin")
+        env.update({"PATH": f"{venv_bin}:/usr/local/bin:/usr/bin:/bin",
+                    "JUPYTER_CONFIG_PATH": f"{CONFIG_DIR / self.role}:{CONFIG_DIR / 'common'}",
+                    "LLM_COURSE_EXCHANGE": self.exchange, "LLM_COURSE_ID": self.course_id,
+                    "OMP_NUM_THREADS": "1", "MPLBACKEND": "module://matplotlib_inline.backend_inline"})
+        return env
+
+    def _default_notebook_dir(self) -> str:
+        home = Path(os.path.expanduser(f"~{self.user.name}"))
+        return str(home / "course") if self.role == "instructor" else str(home)
+
+    def get_args(self) -> list[str]:
+        self.notebook_dir = self.notebook_dir or self._default_notebook_dir()
+        return super().get_args()

@@ -1,0 +1,6 @@
+"""nbgrader for everyone of the class on the hub (the instructor: with ~/course/nbgrader_config.py): the exchange and the course id, from the spawner's environment."""
+import os
+
+c = get_config()  # noqa: F821
+c.Exchange.root = os.environ["LLM_COURSE_EXCHANGE"]
+c.CourseDirectory.course_id = os.environ["LLM_COURSE_ID"]

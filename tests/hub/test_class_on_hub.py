@@ -1,0 +1,207 @@
+"""A class on JupyterHub with real system users: an instructor and three students, the hub on loopback, nbgrader's
+exchange, the whole cycle (release, fetch, submit, resubmit, collect, sandboxed autograde, feedback, fetch feedback,
+export) with nbgrader's own commands and the Assignments tab's own server handlers, isolation between people, and
+the spawner's limits. Needs root (it creates users) and the hub's proxy (`make hub-deps`); removes everything it made.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from autograder.paths import REPO_ROOT
+
+PROXY = REPO_ROOT / ".venv" / "hub-proxy" / "node_modules" / ".bin" / "configurable-http-proxy"
+LAB = "00_token_factory"
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="the class's users are system users: only root can create them"),
+    pytest.mark.skipif(not PROXY.exists(), reason="configurable-http-proxy is not installed (`make hub-deps`)"),
+    pytest.mark.skipif(not Path("/usr/bin/bwrap").exists(), reason="autograding needs bubblewrap (`make sandbox-deps`)"),
+]
+
+requests = pytest.importorskip("requests")
+classroom = pytest.importorskip("autograder.hub.classroom")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def as_user(user: str, command: str, roster, *, role: str = "student", check: bool = True,
+            timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run a shell command as `user`, in the environment the hub's spawner gives them."""
+    config = REPO_ROOT / "config" / "hub"
+    env = (f"PATH={roster.venv}/bin:/usr/bin:/bin LLM_COURSE_EXCHANGE={roster.exchange} "
+           f"LLM_COURSE_ID={classroom.COURSE_ID} JUPYTER_CONFIG_PATH={config / role}:{config / 'common'} "
+           "OMP_NUM_THREADS=1")
+    done = subprocess.run(["su", "-", user, "-c", f"env {env} bash -c {shlex_quote(command)}"],
+                          capture_output=True, text=True, timeout=timeout)
+    if check and done.returncode:
+        raise AssertionError(f"{user}: {command} failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return done
+
+
+def shlex_quote(s: str) -> str:
+    import shlex
+    return shlex.quote(s)
+
+
+class Hub:
+    """JupyterHub on a free loopback port, as `make hub` starts it; a logged-in session per user."""
+
+    def __init__(self, root: Path) -> None:
+        self.port = _free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ, LLM_COURSE_HUB_ROOT=str(root), LLM_COURSE_HUB_PORT=str(self.port))
+        self.log = open(root / "hub.log", "w")
+        self.proc = subprocess.Popen([str(REPO_ROOT / ".venv" / "bin" / "jupyterhub"), "-f",
+                                      str(REPO_ROOT / "config" / "hub" / "jupyterhub_config.py")],
+                                     cwd=root, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self._wait(lambda: requests.get(self.base + "/hub/api", timeout=5).status_code == 200, 60, "the hub")
+
+    def _wait(self, ready, seconds: float, what: str) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the hub exited ({self.proc.returncode}); see its log")
+            try:
+                if ready():
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        raise AssertionError(f"{what} did not come up in {seconds:g} s")
+
+    def login(self, user: str, password: str) -> requests.Session:
+        """Log in through the hub's PAM login page, wait for the user's JupyterLab (spawned by the hub)."""
+        s = requests.Session()
+        s.get(self.base + "/hub/login", timeout=30)
+        r = s.post(self.base + "/hub/login", data={"username": user, "password": password,
+                                                   "_xsrf": s.cookies.get("_xsrf")}, timeout=120)
+        assert r.status_code == 200, f"login of {user}: {r.status_code}"
+        self._wait(lambda: s.get(f"{self.base}/user/{user}/lab", timeout=30).status_code == 200, 180,
+                   f"{user}'s JupyterLab")
+        return s
+
+    def api(self, s: requests.Session, user: str, method: str, path: str, **kw) -> requests.Response:
+        xsrf = next((c.value for c in s.cookies if c.name == "_xsrf" and c.path.startswith(f"/user/{user}")), "")
+        return s.request(method, f"{self.base}/user/{user}/{path}", headers={"X-XSRFToken": xsrf}, timeout=300, **kw)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def klass():
+    root = Path(tempfile.mkdtemp(prefix="llm-course-hub-"))
+    root.chmod(0o755)
+    prefix = "lt" + secrets.token_hex(2)
+    try:
+        roster = classroom.create_class(root, 3, prefix=prefix, repo=REPO_ROOT)
+        hub = Hub(root)
+        try:
+            yield roster, hub, root
+        finally:
+            hub.stop()
+    finally:
+        if (root / classroom.STATE).exists():
+            classroom.remove_class(root)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_whole_cycle_on_the_hub(klass):
+    roster, hub, root = klass
+    instructor, (s1, s2, s3) = roster.instructor, roster.students
+    as_user(instructor, f"cd ~/course && nbgrader release_assignment {LAB}", roster, role="instructor")
+    sessions = {s: hub.login(s, roster.passwords[s]) for s in (s1, s2, s3)}
+    course = {"course_id": classroom.COURSE_ID, "assignment_id": LAB}
+    for s, session in sessions.items():
+        listed = hub.api(session, s, "GET", "assignments", params={"course_id": classroom.COURSE_ID})
+        assert listed.status_code == 200 and LAB in listed.text, listed.text[:300]
+        assert hub.api(session, s, "POST", "assignments/fetch", data=course).status_code == 200
+    solved = REPO_ROOT / "solutions" / LAB / f"{LAB}.ipynb"
+    for s in (s1, s3):                         # s1 answers; s3 submits the stub first, then the answers
+        if s == s3:
+            assert hub.api(sessions[s], s, "POST", "assignments/submit", data=course).status_code == 200
+            time.sleep(1.1)                    # nbgrader's timestamps order the two submissions
+        target = Path(f"/home/{s}/{LAB}/{LAB}.ipynb")
+        shutil.copy(solved, target)
+        shutil.chown(target, s, s)
+    for s in (s1, s2, s3):
+        r = hub.api(sessions[s], s, "POST", "assignments/submit", data=course)
+        assert r.status_code == 200 and '"success": false' not in r.text, r.text[:300]
+
+    as_user(instructor, f"cd ~/course && nbgrader collect {LAB} && python -m autograder autograde "
+                        f"--assignment {LAB} --jobs 2 && python -m autograder feedback && "
+                        f"nbgrader release_feedback {LAB} && python -m autograder export --csv grades.csv",
+            roster, role="instructor", timeout=900)
+    for s in (s1, s2, s3):
+        assert hub.api(sessions[s], s, "POST", "assignments/fetch_feedback", data=course).status_code == 200
+        assert list(Path(f"/home/{s}/{LAB}/feedback").rglob(f"{LAB}.html")), f"{s} has no feedback"
+
+    grades = {row["student_id"]: row for row in csv.DictReader(open(Path(roster.course_dir) / "grades.csv"))}
+    full = float(grades[s1]["max_score"])
+    assert full > 0 and float(grades[s1]["score"]) == full
+    assert float(grades[s2]["score"]) == 0
+    assert float(grades[s3]["score"]) == full, "the resubmission is the one graded"
+
+
+def test_a_student_cannot_reach_another_or_the_instructor(klass):
+    roster, _, _ = klass
+    s1, s2 = roster.students[:2]
+    exchange = Path(roster.exchange) / classroom.COURSE_ID
+    course = Path(roster.course_dir)
+    tries = {"list the exchange's inbound": f"ls {exchange / 'inbound'}",
+             "list the released feedback": f"ls {exchange / 'feedback'}",
+             "read a classmate's home": f"ls /home/{s1}",
+             "read the instructor's solutions": f"cat {course / 'solutions' / LAB / (LAB + '.ipynb')}",
+             "read the gradebook": f"cat {course / 'gradebook.db'}",
+             "read the installation's hidden tests": f"ls {REPO_ROOT / 'solutions'}",
+             "write into the released assignment": f"touch {exchange / 'outbound' / LAB / 'x.ipynb'}"}
+    for what, command in tries.items():
+        done = as_user(s2, command, roster, check=False)
+        assert done.returncode != 0 and "ermission denied" in done.stderr, f"a student could {what}: {done.stdout}"
+
+
+def test_the_spawner_limits_hold_for_the_server_and_its_children(klass):
+    roster, _, _ = klass
+    from jupyterhub.spawner import set_user_setuid
+
+    from autograder.hub.spawner import limits_preexec
+    s = roster.students[1]
+    python = str(Path(roster.venv) / "bin" / "python")
+    preexec = limits_preexec(1 * 2**30, 40, 2**20, then=set_user_setuid(s))
+    runs = {"memory": "bytearray(2 * 2**30)",
+            "processes": "import subprocess\nfor _ in range(80): subprocess.Popen(['sleep', '5'])",
+            "file size": "open('/tmp/llm-course-hub-limit-test', 'wb').write(bytes(2 * 2**20))"}
+    outcomes = {}
+    for what, code in runs.items():
+        done = subprocess.run([python, "-c", code], preexec_fn=preexec, capture_output=True, text=True, timeout=60)
+        outcomes[what] = (done.returncode, done.stderr.strip().splitlines()[-1:] or [""])
+    subprocess.run(["pkill", "-u", s, "sleep"], capture_output=True)
+    Path("/tmp/llm-course-hub-limit-test").unlink(missing_ok=True)
+    assert outcomes["memory"][0] != 0 and "MemoryError" in outcomes["memory"][1][0], outcomes
+    assert outcomes["processes"][0] != 0 and "Resource temporarily unavailable" in outcomes["processes"][1][0], outcomes
+    assert outcomes["file size"][0] != 0, outcomes                       # SIGXFSZ, or EFBIG where ignored
+    servers = subprocess.run(["pgrep", "-u", roster.students[0], "-f", "jupyterhub-singleuser"],
+                             capture_output=True, text=True).stdout.split()
+    assert servers, "the student's server is not running"
+    limits = Path(f"/proc/{servers[0]}/limits").read_text()
+    assert "Max processes             256" in limits and "Max address space         4294967296" in limits, limits
