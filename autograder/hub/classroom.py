@@ -7,9 +7,11 @@
 What `create_class` makes, all recorded in `<root>/class.json` (mode 600) so that `remove_class` undoes exactly that:
 * users `<prefix>-instructor` and `<prefix>-student-1..N` with homes of mode 700 and random passwords (the hub's
   PAM authenticator checks them like any login);
-* a Python environment every user may run, `<root>/venv`: a venv of the system's Python (the installation's own
-  may live where others cannot read, such as root's pyenv) that loads the installation's site-packages, with a
-  copy of each of its commands (`nbgrader`, `jupyterhub-singleuser`, `alembic`...) pointed at it;
+* a Python environment every user may run, `<root>/venv`: a venv of the installation's own interpreter (reached
+  through hard links in `<root>/python` where it lives behind a folder others cannot enter, such as root's pyenv;
+  the system's Python is not a substitute: Debian 12's 3.11.2 mis-parses the possessive patterns nbconvert's HTML
+  sanitizer uses) that loads the installation's site-packages, with a copy of each of its commands (`nbgrader`,
+  `jupyterhub-singleuser`, `alembic`...) pointed at it;
 * the instructor's course: a clone of this repository in `~/course` (theirs; the gradebook, submissions and
   feedback live there), whose `.venv` is that environment;
 * nbgrader's exchange, `<root>/exchange`, writable by everyone as nbgrader's docs ask: nbgrader gives each course
@@ -106,20 +108,47 @@ def _chown_tree(path: Path, user: str) -> None:
         os.lchown(p, entry.pw_uid, entry.pw_gid)
 
 
-def _class_venv(root: Path, repo: Path, system_python: str) -> Path:
-    """A venv of `system_python` that adds the installation's site-packages (a .pth line runs site.addsitedir, so
-    the editable installs' own .pth files apply too), with the installation's commands re-pointed at it."""
+def _reachable_by_others(path: Path) -> bool:
+    """Whether a user other than the owner can reach `path` (every folder above it lets others in)."""
+    return all(stat.S_IMODE(p.stat().st_mode) & 0o001 for p in [path, *path.parents] if p.is_dir())
+
+
+def _shared_python(installed: Path, root: Path) -> Path:
+    """The installation's base interpreter, or hard links to it (its stdlib, not its site-packages) under
+    `<root>/python` when others cannot reach it; copies where the two are on different filesystems. The interpreter
+    itself is copied and its RUNPATH (where it finds libpython, an absolute path into the original folder) set to
+    $ORIGIN/../lib with patchelf, so that it loads the libpython beside it."""
+    cfg = dict(line.split(" = ", 1) for line in (installed / "pyvenv.cfg").read_text().splitlines() if " = " in line)
+    executable = Path(cfg.get("executable") or Path(cfg["home"]) / "python3").resolve()
+    base = executable.parent.parent
+    if _reachable_by_others(base):
+        return executable
+    shared = root / "python"
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+    shutil.copytree(base, shared, symlinks=True, copy_function=link, ignore=shutil.ignore_patterns("site-packages"))
+    interpreter = shared / executable.relative_to(base)
+    interpreter.unlink()                                          # a copy, not a link: patchelf edits it in place
+    shutil.copy2(executable, interpreter)
+    _run(str(installed / "bin" / "patchelf"), "--set-rpath", "$ORIGIN/../lib", str(interpreter))
+    return interpreter
+
+
+def _class_venv(root: Path, repo: Path) -> Path:
+    """A venv of the installation's interpreter that adds the installation's site-packages (a .pth line runs
+    site.addsitedir, so the editable installs' own .pth files apply too), with the installation's commands
+    re-pointed at it."""
     installed = repo / ".venv"
     site_dirs = sorted((installed / "lib").glob("python3*/site-packages"))
     if not site_dirs:
         raise FileNotFoundError(f"no site-packages under {installed}: run `make setup` first")
     venv = root / "venv"
-    _run(system_python, "-m", "venv", "--without-pip", str(venv))
-    version = site_dirs[0].parent.name                               # python3.11
-    own = venv / "lib" / version / "site-packages"
-    if not own.is_dir():
-        raise RuntimeError(f"{system_python} is not {version}, the installation's Python: the class cannot share "
-                           "its packages (pass --python with a matching interpreter)")
+    _run(str(_shared_python(installed, root)), "-m", "venv", "--without-pip", str(venv))
+    own = venv / "lib" / site_dirs[0].parent.name / "site-packages"          # python3.11
     (own / "llm_course_installation.pth").write_text(f"import site; site.addsitedir({str(site_dirs[0])!r})\n")
     for script in (installed / "bin").iterdir():
         if script.is_file() and not script.is_symlink() and not (venv / "bin" / script.name).exists():
@@ -176,7 +205,7 @@ def _lock_installation(repo: Path) -> dict[str, int]:
 
 
 def create_class(root: Path = DEFAULT_ROOT, students: int = 3, *, prefix: str = "llmc",
-                 repo: Path = REPO_ROOT, system_python: str = "/usr/bin/python3") -> Roster:
+                 repo: Path = REPO_ROOT) -> Roster:
     """Make the class (see the module docstring); nothing is made if a user of that name already exists."""
     _require_root("hub setup")
     if students < 1:
@@ -198,7 +227,7 @@ def create_class(root: Path = DEFAULT_ROOT, students: int = 3, *, prefix: str = 
     _save(root, roster)                                       # saved first: a failure below is undone by remove_class
     for name in names:
         _add_user(name, roster.passwords[name])
-    venv = _class_venv(root, repo, system_python)
+    venv = _class_venv(root, repo)
     roster.venv = str(venv)
     roster.course_dir = str(_clone_course(repo, venv, Path(pwd.getpwnam(roster.instructor).pw_dir), roster.instructor))
     roster.locked = _lock_installation(repo)
@@ -226,6 +255,7 @@ def remove_class(root: Path = DEFAULT_ROOT) -> list[str]:
     shutil.rmtree(roster.exchange, ignore_errors=True)
     if roster.venv:
         shutil.rmtree(roster.venv, ignore_errors=True)
+        shutil.rmtree(Path(roster.venv).parent / "python", ignore_errors=True)     # hard links: the originals stay
     shutil.rmtree(root / "hub", ignore_errors=True)             # the hub's database, cookie secret, proxy pid
     (root / STATE).unlink()
     if root.exists() and not any(root.iterdir()):

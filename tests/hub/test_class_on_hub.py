@@ -91,8 +91,12 @@ class Hub:
         r = s.post(self.base + "/hub/login", data={"username": user, "password": password,
                                                    "_xsrf": s.cookies.get("_xsrf")}, timeout=120)
         assert r.status_code == 200, f"login of {user}: {r.status_code}"
-        self._wait(lambda: s.get(f"{self.base}/user/{user}/lab", timeout=30).status_code == 200, 180,
-                   f"{user}'s JupyterLab")
+        lab = f"{self.base}/user/{user}/lab"
+
+        def lab_served() -> bool:                # not the hub's "your server is starting" page: JupyterLab itself
+            r = s.get(lab, timeout=30)
+            return r.status_code == 200 and r.url.startswith(lab) and "jupyter-config-data" in r.text
+        self._wait(lab_served, 180, f"{user}'s JupyterLab")
         return s
 
     def api(self, s: requests.Session, user: str, method: str, path: str, **kw) -> requests.Response:
