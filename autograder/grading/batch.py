@@ -41,6 +41,10 @@ from autograder.grading.nbgrader_runs import (CONFIG_NAME, DEFAULT_STUDENT, SUBM
 from autograder.paths import REPO_ROOT
 
 STATUSES = ("ok", "invalid-notebook", "kernel-died", "timeout", "tampered", "error")
+# `nbgrader submit` writes it beside the notebook; the exchange's feedback file is named by a hash of it, so it travels
+# from the submission to autograded/ (and from there to feedback/). Anything larger than this is not nbgrader's.
+SUBMISSION_SECRET = "submission_secret.txt"
+MAX_SECRET_BYTES = 1024
 
 
 class SandboxRefused(GradingError):
@@ -383,6 +387,9 @@ def _finish(outcome: JobOutcome, api, guard: gradebook_guard.Guard, db_url: str,
         stamp = work / "staged" / s / "timestamp.txt"
         if stamp.exists():
             shutil.copy(stamp, staging / "timestamp.txt")
+        secret = work / "staged" / s / SUBMISSION_SECRET          # `nbgrader release_feedback` names the feedback by it
+        if secret.is_file() and secret.stat().st_size <= MAX_SECRET_BYTES:
+            shutil.copy(secret, staging / SUBMISSION_SECRET)
         for name, text in outcome.notebooks.items():
             (staging / name).write_text(text, encoding="utf-8")
             r = read_executed(text)
