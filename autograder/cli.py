@@ -8,6 +8,8 @@
               [--unsafe]             refuses where no sandbox can start, unless --unsafe
     feedback [--assignment A]        instructor: nbgrader generate_feedback (HTML under feedback/)
     export [--csv grades.csv]        instructor: gradebook to CSV
+    hub setup|start|status|teardown  instructor, as root: a class on JupyterHub on this machine (system users,
+        [--students N] [--port P]    nbgrader's exchange, the hub on 127.0.0.1; docs/hub.md)
     similarity --assignment A        instructor: answers sharing code with a classmate's, the package's reference
                [--threshold T]       or the course's solution, per exercise (copydetect), most similar first;
                [--csv F] [--html F]  a lead to read, not a verdict
