@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from jupyterhub.spawner import LocalProcessSpawner
-from traitlets import Integer, Unicode
+from traitlets import Integer, Unicode, default
 
 from autograder.paths import REPO_ROOT
 
@@ -57,8 +57,14 @@ class CourseSpawner(LocalProcessSpawner):
         return "instructor" if self.user.admin else "student"
 
     def make_preexec_fn(self, name: str) -> Callable[[], None]:
-        return limits_preexec(int(self.mem_limit or 0), self.processes_limit, self.file_size_limit,
-                              then=super().make_preexec_fn(name))
+        """Limits, JupyterHub's setuid (which moves to the home folder), then the folder the server serves: nbgrader's
+        formgrader reads nbgrader_config.py from the server's working folder, so the instructor's is the course."""
+        setuid, folder = super().make_preexec_fn(name), self.notebook_dir
+
+        def then() -> None:
+            setuid()
+            os.chdir(folder)
+        return limits_preexec(int(self.mem_limit or 0), self.processes_limit, self.file_size_limit, then=then)
 
     def get_env(self) -> dict[str, str]:
         env = super().get_env()
@@ -69,10 +75,8 @@ class CourseSpawner(LocalProcessSpawner):
                     "OMP_NUM_THREADS": "1", "MPLBACKEND": "module://matplotlib_inline.backend_inline"})
         return env
 
-    def _default_notebook_dir(self) -> str:
+    @default("notebook_dir")
+    def _notebook_dir_by_role(self) -> str:
+        """The instructor works in the course clone (the formgrader reads its nbgrader_config.py), a student at home."""
         home = Path(os.path.expanduser(f"~{self.user.name}"))
         return str(home / "course") if self.role == "instructor" else str(home)
-
-    def get_args(self) -> list[str]:
-        self.notebook_dir = self.notebook_dir or self._default_notebook_dir()
-        return super().get_args()

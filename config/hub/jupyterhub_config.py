@@ -22,6 +22,8 @@ state.mkdir(mode=0o700, exist_ok=True)
 
 c.JupyterHub.bind_url = f"http://127.0.0.1:{os.environ.get('LLM_COURSE_HUB_PORT', '8000')}"
 c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_port = int(os.environ.get("LLM_COURSE_HUB_INTERNAL_PORT", "8081"))      # the hub behind the proxy
+c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{os.environ.get('LLM_COURSE_HUB_PROXY_API_PORT', '8001')}"
 c.JupyterHub.cookie_secret_file = str(state / "jupyterhub_cookie_secret")
 c.JupyterHub.db_url = f"sqlite:///{state / 'jupyterhub.sqlite'}"
 c.ConfigurableHTTPProxy.command = [str(REPO_ROOT / ".venv" / "hub-proxy" / "node_modules" / ".bin" /

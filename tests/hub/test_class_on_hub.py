@@ -64,8 +64,10 @@ class Hub:
     def __init__(self, root: Path) -> None:
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        env = dict(os.environ, LLM_COURSE_HUB_ROOT=str(root), LLM_COURSE_HUB_PORT=str(self.port))
-        self.log = open(root / "hub.log", "w")
+        env = dict(os.environ, LLM_COURSE_HUB_ROOT=str(root), LLM_COURSE_HUB_PORT=str(self.port),
+                   LLM_COURSE_HUB_INTERNAL_PORT=str(_free_port()), LLM_COURSE_HUB_PROXY_API_PORT=str(_free_port()))
+        self.log_path = root / "hub.log"                 # every port its own: another hub may run beside this one
+        self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen([str(REPO_ROOT / ".venv" / "bin" / "jupyterhub"), "-f",
                                       str(REPO_ROOT / "config" / "hub" / "jupyterhub_config.py")],
                                      cwd=root, env=env, stdout=self.log, stderr=subprocess.STDOUT)
@@ -75,7 +77,9 @@ class Hub:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise AssertionError(f"the hub exited ({self.proc.returncode}); see its log")
+                self.log.flush()
+                tail = "\n".join(self.log_path.read_text().splitlines()[-30:])
+                raise AssertionError(f"the hub exited ({self.proc.returncode}); the end of its log:\n{tail}")
             try:
                 if ready():
                     return
@@ -209,3 +213,42 @@ def test_the_spawner_limits_hold_for_the_server_and_its_children(klass):
     assert servers, "the student's server is not running"
     limits = Path(f"/proc/{servers[0]}/limits").read_text()
     assert "Max processes             256" in limits and "Max address space         4294967296" in limits, limits
+
+
+def test_the_assignments_tab_and_the_formgrader_in_a_browser(klass, tmp_path):
+    """What people see: a student logs in on the hub's page and opens the Assignments tab (the lab submitted, its
+    feedback fetched); the instructor opens the formgrader and finds the lab with its submissions. Screenshots go
+    to $HUB_SCREENSHOTS when it is set."""
+    from tests.browser.browser_support import CHROMIUM, CHROMIUM_ARGS, require_chromium
+    require_chromium()
+    sync_api = pytest.importorskip("playwright.sync_api")
+    roster, hub, _ = klass
+    if not (Path(roster.exchange) / classroom.COURSE_ID / "outbound" / LAB).exists():   # run alone, not after the cycle
+        as_user(roster.instructor, f"cd ~/course && nbgrader release_assignment {LAB}", roster, role="instructor")
+    shots = Path(os.environ.get("HUB_SCREENSHOTS") or tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            for user, item, expect in ((roster.students[1], "Assignment List", LAB),
+                                       (roster.instructor, "Formgrader", LAB)):
+                page = browser.new_context(viewport={"width": 1280, "height": 800}).new_page()
+                page.goto(hub.base + "/hub/login")
+                page.fill("#username_input", user)
+                page.fill("#password_input", roster.passwords[user])
+                page.click("#login_submit")
+                page.wait_for_selector(".jp-LabShell", timeout=180_000)
+                page.get_by_text("Nbgrader", exact=True).click()
+                page.get_by_text(item, exact=True).click()
+                shot = shots / f"{'instructor' if user == roster.instructor else 'student'}.png"
+                try:
+                    scope = (page.frame_locator("iframe").first if item == "Formgrader"
+                             else page.locator("#nbgrader-assignment-list"))
+                    found = scope.get_by_text(expect).first
+                    found.wait_for(timeout=60_000)
+                    found.scroll_into_view_if_needed()
+                finally:
+                    page.screenshot(path=str(shot))
+                page.context.close()
+        finally:
+            browser.close()
