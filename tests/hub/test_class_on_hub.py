@@ -144,6 +144,8 @@ def test_the_whole_cycle_on_the_hub(klass):
         listed = hub.api(session, s, "GET", "assignments", params={"course_id": classroom.COURSE_ID})
         assert listed.status_code == 200 and LAB in listed.text, listed.text[:300]
         assert hub.api(session, s, "POST", "assignments/fetch", data=course).status_code == 200
+        home = hub.api(session, s, "GET", "api/contents").json()          # what the file browser shows
+        assert LAB in [entry["name"] for entry in home["content"]], home
     solved = REPO_ROOT / "solutions" / LAB / f"{LAB}.ipynb"
     for s in (s1, s3):                         # s1 answers; s3 submits the stub first, then the answers
         if s == s3:
