@@ -41,7 +41,7 @@ STATE = "class.json"
 # What students of the class must not read in this installation: hidden tests and the instructor's outputs.
 PRIVATE = ("solutions", "gradebook.db", "submitted", "autograded", "feedback")
 
-__all__ = ["Roster", "create_class", "remove_class", "load_roster", "DEFAULT_ROOT", "COURSE_ID"]
+__all__ = ["Roster", "create_class", "remove_class", "load_roster", "run_as", "DEFAULT_ROOT", "COURSE_ID"]
 
 
 @dataclass
@@ -261,3 +261,19 @@ def remove_class(root: Path = DEFAULT_ROOT) -> list[str]:
     if root.exists() and not any(root.iterdir()):
         root.rmdir()
     return removed
+
+
+def run_as(roster: Roster, user: str, command: str, *, timeout: float = 900) -> subprocess.CompletedProcess:
+    """Run a shell command as `user` (root only) in the environment the hub's spawner gives their role: the class's
+    Python first on PATH, the role's Jupyter config, nbgrader's exchange and course id. Never raises for the command's
+    exit status: the caller reads returncode, stdout and stderr."""
+    import shlex
+
+    role = "instructor" if user == roster.instructor else "student"
+    config = REPO_ROOT / "config" / "hub"
+    env = {"PATH": f"{roster.venv}/bin:/usr/bin:/bin", "LLM_COURSE_EXCHANGE": roster.exchange,
+           "LLM_COURSE_ID": COURSE_ID, "JUPYTER_CONFIG_PATH": f"{config / role}:{config / 'common'}",
+           "OMP_NUM_THREADS": "1"}
+    assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    return subprocess.run(["su", "-", user, "-c", f"env {assignments} bash -c {shlex.quote(command)}"],
+                          capture_output=True, text=True, timeout=timeout)

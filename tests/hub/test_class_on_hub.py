@@ -12,7 +12,6 @@ import secrets
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -39,23 +38,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def as_user(user: str, command: str, roster, *, role: str = "student", check: bool = True,
-            timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run a shell command as `user`, in the environment the hub's spawner gives them."""
-    config = REPO_ROOT / "config" / "hub"
-    env = (f"PATH={roster.venv}/bin:/usr/bin:/bin LLM_COURSE_EXCHANGE={roster.exchange} "
-           f"LLM_COURSE_ID={classroom.COURSE_ID} JUPYTER_CONFIG_PATH={config / role}:{config / 'common'} "
-           "OMP_NUM_THREADS=1")
-    done = subprocess.run(["su", "-", user, "-c", f"env {env} bash -c {shlex_quote(command)}"],
-                          capture_output=True, text=True, timeout=timeout)
+def as_user(user: str, command: str, roster, *, check: bool = True,
+            timeout: float = 900) -> subprocess.CompletedProcess:
+    """classroom.run_as, failing the test with the command's output unless `check` is off."""
+    done = classroom.run_as(roster, user, command, timeout=timeout)
     if check and done.returncode:
         raise AssertionError(f"{user}: {command} failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
     return done
-
-
-def shlex_quote(s: str) -> str:
-    import shlex
-    return shlex.quote(s)
 
 
 class Hub:
@@ -137,7 +126,7 @@ def klass():
 def test_the_whole_cycle_on_the_hub(klass):
     roster, hub, root = klass
     instructor, (s1, s2, s3) = roster.instructor, roster.students
-    as_user(instructor, f"cd ~/course && nbgrader release_assignment {LAB}", roster, role="instructor")
+    as_user(instructor, f"cd ~/course && nbgrader release_assignment {LAB}", roster)
     sessions = {s: hub.login(s, roster.passwords[s]) for s in (s1, s2, s3)}
     course = {"course_id": classroom.COURSE_ID, "assignment_id": LAB}
     for s, session in sessions.items():
@@ -161,7 +150,7 @@ def test_the_whole_cycle_on_the_hub(klass):
     as_user(instructor, f"cd ~/course && nbgrader collect {LAB} && python -m autograder autograde "
                         f"--assignment {LAB} --jobs 2 && python -m autograder feedback && "
                         f"nbgrader release_feedback {LAB} && python -m autograder export --csv grades.csv",
-            roster, role="instructor", timeout=900)
+            roster, timeout=900)
     for s in (s1, s2, s3):
         assert hub.api(sessions[s], s, "POST", "assignments/fetch_feedback", data=course).status_code == 200
         assert list(Path(f"/home/{s}/{LAB}/feedback").rglob(f"{LAB}.html")), f"{s} has no feedback"
@@ -226,7 +215,7 @@ def test_the_assignments_tab_and_the_formgrader_in_a_browser(klass, tmp_path):
     sync_api = pytest.importorskip("playwright.sync_api")
     roster, hub, _ = klass
     if not (Path(roster.exchange) / classroom.COURSE_ID / "outbound" / LAB).exists():   # run alone, not after the cycle
-        as_user(roster.instructor, f"cd ~/course && nbgrader release_assignment {LAB}", roster, role="instructor")
+        as_user(roster.instructor, f"cd ~/course && nbgrader release_assignment {LAB}", roster)
     shots = Path(os.environ.get("HUB_SCREENSHOTS") or tmp_path)
     shots.mkdir(parents=True, exist_ok=True)
     with sync_api.sync_playwright() as pw:
