@@ -14,6 +14,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -147,9 +148,13 @@ def test_the_whole_cycle_on_the_hub(klass):
         r = hub.api(sessions[s], s, "POST", "assignments/submit", data=course)
         assert r.status_code == 200 and '"success": false' not in r.text, r.text[:300]
 
-    as_user(instructor, f"cd ~/course && nbgrader collect {LAB} && python -m autograder autograde "
-                        f"--assignment {LAB} --jobs 2 && python -m autograder feedback && "
-                        f"nbgrader release_feedback {LAB} && python -m autograder export --csv grades.csv",
+    as_user(instructor, f"cd ~/course && nbgrader collect {LAB}", roster)
+    stamps = {s: datetime.fromisoformat((Path(roster.course_dir) / "submitted" / s / LAB / "timestamp.txt")
+                                        .read_text().strip().replace(" UTC", "+00:00")) for s in (s1, s2, s3)}
+    due = stamps[s2] + (stamps[s3] - stamps[s2]) / 2          # s3's resubmission comes after the due date
+    as_user(instructor, f"cd ~/course && nbgrader db assignment add {LAB} --duedate='{due.isoformat()}' && "
+                        f"python -m autograder autograde --assignment {LAB} --jobs 2 && python -m autograder feedback "
+                        f"&& nbgrader release_feedback {LAB} && python -m autograder export --csv grades.csv",
             roster, timeout=900)
     for s in (s1, s2, s3):
         assert hub.api(sessions[s], s, "POST", "assignments/fetch_feedback", data=course).status_code == 200
@@ -160,6 +165,10 @@ def test_the_whole_cycle_on_the_hub(klass):
     assert full > 0 and float(grades[s1]["score"]) == full
     assert float(grades[s2]["score"]) == 0
     assert float(grades[s3]["score"]) == full, "the resubmission is the one graded"
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{Path(roster.course_dir) / 'gradebook.db'}") as gb:
+        late = {s: gb.find_submission(LAB, s).total_seconds_late for s in (s1, s2, s3)}
+    assert late[s1] == late[s2] == 0 < late[s3], f"nbgrader's lateness, from the submissions' timestamps: {late}"
 
 
 def test_a_student_cannot_reach_another_or_the_instructor(klass):
