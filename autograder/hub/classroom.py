@@ -38,10 +38,11 @@ from autograder.paths import REPO_ROOT
 DEFAULT_ROOT = Path(os.environ.get("LLM_COURSE_HUB_ROOT", "/srv/llm-course-hub"))
 COURSE_ID = "llm-inference-course"        # nbgrader_config.py's CourseDirectory.course_id (a test keeps them equal)
 STATE = "class.json"
+CONFIG_DIR = REPO_ROOT / "config" / "hub"                 # the hub's config, and each role's Jupyter config
 # What students of the class must not read in this installation: hidden tests and the instructor's outputs.
 PRIVATE = ("solutions", "gradebook.db", "submitted", "autograded", "feedback")
 
-__all__ = ["Roster", "create_class", "remove_class", "load_roster", "run_as", "DEFAULT_ROOT", "COURSE_ID"]
+__all__ = ["Roster", "create_class", "remove_class", "load_roster", "role_env", "run_as", "DEFAULT_ROOT", "COURSE_ID"]
 
 
 @dataclass
@@ -263,17 +264,21 @@ def remove_class(root: Path = DEFAULT_ROOT) -> list[str]:
     return removed
 
 
+def role_env(venv: str, role: str, exchange: str, course_id: str = COURSE_ID) -> dict[str, str]:
+    """The environment a class member works in, the hub's servers and `run_as` alike: the class's Python first on
+    PATH, the role's Jupyter config then the common one (config/hub/), nbgrader's exchange and course id, one thread."""
+    return {"PATH": f"{venv}/bin:/usr/local/bin:/usr/bin:/bin",
+            "JUPYTER_CONFIG_PATH": f"{CONFIG_DIR / role}:{CONFIG_DIR / 'common'}",
+            "LLM_COURSE_EXCHANGE": exchange, "LLM_COURSE_ID": course_id, "OMP_NUM_THREADS": "1"}
+
+
 def run_as(roster: Roster, user: str, command: str, *, timeout: float = 900) -> subprocess.CompletedProcess:
-    """Run a shell command as `user` (root only) in the environment the hub's spawner gives their role: the class's
-    Python first on PATH, the role's Jupyter config, nbgrader's exchange and course id. Never raises for the command's
-    exit status: the caller reads returncode, stdout and stderr."""
+    """Run a shell command as `user` (root only) in their role's `role_env`. Never raises for the command's exit
+    status: the caller reads returncode, stdout and stderr."""
     import shlex
 
     role = "instructor" if user == roster.instructor else "student"
-    config = REPO_ROOT / "config" / "hub"
-    env = {"PATH": f"{roster.venv}/bin:/usr/bin:/bin", "LLM_COURSE_EXCHANGE": roster.exchange,
-           "LLM_COURSE_ID": COURSE_ID, "JUPYTER_CONFIG_PATH": f"{config / role}:{config / 'common'}",
-           "OMP_NUM_THREADS": "1"}
+    env = role_env(roster.venv, role, roster.exchange)
     assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     return subprocess.run(["su", "-", user, "-c", f"env {assignments} bash -c {shlex.quote(command)}"],
                           capture_output=True, text=True, timeout=timeout)

@@ -25,9 +25,8 @@ from pathlib import Path
 from jupyterhub.spawner import LocalProcessSpawner
 from traitlets import Integer, Unicode, default
 
+from autograder.hub.classroom import role_env
 from autograder.paths import REPO_ROOT
-
-CONFIG_DIR = REPO_ROOT / "config" / "hub"
 
 
 def limits_preexec(mem_bytes: int, processes: int, file_bytes: int,
@@ -68,11 +67,8 @@ class CourseSpawner(LocalProcessSpawner):
 
     def get_env(self) -> dict[str, str]:
         env = super().get_env()
-        venv_bin = str(Path(self.venv) / "bin")
-        env.update({"PATH": f"{venv_bin}:/usr/local/bin:/usr/bin:/bin",
-                    "JUPYTER_CONFIG_PATH": f"{CONFIG_DIR / self.role}:{CONFIG_DIR / 'common'}",
-                    "LLM_COURSE_EXCHANGE": self.exchange, "LLM_COURSE_ID": self.course_id,
-                    "OMP_NUM_THREADS": "1", "MPLBACKEND": "module://matplotlib_inline.backend_inline"})
+        env.update(role_env(self.venv, self.role, self.exchange, self.course_id),
+                   MPLBACKEND="module://matplotlib_inline.backend_inline")
         return env
 
     @default("notebook_dir")

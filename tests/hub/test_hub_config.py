@@ -9,8 +9,8 @@ import sys
 
 from traitlets.config.loader import PyFileConfigLoader
 
-from autograder.hub.classroom import COURSE_ID
-from autograder.hub.spawner import CONFIG_DIR, limits_preexec
+from autograder.hub.classroom import CONFIG_DIR, COURSE_ID
+from autograder.hub.spawner import limits_preexec
 from autograder.paths import REPO_ROOT
 
 
