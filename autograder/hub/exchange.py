@@ -53,6 +53,20 @@ class StickyReleaseAssignment(ExchangeReleaseAssignment):
 class PrivateSubmit(ExchangeSubmit):
     """nbgrader's submit, then the submission readable by its owner and inbound's group (the instructor's) only."""
 
+    def do_copy(self, src: str, dest: str, log=None) -> None:
+        """nbgrader's copy; into inbound, the copy's directory is then made afresh. copytree gives it the notebook
+        folder's mode, which drops the set-group-id bit it took from inbound, so the files nbgrader writes next
+        (timestamp, secret) would take the student's group; a directory made in inbound takes the bit again."""
+        super().do_copy(src, dest, log)
+        if os.path.dirname(dest) != self.inbound_path:
+            return
+        fresh = dest + ".part"
+        os.mkdir(fresh)
+        for name in os.listdir(dest):
+            os.rename(os.path.join(dest, name), os.path.join(fresh, name))
+        os.rmdir(dest)
+        os.rename(fresh, dest)
+
     def copy_files(self) -> None:
         super().copy_files()
         submission = os.path.join(self.inbound_path, self.assignment_filename)

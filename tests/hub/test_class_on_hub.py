@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import csv
 import os
+import pwd
 import secrets
 import shutil
 import socket
+import stat
 import subprocess
 import tempfile
 import time
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -112,7 +114,7 @@ def klass():
     root.chmod(0o755)
     prefix = "lt" + secrets.token_hex(2)
     try:
-        roster = classroom.create_class(root, 3, prefix=prefix, repo=REPO_ROOT)
+        roster = classroom.create_class(root, 5, prefix=prefix, repo=REPO_ROOT)    # 3 in the cycle, 2 hostile
         hub = Hub(root)
         try:
             yield roster, hub, root
@@ -126,7 +128,7 @@ def klass():
 
 def test_the_whole_cycle_on_the_hub(klass):
     roster, hub, root = klass
-    instructor, (s1, s2, s3) = roster.instructor, roster.students
+    instructor, (s1, s2, s3) = roster.instructor, roster.students[:3]
     as_user(instructor, f"cd ~/course && nbgrader release_assignment {LAB}", roster)
     sessions = {s: hub.login(s, roster.passwords[s]) for s in (s1, s2, s3)}
     course = {"course_id": classroom.COURSE_ID, "assignment_id": LAB}
@@ -186,6 +188,55 @@ def test_a_student_cannot_reach_another_or_the_instructor(klass):
     for what, command in tries.items():
         done = as_user(s2, command, roster, check=False)
         assert done.returncode != 0 and "ermission denied" in done.stderr, f"a student could {what}: {done.stdout}"
+
+
+def test_a_hostile_student_in_the_exchange(klass):
+    """A student who knows a classmate's submission's name (leaked, since inbound cannot be listed) tries to read,
+    change, remove or rename it, makes a submission in the classmate's name, and submits claiming to be them; the
+    instructor's collect takes the classmate's own work (autograder/hub/exchange.py closes what nbgrader leaves open)."""
+    roster, _, _ = klass
+    instructor, victim, attacker = roster.instructor, roster.students[3], roster.students[4]
+    exchange = Path(roster.exchange) / classroom.COURSE_ID
+    inbound = exchange / "inbound"
+    if not (exchange / "outbound" / LAB).exists():
+        as_user(instructor, f"cd ~/course && nbgrader release_assignment {LAB}", roster)
+    for s in (victim, attacker):
+        as_user(s, f"cd ~ && nbgrader fetch_assignment {LAB}", roster)
+    solved = REPO_ROOT / "solutions" / LAB / f"{LAB}.ipynb"
+    target = Path(f"/home/{victim}/{LAB}/{LAB}.ipynb")
+    shutil.copy(solved, target)
+    shutil.chown(target, victim, victim)
+    as_user(victim, f"cd ~ && nbgrader submit {LAB}", roster)
+    as_user(attacker, f"cd ~ && nbgrader submit {LAB}", roster)
+    [leaked] = [p.name for p in inbound.glob(f"{victim}+{LAB}+*")]
+    assert stat.S_IMODE((inbound / leaked).stat().st_mode) == 0o750 and inbound.stat().st_mode & stat.S_ISVTX
+
+    later = (datetime.now(timezone.utc) + timedelta(hours=1)).strftime("%Y-%m-%d %H:%M:%S.%f UTC")
+    forged = f"{victim}+{LAB}+{later}+forged"
+    attacks = {"list inbound": (f"ls {inbound}", False),
+               "read the leaked submission": (f"cat '{inbound / leaked / LAB}.ipynb'", False),
+               "remove its notebook": (f"rm -f '{inbound / leaked / LAB}.ipynb'", False),
+               "put a notebook into it": (f"cp ~/{LAB}/{LAB}.ipynb '{inbound / leaked}/'", False),
+               "rename it to the attacker's name": (f"mv '{inbound / leaked}' '{inbound / leaked.replace(victim, attacker)}'",
+                                                    False),
+               "list the released feedback": (f"ls {exchange / 'feedback'}", False),
+               "make a submission in the victim's name": (f"mkdir '{inbound / forged}' && cp ~/{LAB}/{LAB}.ipynb "
+                                                          f"'{inbound / forged}/' && echo '{later}' > "
+                                                          f"'{inbound / forged}/timestamp.txt'", True),
+               "submit claiming to be the victim": (f"cd ~ && JUPYTERHUB_USER={victim} USER={victim} "
+                                                    f"nbgrader submit {LAB}", True)}
+    outcomes = {what: as_user(attacker, command, roster, check=False) for what, (command, _) in attacks.items()}
+    for what, (_, allowed) in attacks.items():
+        done = outcomes[what]
+        assert (done.returncode == 0) == allowed, f"{what}: exit {done.returncode}\n{done.stdout}{done.stderr}"
+    assert (inbound / leaked / f"{LAB}.ipynb").exists()
+    mine = sorted(p.name for p in inbound.glob(f"{victim}+{LAB}+*") if p.stat().st_uid == pwd.getpwnam(victim).pw_uid)
+    assert mine == [leaked], "nbgrader named a submission after the attacker's claim, not their login"
+
+    collected = as_user(instructor, f"cd ~/course && nbgrader collect {LAB}", roster)
+    assert f"Not collected: {forged} claims to be {victim}'s submission but belongs to {attacker}" in collected.stderr
+    got = Path(roster.course_dir) / "submitted" / victim / LAB / f"{LAB}.ipynb"
+    assert got.read_bytes() == solved.read_bytes(), "the victim's own submission is not the one collected"
 
 
 def test_the_spawner_limits_hold_for_the_server_and_its_children(klass):
