@@ -50,6 +50,12 @@ def as_user(user: str, command: str, roster, *, check: bool = True,
     return done
 
 
+def release(roster) -> None:
+    """The instructor releases the lab (once: the tests share the class, in any order)."""
+    if not (Path(roster.exchange) / classroom.COURSE_ID / "outbound" / LAB).exists():
+        as_user(roster.instructor, f"cd ~/course && nbgrader release_assignment {LAB}", roster)
+
+
 class Hub:
     """JupyterHub on a free loopback port, as `make hub` starts it; a logged-in session per user."""
 
@@ -126,49 +132,151 @@ def klass():
         shutil.rmtree(root, ignore_errors=True)
 
 
-def test_the_whole_cycle_on_the_hub(klass):
+def _wait_for(ready, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not ready():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {seconds:g} s")
+        time.sleep(0.5)
+
+
+def _browser_login(browser, hub: Hub, user: str, password: str):
+    """The hub's login page, then the user's JupyterLab (spawned by the hub); the page."""
+    page = browser.new_context(viewport={"width": 1280, "height": 800}).new_page()
+    page.goto(hub.base + "/hub/login")
+    page.fill("#username_input", user)
+    page.fill("#password_input", password)
+    page.click("#login_submit")
+    page.wait_for_selector(".jp-LabShell", timeout=180_000)
+    return page
+
+
+def _open_nbgrader(page, item: str) -> None:
+    """JupyterLab's Nbgrader menu, then `item` (Assignment List, Formgrader)."""
+    page.get_by_text("Nbgrader", exact=True).click()
+    page.get_by_text(item, exact=True).click()
+
+
+def _press_in_assignment_list(page, section: str, button: str) -> None:
+    """Press `button` on the lab's row in one section of the Assignments tab (released, fetched, submitted)."""
+    row = page.locator(f"#{section}_assignments_list .list_item", has_text=LAB).first
+    row.get_by_role("button", name=button, exact=True).click()
+
+
+def _press_in_formgrader(page, column: str) -> None:
+    """Press the lab's button in a column of the formgrader's Manage Assignments (collect, generate-feedback,
+    release-feedback) and close the success dialog; fail with the dialog's text otherwise."""
+    frame = page.frame_locator("#formgrader-iframe")
+    frame.locator("tr", has_text=LAB).locator(f"td.{column} a").click()
+    dialog = frame.locator(".modal.in, .modal.show").first
+    dialog.wait_for(timeout=300_000)
+    assert dialog.get_attribute("id") == "success-modal", f"formgrader's {column}: {dialog.inner_text()[:1000]}"
+    dialog.get_by_role("button", name="Close").first.click()
+    dialog.wait_for(state="hidden")
+
+
+def test_the_whole_cycle_on_the_hub(klass, tmp_path):
+    """Release; one student fetches, edits, submits and fetches feedback in the Assignments tab of a browser,
+    two through the same tab's server handlers (one submits twice, across the due date); the instructor collects
+    in the formgrader, autogrades with the course's sandboxed grader, changes a score by hand in the formgrader,
+    generates and releases feedback there; the export has every grade. Screenshots go to $HUB_SCREENSHOTS."""
+    from tests.browser.browser_support import CHROMIUM, CHROMIUM_ARGS, require_chromium
+    require_chromium()
+    sync_api = pytest.importorskip("playwright.sync_api")
     roster, hub, root = klass
     instructor, (s1, s2, s3) = roster.instructor, roster.students[:3]
-    as_user(instructor, f"cd ~/course && nbgrader release_assignment {LAB}", roster)
-    sessions = {s: hub.login(s, roster.passwords[s]) for s in (s1, s2, s3)}
+    shots = Path(os.environ.get("HUB_SCREENSHOTS") or tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
     course = {"course_id": classroom.COURSE_ID, "assignment_id": LAB}
-    for s, session in sessions.items():
-        listed = hub.api(session, s, "GET", "assignments", params={"course_id": classroom.COURSE_ID})
-        assert listed.status_code == 200 and LAB in listed.text, listed.text[:300]
-        assert hub.api(session, s, "POST", "assignments/fetch", data=course).status_code == 200
-        home = hub.api(session, s, "GET", "api/contents").json()          # what the file browser shows
-        assert LAB in [entry["name"] for entry in home["content"]], home
     solved = REPO_ROOT / "solutions" / LAB / f"{LAB}.ipynb"
-    for s in (s1, s3):                         # s1 answers; s3 submits the stub first, then the answers
-        if s == s3:
-            assert hub.api(sessions[s], s, "POST", "assignments/submit", data=course).status_code == 200
-            time.sleep(1.1)                    # nbgrader's timestamps order the two submissions
+    marker = f"# edited in the browser by {s1}"
+
+    def hand_in(s: str) -> None:                   # the student's answers, as if written in their notebook
         target = Path(f"/home/{s}/{LAB}/{LAB}.ipynb")
         shutil.copy(solved, target)
         shutil.chown(target, s, s)
-    for s in (s1, s2, s3):
-        r = hub.api(sessions[s], s, "POST", "assignments/submit", data=course)
-        assert r.status_code == 200 and '"success": false' not in r.text, r.text[:300]
 
-    as_user(instructor, f"cd ~/course && nbgrader collect {LAB}", roster)
-    stamps = {s: datetime.fromisoformat((Path(roster.course_dir) / "submitted" / s / LAB / "timestamp.txt")
-                                        .read_text().strip().replace(" UTC", "+00:00")) for s in (s1, s2, s3)}
-    due = stamps[s2] + (stamps[s3] - stamps[s2]) / 2          # s3's resubmission comes after the due date
-    as_user(instructor, f"cd ~/course && nbgrader db assignment add {LAB} --duedate='{due.isoformat()}' && "
-                        f"python -m autograder autograde --assignment {LAB} --jobs 2 && python -m autograder feedback "
-                        f"&& nbgrader release_feedback {LAB} && python -m autograder export --csv grades.csv",
-            roster, timeout=900)
-    for s in (s1, s2, s3):
+    release(roster)
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            student = _browser_login(browser, hub, s1, roster.passwords[s1])
+            _open_nbgrader(student, "Assignment List")
+            _press_in_assignment_list(student, "released", "Fetch")
+            student.locator("#fetched_assignments_list .list_item", has_text=LAB).first.wait_for(timeout=60_000)
+            hand_in(s1)
+            student.goto(f"{hub.base}/user/{s1}/lab/tree/{LAB}/{LAB}.ipynb")
+            student.locator(".jp-Notebook .jp-Cell").first.click()
+            student.keyboard.press("Escape")
+            student.keyboard.press("b")                       # a new cell below the first, then the edit
+            student.keyboard.press("Enter")
+            student.keyboard.type(marker)
+            student.keyboard.press("Escape")
+            student.keyboard.press("Control+s")
+            _wait_for(lambda: marker in Path(f"/home/{s1}/{LAB}/{LAB}.ipynb").read_text(), 60, "the edit saved")
+            _open_nbgrader(student, "Assignment List")
+            _press_in_assignment_list(student, "fetched", "Submit")
+            student.locator("#submitted_assignments_list .list_item", has_text=LAB).first.wait_for(timeout=60_000)
+
+            sessions = {s: hub.login(s, roster.passwords[s]) for s in (s2, s3)}
+            for s, session in sessions.items():
+                assert hub.api(session, s, "POST", "assignments/fetch", data=course).status_code == 200
+            assert hub.api(sessions[s3], s3, "POST", "assignments/submit", data=course).status_code == 200
+            time.sleep(1.1)                          # s3 submits the stub, then the answers: nbgrader's timestamps
+            hand_in(s3)
+            for s in (s2, s3):
+                r = hub.api(sessions[s], s, "POST", "assignments/submit", data=course)
+                assert r.status_code == 200 and '"success": false' not in r.text, r.text[:300]
+
+            teacher = _browser_login(browser, hub, instructor, roster.passwords[instructor])
+            _open_nbgrader(teacher, "Formgrader")
+            _press_in_formgrader(teacher, "collect")
+            stamps = {s: datetime.fromisoformat((Path(roster.course_dir) / "submitted" / s / LAB / "timestamp.txt")
+                                                .read_text().strip().replace(" UTC", "+00:00")) for s in (s1, s2, s3)}
+            due = stamps[s2] + (stamps[s3] - stamps[s2]) / 2          # s3's resubmission comes after the due date
+            as_user(instructor, f"cd ~/course && nbgrader db assignment add {LAB} --duedate='{due.isoformat()}' && "
+                                f"python -m autograder autograde --assignment {LAB} --jobs 2", roster, timeout=900)
+
+            from nbgrader.api import Gradebook
+            gradebook = f"sqlite:///{Path(roster.course_dir) / 'gradebook.db'}"
+            with Gradebook(gradebook) as gb:
+                notebook_id = gb.find_submission_notebook(LAB, LAB, s2).id
+            review = teacher.context.new_page()                        # the formgrader's page for s2's notebook
+            review.goto(f"{hub.base}/user/{instructor}/formgrader/submissions/{notebook_id}")
+            review.fill("input.score#ex1_check", "1")
+            review.keyboard.press("Tab")
+
+            def reviewed() -> bool:
+                with Gradebook(gradebook) as gb:
+                    return gb.find_grade("ex1_check", LAB, LAB, s2).manual_score == 1
+            _wait_for(reviewed, 60, "the formgrader's manual score in the gradebook")
+            review.screenshot(path=str(shots / "instructor-manual-grade.png"))
+            review.close()
+            teacher.reload()
+            teacher.wait_for_selector(".jp-LabShell", timeout=120_000)
+            _open_nbgrader(teacher, "Formgrader")
+            _press_in_formgrader(teacher, "generate-feedback")
+            _press_in_formgrader(teacher, "release-feedback")
+            teacher.screenshot(path=str(shots / "instructor-formgrader.png"))
+
+            _open_nbgrader(student, "Assignment List")
+            _press_in_assignment_list(student, "submitted", "Fetch Feedback")
+            _wait_for(lambda: any(Path(f"/home/{s1}/{LAB}/feedback").rglob(f"{LAB}.html")), 60, f"{s1}'s feedback")
+            student.screenshot(path=str(shots / "student-assignments.png"))
+        finally:
+            browser.close()
+    for s in (s2, s3):
         assert hub.api(sessions[s], s, "POST", "assignments/fetch_feedback", data=course).status_code == 200
         assert list(Path(f"/home/{s}/{LAB}/feedback").rglob(f"{LAB}.html")), f"{s} has no feedback"
+    assert marker in (Path(roster.course_dir) / "submitted" / s1 / LAB / f"{LAB}.ipynb").read_text()
 
+    as_user(instructor, "cd ~/course && python -m autograder export --csv grades.csv", roster)
     grades = {row["student_id"]: row for row in csv.DictReader(open(Path(roster.course_dir) / "grades.csv"))}
     full = float(grades[s1]["max_score"])
     assert full > 0 and float(grades[s1]["score"]) == full
-    assert float(grades[s2]["score"]) == 0
+    assert float(grades[s2]["score"]) == 1, "the score given by hand in the formgrader"
     assert float(grades[s3]["score"]) == full, "the resubmission is the one graded"
-    from nbgrader.api import Gradebook
-    with Gradebook(f"sqlite:///{Path(roster.course_dir) / 'gradebook.db'}") as gb:
+    with Gradebook(gradebook) as gb:
         late = {s: gb.find_submission(LAB, s).total_seconds_late for s in (s1, s2, s3)}
     assert late[s1] == late[s2] == 0 < late[s3], f"nbgrader's lateness, from the submissions' timestamps: {late}"
 
@@ -198,8 +306,7 @@ def test_a_hostile_student_in_the_exchange(klass):
     instructor, victim, attacker = roster.instructor, roster.students[3], roster.students[4]
     exchange = Path(roster.exchange) / classroom.COURSE_ID
     inbound = exchange / "inbound"
-    if not (exchange / "outbound" / LAB).exists():
-        as_user(instructor, f"cd ~/course && nbgrader release_assignment {LAB}", roster)
+    release(roster)
     for s in (victim, attacker):
         as_user(s, f"cd ~ && nbgrader fetch_assignment {LAB}", roster)
     solved = REPO_ROOT / "solutions" / LAB / f"{LAB}.ipynb"
@@ -267,42 +374,3 @@ def test_the_spawner_limits_hold_for_the_server_and_its_children(klass):
     assert servers, "the student's server is not running"
     limits = Path(f"/proc/{servers[0]}/limits").read_text()
     assert "Max processes             256" in limits and "Max address space         4294967296" in limits, limits
-
-
-def test_the_assignments_tab_and_the_formgrader_in_a_browser(klass, tmp_path):
-    """What people see: a student logs in on the hub's page and opens the Assignments tab (the lab submitted, its
-    feedback fetched); the instructor opens the formgrader and finds the lab with its submissions. Screenshots go
-    to $HUB_SCREENSHOTS when it is set."""
-    from tests.browser.browser_support import CHROMIUM, CHROMIUM_ARGS, require_chromium
-    require_chromium()
-    sync_api = pytest.importorskip("playwright.sync_api")
-    roster, hub, _ = klass
-    if not (Path(roster.exchange) / classroom.COURSE_ID / "outbound" / LAB).exists():   # run alone, not after the cycle
-        as_user(roster.instructor, f"cd ~/course && nbgrader release_assignment {LAB}", roster)
-    shots = Path(os.environ.get("HUB_SCREENSHOTS") or tmp_path)
-    shots.mkdir(parents=True, exist_ok=True)
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            for user, item, expect in ((roster.students[1], "Assignment List", LAB),
-                                       (roster.instructor, "Formgrader", LAB)):
-                page = browser.new_context(viewport={"width": 1280, "height": 800}).new_page()
-                page.goto(hub.base + "/hub/login")
-                page.fill("#username_input", user)
-                page.fill("#password_input", roster.passwords[user])
-                page.click("#login_submit")
-                page.wait_for_selector(".jp-LabShell", timeout=180_000)
-                page.get_by_text("Nbgrader", exact=True).click()
-                page.get_by_text(item, exact=True).click()
-                shot = shots / f"{'instructor' if user == roster.instructor else 'student'}.png"
-                try:
-                    scope = (page.frame_locator("iframe").first if item == "Formgrader"
-                             else page.locator("#nbgrader-assignment-list"))
-                    found = scope.get_by_text(expect).first
-                    found.wait_for(timeout=60_000)
-                    found.scroll_into_view_if_needed()
-                finally:
-                    page.screenshot(path=str(shot))
-                page.context.close()
-        finally:
-            browser.close()
