@@ -166,7 +166,7 @@ def _press_in_assignment_list(page, section: str, button: str) -> None:
 def _press_in_formgrader(page, column: str) -> None:
     """Press the lab's button in a column of the formgrader's Manage Assignments (collect, generate-feedback,
     release-feedback) and close the success dialog; fail with the dialog's text otherwise."""
-    frame = page.frame_locator("#formgrader-iframe")
+    frame = page.frame_locator("#formgrader-iframe iframe")
     frame.locator("tr", has_text=LAB).locator(f"td.{column} a").click()
     dialog = frame.locator(".modal.in, .modal.show").first
     dialog.wait_for(timeout=300_000)
