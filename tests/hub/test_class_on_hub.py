@@ -243,7 +243,10 @@ def test_the_whole_cycle_on_the_hub(klass, tmp_path):
                 notebook_id = gb.find_submission_notebook(LAB, LAB, s2).id
             review = teacher.context.new_page()                        # the formgrader's page for s2's notebook
             review.goto(f"{hub.base}/user/{instructor}/formgrader/submissions/{notebook_id}")
-            review.fill("input.score#ex1_check", "1")
+            score = review.locator("input.score#ex1_check")
+            _wait_for(lambda: score.get_attribute("placeholder") not in (None, ""), 60,
+                      "the formgrader's grades loaded (the autograder's score as the field's placeholder)")
+            score.fill("1")
             review.keyboard.press("Tab")
 
             def reviewed() -> bool:
