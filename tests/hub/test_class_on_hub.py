@@ -153,8 +153,8 @@ def _browser_login(browser, hub: Hub, user: str, password: str):
 
 def _open_nbgrader(page, item: str) -> None:
     """JupyterLab's Nbgrader menu, then `item` (Assignment List, Formgrader)."""
-    page.get_by_text("Nbgrader", exact=True).click()
-    page.get_by_text(item, exact=True).click()
+    page.locator("#jp-MainMenu").get_by_text("Nbgrader", exact=True).click()
+    page.locator("#jp-mainmenu-nbgrader").get_by_text(item, exact=True).click()
 
 
 def _press_in_assignment_list(page, section: str, button: str) -> None:
