@@ -1,7 +1,9 @@
-"""A class on JupyterHub with real system users: an instructor and three students, the hub on loopback, nbgrader's
-exchange, the whole cycle (release, fetch, submit, resubmit, collect, sandboxed autograde, feedback, fetch feedback,
-export) with nbgrader's own commands and the Assignments tab's own server handlers, isolation between people, and
-the spawner's limits. Needs root (it creates users) and the hub's proxy (`make hub-deps`); removes everything it made.
+"""A class on JupyterHub with real system users: an instructor and five students, the hub on loopback, nbgrader's
+exchange. The whole cycle (release, fetch, edit, submit, resubmit after the due date, collect, sandboxed autograde,
+a score changed by hand, feedback generated, released and fetched, export) driven in headless Chromium through the
+Assignments tab and the formgrader, with two students through the tab's server handlers; isolation between people;
+a hostile student in the exchange; the spawner's limits. Needs root (it creates users), the hub's proxy
+(`make hub-deps`) and Chromium; removes every user, process and file it made.
 """
 
 from __future__ import annotations
@@ -172,7 +174,8 @@ def _press_in_formgrader(page, column: str) -> None:
     dialog.wait_for(timeout=300_000)
     assert dialog.get_attribute("id") == "success-modal", f"formgrader's {column}: {dialog.inner_text()[:1000]}"
     dialog.get_by_role("button", name="Close").first.click()
-    dialog.wait_for(state="hidden")
+    frame.locator(".modal-backdrop").wait_for(state="detached")
+    frame.locator("tr", has_text=LAB).scroll_into_view_if_needed()
 
 
 def test_the_whole_cycle_on_the_hub(klass, tmp_path):
