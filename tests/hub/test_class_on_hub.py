@@ -64,8 +64,9 @@ class Hub:
     def __init__(self, root: Path) -> None:
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
+        self.proxy_api_port = _free_port()
         env = dict(os.environ, LLM_COURSE_HUB_ROOT=str(root), LLM_COURSE_HUB_PORT=str(self.port),
-                   LLM_COURSE_HUB_INTERNAL_PORT=str(_free_port()), LLM_COURSE_HUB_PROXY_API_PORT=str(_free_port()))
+                   LLM_COURSE_HUB_INTERNAL_PORT=str(_free_port()), LLM_COURSE_HUB_PROXY_API_PORT=str(self.proxy_api_port))
         self.log_path = root / "hub.log"                 # every port its own: another hub may run beside this one
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen([str(REPO_ROOT / ".venv" / "bin" / "jupyterhub"), "-f",
@@ -128,10 +129,27 @@ def klass():
             yield roster, hub, root
         finally:
             hub.stop()
+            proxies = subprocess.run(["pgrep", "-f", f"configurable-http-proxy.*--api-port {hub.proxy_api_port}"],
+                                     capture_output=True, text=True).stdout.split()
+            assert not proxies, f"the hub left its proxy running: {proxies}"
     finally:
+        uids = [pwd.getpwnam(u).pw_uid for u in (roster.users if "roster" in locals() else []) if _exists(u)]
         if (root / classroom.STATE).exists():
             classroom.remove_class(root)
         shutil.rmtree(root, ignore_errors=True)
+        left = [f"user {u}" for u in (roster.users if "roster" in locals() else []) if _exists(u)]
+        left += [f"process {pid}" for uid in uids
+                 for pid in subprocess.run(["pgrep", "-U", str(uid)], capture_output=True, text=True).stdout.split()]
+        left += [str(p) for p in (root, Path("/tmp/llm-course-hub-limit-test")) if p.exists()]
+        assert not left, f"the class left behind: {left}"
+
+
+def _exists(user: str) -> bool:
+    try:
+        pwd.getpwnam(user)
+        return True
+    except KeyError:
+        return False
 
 
 def _wait_for(ready, seconds: float, what: str) -> None:
