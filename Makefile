@@ -5,6 +5,7 @@
 # Instructor: make release | make grade NB=path.ipynb | make autograde | make feedback | make export
 #             make hub [HUB_ARGS="--students 20 --port 8000"]  (a class on JupyterHub on this machine, as root)
 # Machine:    make doctor | make calibrate | make gpu-check [CALIBRATE=1] | make data | make models
+# Speed:      make bench [BENCH_ARGS=--quick]  (decode against transformers and the roofline: data/bench/ledger.json)
 # Practice:   make interview [INTERVIEW_ARGS="--seed 7 -n 5"]  (interview questions with fresh numbers)
 # Serving:    make serve [SERVE_ARGS="--checkpoint draft --engine naive --port 8001"]  (OpenAI-compatible, loopback)
 # Checks:     make mutation LAB=00 [MUTATION_ARGS="--sample 10"]  (wrong implementations the checks let through)
@@ -56,10 +57,10 @@ mutation: setup
 	@test -n "$(LAB)" || { echo "make mutation LAB=NN (00-09)"; exit 2; }
 	OMP_NUM_THREADS=1 MPLBACKEND=Agg $(PY) -m autograder mutation --lab $(LAB) $(MUTATION_ARGS)
 
-.PHONY: hub hub-deps mutation serve interview progress help setup lab test browser-deps sandbox-deps release grade autograde feedback export similarity doctor calibrate gpu-check models data normalize check-normalized
+.PHONY: bench hub hub-deps mutation serve interview progress help setup lab test browser-deps sandbox-deps release grade autograde feedback export similarity doctor calibrate gpu-check models data normalize check-normalized
 
 help:
-	@sed -n '1,9p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '1,10p' Makefile | sed 's/^# \{0,1\}//'
 
 # ---------------------------------------------------------------- environment (idempotent; fast when done)
 $(STAMP): requirements.txt pyproject.toml $(LAB_OVERRIDES) $(KERNEL_CONFIG)
@@ -182,6 +183,12 @@ data: setup
 	@if [ -n "$(CPYTHON_LIB)" ]; then $(PY) scripts/build_corpus.py "$(CPYTHON_LIB)"; \
 	else echo "corpus: using the committed data/corpus (CPYTHON_LIB=/path/to/cpython-3.11.7/Lib rebuilds it)"; fi
 	$(PY) -m minigpt.training.bpe
+
+# One benchmark run (interleaved, medians): the ledger, its table and plot under data/bench/; README's table from it.
+BENCH_ARGS ?=
+bench: setup
+	$(PY) -m minigpt.bench $(BENCH_ARGS)
+	$(PY) -m minigpt.bench --readme
 
 models: setup
 	$(PY) -m minigpt.training.train target draft
