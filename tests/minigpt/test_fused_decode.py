@@ -1,4 +1,5 @@
-"""The engine-style fused decode step: the model's logits to float32 rounding, the same greedy tokens, clear refusals."""
+"""The engine-style fused model: the model's logits to float32 rounding (prefill, decode, batches, caches, any
+attention function), the same greedy tokens, fresh copies when the weights change, clear refusals."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ from minigpt_fixtures import TINY
 from minigpt.cache.contiguous import KVCache
 from minigpt.config import Llama3RopeScaling, ModelConfig
 from minigpt.engine.cached_generation import generate_kv_cache
-from minigpt.engine.fused_decode import FusedDecodeStep, generate_fused
+from minigpt.engine.fused_decode import FusedModel, fusable, generate_fused
 from minigpt.model import GPT
 
 
-def _model(config: ModelConfig) -> GPT:
+def _model(config: ModelConfig = TINY) -> GPT:
     torch.manual_seed(0)
     return GPT(config).eval()
 
@@ -23,22 +24,30 @@ def _model(config: ModelConfig) -> GPT:
                                         factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                         original_max_position_embeddings=8)})],
                          ids=["gqa", "mha", "llama3-rope-scaling"])
+@pytest.mark.parametrize("attention", ["sdpa", "naive"])
 @torch.inference_mode()
-def test_logits_match_the_model_step_by_step(config):
+def test_logits_match_the_model_prefill_then_decode(config, attention):
     model = _model(config)
-    step = FusedDecodeStep(model)
+    model.set_attention(attention)
+    fused = FusedModel(model)
     prompts = torch.randint(0, config.vocab_size, (2, 5), generator=torch.Generator().manual_seed(1))
-    fused_cache, ref_cache = KVCache.for_model(model, 2, 16), KVCache.for_model(model, 2, 16)
-    for cache in (fused_cache, ref_cache):
-        logits = model(prompts, positions=cache.next_positions(5), kv_caches=cache)[:, -1]
-    tokens = logits.argmax(-1)
+    torch.testing.assert_close(fused(prompts, torch.arange(5)), model(prompts), rtol=1e-4, atol=1e-5)
+    ours, theirs = KVCache.for_model(model, 2, 16), KVCache.for_model(model, 2, 16)
+    tokens = prompts
     for _ in range(8):
-        ours = step(tokens, fused_cache)
-        theirs = model(tokens[:, None], positions=ref_cache.next_positions(1), kv_caches=ref_cache)[:, -1]
-        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
-        tokens = theirs.argmax(-1)
-    assert fused_cache.length == ref_cache.length == 13
-    torch.testing.assert_close(fused_cache.layers[0].k[:, :13], ref_cache.layers[0].k[:, :13], rtol=1e-4, atol=1e-5)
+        a = fused(tokens, positions=ours.next_positions(tokens.shape[1]), kv_caches=ours)
+        b = model(tokens, positions=theirs.next_positions(tokens.shape[1]), kv_caches=theirs)
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        tokens = b[:, -1:].argmax(-1)
+    torch.testing.assert_close(ours.layers[0].k[:, :13], theirs.layers[0].k[:, :13], rtol=1e-4, atol=1e-5)
+
+
+@torch.inference_mode()
+def test_per_sequence_positions(tiny_model):
+    tokens = torch.tensor([[3, 4, 5], [6, 7, 8]])
+    positions = torch.tensor([[0, 1, 2], [4, 5, 6]])
+    torch.testing.assert_close(FusedModel(tiny_model)(tokens, positions), tiny_model(tokens, positions),
+                               rtol=1e-4, atol=1e-5)
 
 
 def test_greedy_tokens_equal_lab_01s(tiny_model):
@@ -47,14 +56,20 @@ def test_greedy_tokens_equal_lab_01s(tiny_model):
     assert generate_fused(tiny_model, prompt, 0) == []
 
 
-def test_refusals(tiny_model):
+@torch.inference_mode()
+def test_copies_follow_the_model_weights(tiny_model):
+    fused = FusedModel(tiny_model)
+    tokens = torch.tensor([[1, 2, 3]])
+    tiny_model.layers[0].mlp.w_up.weight.mul_(2.0)                 # in place
+    torch.testing.assert_close(fused(tokens, torch.arange(3)), tiny_model(tokens), rtol=1e-4, atol=1e-5)
+    tiny_model.layers[1].attn.wq.weight = torch.nn.Parameter(torch.randn_like(tiny_model.layers[1].attn.wq.weight))
+    torch.testing.assert_close(fused(tokens, torch.arange(3)), tiny_model(tokens), rtol=1e-4, atol=1e-5)
+
+
+def test_refuses_models_whose_projections_are_not_plain_linears():
     from minigpt.quant.linear import quantize_weight_only
-    quantized = quantize_weight_only(_model(TINY), bits=8)
+
+    quantized = quantize_weight_only(_model(), bits=8)
+    assert fusable(_model()) and not fusable(quantized)
     with pytest.raises(TypeError, match="plain nn.Linear"):
-        FusedDecodeStep(quantized)
-    cache = KVCache.for_model(tiny_model, 1, 3)
-    step = FusedDecodeStep(tiny_model)
-    for _ in range(3):
-        step(torch.tensor([1]), cache)
-    with pytest.raises(ValueError, match="cache is full"):
-        step(torch.tensor([1]), cache)
+        FusedModel(quantized)

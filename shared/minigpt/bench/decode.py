@@ -12,9 +12,11 @@ the LM head, plus the K/V read at the mean context of the timed tokens), and
     MBU = bytes per token / seconds per token / the copy bandwidth measured in the same run.
 
 Candidates at batch 1 (greedy, no stop token, one thread): the model step alone (lab 01's loop without sampling or
-stop rules), lab 01's `generate_kv_cache`, the engine-style fused step (`minigpt.engine.fused_decode`), the serving engine (lab 08's `LLMEngine`, one request), `transformers`'
-`generate` eager (its dynamic cache) and with its static cache compiled (`torch.compile`, inductor). At batch 8 and
-32 the model step's FLOP/s (lab 00's FLOPs per step / seconds per step) against the measured matmul peak.
+stop rules), lab 01's `generate_kv_cache`, lab 01's loop on the engine-style fused model
+(`minigpt.engine.fused_decode`), the serving engine (lab 08's `LLMEngine`, one request) on the model as written and
+on its fused weights, and `transformers`' `generate` eager (its dynamic cache) and with its static cache compiled
+(`torch.compile`, inductor). At batch 8 and 32 the model step's FLOP/s (lab 00's FLOPs per step / seconds per step)
+against the measured matmul peak.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 
 from minigpt.cache.contiguous import KVCache
 from minigpt.engine.cached_generation import generate_kv_cache
-from minigpt.engine.fused_decode import FusedDecodeStep, generate_fused
+from minigpt.engine.fused_decode import FusedModel, generate_fused
 from minigpt.model import GPT
 from minigpt.sampling import SamplingParams
 from minigpt.teaching.calculators import ModelShape, decode_kernels
@@ -33,8 +35,8 @@ from minigpt.timing import compare
 
 __all__ = ["BATCH1", "decode_runs", "matmul_passes", "model_steps", "profile_steps", "per_token_seconds", "step_cost", "transformers_peer"]
 
-BATCH1 = ("model step", "lab 01 generate_kv_cache", "fused decode step", "serving engine",
-          "transformers generate (eager)", "transformers generate (static cache, compiled)")
+BATCH1 = ("model step", "lab 01 generate_kv_cache", "fused decode step", "serving engine (model as written)",
+          "serving engine", "transformers generate (eager)", "transformers generate (static cache, compiled)")
 Runner = Callable[[int], Any]          # generate this many new tokens
 
 
@@ -59,11 +61,12 @@ def transformers_peer(model: GPT) -> Any:
     return hf
 
 
-def _engine_run(model: GPT, prompt: list[int], new_tokens: int) -> None:
+def _engine_run(model: GPT, prompt: list[int], new_tokens: int, *, fused: bool = True) -> None:
     from minigpt.serving.engine import EngineConfig, LLMEngine
 
     blocks = (len(prompt) + new_tokens) // 16 + 2
-    engine = LLMEngine(model, EngineConfig(num_blocks=blocks, max_num_seqs=1, enable_prefix_caching=False))
+    engine = LLMEngine(model, EngineConfig(num_blocks=blocks, max_num_seqs=1, enable_prefix_caching=False,
+                                           fused_weights=fused))
     engine.add_request("bench", prompt, max_tokens=new_tokens, sampling=SamplingParams())
     while engine.has_unfinished():
         engine.step()
@@ -74,7 +77,7 @@ def decode_runs(model: GPT, prompt: Sequence[int], longest: int, names: Sequence
     ids = list(prompt)
     x = torch.tensor([ids])
     hf = transformers_peer(model) if any(n.startswith("transformers") for n in names) else None
-    fused = FusedDecodeStep(model) if "fused decode step" in names else None
+    fused = FusedModel(model) if "fused decode step" in names else None
 
     def hf_generate(n: int, **kw: Any) -> Any:
         with torch.inference_mode():
@@ -92,7 +95,8 @@ def decode_runs(model: GPT, prompt: Sequence[int], longest: int, names: Sequence
     every: dict[str, Runner] = {
         "model step": lambda n: model_steps(model, x, n),
         "lab 01 generate_kv_cache": lambda n: generate_kv_cache(model, ids, n, stop_token_ids=()),
-        "fused decode step": lambda n: generate_fused(model, ids, n, step=fused),
+        "fused decode step": lambda n: generate_fused(model, ids, n, fused=fused),
+        "serving engine (model as written)": lambda n: _engine_run(model, ids, n, fused=False),
         "serving engine": lambda n: _engine_run(model, ids, n),
         "transformers generate (eager)": lambda n: hf_generate(n),
         "transformers generate (static cache, compiled)": hf_static,
@@ -126,7 +130,7 @@ def matmul_passes(model: GPT) -> dict[str, Callable[[], Any]]:
     """A decode step's weight matmuls alone, one row each, in order (the floor under any step that reads its weights
     through the BLAS): nn.Linear's 43 (out, in) weights, and the fused step's 25 K-major ones."""
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    fused = FusedDecodeStep(model)
+    fused = FusedModel(model)
     k_major = [w for layer in zip(fused.qkv, fused.wo, fused.gate_up, fused.down) for w in layer] + [fused.head]
     rows = {n: torch.randn(1, n) for n in {m.in_features for m in linears}}
 
@@ -147,16 +151,13 @@ def profile_steps(model: GPT, prompt: Sequence[int], steps: int = 20) -> dict[st
     from torch.profiler import ProfilerActivity, profile
 
     ids = torch.tensor([list(prompt)])
-    fused = FusedDecodeStep(model)
     found = {}
-    for name in ("model step", "fused decode step"):
+    for name, forward in (("model step", model), ("fused decode step", FusedModel(model))):
         cache = KVCache.for_model(model, batch_size=1, max_seq_len=ids.shape[1] + 2 * steps + 1)
-        token = model(ids, positions=cache.next_positions(ids.shape[1]), kv_caches=cache)[:, -1].argmax(-1)
+        token = forward(ids, positions=cache.next_positions(ids.shape[1]), kv_caches=cache)[:, -1].argmax(-1)
 
-        def step(token: torch.Tensor) -> torch.Tensor:
-            if name == "fused decode step":
-                return fused(token, cache).argmax(-1)
-            return model(token[:, None], positions=cache.next_positions(1), kv_caches=cache)[:, -1].argmax(-1)
+        def step(token: torch.Tensor, forward=forward, cache=cache) -> torch.Tensor:
+            return forward(token[:, None], positions=cache.next_positions(1), kv_caches=cache)[:, -1].argmax(-1)
         for _ in range(steps // 2):                     # warm-up
             token = step(token)
         with profile(activities=[ProfilerActivity.CPU]) as prof:

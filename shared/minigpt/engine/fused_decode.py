@@ -1,20 +1,19 @@
-"""A decode step the way serving engines run one: lab 01's model and math, in fewer and larger operations.
+"""The model's forward the way serving engines run it: lab 00's model and math, in fewer and larger operations.
 
-    step = FusedDecodeStep(model)                      # once: fused, K-major copies of the weights
-    logits = model(prompt, positions=cache.next_positions(P), kv_caches=cache)      # prefill: the model itself
-    logits = step(next_tokens, cache)                  # decode: (B,) new tokens -> (B, vocab) logits
+    fused = FusedModel(model)                              # fused, K-major copies of the weights
+    logits = fused(tokens, positions=..., kv_caches=...)   # what model(...) returns, to float32 rounding
 
-What changes against `GPT.forward` for one new token per sequence (measured by `make bench`, data/bench/):
+What changes against `GPT.forward`, and why (measured by `make bench`, data/bench/):
 
 * the three attention projections are one matmul, x @ [W_q; W_k; W_v], and the MLP's gate and up one more (vLLM's
-  QKVParallelLinear and MergedColumnParallelLinear): 25 matmuls a step instead of 43;
+  QKVParallelLinear and MergedColumnParallelLinear): 25 matmuls a pass instead of 43;
 * each weight is kept K-major, (in_features, out_features), so that a one-row matmul x @ W reads it in the order the
   CPU's BLAS streams fastest (nn.Linear's (out, in) weight goes through a transposed GEMV, much slower at one row);
-* RMSNorm is torch's fused `F.rms_norm`; RoPE's cos and sin come from a table made once; q and k rotate together;
-* the new K and V go in place into lab 01's `KVCache`, and attention reads the cache through strided views.
+* RMSNorm is torch's fused `F.rms_norm`; RoPE's cos and sin come from a table made once; q and k rotate together.
 
-The logits equal the model's to float32 rounding (the sums run in another order); greedy tokens are the same.
-Plain models only: nn.Linear projections (no quantized or sharded linears), the model's sdpa-style attention.
+Everything else is the model's own: its per-layer KV caches (`kv_caches`), its attention function (read from the
+model's layers at every call, so `set_attention` and the engine's per-step attention apply). Plain models only
+(nn.Linear projections); the copies are remade when the model's weights or projections change.
 """
 
 from __future__ import annotations
@@ -26,81 +25,99 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from minigpt.cache.contiguous import KVCache
-from minigpt.model import GPT, rope_angles
+from minigpt.model import GPT, LayerCache, rope_angles
 
-__all__ = ["FusedDecodeStep", "generate_fused"]
+__all__ = ["FusedModel", "fusable", "generate_fused"]
+
+
+def _projections(model: GPT) -> list[nn.Module]:
+    return [m for b in model.layers for m in (b.attn.wq, b.attn.wk, b.attn.wv, b.attn.wo, b.mlp.w_gate, b.mlp.w_up,
+                                             b.mlp.w_down)] + [model.lm_head]
+
+
+def fusable(model: GPT) -> bool:
+    """Whether every projection is a plain nn.Linear (not quantized, sharded or wrapped by an adapter)."""
+    return all(type(m) is nn.Linear for m in _projections(model))
+
+
+def _version(t: Tensor) -> int | None:
+    return None if t.is_inference() else t._version
 
 
 def _k_major(*linears: nn.Module) -> Tensor:
     """The weights of `linears` side by side, (in_features, sum of out_features), contiguous: x @ W = [l(x) for l]."""
-    for linear in linears:
-        if type(linear) is not nn.Linear:
-            raise TypeError(f"FusedDecodeStep needs plain nn.Linear projections, got {type(linear).__name__} "
-                            "(quantized or sharded models keep their own step)")
     return torch.cat([linear.weight.detach() for linear in linears]).t().contiguous()
 
 
-class FusedDecodeStep:
-    """One decode step for a batch of B sequences, one new token each, on the model's contiguous `KVCache`."""
+class FusedModel:
+    """Callable like the GPT it was made from: tokens (B, T), positions, kv_caches -> logits (B, T, vocab)."""
 
     def __init__(self, model: GPT) -> None:
+        if not fusable(model):
+            kinds = sorted({type(m).__name__ for m in _projections(model)} - {"Linear"})
+            raise TypeError(f"FusedModel needs plain nn.Linear projections, got {', '.join(kinds)} "
+                            "(quantized, sharded or adapted models run the model itself)")
         cfg = model.config
         self.model, self.config = model, cfg
         self.heads, self.kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        self.qkv = [_k_major(b.attn.wq, b.attn.wk, b.attn.wv) for b in model.layers]   # (d, (H + 2 Hkv) D)
-        self.wo = [_k_major(b.attn.wo) for b in model.layers]                          # (H D, d)
-        self.gate_up = [_k_major(b.mlp.w_gate, b.mlp.w_up) for b in model.layers]      # (d, 2 d_ff)
-        self.down = [_k_major(b.mlp.w_down) for b in model.layers]                     # (d_ff, d)
-        self.head = _k_major(model.lm_head)                                            # (d, vocab)
-        self.norms = [(b.attn_norm.weight.detach(), b.mlp_norm.weight.detach()) for b in model.layers]
-        self.final_norm = model.norm.weight.detach()
         angles = rope_angles(torch.arange(cfg.max_seq_len, device=model.device), cfg.head_dim, cfg.rope_theta,
                              cfg.rope_scaling)                                          # (S, D/2)
-        self.cos, self.sin = angles.cos().to(model.dtype), angles.sin().to(model.dtype)
+        self.cos, self.sin = angles.cos(), angles.sin()
+        self._fuse()
 
-    def _rope(self, x: Tensor, position: int) -> Tensor:
-        """Rotate (B, heads, D) at one position: the pairs (x[i], x[i + D/2]), as `minigpt.model.apply_rope`."""
-        cos, sin = self.cos[position], self.sin[position]
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    def _fuse(self) -> None:
+        blocks = self.model.layers
+        self.qkv = [_k_major(b.attn.wq, b.attn.wk, b.attn.wv) for b in blocks]       # (d, (H + 2 Hkv) D)
+        self.wo = [_k_major(b.attn.wo) for b in blocks]                                # (H D, d)
+        self.gate_up = [_k_major(b.mlp.w_gate, b.mlp.w_up) for b in blocks]            # (d, 2 d_ff)
+        self.down = [_k_major(b.mlp.w_down) for b in blocks]                           # (d_ff, d)
+        self.head = _k_major(self.model.lm_head)                                       # (d, vocab)
+        self._made_from = [(m, m.weight, _version(m.weight)) for m in _projections(self.model)]
+
+    def _stale(self) -> bool:
+        """A projection replaced, or a weight replaced or changed in place, since the copies were made (weights
+        made in inference mode keep no version counter: their in-place changes go unseen)."""
+        return any(m.weight is not w or _version(w) != version for m, w, version in self._made_from) or \
+            [m for m, _, _ in self._made_from] != _projections(self.model)
+
+    def _rope(self, x: Tensor, positions: Tensor) -> Tensor:
+        """Rotate x (B, T, heads, D) at positions (T,) or (B, T), as `minigpt.model.apply_rope` does."""
+        cos, sin = self.cos[positions][..., None, :], self.sin[positions][..., None, :]   # (B|., T, 1, D/2)
+        x1, x2 = x.float().chunk(2, dim=-1)
+        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
 
     @torch.inference_mode()
-    def __call__(self, tokens: Tensor, cache: KVCache) -> Tensor:
-        """tokens (B,) at position cache.length -> logits (B, vocab); the cache grows by one position."""
-        position = cache.length
-        if position >= cache.max_seq_len:
-            raise ValueError(f"the cache is full ({cache.max_seq_len} positions): no room for another token")
+    def __call__(self, tokens: Tensor, positions: Tensor, kv_caches: Sequence[LayerCache] | None = None) -> Tensor:
+        if self._stale():
+            self._fuse()
         H, Hkv, D = self.heads, self.kv_heads, self.head_dim
         eps = self.config.norm_eps
-        x = self.model.tok_emb.weight[tokens]                                           # (B, d)
-        B, d = x.shape
-        for i, layer in enumerate(cache.layers):
-            attn_norm, mlp_norm = self.norms[i]
-            q, k, v = (F.rms_norm(x, (d,), attn_norm, eps) @ self.qkv[i]).split([H * D, Hkv * D, Hkv * D], dim=-1)
-            qk = self._rope(torch.cat([q, k], dim=-1).view(B, H + Hkv, D), position)
-            layer.k[:, position] = qk[:, H:]
-            layer.v[:, position] = v.view(B, Hkv, D)
-            keys = layer.k[:, :position + 1].transpose(1, 2)                            # (B, Hkv, t, D) views
-            values = layer.v[:, :position + 1].transpose(1, 2)
-            out = F.scaled_dot_product_attention(qk[:, :H, None], keys, values, enable_gqa=H != Hkv)   # (B, H, 1, D)
-            x = x + out.reshape(B, H * D) @ self.wo[i]
-            gate, up = (F.rms_norm(x, (d,), mlp_norm, eps) @ self.gate_up[i]).chunk(2, dim=-1)
+        x = self.model.tok_emb(tokens)                                                 # (B, T, d)
+        B, T, d = x.shape
+        for i, block in enumerate(self.model.layers):
+            q, k, v = (F.rms_norm(x, (d,), block.attn_norm.weight, eps) @ self.qkv[i]).split(
+                [H * D, Hkv * D, Hkv * D], dim=-1)
+            qk = self._rope(torch.cat([q, k], dim=-1).view(B, T, H + Hkv, D), positions)
+            q, k, v = qk[:, :, :H], qk[:, :, H:], v.view(B, T, Hkv, D)
+            if kv_caches is not None:
+                k, v = kv_caches[i].update(k, v)
+            out = block.attn.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))   # (B, H, T, D)
+            x = x + out.transpose(1, 2).reshape(B, T, H * D) @ self.wo[i]
+            gate, up = (F.rms_norm(x, (d,), block.mlp_norm.weight, eps) @ self.gate_up[i]).chunk(2, dim=-1)
             x = x + (F.silu(gate) * up) @ self.down[i]
-        for layer in cache.layers:
-            layer.length = position + 1
-        return F.rms_norm(x, (d,), self.final_norm, eps) @ self.head
+        return F.rms_norm(x, (d,), self.model.norm.weight, eps) @ self.head
 
 
 @torch.inference_mode()
 def generate_fused(model: GPT, prompt: Sequence[int], max_new_tokens: int, *,
-                   step: FusedDecodeStep | None = None) -> list[int]:
-    """Greedy, exactly `max_new_tokens` tokens (no stop token): the model's prefill, then fused decode steps."""
-    step = step or FusedDecodeStep(model)
+                   fused: FusedModel | None = None) -> list[int]:
+    """Greedy, exactly `max_new_tokens` tokens (no stop token), lab 01's loop on the fused model."""
+    fused = fused or FusedModel(model)
     cache = KVCache.for_model(model, batch_size=1, max_seq_len=len(prompt) + max_new_tokens)
-    ids = torch.tensor([list(prompt)], device=model.device)
-    token = model(ids, positions=cache.next_positions(len(prompt)), kv_caches=cache)[:, -1].argmax(-1)
-    out = [int(token)]
+    tokens = torch.tensor([list(prompt)], device=model.device)
+    out: list[int] = []
     while len(out) < max_new_tokens:
-        token = step(token, cache).argmax(-1)
+        token = fused(tokens, positions=cache.next_positions(tokens.shape[1]), kv_caches=cache)[:, -1].argmax(-1)
         out.append(int(token))
-    return out[:max_new_tokens]
+        tokens = token[:, None]
+    return out

@@ -20,6 +20,7 @@ from torch import Tensor
 from minigpt.cache.block_table import block_tables_tensor
 from minigpt.cache.paged import PagedBatch, PagedKVCache
 from minigpt.engine.cuda_graph import using_attention
+from minigpt.engine.fused_decode import FusedModel, fusable
 from minigpt.engine.packed_batch import pack_chunks, packed_attention, packed_layers
 from minigpt.engine.scheduler import ScheduledChunk, SchedulerOutput
 from minigpt.model import GPT
@@ -56,10 +57,13 @@ def padded_batch(chunks: list[ScheduledChunk], cache: PagedKVCache) -> PagedBatc
 
 
 class ModelRunner:
-    def __init__(self, model: GPT, cache: PagedKVCache, layout: Layout = "packed") -> None:
+    def __init__(self, model: GPT, cache: PagedKVCache, layout: Layout = "packed", *, fused: bool = False) -> None:
+        """`fused`: run the step on the model's fused, K-major weights (`minigpt.engine.fused_decode`, as the serving
+        engine does), where every projection is a plain nn.Linear; the model as written otherwise."""
         if layout not in ("packed", "padded"):
             raise ValueError(f"layout must be 'packed' or 'padded', got {layout!r}")
         self.model, self.cache, self.layout = model, cache, layout
+        self.forward_fn = FusedModel(model) if fused and fusable(model) else model
         self.num_forward_calls = 0
         self.num_rows = 0
         self.last_logprobs: dict[Hashable, tuple[float, list[tuple[int, float]]]] = {}
@@ -75,11 +79,12 @@ class ModelRunner:
             batch = pack_chunks([(c.seq_id, c.tokens, c.start, c.slots) for c in chunks], self.cache.manager,
                                 self.cache.device)
             with using_attention(self.model, packed_attention(batch)):
-                logits = self.model(batch.tokens, positions=batch.positions, kv_caches=packed_layers(self.cache, batch))
+                logits = self.forward_fn(batch.tokens, positions=batch.positions,
+                                         kv_caches=packed_layers(self.cache, batch))
             return logits[0, batch.last_index]
         batch = padded_batch(chunks, self.cache)
         with using_attention(self.model, self.cache.attention(batch)):
-            logits = self.model(batch.tokens, positions=batch.positions, kv_caches=self.cache.layers(batch))
+            logits = self.forward_fn(batch.tokens, positions=batch.positions, kv_caches=self.cache.layers(batch))
         return batch.last_logits(logits)
 
     def execute(self, output: SchedulerOutput) -> dict[Hashable, int]:

@@ -50,7 +50,7 @@ INT4_GROUP_SIZE = 32          # divides every course model's widths (64 .. 1024)
 @dataclass(frozen=True)
 class EngineConfig:
     """KV pool (num_blocks x block_size tokens), batch limits (sequences, tokens per step), prefix caching,
-    weight precision. `speculative_k` > 0 (speculative decoding) is not implemented and is refused."""
+    weight precision, fused weights. `speculative_k` > 0 (speculative decoding) is not implemented and is refused."""
 
     num_blocks: int = 256
     block_size: int = 16
@@ -59,6 +59,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     weights: Weights = "fp32"
+    fused_weights: bool = True           # on a CPU, steps on fused K-major weight copies (engine.fused_decode);
+                                         # a GPU runs the model as written until the GPU tier has measured both
     speculative_k: int = 0
 
     def __post_init__(self) -> None:
@@ -106,7 +108,9 @@ class LLMEngine(EngineBase):
         scheduler_cls = PrefixCachingScheduler if config.enable_prefix_caching else Scheduler
         self.scheduler: Scheduler = scheduler_cls(self.cache.manager, config.scheduler_config(),
                                                   max_model_len=model.config.max_seq_len)
-        self.runner = runner_factory(model, self.cache)
+        fused = config.fused_weights and model.device.type == "cpu"
+        self.runner = (ModelRunner(model, self.cache, fused=fused) if runner_factory is ModelRunner
+                       else runner_factory(model, self.cache))
         self.num_preemptions = 0
         self._last_batch = (0, 0)
 
