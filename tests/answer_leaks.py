@@ -4,7 +4,9 @@ An executed solution notebook prints each answer in the cell that computes it (`
 the one that checks it (`check_q2_...(answer_q2)`). `leaks(nb)` takes the numbers that cell prints as the keys and
 looks for them in the outputs of the cells above the question's text (the last markdown cell before the answer cell): a number printed there with at least as many significant digits as it
 shows, equal to the key rounded to that many, is a leak. Keys a coincidence could print (option numbers, small
-integers, fewer than 3 significant digits) are not searched.
+integers, fewer than 3 significant digits) are not searched, nor are the outputs of cells tagged "measured": they
+print timings and what is computed from them, numbers that change from run to run (a speedup that came out at 2.35
+once matched a key of 2.349 by chance) and so can neither show a key reliably nor be checked for one.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import nbformat
 CHECK = re.compile(r"\bcheck_q\d+\w*\(\s*(\w+)")
 NUMBER = re.compile(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?(?:[eE][+-]?\d+)?")
 MIN_DIGITS = 3
+MEASURED = "measured"         # the tag of a cell whose outputs are timings and what follows from them
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,7 @@ def leaks(nb: nbformat.NotebookNode) -> list[Leak]:
         question = max((j for j in range(answer) if nb.cells[j].cell_type == "markdown"), default=0)
         for key in filter(searchable, _printed_keys(nb.cells[answer])):
             for j in range(question):
-                if nb.cells[j].cell_type != "code":
+                if nb.cells[j].cell_type != "code" or MEASURED in nb.cells[j].metadata.get("tags", []):
                     continue
                 for text in NUMBER.findall(_outputs_text(nb.cells[j])):
                     value, digits = float(text.replace(",", "")), _significant_digits(text)

@@ -32,6 +32,14 @@ def test_a_fractional_key_matches_at_the_digits_printed() -> None:
     assert not leaks(_notebook("16.6 ms", "16.665599999999998\n"))
 
 
+def test_cells_tagged_measured_are_not_searched() -> None:
+    nb = _notebook("speedup 1790")
+    nb.cells[0].metadata["tags"] = ["measured"]
+    assert leaks(nb) == []
+    nb.cells[0].metadata["tags"] = ["raises-exception"]
+    assert leaks(nb)
+
+
 def test_every_number_an_answer_cell_prints_is_a_key() -> None:
     assert [leak.key for leak in leaks(_notebook("52 sequences, 1,790 tokens", "52 1790\n"))] == [1790.0]
     assert leaks(_notebook("1790", "{'D', 'C'}\n")) == []          # an answer that is not a number
