@@ -133,23 +133,17 @@ def klass():
                                      capture_output=True, text=True).stdout.split()
             assert not proxies, f"the hub left its proxy running: {proxies}"
     finally:
-        uids = [pwd.getpwnam(u).pw_uid for u in (roster.users if "roster" in locals() else []) if _exists(u)]
-        if (root / classroom.STATE).exists():
+        made = (root / classroom.STATE).exists()                  # saved before the first user is made
+        users = classroom.load_roster(root).users if made else []
+        uids = [pwd.getpwnam(u).pw_uid for u in users if classroom._user_exists(u)]
+        if made:
             classroom.remove_class(root)
         shutil.rmtree(root, ignore_errors=True)
-        left = [f"user {u}" for u in (roster.users if "roster" in locals() else []) if _exists(u)]
+        left = [f"user {u}" for u in users if classroom._user_exists(u)]
         left += [f"process {pid}" for uid in uids
                  for pid in subprocess.run(["pgrep", "-U", str(uid)], capture_output=True, text=True).stdout.split()]
         left += [str(p) for p in (root, Path("/tmp/llm-course-hub-limit-test")) if p.exists()]
         assert not left, f"the class left behind: {left}"
-
-
-def _exists(user: str) -> bool:
-    try:
-        pwd.getpwnam(user)
-        return True
-    except KeyError:
-        return False
 
 
 def _wait_for(ready, seconds: float, what: str) -> None:
