@@ -15,8 +15,9 @@ from minigpt.model import GPT
 
 
 def _model(config: ModelConfig = TINY) -> GPT:
-    torch.manual_seed(0)
-    return GPT(config).eval()
+    with torch.random.fork_rng():          # the weights' initialisation draws from the global generator: seeded here,
+        torch.manual_seed(0)               # and the global state left as it was
+        return GPT(config).eval()
 
 
 @pytest.mark.parametrize("config", [TINY, ModelConfig(**{**TINY.__dict__, "n_kv_heads": 4}),
@@ -62,7 +63,9 @@ def test_copies_follow_the_model_weights(tiny_model):
     tokens = torch.tensor([[1, 2, 3]])
     tiny_model.layers[0].mlp.w_up.weight.mul_(2.0)                 # in place
     torch.testing.assert_close(fused(tokens, torch.arange(3)), tiny_model(tokens), rtol=1e-4, atol=1e-5)
-    tiny_model.layers[1].attn.wq.weight = torch.nn.Parameter(torch.randn_like(tiny_model.layers[1].attn.wq.weight))
+    shape = tiny_model.layers[1].attn.wq.weight.shape
+    replaced = torch.randn(shape, generator=torch.Generator().manual_seed(2))
+    tiny_model.layers[1].attn.wq.weight = torch.nn.Parameter(replaced)
     torch.testing.assert_close(fused(tokens, torch.arange(3)), tiny_model(tokens), rtol=1e-4, atol=1e-5)
 
 
