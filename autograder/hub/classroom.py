@@ -30,6 +30,7 @@ import secrets
 import shutil
 import stat
 import subprocess
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -73,6 +74,15 @@ def _run(*cmd: str, stdin: str | None = None) -> None:
 def _require_root(what: str) -> None:
     if os.geteuid() != 0:
         raise PermissionError(f"{what} creates and removes system users: run it as root (sudo)")
+
+
+def _wait_gone(name: str, seconds: float = 30) -> None:
+    """Until no process of `name` is left: SIGKILL is delivered, but a process is gone only once it has exited."""
+    deadline = time.monotonic() + seconds
+    while subprocess.run(["pgrep", "-u", name], capture_output=True).returncode == 0:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"processes of {name} still run {seconds:g} s after SIGKILL")
+        time.sleep(0.1)
 
 
 def _user_exists(name: str) -> bool:
@@ -246,6 +256,7 @@ def remove_class(root: Path = DEFAULT_ROOT) -> list[str]:
     for name in roster.users:
         if _user_exists(name):
             subprocess.run(["pkill", "-KILL", "-u", name], capture_output=True)
+            _wait_gone(name)
             done = subprocess.run(["userdel", "--remove", name], capture_output=True, text=True)
             if done.returncode not in (0, 12):                  # 12: the mail spool was missing, the home is gone
                 raise RuntimeError(f"userdel {name} failed: {done.stderr.strip()}")
