@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from minigpt.cache.contiguous import KVCache
+from minigpt.engine.static_decode import k_major
 from minigpt.model import GPT, LayerCache, rope_angles
 
 __all__ = ["FusedModel", "fusable", "generate_fused"]
@@ -46,7 +47,7 @@ def _version(t: Tensor) -> int | None:
 
 def _k_major(*linears: nn.Module) -> Tensor:
     """The weights of `linears` side by side, (in_features, sum of out_features), contiguous: x @ W = [l(x) for l]."""
-    return torch.cat([linear.weight.detach() for linear in linears]).t().contiguous()
+    return k_major(*(linear.weight for linear in linears))
 
 
 class FusedModel:
