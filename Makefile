@@ -5,7 +5,7 @@
 # Instructor: make release | make grade NB=path.ipynb | make autograde | make feedback | make export
 #             make hub [HUB_ARGS="--students 20 --port 8000"]  (a class on JupyterHub on this machine, as root)
 # Machine:    make doctor | make calibrate | make gpu-check [CALIBRATE=1] | make data | make models
-# Speed:      make bench [BENCH_ARGS=--quick]  (decode against transformers and the roofline: data/bench/ledger.json)
+# Speed:      make bench [BENCH_ARGS=--quick]  (decode, batching, serving, speculative: data/bench/ledger.json)
 # Practice:   make interview [INTERVIEW_ARGS="--seed 7 -n 5"]  (interview questions with fresh numbers)
 # Serving:    make serve [SERVE_ARGS="--checkpoint draft --engine naive --port 8001"]  (OpenAI-compatible, loopback)
 # Checks:     make mutation LAB=00 [MUTATION_ARGS="--sample 10"]  (wrong implementations the checks let through)

@@ -5,8 +5,10 @@ ledger's. No test here asserts a time."""
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
+import torch
 
 from minigpt.bench import decode, ledger
 from minigpt.bench.__main__ import figures
@@ -93,3 +95,194 @@ def test_the_bandwidth_and_peak_are_computed_from_the_samples(monkeypatch):
         assert entry["samples_s"] == [0.001, 0.002, 0.003]
     peak, _ = bandwidth.matmul_peak(64)
     assert peak == pytest.approx(2 * 64 ** 3 / 0.002)
+
+
+# --- batching, serving and speculative decoding: their logic on tiny workloads, rows from fabricated sections ---
+
+def _tiny_requests(lengths):
+    from minigpt.engine.request import Request
+
+    return [Request(i, [3 + i, 5, 7][: 1 + i % 3], n, arrival_time=0.0, stop_token_ids=())
+            for i, n in enumerate(lengths)]
+
+
+def test_every_batching_policy_serves_the_same_tokens(tiny_model):
+    from minigpt.bench import batching
+
+    requests = _tiny_requests([1, 2, 12, 1, 3, 1])
+    assert batching.static_pool(requests, 2, block_size=4) == 4 + 2       # its 2 largest reservations: 15 and 5 tokens
+    found = batching.compare_batching(tiny_model, requests, batch=2, seqs=4, block_size=4, repeats=1)
+    p = found["policies"]
+    assert set(p) == set(batching.POLICIES) and found["tokens_identical"]
+    assert p["static"]["steps"] > p["continuous, same batch"]["steps"]   # a static batch waits for its longest answer
+    assert found["output_lengths"]["max"] == 12 and found["pool_blocks"] == 6
+    assert p["continuous, same batch"]["max_rows"] <= 2 < p["continuous, equal memory"]["max_rows"]
+    section = {"workloads": {"long-tailed": found, "uniform": found}}
+    rows = batching.figures(section)
+    assert [r.get("goal") for r in rows] == [None, batching.GOAL, None, None]
+    assert all(r["against"].startswith("static batching of 2") for r in rows)
+    assert len(batching.notes(section)) == 3
+
+
+def test_a_batching_policy_with_other_tokens_fails_loudly(tiny_model, monkeypatch):
+    from minigpt.bench import batching
+
+    real = batching.serve_policy
+
+    def wrong(model, requests, policy, **kw):
+        result = real(model, requests, policy, **kw)
+        if policy == "continuous, equal memory" and len(requests) > 4:
+            outputs = result.outputs()
+            outputs[0] = [t + 1 for t in outputs[0]]
+            result.outputs = lambda: outputs
+        return result
+    monkeypatch.setattr(batching, "serve_policy", wrong)
+    with pytest.raises(RuntimeError, match="continuous, equal memory produced other tokens"):
+        batching.compare_batching(tiny_model, _tiny_requests([2, 3, 1, 4, 2, 1]), batch=2, seqs=4, repeats=1)
+
+
+def test_speculative_candidates_agree_and_the_fused_models_stand_in(tiny_model, tiny_config):
+    from minigpt.bench import speculative
+    from minigpt.model import GPT
+
+    torch.manual_seed(1)
+    draft = GPT(tiny_config).eval()
+    x, pos = torch.tensor([[1, 2, 3]]), torch.arange(3)
+    with torch.inference_mode():
+        assert torch.allclose(speculative.FusedLM(tiny_model)(x, positions=pos), tiny_model(x, positions=pos),
+                              atol=1e-5)
+    found = speculative.compare_speculative(tiny_model, draft, [[1, 2, 3, 4], [5, 6, 7]], new_tokens=6, k=2, repeats=1)
+    assert set(found["tokens_per_s"]) == set(speculative.CANDIDATES) and found["tokens_identical"]
+    for form in ("model as written", "fused"):
+        f = found["forms"][form]
+        assert 0 <= f["alpha"] <= 1 and f["rounds"] >= 1 and f["predicted_speedup"] > 0
+        assert set(f["step_costs"]["verify_s"]) == {"1", "2", "3"} and f["step_costs"]["target_prefill_s"] > 0
+        outside = f["outside_model_calls"]
+        assert 0 < outside["speculative_share"] < 1 and outside["greedy_per_token_s"] > 0
+    rows = speculative.figures(found)
+    assert [r["ratio"] for r in rows[:2]] == pytest.approx(
+        [found["tokens_per_s"][a] / found["tokens_per_s"][b] for a, b in speculative.FORMS.values()])
+    assert [r.get("goal") for r in rows] == [speculative.GOAL, speculative.GOAL, None, None, None, None]
+    assert len(speculative.notes(found)) == 3
+
+
+def test_speculative_fails_loudly_on_other_tokens(tiny_model, monkeypatch):
+    from minigpt.bench import speculative
+
+    monkeypatch.setattr(speculative, "generate_fused", lambda model, prompt, n, fused=None: [0] * n)
+    with pytest.raises(RuntimeError, match="fused decode step produced other tokens"):
+        speculative.compare_speculative(tiny_model, tiny_model, [[1, 2, 3]], new_tokens=4, k=2, repeats=1)
+
+
+def test_natural_prompts_are_corpus_windows_of_the_asked_lengths():
+    from minigpt.bench.speculative import natural_prompts
+
+    prompts = natural_prompts(5, (32, 64), seed=3)
+    assert len(prompts) == 5 and all(32 <= len(p) <= 64 for p in prompts)
+    assert prompts == natural_prompts(5, (32, 64), seed=3)
+
+
+def test_serving_rows_from_two_servers_in_this_process():
+    from minigpt.bench import serving
+    from minigpt.serving.experiments import compare_engines
+
+    cmp = compare_engines((50.0, math.inf), checkpoint="draft", num_requests=2, prompt_tokens=8, max_tokens=4,
+                          max_duration=30)
+    settings = {**serving.settings(quick=True), "checkpoint": "draft", "num_requests": 2, "prompt_tokens": 8,
+                "max_tokens": 4, "low_rate": 50.0}
+    section = {"settings": settings, "points": serving.summarize(cmp, 50.0)}
+    assert section["points"]["saturation"]["continuous"]["served"] == 2
+    rows = serving.figures(section)
+    low = section["points"]["low load"]
+    itl = rows[1]
+    assert itl["ratio"] == pytest.approx(low["naive"]["itl_s"]["50"] / low["continuous"]["itl_s"]["50"])
+    assert [r.get("goal") for r in rows] == [serving.SATURATION_GOAL, serving.ITL_GOAL, None, None]
+    assert "2/2 served" in serving.notes(section)[0]
+
+
+def _fabricated_parts():
+    """A ledger's batching, serving and speculative sections with made-up numbers (their rows and notes only)."""
+    from minigpt.bench import batching, serving, speculative
+
+    def policy(tps, steps, rows):
+        return {"tokens_per_s": tps, "steps": steps, "rows_per_step": rows, "max_rows": 32, "preemptions": 0}
+
+    def workload(static, same, equal):
+        return {"requests": 128, "pool_blocks": 99, "batch": 8, "equal_memory_seqs": 32,
+                "output_lengths": {"p50": 8.0, "p90": 59.0, "max": 256, "total": 3047},
+                "policies": dict(zip(batching.POLICIES, (static, same, equal)))}
+
+    def point(tps, itl50, itl99, ttft99):
+        return {"output_tokens_per_s": tps, "served": 32, "requests": 32, "itl_s": {"50": itl50, "99": itl99},
+                "ttft_s": {"99": ttft99}}
+
+    parts = {
+        "batching": {"workloads": {"long-tailed": workload(policy(225, 1646, 1.9), policy(478, 466, 6.5),
+                                                           policy(889, 257, 12.0)),
+                                   "uniform": workload(policy(547, 512, 8.0), policy(630, 513, 8.0),
+                                                       policy(1126, 130, 31.0))}},
+        "serving": {"settings": serving.settings(quick=False),
+                    "points": {"low load": {"naive": point(60, 0.006, 0.010, 0.928),
+                                            "continuous": point(60, 0.007, 0.015, 0.067)},
+                               "saturation": {"naive": point(171.9, 0.006, 0.01, 5.0),
+                                              "continuous": point(975.8, 0.03, 0.05, 0.5)}}},
+        "speculative": {"settings": {"prompts": 8, "prompt_tokens": [40, 60], "new_tokens": 64, "k": 4},
+                        "tokens_per_s": dict(zip(speculative.CANDIDATES, (200.0, 320.0, 260.0, 420.0, 180.0, 190.0))),
+                        "forms": {form: {"alpha": 0.79, "tokens_per_round": 3.3, "formula_tokens_per_round": 3.27,
+                                         "predicted_speedup": 1.4,
+                                         "outside_model_calls": {"speculative_per_round_s": 0.0015,
+                                                                 "speculative_share": 0.12,
+                                                                 "greedy_per_token_s": 0.0004, "greedy_share": 0.08},
+                                         "step_costs": {"target_step_s": 0.004, "draft_step_s": 0.001,
+                                                        "verify_s": {"5": 0.0055}}}
+                                  for form in ("model as written", "fused")}},
+    }
+    modules = {"batching": batching, "serving": serving, "speculative": speculative}
+    for name, part in parts.items():
+        part["notes"] = modules[name].notes(part)
+        part["measured"] = {"command": "python -m minigpt.bench --only " + name, "date": "2026-11-26",
+                            "quick": False, "load_before": 0.1, "load_after": 0.2}
+    return parts
+
+
+def test_the_new_parts_render_their_rows_goals_and_notes():
+    led = copy.deepcopy(ledger.read(data_dir() / "bench"))
+    before = ledger.render_table(led)
+    led.update(_fabricated_parts())
+    led["figures"] = figures(led)
+    table = ledger.render_table(led)
+    assert table.startswith(before.split("\n\nWhere")[0])                       # the decode rows come first, unchanged
+    lines = table.splitlines()
+    row = lambda start: next(l for l in lines if l.startswith(f"| {start}"))   # noqa: E731
+    assert row("continuous batching, max 32 sequences in the same 99 blocks, long-tailed").endswith(
+        "| static batching of 8 (1646 steps): 225 tok/s | 3.95x | >= 3x met |")
+    assert row("continuous batching, max 8 sequences, uniform").endswith("| 1.15x |  |")
+    assert row("serving, 32 requests at once").endswith("| 5.68x | >= 5x met |")
+    assert row("serving at 1 req/s: inter-token latency p50").endswith(
+        "| 7 ms | naive server: 6 ms | 0.86x | >= 1x **not met** |")
+    assert row("speculative decoding, k=4, draft model (model as written) | 260").endswith(
+        "| 1.30x | >= 1.5x **not met** |")
+    assert row("speculative decoding, k=4, draft model (fused) | 420").endswith("| 1.31x | >= 1.5x **not met** |")
+    assert row("speculative decoding: acceptance rate").split("|")[2].strip() == "79%"
+    assert "- batching measured on its own, `python -m minigpt.bench --only batching`" in table
+    assert "- long-tailed outputs (p50 8, p90 59, max 256 tokens), 128 requests, 99-block pool: a static" in table
+
+
+def test_a_part_measured_alone_is_merged_into_the_ledger(monkeypatch):
+    from minigpt.bench import __main__ as bench
+
+    committed = ledger.read(data_dir() / "bench")
+    fabricated = _fabricated_parts()["serving"]
+    monkeypatch.setattr(bench.serving, "measure_serving", lambda **_: copy.deepcopy(
+        {k: v for k, v in fabricated.items() if k not in ("notes", "measured")}))
+    led = bench.measure(quick=True, quiet=True, parts=("serving",), base=copy.deepcopy(committed))
+    assert led["figures"][:len(committed["figures"])] == committed["figures"]
+    assert [r["what"] for r in led["figures"][len(committed["figures"]):]] == [r["what"] for r in
+                                                                                bench.serving.figures(fabricated)]
+    assert led["date"] == committed["date"] and led["serving"]["measured"]["command"] == \
+        "python -m minigpt.bench --quick --only serving"
+    alone = bench.measure(quick=True, quiet=True, parts=("serving",))              # no ledger yet: a header of its own
+    assert "batch1" not in alone and alone["machine"]["load_after"] is not None
+    assert "serving measured on its own" not in ledger.render_table(alone)
+    with pytest.raises(ValueError, match="unknown parts"):
+        bench.measure(quick=True, quiet=True, parts=("warp drive",))

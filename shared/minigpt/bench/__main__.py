@@ -1,16 +1,18 @@
-"""python -m minigpt.bench [--quick] [--out data/bench] [--readme]: see minigpt/bench/__init__.py."""
+"""python -m minigpt.bench [--quick] [--only decode,batching,serving,speculative] [--out data/bench] [--readme]:
+see minigpt/bench/__init__.py."""
 
 from __future__ import annotations
 
 import argparse
 import datetime
 import sys
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from minigpt.bench import ledger
+from minigpt.bench import batching, ledger, serving, speculative
 from minigpt.bench.bandwidth import matmul_peak, memory_bandwidth
 from minigpt.bench.decode import (BATCH1, decode_runs, matmul_passes, model_steps, per_token_seconds,
                                   profile_steps, step_cost)
@@ -20,6 +22,7 @@ from minigpt.paths import REPO_ROOT, data_dir
 COURSE = ("lab 01 generate_kv_cache", "fused decode step", "serving engine")     # held to the goals
 EAGER, COMPILED = "transformers generate (eager)", "transformers generate (static cache, compiled)"
 MBU_GOAL, EAGER_GOAL, COMPILED_GOAL = 50.0, 1.3, 1.0
+PARTS = {"decode": 4, "batching": 2, "serving": 1, "speculative": 1}          # what to run: progress steps each
 
 
 def _progress(total: int, quiet: bool):
@@ -27,13 +30,62 @@ def _progress(total: int, quiet: bool):
     return tqdm(total=total, desc="make bench", unit="part", disable=quiet, file=sys.stderr)
 
 
-def measure(*, quick: bool, threads: int = 1, quiet: bool = False) -> dict[str, Any]:
-    """One run of everything; the ledger (figures included)."""
+@cache
+def _model(name: str) -> Any:
     from minigpt.checkpoint import load_model
+    return load_model(name)
+
+
+def _command(quick: bool, parts: tuple[str, ...]) -> str:
+    only = "" if set(parts) == set(PARTS) else " --only " + ",".join(parts)
+    return "python -m minigpt.bench" + (" --quick" if quick else "") + only
+
+
+def measure(*, quick: bool, threads: int = 1, quiet: bool = False, parts: tuple[str, ...] = tuple(PARTS),
+            base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One run of `parts` (all by default); the ledger (figures included). With `base`, an earlier ledger, the parts
+    measured replace its own and the rest is kept."""
+    if unknown := set(parts) - set(PARTS):
+        raise ValueError(f"unknown parts {sorted(unknown)}; choose from {list(PARTS)}")
+    bar = _progress(sum(PARTS[p] for p in parts), quiet)
+    command = _command(quick, parts)
+    led = dict(base) if base is not None else {}
+    if "decode" in parts or not led:
+        led.update({"command": command, "date": datetime.date.today().isoformat(), "machine": ledger.machine(),
+                    "versions": ledger.versions(), "settings": {"quick": quick, "threads": threads}})
+        led["machine"]["load_before"] = led["machine"].pop("load_1min")
+    if "decode" in parts:
+        led.update(measure_decode(quick=quick, threads=threads, bar=bar))
+    for part in parts:
+        if part == "decode":
+            continue
+        before = ledger.machine()["load_1min"]
+        if part == "batching":
+            section = batching.measure_batching(_model("target"), quick=quick, threads=threads, progress=bar.update)
+        elif part == "serving":
+            section = serving.measure_serving(quick=quick, threads=threads)
+            bar.update()
+        else:
+            section = speculative.measure_speculative(_model("target"), _model("draft"), quick=quick, threads=threads)
+            bar.update()
+        module = {"batching": batching, "serving": serving, "speculative": speculative}[part]
+        section["notes"] = module.notes(section)
+        section["measured"] = {"command": command, "date": datetime.date.today().isoformat(), "quick": quick,
+                               "load_before": before, "load_after": ledger.machine()["load_1min"]}
+        led[part] = section
+    if "decode" in parts or base is None:
+        led["machine"]["load_after"] = ledger.machine()["load_1min"]
+    led["figures"] = figures(led)
+    bar.close()
+    return led
+
+
+def measure_decode(*, quick: bool, threads: int, bar: Any) -> dict[str, Any]:
+    """Bandwidth, matmul peak, batch-1 decode and the batched steps: the ledger's settings and decode sections."""
     from minigpt.training.data import load_tokens
 
     torch.manual_seed(0)
-    model = load_model("target")
+    model = _model("target")
     weights = sum(p.numel() * p.element_size() for p in model.parameters())      # a tied matrix counts once
     short, long = (16, 48) if quick else (32, 160)
     repeats = 5 if quick else 9
@@ -42,11 +94,7 @@ def measure(*, quick: bool, threads: int = 1, quiet: bool = False) -> dict[str, 
     prompt = tokens[:prompt_len].tolist()
     settings = {"quick": quick, "threads": threads, "prompt_tokens": prompt_len, "short": short, "long": long,
                 "repeats": repeats, "batched": [8, 32], "dtype": "float32", "model": "target"}
-    led: dict[str, Any] = {"command": "python -m minigpt.bench" + (" --quick" if quick else ""),
-                           "date": datetime.date.today().isoformat(), "machine": ledger.machine(),
-                           "versions": ledger.versions(), "settings": settings}
-    led["machine"]["load_before"] = led["machine"].pop("load_1min")
-    bar = _progress(4, quiet)
+    led: dict[str, Any] = {"settings": settings}
 
     kernels = memory_bandwidth(weights, threads=threads)
     best = max(kernels, key=lambda k: kernels[k]["bytes_per_s"])
@@ -86,16 +134,21 @@ def measure(*, quick: bool, threads: int = 1, quiet: bool = False) -> dict[str, 
         batched[str(batch)] = {"seconds_per_step": seconds, "flops_per_step": step_flops, "bytes_per_step": step_bytes,
                                "flop_per_s": step_flops / seconds, "samples_s": samples[f"batch {batch}"]}
     led["batched"] = batched
-    bar.update()
-    led["machine"]["load_after"] = ledger.machine()["load_1min"]
-    led["figures"] = figures(led)
-    bar.update()
-    bar.close()
+    bar.update(2)
     return led
 
 
 def figures(led: dict[str, Any]) -> list[dict[str, Any]]:
-    """The table's rows, from the ledger's measurements."""
+    """The table's rows, from the ledger's measurements: decode's, then those of each other part measured."""
+    rows = decode_figures(led) if "batch1" in led else []
+    for part, module in (("batching", batching), ("serving", serving), ("speculative", speculative)):
+        if part in led:
+            rows += module.figures(led[part])
+    return rows
+
+
+def decode_figures(led: dict[str, Any]) -> list[dict[str, Any]]:
+    """The decode part's rows: bandwidth, peak, batch-1 decode against transformers, MBU, batched FLOP/s."""
     f = ledger.figure
     b1, bw = led["batch1"], led["bandwidth"]["bytes_per_s"]
     ms = {name: s * 1e3 for name, s in b1["seconds_per_token"].items()}
@@ -125,6 +178,9 @@ def figures(led: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def plot(led: dict[str, Any], path: Path) -> None:
+    """decode.png: batch-1 ms per token against the roofline (nothing without the decode part)."""
+    if "batch1" not in led:
+        return
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -149,8 +205,11 @@ def plot(led: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m minigpt.bench", description="The course's benchmark: one ledger.")
-    ap.add_argument("--quick", action="store_true", help="fewer tokens and repeats: about two minutes")
+    ap.add_argument("--quick", action="store_true", help="fewer tokens, requests and repeats: a few minutes")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--only", default=",".join(PARTS),
+                    help=f"comma-separated parts to run, of {','.join(PARTS)}; the others are kept from the ledger in "
+                         "--out (if there is one)")
     ap.add_argument("--out", type=Path, default=data_dir() / "bench", help="folder of ledger.json, table.md, decode.png")
     ap.add_argument("--readme", action="store_true", help="only rewrite README's table (and the plot) from the ledger in --out")
     ap.add_argument("--quiet", action="store_true")
@@ -160,12 +219,17 @@ def main(argv: list[str] | None = None) -> int:
         changed = ledger.sync_readme(REPO_ROOT / "README.md", ledger.render_table(ledger.read(a.out)))
         print("README's table " + ("rewritten" if changed else "already matches the ledger"))
         return 0
-    led = measure(quick=a.quick, threads=a.threads, quiet=a.quiet)
+    parts = tuple(p.strip() for p in a.only.split(",") if p.strip())
+    if not parts or set(parts) - set(PARTS):
+        ap.error(f"--only takes a comma-separated list of {','.join(PARTS)}, got {a.only!r}")
+    kept = (a.out / "ledger.json").exists() and set(parts) != set(PARTS)
+    led = measure(quick=a.quick, threads=a.threads, quiet=a.quiet, parts=parts,
+                  base=ledger.read(a.out) if kept else None)
     path = ledger.write(led, a.out)
     plot(led, a.out / "decode.png")
     print(ledger.render_table(led))
-    print(f"wrote {path}, {a.out / 'table.md'}, {a.out / 'decode.png'}; `python -m minigpt.bench --readme` puts the "
-          "table in README")
+    plotted = f", {a.out / 'decode.png'}" if "batch1" in led else ""
+    print(f"wrote {path}, {a.out / 'table.md'}{plotted}; `python -m minigpt.bench --readme` puts the table in README")
     return 0
 
 

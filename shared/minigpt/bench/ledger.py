@@ -4,6 +4,10 @@ A ledger holds what a reader needs to trust or redo a figure: the machine (proce
 after), the versions, the settings, every raw sample, and the figures: each a value beside its baseline, the ratio,
 and the goal it is held to. README's performance table is `render_table(ledger)`, kept between two markers
 (`sync_readme`); a test keeps the committed README and the committed ledger in step. No test asserts a time.
+
+Each part (batching, serving, speculative) carries its own "notes" (how it was measured and why its figures come out as
+they do), printed under the table, and "measured": the command, date and load of its run, printed too when it was run
+apart from the rest (`--only`).
 """
 
 from __future__ import annotations
@@ -88,6 +92,15 @@ def render_table(ledger: dict[str, Any]) -> str:
         for name, found in profiles.items():
             top = ", ".join(f"{t['op']} {t['self_share']:.0%} ({t['calls_per_step']:.0f} calls)" for t in found["top"][:3])
             lines.append(f"- {name}: {found['aten_calls_per_step']:,.0f} aten calls per step; {top}")
+    parts = {name: part for name, part in ledger.items() if isinstance(part, dict) and "notes" in part}
+    if parts:
+        lines += ["", "How the other parts were measured, and why they come out as they do:"]
+        for name, part in parts.items():
+            m = part.get("measured", {})
+            if m and m.get("command") != ledger.get("command"):
+                lines.append(f"- {name} measured on its own, `{m['command']}` on {m['date']}, load {m['load_before']} "
+                             f"before and {m['load_after']} after.")
+            lines += [f"- {note}" for note in part["notes"]]
     return "\n".join(lines) + "\n"
 
 
