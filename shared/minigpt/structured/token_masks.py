@@ -1,5 +1,7 @@
 """Which tokens may come next: the mask a constrained decoder applies to the logits (lab 10).
 
+The automaton is a regex's DFA (`RegexAutomaton`) or a grammar's pushdown recognizer (`grammar.Grammar`, whose state
+is a set of stacks); the index is for the DFA only (a pushdown automaton has no finite set of states to index).
 A token is allowed from automaton state s when the automaton can read all of the token's text from s and stay live
 (some string of the language still begins with what has been generated); the end-of-text token is allowed where s
 accepts. Three ways to the same (V,) bool mask, from the slowest per step to the fastest:
@@ -22,6 +24,8 @@ import torch
 from torch import Tensor
 
 from minigpt.structured.regex_automaton import RegexAutomaton
+
+Automaton = Any        # a RegexAutomaton or a grammar.Grammar: step(state, ch), walk(state, text), accepting(state)
 
 __all__ = ["Vocabulary", "TokenTrie", "MaskIndex", "mask_by_scan", "mask_by_trie"]
 
@@ -52,13 +56,13 @@ class Vocabulary:
         return len(self.texts)
 
 
-def _end_token(mask: Tensor, dfa: RegexAutomaton, state: int, vocab: Vocabulary) -> Tensor:
+def _end_token(mask: Tensor, dfa: Automaton, state: Any, vocab: Vocabulary) -> Tensor:
     if vocab.eos_id is not None:
         mask[vocab.eos_id] = dfa.accepting(state)
     return mask
 
 
-def mask_by_scan(dfa: RegexAutomaton, state: int, vocab: Vocabulary) -> Tensor:
+def mask_by_scan(dfa: Automaton, state: Any, vocab: Vocabulary) -> Tensor:
     """(V,) bool: walk each token's text from `state`."""
     allowed = [text is not None and dfa.walk(state, text) is not None for text in vocab.texts]
     return _end_token(torch.tensor(allowed, dtype=torch.bool), dfa, state, vocab)
@@ -91,7 +95,7 @@ class TokenTrie:
         return len(self.children)
 
 
-def mask_by_trie(dfa: RegexAutomaton, state: int, trie: TokenTrie) -> Tensor:
+def mask_by_trie(dfa: Automaton, state: Any, trie: TokenTrie) -> Tensor:
     """(V,) bool: depth first through the trie carrying the automaton's state; a dead state prunes its subtree."""
     mask = torch.zeros(len(trie.vocab), dtype=torch.bool)
     stack = [(0, state)]

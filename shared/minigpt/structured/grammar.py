@@ -1,0 +1,163 @@
+"""A context-free grammar over characters and the pushdown recognizer that runs it, one character at a time (lab 10).
+
+    g = Grammar("value")                                   # start symbol
+    g.rule("value", ["true"], ["false"], ["[", "items", "]"])  # alternatives, each a sequence of symbols
+    state = g.start_state()                                # a set of stacks
+    state = g.advance(state, "t")                          # None once no stack can read the character
+
+Symbols: a rule's name (a nonterminal, two characters or more), or a terminal: a one-character string, or a `CharSet`
+(a set of characters, or every character but a set); `literal("true")` puts a string's characters in an alternative. The recognizer keeps every stack the input so far allows, each stack the symbols
+still to match (top first), as a tuple: persistent, so stacks share nothing mutable and a state is a frozenset of
+them. Reading a character expands each stack's top nonterminal into its alternatives until a terminal is on top, and
+keeps the stacks whose terminal takes the character. Rules must not be left-recursive (a nonterminal that can
+expand to itself on top without reading a character): `check` finds such a rule and names it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Union
+
+__all__ = ["CharSet", "Grammar", "Symbol", "State", "literal"]
+
+
+@dataclass(frozen=True)
+class CharSet:
+    """A terminal that reads one character: one of `chars`, or (negated) any character but those."""
+    chars: frozenset[str]
+    negated: bool = False
+
+    def __contains__(self, ch: str) -> bool:
+        return (ch in self.chars) != self.negated
+
+    @classmethod
+    def of(cls, chars: Iterable[str]) -> "CharSet":
+        return cls(frozenset(chars))
+
+    @classmethod
+    def but(cls, chars: Iterable[str]) -> "CharSet":
+        return cls(frozenset(chars), negated=True)
+
+    def __and__(self, other: "CharSet") -> "CharSet":
+        if not self.negated and not other.negated:
+            return CharSet(self.chars & other.chars)
+        if self.negated and other.negated:
+            return CharSet(self.chars | other.chars, negated=True)
+        plain, excluded = (self, other) if not self.negated else (other, self)
+        return CharSet(plain.chars - excluded.chars)
+
+
+def literal(text: str) -> tuple[str, ...]:
+    """A literal inside an alternative: one terminal per character (a bare string alternative is one already)."""
+    return tuple(text)
+
+
+Symbol = Union[str, CharSet]          # a str of length 1 is a terminal character; a longer one or a name, a rule
+Stack = tuple[Symbol, ...]
+State = frozenset[Stack]
+
+
+@dataclass
+class Grammar:
+    start: str
+    rules: dict[str, list[tuple[Symbol, ...]]] = field(default_factory=dict)
+
+    def rule(self, name: str, *alternatives: Iterable[Symbol]) -> str:
+        """Add alternatives to rule `name` (names must be longer than one character); returns the name."""
+        if len(name) < 2:
+            raise ValueError(f"rule names have two characters or more (one character is a terminal): {name!r}")
+        self.rules.setdefault(name, []).extend(tuple(_split(a)) for a in alternatives)
+        return name
+
+    def _is_rule(self, symbol: Symbol) -> bool:
+        return isinstance(symbol, str) and len(symbol) > 1
+
+    def check(self) -> None:
+        """Every rule used is defined, and none is left-recursive (the recognizer would expand it forever)."""
+        for name, alternatives in self.rules.items():
+            for alt in alternatives:
+                for s in alt:
+                    if self._is_rule(s) and s not in self.rules:
+                        raise ValueError(f"rule {name!r} uses {s!r}, which has no rule")
+        nullable = self._nullable()
+        for name in self.rules:
+            seen, todo = set(), [name]
+            while todo:
+                for alt in self.rules[todo.pop()]:
+                    for s in alt:
+                        if not self._is_rule(s):
+                            break
+                        if s == name:
+                            raise ValueError(f"rule {name!r} is left-recursive: write it right-recursively")
+                        if s not in seen:
+                            seen.add(s)
+                            todo.append(s)
+                        if s not in nullable:
+                            break
+
+    def _nullable(self) -> set[str]:
+        nullable: set[str] = set()
+        changed = True
+        while changed:
+            changed = False
+            for name, alternatives in self.rules.items():
+                if name not in nullable and any(all(self._is_rule(s) and s in nullable for s in alt)
+                                                for alt in alternatives):
+                    nullable.add(name)
+                    changed = True
+        return nullable
+
+    def start_state(self) -> State:
+        return self._close([(self.start,)])
+
+    def _close(self, stacks: Iterable[Stack]) -> State:
+        """Expand every stack until a terminal is on top (or it is empty: the input so far is a whole sentence)."""
+        done: set[Stack] = set()
+        todo = list(stacks)
+        seen: set[Stack] = set()
+        while todo:
+            stack = todo.pop()
+            if stack in seen:
+                continue
+            seen.add(stack)
+            if stack and self._is_rule(stack[0]):
+                todo.extend(alt + stack[1:] for alt in self.rules[stack[0]])
+            else:
+                done.add(stack)
+        return frozenset(done)
+
+    def advance(self, state: State | None, ch: str) -> State | None:
+        """The stacks after reading `ch`, or None when none can read it."""
+        if not state:
+            return None
+        moved = [stack[1:] for stack in state if stack and (stack[0] == ch if isinstance(stack[0], str)
+                                                            else ch in stack[0])]
+        return self._close(moved) if moved else None
+
+    step = advance                                  # the names token_masks walks an automaton with
+
+    def advance_text(self, state: State | None, text: str) -> State | None:
+        for ch in text:
+            state = self.advance(state, ch)
+            if state is None:
+                return None
+        return state
+
+    walk = advance_text
+
+    @staticmethod
+    def accepting(state: State | None) -> bool:
+        return bool(state) and () in state
+
+    def matches(self, text: str) -> bool:
+        return self.accepting(self.advance_text(self.start_state(), text))
+
+
+def _split(alternative: Iterable[Symbol]) -> list[Symbol]:
+    """An alternative as symbols; a bare string is a literal, one terminal per character."""
+    if isinstance(alternative, str):
+        return list(alternative)
+    out: list[Symbol] = []
+    for s in alternative:
+        out.extend(s if isinstance(s, tuple) else (s,))      # literal(...) pieces flattened
+    return out

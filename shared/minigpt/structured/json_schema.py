@@ -1,0 +1,255 @@
+"""A useful subset of JSON Schema compiled to a character grammar (`grammar.Grammar`) of compact JSON (lab 10).
+
+    g = compile_json_schema({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})
+    g.matches('{"n":12}')       # True: no whitespace, "," and ":" as separators, properties in the schema's order
+
+Supported, and what each compiles to:
+
+* `type`: string, integer (-?(0|[1-9][0-9]*)), number (with fraction and exponent), boolean, null, object, array,
+  or a list of them (one of);
+* objects: `properties` in the schema's order, `required`; no other property is allowed (`additionalProperties`
+  absent or false, as strict structured-output modes do);
+* strings: `enum`, `const` (any JSON values, for any type), `pattern` (a regular expression over the string's
+  characters, through `RegexAutomaton`; characters a JSON string must escape are left out of what it admits: the
+  grammar may be stricter than the schema, never looser), `minLength` and `maxLength` (an escape counts as one);
+* integers: `minimum` and `maximum` together (inclusive);
+* arrays: `items`, `minItems`, `maxItems`;
+* `anyOf`, `$ref` to `#/$defs/<name>` (recursion allowed), and annotations (`title`, `description`, `$schema`,
+  `$id`, `default`, `examples`) ignored.
+
+Anything else raises ValueError naming the keyword: a silently looser grammar would let invalid JSON through.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from minigpt.structured.grammar import CharSet, Grammar, literal
+from minigpt.structured.regex_automaton import RegexAutomaton
+
+__all__ = ["compile_json_schema", "integer_range_pattern"]
+
+ANNOTATIONS = {"title", "description", "$schema", "$id", "default", "examples", "$comment"}
+SUPPORTED = {"type", "properties", "required", "additionalProperties", "enum", "const", "pattern", "minLength",
+             "maxLength", "minimum", "maximum", "items", "minItems", "maxItems", "anyOf", "$ref", "$defs"} | ANNOTATIONS
+CONTROL = {chr(i) for i in range(0x20)}
+UNESCAPED = CharSet.but({'"', "\\"} | CONTROL)            # a string character that needs no escape
+DIGIT, NONZERO = CharSet.of("0123456789"), CharSet.of("123456789")
+
+
+def compile_json_schema(schema: dict[str, Any]) -> Grammar:
+    """The grammar of the compact JSON documents `schema` accepts (see the module docstring for the subset)."""
+    compiler = _Compiler(schema)
+    compiler.grammar.rule("root", [compiler.value(schema, "root")])
+    compiler.grammar.check()
+    return compiler.grammar
+
+
+class _Compiler:
+    def __init__(self, root: dict[str, Any]) -> None:
+        self.grammar = Grammar("root")
+        self.defs: dict[str, Any] = root.get("$defs", {})
+        self.refs: dict[str, str] = {}
+        self.count = 0
+        self._shared()
+
+    def new(self, hint: str) -> str:
+        self.count += 1
+        return f"{hint}#{self.count}"
+
+    def _shared(self) -> None:
+        g = self.grammar
+        g.rule("escape", ["\\", CharSet.of('"\\/bfnrt')], ["\\", "u", *[CharSet.of("0123456789abcdefABCDEF")] * 4])
+        g.rule("char", [UNESCAPED], ["escape"])
+        g.rule("digits", [DIGIT, "digits"], [])
+        g.rule("uint", ["0"], [NONZERO, "digits"])
+        g.rule("integer", ["-", "uint"], ["uint"])
+        g.rule("fraction", [".", DIGIT, "digits"], [])
+        g.rule("exponent", [CharSet.of("eE"), CharSet.of("+-"), DIGIT, "digits"], [CharSet.of("eE"), DIGIT, "digits"], [])
+        g.rule("number", ["integer", "fraction", "exponent"])
+        g.rule("boolean", "true", "false")
+        g.rule("null", "null")
+
+    def value(self, schema: Any, hint: str) -> str:
+        """A rule matching the JSON values `schema` accepts."""
+        if schema is True or schema == {}:
+            raise ValueError(f"{hint}: an unconstrained value (true or {{}}) is not supported: give it a type")
+        if not isinstance(schema, dict):
+            raise ValueError(f"{hint}: a schema must be an object, got {schema!r}")
+        if unknown := sorted(set(schema) - SUPPORTED):
+            raise ValueError(f"{hint}: unsupported keyword {unknown[0]!r} (supported: {', '.join(sorted(SUPPORTED))})")
+        if "$ref" in schema:
+            return self.ref(schema["$ref"])
+        if "const" in schema or "enum" in schema:
+            values = [schema["const"]] if "const" in schema else schema["enum"]
+            return self.grammar.rule(self.new(hint + ".enum"),
+                                     *[json.dumps(v, separators=(",", ":"), ensure_ascii=False) for v in values])
+        if "anyOf" in schema:
+            return self.grammar.rule(self.new(hint + ".anyOf"),
+                                     *[[self.value(s, f"{hint}.anyOf[{i}]")] for i, s in enumerate(schema["anyOf"])])
+        kind = schema.get("type")
+        if isinstance(kind, list):
+            return self.grammar.rule(self.new(hint + ".type"), *[[self.value({**schema, "type": k}, hint)] for k in kind])
+        builders = {"string": self.string, "integer": self.integer, "number": self.number, "object": self.object,
+                    "array": self.array, "boolean": lambda s, h: "boolean", "null": lambda s, h: "null"}
+        if kind not in builders:
+            raise ValueError(f"{hint}: type must be one of {sorted(builders)} (or a list of them), got {kind!r}")
+        self._refuse(schema, hint, kind)
+        return builders[kind](schema, hint)
+
+    def _refuse(self, schema: dict[str, Any], hint: str, kind: str) -> None:
+        """Keywords that do not apply to `kind`: an error rather than a grammar that ignores them."""
+        applies = {"string": {"pattern", "minLength", "maxLength"}, "integer": {"minimum", "maximum"},
+                   "object": {"properties", "required", "additionalProperties"},
+                   "array": {"items", "minItems", "maxItems"}}.get(kind, set())
+        specific = {"pattern", "minLength", "maxLength", "minimum", "maximum", "properties", "required",
+                    "additionalProperties", "items", "minItems", "maxItems"}
+        if wrong := sorted((set(schema) & specific) - applies):
+            raise ValueError(f"{hint}: keyword {wrong[0]!r} is not supported on type {kind!r}")
+
+    def ref(self, ref: str) -> str:
+        prefix = "#/$defs/"
+        if not isinstance(ref, str) or not ref.startswith(prefix) or ref[len(prefix):] not in self.defs:
+            raise ValueError(f"$ref {ref!r}: only references to #/$defs/<name> with that name defined are supported")
+        name = ref[len(prefix):]
+        if name not in self.refs:
+            self.refs[name] = rule = f"def:{name}"
+            self.grammar.rule(rule, [self.value(self.defs[name], rule)])
+        return self.refs[name]
+
+    def string(self, schema: dict[str, Any], hint: str) -> str:
+        if "pattern" in schema:
+            if "minLength" in schema or "maxLength" in schema:
+                raise ValueError(f"{hint}: pattern together with minLength/maxLength is not supported")
+            body = self.automaton(RegexAutomaton.compile(schema["pattern"]), hint + ".pattern")
+        else:
+            low, high = schema.get("minLength", 0), schema.get("maxLength")
+            body = self.repeat(["char"], low, high, hint + ".chars", separator=None)
+        return self.grammar.rule(self.new(hint + ".string"), ['"', body, '"'])
+
+    def automaton(self, dfa: RegexAutomaton, hint: str) -> str:
+        """A right-linear rule per live state of `dfa`, on unescaped characters only."""
+        listed = frozenset(dfa.symbols)
+        names = {q: f"{hint}@{q}#{self.count + 1}" for q in dfa.live_states}
+        self.count += 1
+        for q, name in names.items():
+            alternatives: list[list[Any]] = [[]] if dfa.accepting(q) else []
+            for symbol, nxt in dfa.transitions[q].items():
+                if nxt not in names:
+                    continue
+                chars = {c for c, s in dfa.symbols.items() if s == symbol}
+                allowed = (CharSet.but(listed) if symbol == dfa.other else CharSet.of(chars)) & UNESCAPED
+                if allowed.negated or allowed.chars:
+                    alternatives.append([allowed, names[nxt]])
+            self.grammar.rule(name, *alternatives)
+        return names[dfa.start]
+
+    def repeat(self, item: list[Any], low: int, high: int | None, hint: str, separator: str | None) -> str:
+        """item{low,high} (high None: no bound), `separator` between items; one rule per count up to the bound."""
+        if low < 0 or (high is not None and high < low):
+            raise ValueError(f"{hint}: bounds [{low}, {high}] are not a range")
+        sep = [separator] if separator else []
+        top = high if high is not None else max(low, 1)
+        names = [self.new(f"{hint}{{{k}}}") for k in range(top + 1)]     # names[k]: k items read so far
+        for k, name in enumerate(names):
+            alternatives: list[list[Any]] = [[]] if k >= low else []
+            if high is None and k == top:
+                alternatives.append([*sep, *item, name])                 # unbounded: loop at the last count
+            elif k < top:
+                alternatives.append([*(sep if k else []), *item, names[k + 1]])
+            self.grammar.rule(name, *alternatives)
+        return names[0]
+
+    def integer(self, schema: dict[str, Any], hint: str) -> str:
+        if "minimum" not in schema and "maximum" not in schema:
+            return "integer"
+        low, high = schema.get("minimum"), schema.get("maximum")
+        if any(b is not None and (not isinstance(b, int) or isinstance(b, bool)) for b in (low, high)):
+            raise ValueError(f"{hint}: integer bounds must be integers, got minimum={low!r}, maximum={high!r}")
+        if low is None or high is None:
+            raise ValueError(f"{hint}: give an integer both minimum and maximum (a one-sided bound is not supported)")
+        return self.automaton(RegexAutomaton.compile(integer_range_pattern(low, high)), hint + ".range")
+
+    def number(self, schema: dict[str, Any], hint: str) -> str:
+        return "number"
+
+    def object(self, schema: dict[str, Any], hint: str) -> str:
+        if schema.get("additionalProperties", False) is not False:
+            raise ValueError(f"{hint}: additionalProperties other than false is not supported")
+        props = schema.get("properties", {})
+        required = set(schema.get("required", []))
+        if missing := sorted(required - set(props)):
+            raise ValueError(f"{hint}: required property {missing[0]!r} is not in properties")
+        keys = list(props)
+        # first[i]: no property written yet, from the i-th on; rest[i]: some written, the next needs a comma
+        first = [self.new(f"{hint}.first{i}") for i in range(len(keys) + 1)]
+        rest = [self.new(f"{hint}.rest{i}") for i in range(len(keys) + 1)]
+        for i, key in enumerate(keys):
+            member = [*literal(json.dumps(key, ensure_ascii=False) + ":"), self.value(props[key], f"{hint}.{key}")]
+            self.grammar.rule(first[i], [*member, rest[i + 1]], *([] if key in required else [[first[i + 1]]]))
+            self.grammar.rule(rest[i], [",", *member, rest[i + 1]], *([] if key in required else [[rest[i + 1]]]))
+        self.grammar.rule(first[-1], [])
+        self.grammar.rule(rest[-1], [])
+        return self.grammar.rule(self.new(hint + ".object"), ["{", first[0], "}"])
+
+    def array(self, schema: dict[str, Any], hint: str) -> str:
+        if "items" not in schema:
+            raise ValueError(f"{hint}: an array needs `items` (a schema for its elements)")
+        item = self.value(schema["items"], hint + "[]")
+        body = self.repeat([item], schema.get("minItems", 0), schema.get("maxItems"), hint + ".items", separator=",")
+        return self.grammar.rule(self.new(hint + ".array"), ["[", body, "]"])
+
+
+def integer_range_pattern(low: int, high: int) -> str:
+    """A regular expression for the decimal integers in [low, high] (no leading zeros, "-" for negatives)."""
+    if low > high:
+        raise ValueError(f"empty range [{low}, {high}]")
+    parts = []
+    if low < 0:
+        parts += ["-(" + _positive_range(max(1, -high), -low) + ")"] if -low >= max(1, -high) else []
+    if high >= 0:
+        parts.append(_natural_range(max(0, low), high))
+    return "|".join(f"({p})" for p in parts)
+
+
+def _natural_range(low: int, high: int) -> str:
+    return ("0|" + _positive_range(1, high) if high >= 1 else "0") if low == 0 else _positive_range(low, high)
+
+
+def _positive_range(low: int, high: int) -> str:
+    """Alternatives for [low, high], 1 <= low <= high, split at powers of ten and then digit by digit."""
+    out = []
+    while low <= high:
+        digits = len(str(low))
+        top = min(high, 10 ** digits - 1)
+        out += _same_length(str(low), str(top))
+        low = top + 1
+    return "|".join(out)
+
+
+def _same_length(lo: str, hi: str) -> list[str]:
+    """Patterns for the numbers from lo to hi, both of the same number of digits."""
+    if lo == hi:
+        return [lo]
+    if len(lo) == 1:
+        return [f"[{lo}-{hi}]"]
+    if lo[0] == hi[0]:
+        return [lo[0] + p for p in _group(_same_length(lo[1:], hi[1:]))]
+    n = len(lo) - 1
+    out = []
+    if lo[1:] != "0" * n:
+        out += [lo[0] + p for p in _group(_same_length(lo[1:], "9" * n))]
+        first = int(lo[0]) + 1
+    else:
+        first = int(lo[0])
+    last = int(hi[0]) - 1 if hi[1:] != "9" * n else int(hi[0])
+    if first <= last:
+        out.append(f"[{first}-{last}][0-9]{{{n}}}")
+    if hi[1:] != "9" * n:
+        out += [hi[0] + p for p in _group(_same_length("0" * n, hi[1:]))]
+    return out
+
+
+def _group(patterns: list[str]) -> list[str]:
+    return [f"({'|'.join(patterns)})"] if len(patterns) > 1 else patterns
