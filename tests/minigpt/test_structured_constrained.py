@@ -1,0 +1,45 @@
+"""minigpt.structured.constrained: with the mask, every generated prefix stays in the language and a finished
+answer is a whole sentence of it; without it, the same loop is the model's own greedy decode."""
+
+from __future__ import annotations
+
+import pytest
+
+from minigpt.checkpoint import load_model
+from minigpt.engine.cached_generation import generate_kv_cache
+from minigpt.structured.constrained import generate_constrained
+from minigpt.structured.json_schema import compile_json_schema
+from minigpt.structured.regex_automaton import RegexAutomaton
+from minigpt.structured.token_masks import TokenTrie, Vocabulary
+from minigpt.tokenizer import load_tokenizer
+
+SCHEMA = {"type": "object", "properties": {"port": {"type": "integer", "minimum": 1, "maximum": 65535},
+                                           "debug": {"type": "boolean"}}, "required": ["port"]}
+
+
+@pytest.fixture(scope="module")
+def setup():
+    enc = load_tokenizer()
+    return load_model("draft"), enc, TokenTrie(Vocabulary.from_tokenizer(enc))
+
+
+@pytest.mark.parametrize("automaton", [RegexAutomaton.compile(r"(0|[1-9][0-9]{0,3})\.[0-9]{2}"),
+                                       compile_json_schema(SCHEMA)], ids=["regex", "json schema"])
+def test_constrained_text_stays_in_the_language(setup, automaton):
+    model, enc, trie = setup
+    out = generate_constrained(model, enc.encode("value = "), automaton, trie, max_new_tokens=24)
+    start = automaton.start_state() if hasattr(automaton, "start_state") else automaton.start
+    assert automaton.walk(start, out.text) is not None
+    assert out.complete == (out.stopped == "end") or out.stopped == "length"
+    if out.stopped == "end":
+        assert automaton.accepting(automaton.walk(start, out.text))
+    assert out.mask_seconds > 0 and out.model_seconds > 0
+
+
+def test_unconstrained_is_the_models_greedy_decode(setup):
+    model, enc, trie = setup
+    prompt = enc.encode("def main():\n    ")
+    out = generate_constrained(model, prompt, RegexAutomaton.compile("[a-z]+"), trie, max_new_tokens=12,
+                               constrain=False)
+    assert out.tokens == generate_kv_cache(model, prompt, 12, stop_token_ids=()).tokens[:len(out.tokens)]
+    assert out.mask_seconds == 0
