@@ -142,10 +142,10 @@ def test_the_masks_equal_xgrammars_along_random_paths(name, vocab, trie):
     grammar = compile_json_schema(schema)
     has_text = np.array([t is not None for t in vocab.texts])
     rng = random.Random(name)
-    for _path in range(3):
+    for _path in range(2):                  # a step inside a string walks most of the trie: ~0.1 s each
         matcher.reset()
         state = grammar.start_state()
-        for _step in range(40):
+        for _step in range(28):
             ours = mask_by_trie(grammar, state, trie).numpy()
             matcher.fill_next_token_bitmask(bitmask)
             theirs = _bits(bitmask[0], len(vocab))
