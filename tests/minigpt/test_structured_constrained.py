@@ -43,3 +43,15 @@ def test_unconstrained_is_the_models_greedy_decode(setup):
                                constrain=False)
     assert out.tokens == generate_kv_cache(model, prompt, 12, stop_token_ids=()).tokens[:len(out.tokens)]
     assert out.mask_seconds == 0
+
+
+def test_the_cached_masks_decode_the_same_tokens(setup):
+    from minigpt.structured.token_cache import ContextCache
+
+    model, enc, trie = setup
+    grammar = compile_json_schema(SCHEMA)
+    prompt = enc.encode("settings = ")
+    plain = generate_constrained(model, prompt, grammar, trie, max_new_tokens=16)
+    cached = generate_constrained(model, prompt, grammar, trie, max_new_tokens=16,
+                                  masks=ContextCache(grammar, trie).mask)
+    assert cached.tokens == plain.tokens and cached.complete == plain.complete

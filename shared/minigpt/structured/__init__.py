@@ -4,7 +4,8 @@ r"""Structured generation (lab 10): constrain decoding to a language, one token 
     grammar = compile_json_schema(schema)                               # json_schema.py -> grammar.py: a pushdown recognizer
     trie = TokenTrie(Vocabulary.from_tokenizer(load_tokenizer()))       # token_masks.py: the tokens' texts in a trie
     mask = mask_by_trie(automaton, state, trie)                         # (V,) bool: what may come next from `state`
-    out = generate_constrained(model, prompt, grammar, trie, max_new_tokens=64)     # constrained.py
+    cache = ContextCache(grammar, trie)                                 # token_cache.py: masks from cached rule positions
+    out = generate_constrained(model, prompt, grammar, trie, max_new_tokens=64, masks=cache.mask)   # constrained.py
 
 Three ways to compute the same mask (token_masks.py): scan the vocabulary, walk a token trie, or look it up in a
 `MaskIndex` precomputed for every state of a DFA at compile time. Checked against XGrammar and llguidance.

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -38,9 +38,11 @@ class ConstrainedGeneration:
 
 @torch.inference_mode()
 def generate_constrained(model: GPT, prompt: Sequence[int], automaton: Automaton, trie: TokenTrie, *,
-                         max_new_tokens: int, sampling: SamplingParams | None = None,
-                         constrain: bool = True) -> ConstrainedGeneration:
-    """Decode up to `max_new_tokens` after `prompt`, masking the logits with `mask_by_trie` at every step."""
+                         max_new_tokens: int, sampling: SamplingParams | None = None, constrain: bool = True,
+                         masks: Callable[[Any], torch.Tensor] | None = None) -> ConstrainedGeneration:
+    """Decode up to `max_new_tokens` after `prompt`, masking the logits at every step with `masks(state)` (default:
+    `mask_by_trie`; a `token_cache.ContextCache(grammar, trie).mask` gives the same masks from its cache)."""
+    masks = masks or (lambda state: mask_by_trie(automaton, state, trie))
     sampling = sampling or SamplingParams()
     vocab = trie.vocab
     generator = make_generator(sampling, model.device)
@@ -57,7 +59,7 @@ def generate_constrained(model: GPT, prompt: Sequence[int], automaton: Automaton
         t1 = time.perf_counter()
         model_s += t1 - t0
         if constrain:
-            allowed = mask_by_trie(automaton, state, trie).to(logits.device)
+            allowed = masks(state).to(logits.device)
             mask_s += time.perf_counter() - t1
             if not allowed.any():
                 stopped = "no token"

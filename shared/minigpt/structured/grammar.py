@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Union
 
-__all__ = ["CharSet", "Grammar", "Symbol", "State", "literal"]
+__all__ = ["CharSet", "Grammar", "Symbol", "State", "literal", "END"]
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,15 @@ def literal(text: str) -> tuple[str, ...]:
     return tuple(text)
 
 
-Symbol = Union[str, CharSet]          # a str of length 1 is a terminal character; a longer one or a name, a rule
+class _End:
+    """The end of a rule's alternative on a stack (see `Grammar._close`)."""
+
+    def __repr__(self) -> str:
+        return "END"
+
+
+END = _End()
+Symbol = Union[str, CharSet, _End]          # a str of length 1 is a terminal character; a longer one or a name, a rule
 Stack = tuple[Symbol, ...]
 State = frozenset[Stack]
 
@@ -69,7 +77,8 @@ class Grammar:
         self.rules.setdefault(name, []).extend(tuple(_split(a)) for a in alternatives)
         return name
 
-    def _is_rule(self, symbol: Symbol) -> bool:
+    @staticmethod
+    def _is_rule(symbol: Symbol) -> bool:
         return isinstance(symbol, str) and len(symbol) > 1
 
     def check(self) -> None:
@@ -110,8 +119,13 @@ class Grammar:
     def start_state(self) -> State:
         return self._close([(self.start,)])
 
-    def _close(self, stacks: Iterable[Stack]) -> State:
-        """Expand every stack until a terminal is on top (or it is empty: the input so far is a whole sentence)."""
+    def _close(self, stacks: Iterable[Stack], *, keep_ends: bool = False) -> State:
+        """Expand every stack until a terminal is on top (or it is empty: the input so far is a whole sentence).
+
+        Expanding a rule pushes an END marker under its alternative (unless one is already there: a rule that ends
+        its parent's alternative shares the parent's marker, so right recursion does not grow the stack), so a
+        stack's symbols up to its first END are what is left of the innermost rule. An END on top is popped, or,
+        with `keep_ends`, kept: the stack then stands for "this rule is done, what follows is the context's"."""
         done: set[Stack] = set()
         todo = list(stacks)
         seen: set[Stack] = set()
@@ -120,19 +134,23 @@ class Grammar:
             if stack in seen:
                 continue
             seen.add(stack)
-            if stack and self._is_rule(stack[0]):
-                todo.extend(alt + stack[1:] for alt in self.rules[stack[0]])
+            if stack and stack[0] is END and not keep_ends:
+                todo.append(stack[1:])
+            elif stack and self._is_rule(stack[0]):
+                rest = stack[1:]
+                marker = () if not rest or rest[0] is END else (END,)
+                todo.extend(alt + marker + rest for alt in self.rules[stack[0]])
             else:
                 done.add(stack)
         return frozenset(done)
 
-    def advance(self, state: State | None, ch: str) -> State | None:
+    def advance(self, state: State | None, ch: str, *, keep_ends: bool = False) -> State | None:
         """The stacks after reading `ch`, or None when none can read it."""
         if not state:
             return None
-        moved = [stack[1:] for stack in state if stack and (stack[0] == ch if isinstance(stack[0], str)
-                                                            else ch in stack[0])]
-        return self._close(moved) if moved else None
+        moved = [stack[1:] for stack in state if stack and stack[0] is not END and (
+            stack[0] == ch if isinstance(stack[0], str) else ch in stack[0])]
+        return self._close(moved, keep_ends=keep_ends) if moved else None
 
     step = advance                                  # the names token_masks walks an automaton with
 
