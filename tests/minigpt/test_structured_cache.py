@@ -11,14 +11,8 @@ import torch
 
 from minigpt.structured.json_schema import compile_json_schema
 from minigpt.structured.token_cache import ContextCache
-from minigpt.structured.token_masks import TokenTrie, Vocabulary, mask_by_trie
-from minigpt.tokenizer import load_tokenizer
+from minigpt.structured.token_masks import mask_by_trie
 from tests.minigpt.test_structured_json import DOCUMENTS
-
-
-@pytest.fixture(scope="module")
-def trie():
-    return TokenTrie(Vocabulary.from_tokenizer(load_tokenizer()))
 
 
 def _walk(grammar, trie, cache, seed, paths=2, steps=24):

@@ -18,7 +18,7 @@ import xgrammar
 
 from minigpt.structured.grammar import CharSet, Grammar
 from minigpt.structured.json_schema import compile_json_schema, integer_range_pattern
-from minigpt.structured.token_masks import TokenTrie, Vocabulary, mask_by_scan, mask_by_trie
+from minigpt.structured.token_masks import mask_by_scan, mask_by_trie
 from minigpt.tokenizer import load_tokenizer
 
 PERSON = {"type": "object", "properties": {
@@ -104,16 +104,6 @@ def test_a_left_recursive_rule_is_refused():
     g.rule("item", [CharSet.of("ab")])
     with pytest.raises(ValueError, match="left-recursive"):
         g.check()
-
-
-@pytest.fixture(scope="module")
-def vocab():
-    return Vocabulary.from_tokenizer(load_tokenizer())
-
-
-@pytest.fixture(scope="module")
-def trie(vocab):
-    return TokenTrie(vocab)
 
 
 def _bits(words: torch.Tensor, size: int) -> np.ndarray:

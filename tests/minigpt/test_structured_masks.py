@@ -16,21 +16,11 @@ import pytest
 import torch
 
 from minigpt.structured.regex_automaton import RegexAutomaton
-from minigpt.structured.token_masks import MaskIndex, TokenTrie, Vocabulary, mask_by_scan, mask_by_trie
+from minigpt.structured.token_masks import MaskIndex, mask_by_scan, mask_by_trie
 from minigpt.tokenizer import load_tokenizer
 
 PATTERNS = [r"[0-9]{1,3}(\.[0-9]+)?", r"(true|false|null)", r"def [a-z_]+\((x|y)?\):", r'"[a-z ]{0,12}"',
             r"(ab|a)*c", r"[A-Z][a-z]+( [A-Z][a-z]+)*"]
-
-
-@pytest.fixture(scope="module")
-def vocab():
-    return Vocabulary.from_tokenizer(load_tokenizer())
-
-
-@pytest.fixture(scope="module")
-def trie(vocab):
-    return TokenTrie(vocab)
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)
