@@ -55,3 +55,21 @@ def test_the_cached_masks_decode_the_same_tokens(setup):
     cached = generate_constrained(model, prompt, grammar, trie, max_new_tokens=16,
                                   masks=ContextCache(grammar, trie).mask)
     assert cached.tokens == plain.tokens and cached.complete == plain.complete
+
+
+def test_the_forced_text_of_an_object_is_its_first_key():
+    grammar = compile_json_schema(SCHEMA)
+    assert grammar.forced_text(grammar.start_state()) == '{"port":'
+    assert grammar.forced_text(grammar.walk(grammar.start_state(), '{"port":8')) == ""      # a digit, "," or "}"
+
+
+def test_jump_forward_gives_the_same_tokens_in_fewer_passes(setup):
+    model, enc, trie = setup
+    grammar = compile_json_schema(SCHEMA)
+    prompt = enc.encode("settings = ")
+    kw = dict(max_new_tokens=16, forced=enc.encode)
+    one_a_pass = generate_constrained(model, prompt, grammar, trie, **kw)
+    jumped = generate_constrained(model, prompt, grammar, trie, jump_forward=True, **kw)
+    assert jumped.tokens == one_a_pass.tokens and jumped.forced_tokens == one_a_pass.forced_tokens > 0
+    assert jumped.forward_passes == one_a_pass.forward_passes - jumped.forced_tokens
+    assert jumped.tokens[:len(enc.encode('{"port":'))] == enc.encode('{"port":')     # the canonical tokens

@@ -7,6 +7,9 @@ r"""Structured generation (lab 10): constrain decoding to a language, one token 
     cache = ContextCache(grammar, trie)                                 # token_cache.py: masks from cached rule positions
     out = generate_constrained(model, prompt, grammar, trie, max_new_tokens=64, masks=cache.mask)   # constrained.py
 
+`Grammar.forced_text(state)` is what the grammar admits alone; `generate_constrained(..., forced=enc.encode,
+jump_forward=True)` takes its tokens without a forward pass each (SGLang's jump-forward decoding).
+
 Three ways to compute the same mask (token_masks.py): scan the vocabulary, walk a token trie, or look it up in a
 `MaskIndex` precomputed for every state of a DFA at compile time. Checked against XGrammar and llguidance.
 """

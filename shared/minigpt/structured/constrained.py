@@ -34,14 +34,24 @@ class ConstrainedGeneration:
     stopped: str                    # "end" (end-of-text chosen), "length", or "no token" (nothing allowed)
     mask_seconds: float
     model_seconds: float
+    forward_passes: int = 0
+    forced_tokens: int = 0          # tokens taken from the grammar's forced text, not sampled
 
 
 @torch.inference_mode()
 def generate_constrained(model: GPT, prompt: Sequence[int], automaton: Automaton, trie: TokenTrie, *,
                          max_new_tokens: int, sampling: SamplingParams | None = None, constrain: bool = True,
-                         masks: Callable[[Any], torch.Tensor] | None = None) -> ConstrainedGeneration:
+                         masks: Callable[[Any], torch.Tensor] | None = None,
+                         forced: Callable[[str], list[int]] | None = None,
+                         jump_forward: bool = False) -> ConstrainedGeneration:
     """Decode up to `max_new_tokens` after `prompt`, masking the logits at every step with `masks(state)` (default:
-    `mask_by_trie`; a `token_cache.ContextCache(grammar, trie).mask` gives the same masks from its cache)."""
+    `mask_by_trie`; a `token_cache.ContextCache(grammar, trie).mask` gives the same masks from its cache).
+
+    `forced` (a tokenizer's encode; grammars only): where the grammar admits one continuation
+    (`Grammar.forced_text`), take the tokens of that text as `forced` tokenizes it, alone, instead of sampling them
+    (the canonical tokenization of the forced text, as llguidance does; no merge with the token before it). Without
+    `jump_forward` they still go through the model one a pass; with it (SGLang's jump-forward decoding) they all go
+    into the next forward pass together, so the output is the same tokens in fewer passes."""
     masks = masks or (lambda state: mask_by_trie(automaton, state, trie))
     sampling = sampling or SamplingParams()
     vocab = trie.vocab
@@ -53,25 +63,52 @@ def generate_constrained(model: GPT, prompt: Sequence[int], automaton: Automaton
     pieces: list[str] = []
     mask_s = model_s = 0.0
     stopped = "length"
-    for _ in range(max_new_tokens):
+    passes = forced_count = 0
+    plan: list[int] = []                     # forced tokens still to emit
+    while len(tokens) < max_new_tokens:
+        if constrain and forced is not None and not plan and state is not None:
+            t0 = time.perf_counter()
+            text = automaton.forced_text(state)
+            plan = forced(text)[:max_new_tokens - len(tokens)] if text else []
+            mask_s += time.perf_counter() - t0
+            if plan and jump_forward:            # no pass for them: they ride with the next one
+                forced_count += len(plan)
+                state = _append(plan, tokens, pieces, vocab, automaton, state)
+                x = torch.cat([x, torch.tensor([plan], device=model.device)], dim=1)
+                plan = []
+                continue
         t0 = time.perf_counter()
         logits = model(x, positions=cache.next_positions(x.shape[1]), kv_caches=cache)[:, -1].float()
-        t1 = time.perf_counter()
-        model_s += t1 - t0
-        if constrain:
-            allowed = masks(state).to(logits.device)
-            mask_s += time.perf_counter() - t1
-            if not allowed.any():
-                stopped = "no token"
+        passes += 1
+        model_s += time.perf_counter() - t0
+        if plan:                                  # forced, one token a pass: the logits are not used
+            new, plan = plan[:1], plan[1:]
+            forced_count += 1
+        else:
+            if constrain:
+                t1 = time.perf_counter()
+                allowed = masks(state).to(logits.device)
+                mask_s += time.perf_counter() - t1
+                if not allowed.any():
+                    stopped = "no token"
+                    break
+                logits = logits.masked_fill(~allowed, float("-inf"))
+            token = int(sample_next(logits, sampling, generator))
+            if token == vocab.eos_id:
+                stopped = "end"
                 break
-            logits = logits.masked_fill(~allowed, float("-inf"))
-        token = int(sample_next(logits, sampling, generator))
-        if token == vocab.eos_id:
-            stopped = "end"
-            break
+            new = [token]
+        state = _append(new, tokens, pieces, vocab, automaton, state)
+        x = torch.tensor([new], device=model.device)
+    return ConstrainedGeneration(tokens, "".join(pieces), automaton.accepting(state), stopped, mask_s, model_s,
+                                 passes, forced_count)
+
+
+def _append(new: list[int], tokens: list[int], pieces: list[str], vocab: Any, automaton: Automaton, state: Any) -> Any:
+    """Record `new` tokens and return the automaton's state after their texts (None once it left the language)."""
+    for token in new:
         tokens.append(token)
         text = vocab.texts[token]
         pieces.append(text if text is not None else "\ufffd")
         state = automaton.walk(state, text) if state is not None and text is not None else None
-        x = torch.tensor([[token]], device=model.device)
-    return ConstrainedGeneration(tokens, "".join(pieces), automaton.accepting(state), stopped, mask_s, model_s)
+    return state

@@ -163,6 +163,20 @@ class Grammar:
 
     walk = advance_text
 
+    def forced_text(self, state: State | None, limit: int = 256) -> str:
+        """The characters every continuation of `state` starts with: read while every stack has the same single
+        character on top and the input cannot end (an empty stack) here; '' where there is a choice."""
+        out: list[str] = []
+        while state and len(out) < limit and () not in state:
+            tops = {s[0] for s in state}
+            top = next(iter(tops))
+            if len(tops) > 1 or not (isinstance(top, str) or (not top.negated and len(top.chars) == 1)):
+                break
+            ch = top if isinstance(top, str) else next(iter(top.chars))
+            out.append(ch)
+            state = self.advance(state, ch)
+        return "".join(out)
+
     @staticmethod
     def accepting(state: State | None) -> bool:
         return bool(state) and () in state
