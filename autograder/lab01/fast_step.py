@@ -52,7 +52,8 @@ POISON = 1e3        # what the cache holds past the position being decoded: a st
 def step_model(name: str, seed: int = 0) -> GPT:
     """A small model with weights drawn from `seed`, norms included (ones would hide a norm left out)."""
     g = torch.Generator().manual_seed(seed)
-    model = GPT(STEP_CONFIGS[name]).eval()
+    with torch.random.fork_rng():                     # the constructor's own draws leave the global RNG as it was
+        model = GPT(STEP_CONFIGS[name]).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * (0.3 if p.ndim == 2 else 0.2) + (1.0 if p.ndim == 1 else 0.0))
@@ -71,8 +72,8 @@ def _call(fn: Callable, what: str, *args: Any) -> Any:
 
 # ---------------------------------------------------------------------------------------------- Exercise 4
 
-def _diagnose_matrix(key: str, i: int | None, got: torch.Tensor, want: torch.Tensor, state: dict, cfg: ModelConfig,
-                     where: str) -> str:
+def _diagnose_matrix(key: str, i: int | None, got: torch.Tensor, want: torch.Tensor, state: dict,
+                     cfg: ModelConfig) -> str:
     """The likeliest mistake behind a wrong fused matrix."""
     p = f"layers.{i}."
     if tuple(got.shape) == tuple(want.shape[::-1]):
@@ -126,7 +127,7 @@ def check_fuse_weights(fuse_fn: Callable) -> None:
                                 "rope_scaling), as the model does (this model has rope_theta "
                                 f"{cfg.rope_theta:g}{' and rope_scaling' if cfg.rope_scaling else ''})")
                     elif key in MATRICES or key == "head":
-                        hint = _diagnose_matrix(key, i, g, r, state, cfg, where)
+                        hint = _diagnose_matrix(key, i, g, r, state, cfg)
                     else:
                         hint = f"expected {tuple(r.shape)} {r.dtype}, the state dict's tensor as it is"
                     raise AssertionError(f"{where}: {label} is wrong: {hint}")

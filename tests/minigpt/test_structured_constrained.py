@@ -28,7 +28,7 @@ def setup():
 def test_constrained_text_stays_in_the_language(setup, automaton):
     model, enc, trie = setup
     out = generate_constrained(model, enc.encode("value = "), automaton, trie, max_new_tokens=24)
-    start = automaton.start_state() if hasattr(automaton, "start_state") else automaton.start
+    start = automaton.start_state()
     assert automaton.walk(start, out.text) is not None
     assert out.complete == (out.stopped == "end") or out.stopped == "length"
     if out.stopped == "end":

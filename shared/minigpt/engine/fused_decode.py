@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from minigpt.cache.contiguous import KVCache
-from minigpt.engine.static_decode import k_major
-from minigpt.model import GPT, LayerCache, rope_angles
+from minigpt.engine.static_decode import MATRICES, fuse_weights
+from minigpt.model import GPT, LayerCache
 
 __all__ = ["FusedModel", "fusable", "generate_fused"]
 
@@ -45,11 +45,6 @@ def _version(t: Tensor) -> int | None:
     return None if t.is_inference() else t._version
 
 
-def _k_major(*linears: nn.Module) -> Tensor:
-    """The weights of `linears` side by side, (in_features, sum of out_features), contiguous: x @ W = [l(x) for l]."""
-    return k_major(*(linear.weight for linear in linears))
-
-
 class FusedModel:
     """Callable like the GPT it was made from: tokens (B, T), positions, kv_caches -> logits (B, T, vocab)."""
 
@@ -61,18 +56,13 @@ class FusedModel:
         cfg = model.config
         self.model, self.config = model, cfg
         self.heads, self.kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        angles = rope_angles(torch.arange(cfg.max_seq_len, device=model.device), cfg.head_dim, cfg.rope_theta,
-                             cfg.rope_scaling)                                          # (S, D/2)
-        self.cos, self.sin = angles.cos(), angles.sin()
         self._fuse()
 
     def _fuse(self) -> None:
-        blocks = self.model.layers
-        self.qkv = [_k_major(b.attn.wq, b.attn.wk, b.attn.wv) for b in blocks]       # (d, (H + 2 Hkv) D)
-        self.wo = [_k_major(b.attn.wo) for b in blocks]                                # (H D, d)
-        self.gate_up = [_k_major(b.mlp.w_gate, b.mlp.w_up) for b in blocks]            # (d, 2 d_ff)
-        self.down = [_k_major(b.mlp.w_down) for b in blocks]                           # (d_ff, d)
-        self.head = _k_major(self.model.lm_head)                                       # (d, vocab)
+        """The K-major matrices and the RoPE table, as lab 01's `static_decode.fuse_weights` makes them."""
+        w = fuse_weights(self.model.state_dict(), self.config)
+        self.qkv, self.wo, self.gate_up, self.down = (w[key] for key in MATRICES)     # lists of one a layer
+        self.head, self.cos, self.sin = w["head"], w["cos"], w["sin"]                  # (d, vocab), (S, D/2) x 2
         self._made_from = [(m, m.weight, _version(m.weight)) for m in _projections(self.model)]
 
     def _stale(self) -> bool:

@@ -43,7 +43,8 @@ def fuse_weights(state: dict[str, Tensor], config: ModelConfig) -> dict[str, Ten
     embed (V, d); per layer (lists of L) attn_norm (d,), qkv (d, (H + 2 Hkv) D), wo (H D, d), mlp_norm (d,),
     gate_up (d, 2 d_ff), down (d_ff, d); norm (d,), head (d, V); cos and sin (max_seq_len, D / 2)."""
     layer = [f"layers.{i}." for i in range(config.n_layers)]
-    angles = rope_angles(torch.arange(config.max_seq_len), config.head_dim, config.rope_theta, config.rope_scaling)
+    positions = torch.arange(config.max_seq_len, device=state["tok_emb.weight"].device)
+    angles = rope_angles(positions, config.head_dim, config.rope_theta, config.rope_scaling)
     return {
         "embed": state["tok_emb.weight"].detach().contiguous(),
         "attn_norm": [state[p + "attn_norm.weight"].detach() for p in layer],

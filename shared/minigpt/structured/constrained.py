@@ -58,7 +58,7 @@ def generate_constrained(model: GPT, prompt: Sequence[int], automaton: Automaton
     generator = make_generator(sampling, model.device)
     cache = KVCache.for_model(model, 1, max_seq_len=len(prompt) + max_new_tokens)
     x = torch.tensor([list(prompt)], device=model.device)
-    state: Any = automaton.start_state() if hasattr(automaton, "start_state") else automaton.start
+    state: Any = automaton.start_state()
     tokens: list[int] = []
     pieces: list[str] = []
     mask_s = model_s = 0.0

@@ -189,7 +189,4 @@ def _split(alternative: Iterable[Symbol]) -> list[Symbol]:
     """An alternative as symbols; a bare string is a literal, one terminal per character."""
     if isinstance(alternative, str):
         return list(alternative)
-    out: list[Symbol] = []
-    for s in alternative:
-        out.extend(s if isinstance(s, tuple) else (s,))      # literal(...) pieces flattened
-    return out
+    return [piece for s in alternative for piece in (s if isinstance(s, tuple) else (s,))]   # literal(...) flattened

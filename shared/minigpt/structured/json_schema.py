@@ -36,6 +36,10 @@ SUPPORTED = {"type", "properties", "required", "additionalProperties", "enum", "
 CONTROL = {chr(i) for i in range(0x20)}
 UNESCAPED = CharSet.but({'"', "\\"} | CONTROL)            # a string character that needs no escape
 DIGIT, NONZERO = CharSet.of("0123456789"), CharSet.of("123456789")
+KEYWORDS_OF_TYPE = {"string": {"pattern", "minLength", "maxLength"}, "integer": {"minimum", "maximum"},
+                    "object": {"properties", "required", "additionalProperties"},
+                    "array": {"items", "minItems", "maxItems"}}
+TYPE_SPECIFIC = set().union(*KEYWORDS_OF_TYPE.values())
 
 
 def compile_json_schema(schema: dict[str, Any]) -> Grammar:
@@ -100,12 +104,7 @@ class _Compiler:
 
     def _refuse(self, schema: dict[str, Any], hint: str, kind: str) -> None:
         """Keywords that do not apply to `kind`: an error rather than a grammar that ignores them."""
-        applies = {"string": {"pattern", "minLength", "maxLength"}, "integer": {"minimum", "maximum"},
-                   "object": {"properties", "required", "additionalProperties"},
-                   "array": {"items", "minItems", "maxItems"}}.get(kind, set())
-        specific = {"pattern", "minLength", "maxLength", "minimum", "maximum", "properties", "required",
-                    "additionalProperties", "items", "minItems", "maxItems"}
-        if wrong := sorted((set(schema) & specific) - applies):
+        if wrong := sorted((set(schema) & TYPE_SPECIFIC) - KEYWORDS_OF_TYPE.get(kind, set())):
             raise ValueError(f"{hint}: keyword {wrong[0]!r} is not supported on type {kind!r}")
 
     def ref(self, ref: str) -> str:

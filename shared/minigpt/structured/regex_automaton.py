@@ -43,6 +43,10 @@ class RegexAutomaton:
         return cls(pattern, fsm.initial, symbols, other, transitions, frozenset(fsm.finals),
                    _reaching(transitions, frozenset(fsm.finals)))
 
+    def start_state(self) -> int:
+        """The state before any character (as `Grammar.start_state`: one call starts either automaton)."""
+        return self.start
+
     @property
     def states(self) -> list[int]:
         return sorted(self.transitions)

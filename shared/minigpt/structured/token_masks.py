@@ -25,7 +25,8 @@ from torch import Tensor
 
 from minigpt.structured.regex_automaton import RegexAutomaton
 
-Automaton = Any        # a RegexAutomaton or a grammar.Grammar: step(state, ch), walk(state, text), accepting(state)
+Automaton = Any        # a RegexAutomaton or a grammar.Grammar: start_state(), step(state, ch), walk(state, text),
+                       # accepting(state)
 
 __all__ = ["Vocabulary", "TokenTrie", "MaskIndex", "mask_by_scan", "mask_by_trie"]
 
@@ -38,8 +39,7 @@ class Vocabulary:
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> "Vocabulary":
         """Each token's text from a tiktoken Encoding (its bytes, decoded alone); `<|endoftext|>` is the end token."""
-        special = {i for i in range(tokenizer.n_vocab) if i >= tokenizer.max_token_value + 1} | \
-            {tokenizer.encode_single_token(s) for s in tokenizer.special_tokens_set}
+        special = {tokenizer.encode_single_token(s) for s in tokenizer.special_tokens_set}
         texts = []
         for i in range(tokenizer.n_vocab):
             if i in special:
