@@ -17,7 +17,8 @@ import torch
 import xgrammar
 
 from minigpt.structured.grammar import CharSet, Grammar
-from minigpt.structured.json_schema import compile_json_schema, integer_range_pattern
+from minigpt.structured.json_schema import (compile_json_schema, integer_range_pattern, json_object_grammar,
+                                            number_range_pattern)
 from minigpt.structured.token_masks import mask_by_scan, mask_by_trie
 from minigpt.tokenizer import load_tokenizer
 
@@ -55,6 +56,11 @@ DOCUMENTS = {
                     {"value": "1"}]),
     "choice": (CHOICE, [{"kind": "circle", "r": 2.0}, {"kind": "square", "side": 3}, {"kind": "square", "r": 1},
                         {"kind": "circle", "side": 2}, {"kind": "triangle", "r": 1}]),
+    "bounded": ({"type": "object", "properties": {"p": {"type": "number", "minimum": 0, "maximum": 1},
+                                                  "k": {"type": "integer", "exclusiveMinimum": 0},
+                                                  "any": {}}, "required": ["p", "k"]},
+                [{"p": 0.5, "k": 1}, {"p": 1.0, "k": 99999}, {"p": 0, "k": 3, "any": [1, {"a": None}]},
+                 {"p": 1.5, "k": 1}, {"p": -0.25, "k": 1}, {"p": 0.5, "k": 0}, {"p": 0.5, "k": -3}]),
 }
 
 
@@ -84,11 +90,48 @@ def test_integer_ranges_match_exactly_the_integers_in_them(low, high):
     assert not pattern.fullmatch("-0") and not pattern.fullmatch("007")
 
 
+@pytest.mark.parametrize("low, high", [(0, None), (1, None), (37, None), (None, 0), (None, -12), (None, 250), (-5, None)])
+def test_one_sided_integer_ranges(low, high):
+    pattern = re.compile(integer_range_pattern(low, high))
+    for n in [*range(-400, 400), 10 ** 6, -10 ** 6, 10 ** 12]:
+        assert bool(pattern.fullmatch(str(n))) == ((low is None or n >= low) and (high is None or n <= high)), n
+
+
+@pytest.mark.parametrize("low, high", [(0, 1), (-3, 7), (-20, -4), (0, None), (None, 0), (5, None), (None, -5), (2, 2)])
+def test_bounded_numbers_match_exactly_the_decimals_in_them(low, high):
+    """Whole-number bounds on `number`: every decimal -?int(.digits)? in [low, high] matches, nothing else does
+    (seeded random decimals, compared as Decimals, so 7.000 is 7 and 7.001 is not)."""
+    from decimal import Decimal
+    pattern = re.compile(number_range_pattern(low, high))
+    rng = random.Random(low or 0)
+    for _ in range(4000):
+        fraction = rng.choice(["", ".0", ".000", f".{rng.randint(0, 999)}", f".00{rng.randint(1, 9)}"])
+        text = rng.choice(["", "-"]) + str(rng.randint(0, 60)) + fraction
+        if text.startswith("-") and Decimal(text) == 0:
+            continue                                     # -0 and -0.0: equal to 0, not written by a sane model
+        inside = (low is None or Decimal(text) >= low) and (high is None or Decimal(text) <= high)
+        assert bool(pattern.fullmatch(text)) == inside, text
+    assert not pattern.fullmatch("1e0") and not pattern.fullmatch("01")
+
+
+def test_unconstrained_values_and_json_object_mode():
+    anything = compile_json_schema({})
+    for doc in ['[1,"a",true,null,{"x":[]}]', "3.5e2", '"\\u00e9"', "{}"]:
+        assert anything.matches(doc), doc
+    objects = json_object_grammar()
+    for doc, ok in [("{}", True), ('{"a":[1,{"b":null}],"c":"x"}', True), ("[]", False), ("1", False),
+                    ('{"a":}', False), ('{"a":1,}', False), ('{"a" :1}', False)]:
+        assert objects.matches(doc) == ok, doc
+    assert compile_json_schema({"type": "object", "properties": {"x": True}}).matches('{"x":[null]}')
+
+
 @pytest.mark.parametrize("schema, keyword", [
     ({"type": "string", "format": "email"}, "format"),
     ({"type": "object", "patternProperties": {}}, "patternProperties"),
-    ({"type": "integer", "minimum": 3}, "both minimum and maximum"),
-    ({"type": "number", "minimum": 0.5, "maximum": 2}, "is not supported on type 'number'"),
+    ({"type": "integer", "minimum": 3.5}, "minimum must be a whole number"),
+    ({"type": "number", "minimum": 0.5, "maximum": 2}, "minimum must be a whole number"),
+    ({"type": "number", "exclusiveMinimum": 0}, "is not supported on type 'number'"),
+    ({"type": "integer", "minimum": 3, "maximum": 2}, "no integer lies in [3, 2]"),
     ({"type": "object", "additionalProperties": True}, "additionalProperties"),
     ({"oneOf": [{"type": "null"}]}, "oneOf"),
     ({"$ref": "#/definitions/x"}, "#/definitions/x"),

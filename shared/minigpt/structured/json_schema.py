@@ -12,8 +12,11 @@ Supported, and what each compiles to:
 * strings: `enum`, `const` (any JSON values, for any type), `pattern` (a regular expression over the string's
   characters, through `RegexAutomaton`; characters a JSON string must escape are left out of what it admits: the
   grammar may be stricter than the schema, never looser), `minLength` and `maxLength` (an escape counts as one);
-* integers: `minimum` and `maximum` together (inclusive);
+* integers: `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum` (either side or both);
+* numbers: `minimum` and `maximum` that are whole numbers (either side or both); a bounded number is written without
+  an exponent (`-?int(.digits)?`: stricter than JSON, never looser);
 * arrays: `items`, `minItems`, `maxItems`;
+* `{}` or `true`: any JSON value (`json_object_grammar()`: any JSON object, OpenAI's `json_object` mode);
 * `anyOf`, `$ref` to `#/$defs/<name>` (recursion allowed), and annotations (`title`, `description`, `$schema`,
   `$id`, `default`, `examples`) ignored.
 
@@ -28,15 +31,17 @@ from typing import Any
 from minigpt.structured.grammar import CharSet, Grammar, literal
 from minigpt.structured.regex_automaton import RegexAutomaton
 
-__all__ = ["compile_json_schema", "integer_range_pattern"]
+__all__ = ["compile_json_schema", "json_object_grammar", "integer_range_pattern", "number_range_pattern"]
 
 ANNOTATIONS = {"title", "description", "$schema", "$id", "default", "examples", "$comment"}
 SUPPORTED = {"type", "properties", "required", "additionalProperties", "enum", "const", "pattern", "minLength",
-             "maxLength", "minimum", "maximum", "items", "minItems", "maxItems", "anyOf", "$ref", "$defs"} | ANNOTATIONS
+             "maxLength", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "items", "minItems", "maxItems", "anyOf", "$ref", "$defs"} | ANNOTATIONS
 CONTROL = {chr(i) for i in range(0x20)}
 UNESCAPED = CharSet.but({'"', "\\"} | CONTROL)            # a string character that needs no escape
 DIGIT, NONZERO = CharSet.of("0123456789"), CharSet.of("123456789")
-KEYWORDS_OF_TYPE = {"string": {"pattern", "minLength", "maxLength"}, "integer": {"minimum", "maximum"},
+KEYWORDS_OF_TYPE = {"string": {"pattern", "minLength", "maxLength"},
+                    "integer": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
+                    "number": {"minimum", "maximum"},
                     "object": {"properties", "required", "additionalProperties"},
                     "array": {"items", "minItems", "maxItems"}}
 TYPE_SPECIFIC = set().union(*KEYWORDS_OF_TYPE.values())
@@ -46,6 +51,14 @@ def compile_json_schema(schema: dict[str, Any]) -> Grammar:
     """The grammar of the compact JSON documents `schema` accepts (see the module docstring for the subset)."""
     compiler = _Compiler(schema)
     compiler.grammar.rule("root", [compiler.value(schema, "root")])
+    compiler.grammar.check()
+    return compiler.grammar
+
+
+def json_object_grammar() -> Grammar:
+    """Any compact JSON object (OpenAI's `response_format: {"type": "json_object"}`)."""
+    compiler = _Compiler({})
+    compiler.grammar.rule("root", ["any.object"])
     compiler.grammar.check()
     return compiler.grammar
 
@@ -74,11 +87,20 @@ class _Compiler:
         g.rule("number", ["integer", "fraction", "exponent"])
         g.rule("boolean", "true", "false")
         g.rule("null", "null")
+        # any JSON value: what `{}` or `true` accepts
+        g.rule("any", ["any.string"], ["number"], ["boolean"], ["null"], ["any.object"], ["any.array"])
+        g.rule("any.string", ['"', "any.chars", '"'])
+        g.rule("any.chars", ["char", "any.chars"], [])
+        g.rule("any.object", ["{", "any.member", "any.members", "}"], "{}")
+        g.rule("any.member", ["any.string", ":", "any"])
+        g.rule("any.members", [",", "any.member", "any.members"], [])
+        g.rule("any.array", ["[", "any", "any.items", "]"], "[]")
+        g.rule("any.items", [",", "any", "any.items"], [])
 
     def value(self, schema: Any, hint: str) -> str:
         """A rule matching the JSON values `schema` accepts."""
         if schema is True or schema == {}:
-            raise ValueError(f"{hint}: an unconstrained value (true or {{}}) is not supported: give it a type")
+            return "any"
         if not isinstance(schema, dict):
             raise ValueError(f"{hint}: a schema must be an object, got {schema!r}")
         if unknown := sorted(set(schema) - SUPPORTED):
@@ -161,17 +183,24 @@ class _Compiler:
         return names[0]
 
     def integer(self, schema: dict[str, Any], hint: str) -> str:
-        if "minimum" not in schema and "maximum" not in schema:
+        low, high = _bound(schema, "minimum", hint), _bound(schema, "maximum", hint)
+        if (ex := _bound(schema, "exclusiveMinimum", hint)) is not None:
+            low = max(low, ex + 1) if low is not None else ex + 1
+        if (ex := _bound(schema, "exclusiveMaximum", hint)) is not None:
+            high = min(high, ex - 1) if high is not None else ex - 1
+        if low is None and high is None:
             return "integer"
-        low, high = schema.get("minimum"), schema.get("maximum")
-        if any(b is not None and (not isinstance(b, int) or isinstance(b, bool)) for b in (low, high)):
-            raise ValueError(f"{hint}: integer bounds must be integers, got minimum={low!r}, maximum={high!r}")
-        if low is None or high is None:
-            raise ValueError(f"{hint}: give an integer both minimum and maximum (a one-sided bound is not supported)")
+        if low is not None and high is not None and low > high:
+            raise ValueError(f"{hint}: no integer lies in [{low}, {high}]")
         return self.automaton(RegexAutomaton.compile(integer_range_pattern(low, high)), hint + ".range")
 
     def number(self, schema: dict[str, Any], hint: str) -> str:
-        return "number"
+        low, high = _bound(schema, "minimum", hint), _bound(schema, "maximum", hint)
+        if low is None and high is None:
+            return "number"
+        if low is not None and high is not None and low > high:
+            raise ValueError(f"{hint}: no number lies in [{low}, {high}]")
+        return self.automaton(RegexAutomaton.compile(number_range_pattern(low, high)), hint + ".range")
 
     def object(self, schema: dict[str, Any], hint: str) -> str:
         if schema.get("additionalProperties", False) is not False:
@@ -200,28 +229,73 @@ class _Compiler:
         return self.grammar.rule(self.new(hint + ".array"), ["[", body, "]"])
 
 
-def integer_range_pattern(low: int, high: int) -> str:
-    """A regular expression for the decimal integers in [low, high] (no leading zeros, "-" for negatives)."""
-    if low > high:
+def _bound(schema: dict[str, Any], keyword: str, hint: str) -> int | None:
+    """A bound that is a whole number (5 or 5.0), as an int; None when absent."""
+    value = schema.get(keyword)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer():
+        raise ValueError(f"{hint}: {keyword} must be a whole number here, got {value!r}")
+    return int(value)
+
+
+def integer_range_pattern(low: int | None, high: int | None) -> str:
+    """A regular expression for the decimal integers in [low, high] (None: unbounded on that side; no leading
+    zeros, "-" for negatives, no "-0")."""
+    if low is not None and high is not None and low > high:
         raise ValueError(f"empty range [{low}, {high}]")
     parts = []
-    if low < 0:
-        parts += ["-(" + _positive_range(max(1, -high), -low) + ")"] if -low >= max(1, -high) else []
-    if high >= 0:
-        parts.append(_natural_range(max(0, low), high))
+    if low is None or low < 0:                  # -m for m in [max(1, -high), -low]
+        m_low, m_high = max(1, -high) if high is not None else 1, -low if low is not None else None
+        if m_high is None or m_low <= m_high:
+            parts.append("-(" + _positive_range(m_low, m_high) + ")")
+    if high is None or high >= 0:
+        parts.append(_natural_range(max(0, low) if low is not None else 0, high))
     return "|".join(f"({p})" for p in parts)
 
 
-def _natural_range(low: int, high: int) -> str:
-    return ("0|" + _positive_range(1, high) if high >= 1 else "0") if low == 0 else _positive_range(low, high)
+def number_range_pattern(low: int | None, high: int | None) -> str:
+    """A regular expression for the decimals -?int(.digits)? in [low, high], whole-number bounds (None: unbounded).
+
+    With integer bounds, int.frac >= a iff int >= a, and int.frac <= b iff int < b or (int == b and frac is all
+    zeros); a negative -m lies in [low, high] iff m lies in [max(0, -high), -low]."""
+    if low is not None and high is not None and low > high:
+        raise ValueError(f"empty range [{low}, {high}]")
+    parts = []
+    if low is None or low < 0:
+        parts += ["-(" + p + ")" for p in [_magnitudes(max(0, -high) if high is not None else 0,
+                                                       -low if low is not None else None)] if p]
+    if high is None or high >= 0:
+        parts += [p for p in [_magnitudes(max(0, low) if low is not None else 0, high)] if p]
+    return "|".join(f"({p})" for p in parts)
 
 
-def _positive_range(low: int, high: int) -> str:
-    """Alternatives for [low, high], 1 <= low <= high, split at powers of ten and then digit by digit."""
+def _magnitudes(low: int, high: int | None) -> str:
+    """Decimals int(.digits)? in [low, high], 0 <= low, whole-number bounds; "" if none."""
+    any_fraction, zero_fraction = r"(\.[0-9]+)?", r"(\.0+)?"
+    if high is None:
+        return f"({_natural_range(low, None)}){any_fraction}"
+    out = [f"({_natural_range(low, high - 1)}){any_fraction}"] if low <= high - 1 else []
+    out += [f"{high}{zero_fraction}"] if low <= high else []
+    return "|".join(out)
+
+
+def _natural_range(low: int, high: int | None) -> str:
+    """[low, high] for 0 <= low (high None: unbounded)."""
+    if low > 0:
+        return _positive_range(low, high)
+    return "0|" + _positive_range(1, high) if high is None or high >= 1 else "0"
+
+
+def _positive_range(low: int, high: int | None) -> str:
+    """Alternatives for [low, high], 1 <= low (high None: every larger number too), split at powers of ten and
+    then digit by digit."""
     out = []
-    while low <= high:
+    while high is None or low <= high:
         digits = len(str(low))
-        top = min(high, 10 ** digits - 1)
+        if high is None and low == 10 ** (digits - 1):
+            return "|".join(out + [f"[1-9][0-9]{{{digits - 1},}}"])      # every number of `digits` digits or more
+        top = min(high, 10 ** digits - 1) if high is not None else 10 ** digits - 1
         out += _same_length(str(low), str(top))
         low = top + 1
     return "|".join(out)
