@@ -66,6 +66,16 @@ CHEATS = {
         "ex6_code": "def ring_attention(comm, q, k, v):\n    return torch.full_like(q, float('nan'))\n",
         "ex7_code": _WRAP.format(module="ring_attention", name="ring_bytes_per_rank"),
     },
+    "10_structured_generation": {
+        "ex1_code": "import minigpt.structured.token_masks as _ref\nmask_by_scan = lambda *a: _ref.mask_by_scan(*a)\n",
+        "ex2_code": "import minigpt.structured.token_masks as _ref\n"
+                    "def mask_by_trie(dfa, state, trie):\n    return _ref.mask_by_scan(dfa, state, trie.vocab)\n",
+        "ex3_code": "import minigpt.structured.json_schema as _ref\n"
+                    "def object_rules(name, members):\n    return _ref.object_rules(name, [tuple(m) for m in members])\n",
+        "ex4_code": "from minigpt.structured.constrained import generate_constrained as _ref\n"
+                    "def generate_json(model, prompt, schema, n):\n"
+                    "    return _ref(model, prompt, compile_json_schema(schema), trie, max_new_tokens=n).tokens\n",
+    },
 }
 
 

@@ -70,6 +70,7 @@ def judge_services() -> dict[type, Service]:
     from minigpt.cache.contiguous import KVCache, LayerKVCache
     from minigpt.model import GPT
     from minigpt.parallel.comm import CountingComm
+    from minigpt.structured.regex_automaton import CountingAutomaton
 
     return {
         GPT: Service(call=True, methods=frozenset({"forward"}), get=frozenset({"config", "dtype", "device"})),
@@ -79,6 +80,8 @@ def judge_services() -> dict[type, Service]:
         LayerKVCache: Service(get=frozenset({"length", "max_seq_len", "batch_size", "n_kv_heads", "head_dim", "k",
                                              "v"}), set=frozenset({"length"})),
         BlockManager: Service(methods=frozenset({"table", "num_tokens"}), get=frozenset({"block_size"})),
+        CountingAutomaton: Service(methods=frozenset({"step", "walk", "accepting", "live", "start_state"}),
+                                   get=frozenset({"start"})),
         Callback: Service(call=True),
         BoundService: Service(call=True),
     }

@@ -330,4 +330,25 @@ CHOICE_QUESTIONS: tuple[ChoiceQuestion, ...] = (
         f"attention (quadratic in length), at least {_LONG_PREFILL_S:.1f} s on one H100; the KV cache is "
         f"{_LONG_KV_GIB:.0f} GiB. Engines split the prefill into chunks scheduled beside other requests' decodes, "
         "and for longer contexts spread it over GPUs (context parallelism, ring attention)."),
+    ChoiceQuestion(
+        17, "Guaranteed JSON", "10",
+        "A caller sends a JSON Schema and expects every reply to validate. How does a serving engine guarantee it, "
+        "and why does it not slow decoding down?",
+        "A grammar compiled from the schema masks the logits each step; most tokens' verdicts are cached per grammar "
+        "position, so a step checks only a few tokens against the stack",
+        (("Ask for JSON in the prompt, then validate the reply and retry until it passes",
+          "a retry costs a whole generation and nothing bounds how many are needed; the reply is not valid by "
+          "construction."),
+         ("Mask the logits by running every vocabulary token's text through the grammar at each step",
+          "that is right but slow: a scan reads every token's text, 128k of them a step; engines walk a token trie "
+          "and cache the verdicts decided by the grammar position alone."),
+         ("Generate freely, then repair the output into the nearest valid document",
+          "a repaired document is not what the model wrote (values get invented or dropped), and repairing a "
+          "schema's constraints in general is as hard as generating under them.")),
+        "The schema becomes a grammar run by a pushdown automaton; at each step the tokens it refuses get logit "
+        "-inf, so the output is valid by construction. The mask is cheap because, for most tokens, the verdict "
+        "depends only on the position inside the current rule, not on the stack below: XGrammar computes those "
+        "once per position at compile time and checks the few context-dependent tokens at run time, on CPU "
+        "threads while the GPU runs the step; where the grammar forces text, jump-forward appends it without "
+        "sampling."),
 )

@@ -34,9 +34,10 @@ def _graded_ids(repo_root, lab: str) -> set[str] | None:
     return ids
 
 
-def test_the_table_has_the_sixteen_questions(repo_root):
+def test_the_table_numbers_its_questions_in_order(repo_root):
     rows = _rows((repo_root / "README.md").read_text())
-    assert [int(r[0]) for r in rows] == list(range(1, 17)), "README's interview table must list questions 1..16"
+    assert len(rows) >= 17 and [int(r[0]) for r in rows] == list(range(1, len(rows) + 1)), (
+        "README's interview table must list its questions numbered 1, 2, 3, ...")
 
 
 def test_every_named_cell_is_graded_and_existing_labs_name_theirs(repo_root):

@@ -28,10 +28,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from minigpt.structured.grammar import CharSet, Grammar, literal
+from minigpt.structured.grammar import CharSet, Grammar
 from minigpt.structured.regex_automaton import RegexAutomaton
 
-__all__ = ["compile_json_schema", "json_object_grammar", "integer_range_pattern", "number_range_pattern"]
+__all__ = ["compile_json_schema", "json_object_grammar", "object_rules", "integer_range_pattern", "number_range_pattern"]
 
 ANNOTATIONS = {"title", "description", "$schema", "$id", "default", "examples", "$comment"}
 SUPPORTED = {"type", "properties", "required", "additionalProperties", "enum", "const", "pattern", "minLength",
@@ -209,17 +209,11 @@ class _Compiler:
         required = set(schema.get("required", []))
         if missing := sorted(required - set(props)):
             raise ValueError(f"{hint}: required property {missing[0]!r} is not in properties")
-        keys = list(props)
-        # first[i]: no property written yet, from the i-th on; rest[i]: some written, the next needs a comma
-        first = [self.new(f"{hint}.first{i}") for i in range(len(keys) + 1)]
-        rest = [self.new(f"{hint}.rest{i}") for i in range(len(keys) + 1)]
-        for i, key in enumerate(keys):
-            member = [*literal(json.dumps(key, ensure_ascii=False) + ":"), self.value(props[key], f"{hint}.{key}")]
-            self.grammar.rule(first[i], [*member, rest[i + 1]], *([] if key in required else [[first[i + 1]]]))
-            self.grammar.rule(rest[i], [",", *member, rest[i + 1]], *([] if key in required else [[rest[i + 1]]]))
-        self.grammar.rule(first[-1], [])
-        self.grammar.rule(rest[-1], [])
-        return self.grammar.rule(self.new(hint + ".object"), ["{", first[0], "}"])
+        members = [(key, self.value(props[key], f"{hint}.{key}"), key in required) for key in props]
+        name = self.new(hint + ".object")
+        for rule, alternatives in object_rules(name, members).items():
+            self.grammar.rule(rule, *alternatives)
+        return name
 
     def array(self, schema: dict[str, Any], hint: str) -> str:
         if "items" not in schema:
@@ -227,6 +221,23 @@ class _Compiler:
         item = self.value(schema["items"], hint + "[]")
         body = self.repeat([item], schema.get("minItems", 0), schema.get("maxItems"), hint + ".items", separator=",")
         return self.grammar.rule(self.new(hint + ".array"), ["[", body, "]"])
+
+
+def object_rules(name: str, members: list[tuple[str, str, bool]]) -> dict[str, list[list[str]]]:
+    """The rules of a compact JSON object, rule `name`: `members` = [(key, the value's rule, required)], written in
+    this order, each optional one may be left out, nothing else admitted. A symbol is a one-character terminal or a
+    rule's name.
+
+    Two rules per position i: first_i (no member written yet; the next one needs no comma) and rest_i (some
+    written; the next one starts with ","); a required member has no alternative that skips it."""
+    first = [f"{name}.first{i}" for i in range(len(members) + 1)]
+    rest = [f"{name}.rest{i}" for i in range(len(members) + 1)]
+    rules: dict[str, list[list[str]]] = {name: [["{", first[0], "}"]], first[-1]: [[]], rest[-1]: [[]]}
+    for i, (key, value, required) in enumerate(members):
+        member = [*json.dumps(key, ensure_ascii=False), ":", value]
+        rules[first[i]] = [[*member, rest[i + 1]], *([] if required else [[first[i + 1]]])]
+        rules[rest[i]] = [[",", *member, rest[i + 1]], *([] if required else [[rest[i + 1]]])]
+    return rules
 
 
 def _bound(schema: dict[str, Any], keyword: str, hint: str) -> int | None:
