@@ -61,8 +61,12 @@ SCHEMAS = {
               "required": ["color"]},
     "count": {"type": "integer", "minimum": -50, "maximum": 5000},
     "bits": {"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 3},
+    # two characters no token of the course vocabulary spells alone: after '{"s":"' no token is allowed
+    "unwritable": {"type": "object", "properties": {"s": {"enum": ["\u2603", "\u2604"]}}, "required": ["s"]},
 }
 MAX_NEW_TOKENS = 32
+# (schema, max_new_tokens): every schema to its end, then two cut short, one of them in the middle of forced text
+DECODING_CASES = [(name, MAX_NEW_TOKENS) for name in SCHEMAS] + [("flags", 7), ("shirt", 5)]
 
 
 def decoding_model(seed: int, *, eager_to_end: bool = False) -> GPT:

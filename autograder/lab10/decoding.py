@@ -23,7 +23,7 @@ import torch
 
 from autograder.checking.reference_guard import no_calls_into, own_work
 from autograder.harness import call_learner
-from autograder.lab10.common import MAX_NEW_TOKENS, SCHEMAS, decoding_model, random_prompt, trie, vocabulary
+from autograder.lab10.common import DECODING_CASES, SCHEMAS, decoding_model, random_prompt, trie, vocabulary
 from minigpt.model import GPT
 from minigpt.structured import constrained
 from minigpt.structured.json_schema import compile_json_schema
@@ -57,11 +57,11 @@ class _Passes:
         self.handle.remove()
 
 
-def _reference(model: GPT, prompt: list[int], name: str, *, jump: bool) -> tuple[list[int], list[int]]:
+def _reference(model: GPT, prompt: list[int], name: str, limit: int, *, jump: bool) -> tuple[list[int], list[int]]:
     grammar, cache = _grammar_and_cache(name)
     passes = _Passes(model)
     try:
-        out = constrained.generate_constrained(model, prompt, grammar, trie(), max_new_tokens=MAX_NEW_TOKENS,
+        out = constrained.generate_constrained(model, prompt, grammar, trie(), max_new_tokens=limit,
                                                masks=cache.mask, forced=load_tokenizer().encode if jump else None,
                                                jump_forward=jump)
     finally:
@@ -69,11 +69,11 @@ def _reference(model: GPT, prompt: list[int], name: str, *, jump: bool) -> tuple
     return out.tokens, passes.sizes
 
 
-def _learner(fn: Callable, what: str, model: GPT, prompt: list[int], name: str) -> tuple[list[int], list[int]]:
+def _learner(fn: Callable, what: str, model: GPT, prompt: list[int], name: str, limit: int) -> tuple[list[int], list[int]]:
     passes = _Passes(model)
     try:
         with no_calls_into(*REFERENCES, what=what):
-            got = call_learner(what, fn, model, list(prompt), SCHEMAS[name], MAX_NEW_TOKENS)
+            got = call_learner(what, fn, model, list(prompt), SCHEMAS[name], limit)
     finally:
         passes.close()
     if not isinstance(got, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in got):
@@ -118,11 +118,11 @@ def _check(fn: Callable, what: str, *, jump: bool) -> None:
     own_work(fn, REFERENCES, what=what)
     for m, (label, spec) in enumerate(MODELS.items()):
         model = decoding_model(**spec)
-        for s, name in enumerate(SCHEMAS):
+        for s, (name, limit) in enumerate(DECODING_CASES):
             prompt = random_prompt(10 * m + s)
-            want, want_passes = _reference(model, prompt, name, jump=jump)
-            got, got_passes = _learner(fn, what, model, prompt, name)
-            where = f"{what}, schema {name!r} ({SCHEMAS[name]}), {label}"
+            want, want_passes = _reference(model, prompt, name, limit, jump=jump)
+            got, got_passes = _learner(fn, what, model, prompt, name, limit)
+            where = f"{what}, schema {name!r} ({SCHEMAS[name]}), max_new_tokens={limit}, {label}"
             if got != want:
                 raise AssertionError(f"{where}: generated {_text(got)!r}, expected {_text(want)!r}. "
                                      + _diagnose(got, want, name))

@@ -11,7 +11,7 @@ from minigpt.structured.regex_automaton import RegexAutomaton
 
 Q1_PATTERN = r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}"
 Q1_VOCAB = 128_256                          # Llama 3's vocabulary
-Q2_TEXT = '{"city":"Paris"}'
+Q2_TEXT = '["Paris","Rome"]'
 Q3 = dict(step_s=15e-3, mask_s=60e-6, threads=4)
 
 
