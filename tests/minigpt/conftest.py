@@ -31,3 +31,17 @@ def trie(vocab):
     from minigpt.structured.token_masks import TokenTrie
 
     return TokenTrie(vocab)
+
+
+@pytest.fixture(scope="session")
+def tiny_course_lm() -> GPT:
+    """A seeded random model on the course tokenizer's 4,096 tokens, for loops that mask the vocabulary (its own
+    generator: the global RNG untouched)."""
+    config = ModelConfig(vocab_size=4096, max_seq_len=96, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64)
+    with torch.random.fork_rng():                    # GPT's own init draws from the global RNG: restored after
+        model = GPT(config).eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator) * 0.5)
+    return model

@@ -16,9 +16,10 @@ import pytest
 import torch
 import xgrammar
 
+from minigpt.structured.evaluation import xgrammar_json_options, xgrammar_tokenizer_info
 from minigpt.structured.grammar import CharSet, Grammar
 from minigpt.structured.json_schema import (compile_json_schema, integer_range_pattern, json_object_grammar,
-                                            number_range_pattern)
+                                            number_range_pattern, whole_string_pattern)
 from minigpt.structured.token_masks import mask_by_scan, mask_by_trie
 from minigpt.tokenizer import load_tokenizer
 
@@ -114,6 +115,26 @@ def test_bounded_numbers_match_exactly_the_decimals_in_them(low, high):
     assert not pattern.fullmatch("1e0") and not pattern.fullmatch("01")
 
 
+@pytest.mark.parametrize("pattern, compiled", [
+    (r"^\d{4}-\d{2}-\d{2}$", r"\d{4}-\d{2}-\d{2}"),
+    (r"^(a|b)c$", r"(a|b)c"),
+    (r"^[|x]+$", r"[|x]+"),                          # a "|" in a class is a character
+    (r"^a|b$", r"a|b"),                              # "starts with a, or ends with b": whole strings a or b
+    (r"^a\|b$", r"a\|b"),
+    (r"^ab\$", r"ab\$"),                            # an escaped "$" is no anchor
+    (r"[0-9]+", r"[0-9]+"),
+])
+def test_patterns_match_whole_strings_never_more_than_the_schema(pattern, compiled):
+    """A JSON Schema pattern is searched anywhere in the string; the grammar matches `compiled` against the whole
+    string: every string it admits, the schema admits (equal where the pattern is anchored at both ends)."""
+    assert whole_string_pattern(pattern) == compiled
+    for text in ["2024-01-02", "ac", "bc", "||x", "a|b", "abc", "x2024-01-02", "a", "b", "ab$", "xab$", "7"]:
+        if re.fullmatch(compiled, text):
+            assert re.search(pattern, text), text
+    assert compile_json_schema({"type": "string", "pattern": pattern}).matches('"2024-01-02"') == \
+        bool(re.fullmatch(compiled, "2024-01-02"))
+
+
 def test_unconstrained_values_and_json_object_mode():
     anything = compile_json_schema({})
     for doc in ['[1,"a",true,null,{"x":[]}]', "3.5e2", '"\\u00e9"', "{}"]:
@@ -155,12 +176,8 @@ def _bits(words: torch.Tensor, size: int) -> np.ndarray:
 
 def _xgrammar(schema, vocab):
     """XGrammar's matcher for `schema` (compact JSON, strict) on the course tokenizer, and a bitmask buffer."""
-    enc = load_tokenizer()
-    tokens = [enc.decode_single_token_bytes(i) if i != vocab.eos_id else b"<|endoftext|>" for i in range(len(vocab))]
-    info = xgrammar.TokenizerInfo(tokens, vocab_type=xgrammar.VocabType.RAW, vocab_size=len(vocab),
-                                  stop_token_ids=[vocab.eos_id])
-    compiled = xgrammar.GrammarCompiler(info).compile_json_schema(json.dumps(schema), any_whitespace=False,
-                                                                  separators=(",", ":"), strict_mode=True)
+    info = xgrammar_tokenizer_info(load_tokenizer())
+    compiled = xgrammar.GrammarCompiler(info).compile_json_schema(json.dumps(schema), **xgrammar_json_options())
     return xgrammar.GrammarMatcher(compiled), xgrammar.allocate_token_bitmask(1, len(vocab))
 
 

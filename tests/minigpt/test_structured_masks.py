@@ -9,12 +9,12 @@ from __future__ import annotations
 import random
 
 import llguidance
-import llguidance.tiktoken
 import numpy as np
 import xgrammar
 import pytest
 import torch
 
+from minigpt.structured.evaluation import llguidance_tokenizer, xgrammar_tokenizer_info
 from minigpt.structured.regex_automaton import RegexAutomaton
 from minigpt.structured.token_masks import MaskIndex, mask_by_scan, mask_by_trie
 from minigpt.tokenizer import load_tokenizer
@@ -81,11 +81,7 @@ def _bits(words: torch.Tensor, size: int) -> np.ndarray:
 
 @pytest.mark.parametrize("pattern", PATTERNS)
 def test_the_masks_equal_xgrammars_along_random_paths(pattern, vocab, trie):
-    enc = load_tokenizer()
-    tokens = [enc.decode_single_token_bytes(i) if t is not None or i != vocab.eos_id else b"<|endoftext|>"
-              for i, t in enumerate(vocab.texts)]
-    info = xgrammar.TokenizerInfo(tokens, vocab_type=xgrammar.VocabType.RAW, vocab_size=len(vocab),
-                                  stop_token_ids=[vocab.eos_id])
+    info = xgrammar_tokenizer_info(load_tokenizer())
     matcher = xgrammar.GrammarMatcher(xgrammar.GrammarCompiler(info).compile_regex(pattern))
     bitmask = xgrammar.allocate_token_bitmask(1, len(vocab))
 
@@ -99,7 +95,7 @@ def test_the_masks_equal_xgrammars_along_random_paths(pattern, vocab, trie):
 
 @pytest.mark.parametrize("pattern", PATTERNS)
 def test_llguidances_masks_are_within_ours_along_random_paths(pattern, vocab, trie):
-    matcher = llguidance.LLMatcher(llguidance.tiktoken.lltokenizer_from_encoding(load_tokenizer()),
+    matcher = llguidance.LLMatcher(llguidance_tokenizer(load_tokenizer()),
                                    llguidance.LLMatcher.grammar_from_regex(pattern))
 
     def oracle():

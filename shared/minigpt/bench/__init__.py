@@ -1,6 +1,6 @@
 """The course's benchmark: `make bench` (`python -m minigpt.bench`), one run, one ledger.
 
-    python -m minigpt.bench                        # about 17 minutes on the 2-core machine; --quick: about 4
+    python -m minigpt.bench                        # about 20 minutes on the 2-core machine; --quick: about 5
     python -m minigpt.bench --only batching,serving    # some parts again, the rest kept from the ledger in --out
     python -m minigpt.bench --readme               # README's performance table, from the committed ledger
 
@@ -17,7 +17,10 @@ What it measures, every figure beside its baseline, interleaved, warmed up, medi
 * batching.py ("batching"): continuous against static batching at equal KV memory, long-tailed and uniform outputs;
 * serving.py ("serving"): the serving engine against the naive server, at saturation and at low load;
 * speculative.py ("speculative"): speculative decoding with the draft model against its own greedy decode and
-  against `transformers`' assisted generation, with the acceptance and step costs that explain the ratio.
+  against `transformers`' assisted generation, with the acceptance and step costs that explain the ratio;
+* structured.py ("structured"): lab 10's token masks (ContextCache, MaskIndex, the trie walk and the naive scan)
+  against XGrammar and llguidance on the same schemas, tokenizer and decoding traces (mask_engines.py puts each
+  engine behind one interface): mask time per token, compile time per schema, and the decode step with masks.
 
 ledger.py writes `data/bench/ledger.json` (machine, load, versions, settings, raw samples, figures, each part's
 notes) and renders the Markdown table that README carries between its `bench` markers.

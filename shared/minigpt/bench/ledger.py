@@ -5,9 +5,9 @@ after), the versions, the settings, every raw sample, and the figures: each a va
 and the goal it is held to. README's performance table is `render_table(ledger)`, kept between two markers
 (`sync_readme`); a test keeps the committed README and the committed ledger in step. No test asserts a time.
 
-Each part (batching, serving, speculative) carries its own "notes" (how it was measured and why its figures come out as
-they do), printed under the table, and "measured": the command, date and load of its run, printed too when it was run
-apart from the rest (`--only`).
+Each part (batching, serving, speculative, structured) carries its own "notes" (how it was measured and why its
+figures come out as they do), printed under the table, and "measured": the command, date and load of its run, printed
+too when it was run apart from the rest (`--only`).
 """
 
 from __future__ import annotations

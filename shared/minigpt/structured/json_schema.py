@@ -10,8 +10,10 @@ Supported, and what each compiles to:
 * objects: `properties` in the schema's order, `required`; no other property is allowed (`additionalProperties`
   absent or false, as strict structured-output modes do);
 * strings: `enum`, `const` (any JSON values, for any type), `pattern` (a regular expression over the string's
-  characters, through `RegexAutomaton`; characters a JSON string must escape are left out of what it admits: the
-  grammar may be stricter than the schema, never looser), `minLength` and `maxLength` (an escape counts as one);
+  characters, through `RegexAutomaton`, matched against the whole string: JSON Schema's patterns are searched
+  anywhere unless anchored, so a whole-string match is stricter, and `^`/`$` anchors are dropped where they only
+  say "the whole string"; characters a JSON string must escape are left out of what it admits: the grammar may be
+  stricter than the schema, never looser), `minLength` and `maxLength` (an escape counts as one);
 * integers: `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum` (either side or both);
 * numbers: `minimum` and `maximum` that are whole numbers (either side or both); a bounded number is written without
   an exponent (`-?int(.digits)?`: stricter than JSON, never looser);
@@ -31,7 +33,7 @@ from typing import Any
 from minigpt.structured.grammar import CharSet, Grammar
 from minigpt.structured.regex_automaton import RegexAutomaton
 
-__all__ = ["compile_json_schema", "json_object_grammar", "object_rules", "integer_range_pattern", "number_range_pattern"]
+__all__ = ["compile_json_schema", "json_object_grammar", "object_rules", "whole_string_pattern", "integer_range_pattern", "number_range_pattern"]
 
 ANNOTATIONS = {"title", "description", "$schema", "$id", "default", "examples", "$comment"}
 SUPPORTED = {"type", "properties", "required", "additionalProperties", "enum", "const", "pattern", "minLength",
@@ -143,7 +145,7 @@ class _Compiler:
         if "pattern" in schema:
             if "minLength" in schema or "maxLength" in schema:
                 raise ValueError(f"{hint}: pattern together with minLength/maxLength is not supported")
-            body = self.automaton(RegexAutomaton.compile(schema["pattern"]), hint + ".pattern")
+            body = self.automaton(RegexAutomaton.compile(whole_string_pattern(schema["pattern"])), hint + ".pattern")
         else:
             low, high = schema.get("minLength", 0), schema.get("maxLength")
             body = self.repeat(["char"], low, high, hint + ".chars", separator=None)
@@ -238,6 +240,35 @@ def object_rules(name: str, members: list[tuple[str, str, bool]]) -> dict[str, l
         rules[first[i]] = [[*member, rest[i + 1]], *([] if required else [[first[i + 1]]])]
         rules[rest[i]] = [[",", *member, rest[i + 1]], *([] if required else [[rest[i + 1]]])]
     return rules
+
+
+def whole_string_pattern(pattern: str) -> str:
+    """`pattern` for a whole-string match: a leading `^` and a trailing unescaped `$` of each top-level alternative
+    dropped (a whole-string match already says it; `interegular` has no anchors). `^a|b$` becomes `a|b`, whole
+    strings: stricter than "starts with a or ends with b", as everything here."""
+    alternatives, start, depth, escaped, in_class = [], 0, 0, False, False
+    for i, ch in enumerate(pattern):
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif in_class:
+            in_class = ch != "]"
+        elif ch == "[":
+            in_class = True
+        elif ch in "()":
+            depth += 1 if ch == "(" else -1
+        elif ch == "|" and depth == 0:
+            alternatives.append(pattern[start:i])
+            start = i + 1
+    alternatives.append(pattern[start:])
+    out = []
+    for alt in alternatives:
+        alt = alt[1:] if alt.startswith("^") else alt
+        trailing_backslashes = len(alt[:-1]) - len(alt[:-1].rstrip("\\"))
+        alt = alt[:-1] if alt.endswith("$") and trailing_backslashes % 2 == 0 else alt
+        out.append(alt)
+    return "|".join(out)
 
 
 def _bound(schema: dict[str, Any], keyword: str, hint: str) -> int | None:
