@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -16,13 +18,21 @@ GREEDY_BELOW = torch.finfo(torch.float32).tiny
 @dataclass(frozen=True)
 class SamplingParams:
     """temperature 0 means greedy (argmax); top_k / top_p None means no filtering. `logprobs` (serving): None for
-    none, k >= 0 for the sampled token's log-probability plus the k most likely tokens' (`token_logprobs`)."""
+    none, k >= 0 for the sampled token's log-probability plus the k most likely tokens' (`token_logprobs`).
+
+    Applied to a sequence's logits before all of that (serving; `minigpt.engine.logits_processing`): OpenAI's
+    `presence_penalty` and `frequency_penalty` in [-2, 2], `logit_bias` ((token id, bias in [-100, 100]) pairs), and
+    `constraint`, a `logits_processing.GrammarConstraint` the output must follow (None: free text)."""
 
     temperature: float = 0.0
     top_k: int | None = None
     top_p: float | None = None
     seed: int = 0
     logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    constraint: Any = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -33,6 +43,20 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1] or None, got {self.top_p}")
         if self.logprobs is not None and self.logprobs < 0:
             raise ValueError(f"logprobs must be >= 0 or None, got {self.logprobs}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and -2 <= v <= 2):
+                raise ValueError(f"{name} must be a finite number in [-2, 2], got {v}")
+        for token, bias in self.logit_bias:
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                raise ValueError(f"logit_bias keys must be token ids >= 0, got {token!r}")
+            if not (math.isfinite(bias) and -100 <= bias <= 100):
+                raise ValueError(f"logit_bias values must be finite numbers in [-100, 100], got {bias} for {token}")
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether a sequence's logits change before sampling (penalties, bias or a grammar)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias or self.constraint is not None)
 
     @property
     def greedy(self) -> bool:

@@ -50,6 +50,24 @@ def test_the_schema_names_the_served_models_and_real_statuses():
     assert "HTTPValidationError" not in doc["components"]["schemas"]
 
 
+def test_the_schema_publishes_structured_outputs_tools_and_logits_processing():
+    """The new fields are in the schema schemathesis generates from (so the test below fuzzes them), bounded as the
+    server checks them."""
+    schemas = APP.openapi()["components"]["schemas"]
+    for name in ("CompletionRequest", "ChatCompletionRequest"):
+        props = schemas[name]["properties"]
+        assert {"response_format", "presence_penalty", "frequency_penalty", "logit_bias"} <= props.keys(), name
+    formats = {ref["$ref"].rsplit("/", 1)[1] for ref in schemas["ChatCompletionRequest"]["properties"]
+               ["response_format"]["anyOf"][0]["oneOf"]}
+    assert formats == {"ResponseFormatText", "ResponseFormatJSONObject", "ResponseFormatJSONSchema"}
+    chat = schemas["ChatCompletionRequest"]
+    assert {"tools", "tool_choice", "parallel_tool_calls"} <= chat["properties"].keys()
+    assert chat["allOf"][0]["then"]["properties"]["logprobs"] == {"const": True}, "top_logprobs needs logprobs"
+    prompt_ids = schemas["CompletionRequest"]["properties"]["prompt"]["anyOf"][2]["items"]
+    assert prompt_ids["maximum"] == 4095, "token ids must be bounded by the served vocabulary"
+    assert schemas["ChatChoice"]["properties"]["finish_reason"]["enum"] == ["stop", "length", "tool_calls"]
+
+
 @schema.parametrize()
 @settings(max_examples=EXAMPLES_PER_OPERATION, derandomize=True, deadline=None, database=None,
           suppress_health_check=list(HealthCheck))

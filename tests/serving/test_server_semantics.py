@@ -180,10 +180,15 @@ def test_wrong_method_is_405_with_allow(server):
     assert r.status_code == 405 and r.headers["allow"] == "GET"
 
 
+TOOL_F = {"type": "function", "function": {"name": "f", "parameters": {}}}
+
+
 @pytest.mark.parametrize("extra, words", [
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tool"),
-    ({"tool_choice": "auto"}, "tool"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),
+    ({"tool_choice": "required"}, "tools"),
+    ({"tools": [TOOL_F], "tool_choice": {"type": "function", "function": {"name": "g"}}}, "'g'"),
+    ({"tools": [TOOL_F, TOOL_F]}, "unique"),
+    ({"tools": [TOOL_F], "response_format": {"type": "json_object"}}, "response_format"),
 ])
 def test_unsupported_features_are_refused(server, extra, words):
     r = post(server, "/v1/chat/completions", {**CHAT, **extra})
@@ -192,7 +197,14 @@ def test_unsupported_features_are_refused(server, extra, words):
 
 
 @pytest.mark.parametrize("field, value", [("stream", "yes"), ("temperature", "0.5"), ("n", "2"), ("max_tokens", True),
-                                          ("seed", 1.0), ("logprobs", "1")])
+                                          ("seed", 1.5), ("logprobs", "1")])
 def test_lax_types_are_refused(server, field, value):
+    """Strings and booleans for numbers are refused; a whole number written 2.0 is JSON Schema's integer 2."""
     r = post(server, "/v1/completions", {**CMPL, field: value})
     assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+
+
+def test_whole_numbers_written_with_a_fraction_are_integers(server):
+    a = ok(server, "/v1/completions", {**CMPL, "max_tokens": 3.0, "seed": 5.0, "n": 1.0, "temperature": 1.0})
+    b = ok(server, "/v1/completions", {**CMPL, "max_tokens": 3, "seed": 5, "n": 1, "temperature": 1.0})
+    assert texts(a) == texts(b) and a["usage"]["completion_tokens"] <= 3

@@ -20,6 +20,7 @@ from typing import Hashable
 
 import torch
 
+from minigpt.engine.logits_processing import LogitsProcessor
 from minigpt.generate import StopRule
 from minigpt.sampling import SamplingParams, make_generator
 from minigpt.tokenizer import EOT_ID
@@ -69,6 +70,7 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.stop = StopRule(request.max_new_tokens, request.stop_token_ids, request.stop_strings, request.tokenizer)
         self.generator = make_generator(request.sampling, device)
+        self.logits_processor = LogitsProcessor.for_params(request.sampling)   # None: samples from the raw logits
         self.num_computed = 0
         self.finish_reason: str | None = None
         self.first_token_time: float | None = None

@@ -2,7 +2,9 @@
 
 `ModelRunner.execute(output)` runs the scheduler's chunks on the paged cache and returns the next token
 of every sequence whose chunk reached its end (sampled with that sequence's own generator, so each
-output is the one it would get alone). Two layouts of the same step:
+output is the one it would get alone). A sequence whose request adjusts its logits (penalties, logit_bias, a grammar:
+`logits_processing.LogitsProcessor`, carried on the sequence) samples from its adjusted row; logprobs are always
+the raw row's. Two layouts of the same step:
 
 * "packed" (default): all tokens in one row (1, N), per-token positions, attention per sequence through
   `packed_batch.varlen_paged_attention`. Rows computed = N = tokens scheduled.
@@ -99,7 +101,9 @@ class ModelRunner:
             if c.samples:
                 seq = c.seq
                 sampling = seq.request.sampling
-                token = int(sample_next(logits[row:row + 1], sampling, seq.generator))
+                processor = getattr(seq, "logits_processor", None)
+                adjusted = logits[row:row + 1] if processor is None else processor(logits[row], seq.output_tokens)[None]
+                token = int(sample_next(adjusted, sampling, seq.generator))
                 sampled[c.seq_id] = token
                 if sampling.logprobs is not None:
                     self.last_logprobs[c.seq_id] = token_logprobs(logits[row], token, sampling.logprobs)

@@ -31,6 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lora-adapters", default=None, metavar="PATH",
                    help="serve these LoRA adapters (a file written by LoRAAdapters.save); a request names one in `model`")
     p.add_argument("--served-model-name", default=None, help="the `model` name clients use (default: the checkpoint)")
+    p.add_argument("--header-timeout", type=float, default=30.0,
+                   help="seconds a client has to send a request's head (request line and headers)")
+    p.add_argument("--read-timeout", type=float, default=30.0,
+                   help="seconds of silence allowed while a request's head or body is incomplete")
+    p.add_argument("--keep-alive-timeout", type=int, default=5, help="seconds an idle keep-alive connection stays open")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--log-level", default="warning")
     return p
@@ -44,6 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from minigpt.serving.api_server import create_app
     from minigpt.serving.async_engine import AsyncLLMEngine
     from minigpt.serving.engine import EngineConfig, LLMEngine
+    from minigpt.serving.launch import uvicorn_config
     from minigpt.serving.naive import NaiveEngine
 
     if args.threads:
@@ -70,7 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             engine = LLMEngine.from_checkpoint(args.checkpoint, config, model_name=name, max_model_len=args.max_model_len)
     app = create_app(AsyncLLMEngine(engine, num_threads=args.threads), max_queue=args.max_queue,
                      retry_after_s=args.retry_after)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    config = uvicorn_config(app, args.host, args.port, log_level=args.log_level, header_timeout_s=args.header_timeout,
+                            read_timeout_s=args.read_timeout, keep_alive_timeout_s=args.keep_alive_timeout)
+    uvicorn.Server(config).run()
     return 0
 
 

@@ -70,5 +70,5 @@ def create_app(engine: AsyncLLMEngine, *, max_queue: int = 64, retry_after_s: fl
     install_error_handlers(app)
     for module in (completions, chat, models, health):
         app.include_router(module.router)
-    app.openapi = exact_openapi(app, state.served_models)
+    app.openapi = exact_openapi(app, state.served_models, engine.engine.model.config.vocab_size)
     return app

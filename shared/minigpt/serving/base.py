@@ -108,6 +108,8 @@ class EngineBase(ABC):
                              f"exceeds the model's context of {self.max_model_len} tokens")
         if not isinstance(sampling, SamplingParams):
             raise ValueError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+        if bad := [t for t, _ in sampling.logit_bias if t >= vocab]:
+            raise ValueError(f"logit_bias token id {bad[0]} is outside the vocabulary [0, {vocab})")
         if stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer to decode the output")
         if any(not isinstance(s, str) or not s for s in stop):

@@ -6,7 +6,8 @@
         ...
 
 Both wait until GET /health answers before yielding, and on exit stop the server and wait for it
-(thread joined / child process exited, killed if it does not stop in time).
+(thread joined / child process exited, killed if it does not stop in time). Both serve with read deadlines
+(`http_timeouts.guarded_h11`): a client that stalls mid-request is disconnected.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ from typing import Iterator, Sequence
 import httpx
 import uvicorn
 
-__all__ = ["free_port", "wait_healthy", "serve_in_thread", "serve_subprocess", "ServerURL", "ServerStartError"]
+from minigpt.serving.http_timeouts import HEADER_TIMEOUT_S, KEEP_ALIVE_TIMEOUT_S, READ_TIMEOUT_S, guarded_h11
+
+__all__ = ["free_port", "wait_healthy", "serve_in_thread", "serve_subprocess", "uvicorn_config", "ServerURL",
+           "ServerStartError"]
 
 LOOPBACK = "127.0.0.1"
 
@@ -60,12 +64,23 @@ def wait_healthy(base_url: str, timeout: float, alive: callable = lambda: True) 
     return False
 
 
+def uvicorn_config(app: object, host: str, port: int, *, log_level: str = "warning",
+                   header_timeout_s: float = HEADER_TIMEOUT_S, read_timeout_s: float = READ_TIMEOUT_S,
+                   keep_alive_timeout_s: int = KEEP_ALIVE_TIMEOUT_S) -> uvicorn.Config:
+    """How the course serves an app: h11 with read deadlines, an idle keep-alive connection closed after
+    `keep_alive_timeout_s`, no access log."""
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", access_log=False,
+                          http=guarded_h11(header_timeout_s, read_timeout_s), timeout_keep_alive=keep_alive_timeout_s)
+
+
 @contextmanager
 def serve_in_thread(app: object, *, host: str = LOOPBACK, port: int | None = None, timeout: float = 30.0,
-                    log_level: str = "warning") -> Iterator[str]:
+                    log_level: str = "warning", header_timeout_s: float = HEADER_TIMEOUT_S,
+                    read_timeout_s: float = READ_TIMEOUT_S) -> Iterator[str]:
     """Run `app` with uvicorn in a background thread; yields "http://127.0.0.1:PORT"; stops and joins it on exit."""
     port = port or free_port(host)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", access_log=False)
+    config = uvicorn_config(app, host, port, log_level=log_level, header_timeout_s=header_timeout_s,
+                            read_timeout_s=read_timeout_s)
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None           # signals belong to the main thread's program
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)

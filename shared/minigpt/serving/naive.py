@@ -17,6 +17,7 @@ from typing import Callable, Hashable, Sequence
 import torch
 
 from minigpt.cache.contiguous import KVCache
+from minigpt.engine.logits_processing import LogitsProcessor
 from minigpt.generate import StopRule
 from minigpt.model import GPT
 from minigpt.sampling import SamplingParams, make_generator, sample_next, token_logprobs
@@ -37,6 +38,7 @@ class _Job:
     stop: StopRule
     generator: torch.Generator
     adapter: int = -1
+    processor: LogitsProcessor | None = None      # penalties, logit_bias, grammar (None: the raw logits)
 
 
 class NaiveEngine(EngineBase):
@@ -62,7 +64,8 @@ class NaiveEngine(EngineBase):
     def _enqueue(self, request_id: Hashable, prompt: list[int], max_tokens: int, sampling: SamplingParams,
                  stop: tuple[str, ...], adapter: int, arrival_time: float) -> None:
         rule = StopRule(max_tokens, stop_token_ids(self.tokenizer), stop, self.tokenizer if stop else None)
-        self.queue.append(_Job(request_id, prompt, sampling, rule, make_generator(sampling, self.model.device), adapter))
+        self.queue.append(_Job(request_id, prompt, sampling, rule, make_generator(sampling, self.model.device), adapter,
+                               LogitsProcessor.for_params(sampling)))
 
     def _abort(self, request_id: Hashable) -> None:
         if self.current is not None and self.current.request_id == request_id:
@@ -86,7 +89,8 @@ class NaiveEngine(EngineBase):
         try:
             x = torch.tensor([tokens], device=self.model.device)
             logits = self.model(x, positions=self.cache.next_positions(x.shape[1]), kv_caches=self.cache)[:, -1]
-            token = int(sample_next(logits, job.sampling, job.generator))
+            adjusted = logits if job.processor is None else job.processor(logits[0], job.stop.tokens)[None]
+            token = int(sample_next(adjusted, job.sampling, job.generator))
         except Exception as err:                          # noqa: BLE001  (this request's failure, nobody else's)
             log.warning("request %r failed in an engine step: %s", job.request_id, err)
             return [self.abort(job.request_id, f"{type(err).__name__}: {err}")]

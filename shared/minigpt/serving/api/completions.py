@@ -1,4 +1,5 @@
-"""POST /v1/completions (lab 08): text completion of one prompt or a list of prompts, n choices each."""
+"""POST /v1/completions (lab 08): text completion of one prompt or a list of prompts, n choices each; with a
+`response_format` (json_object, json_schema: accepted here too, as vLLM does) each completion follows its grammar."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from minigpt.serving.api.errors import ERROR_RESPONSES
-from minigpt.serving.api.generation import ChoiceResult, Generation, chunk_maker, collect, start_generation, \
-    stream_response
+from minigpt.serving.api.generation import ChoiceResult, Generation, chunk_maker, collect, constraint_of, \
+    start_generation, stream_response
 from minigpt.serving.api.logprobs import completion_logprobs
 from minigpt.serving.api.schema import sse_content
 from minigpt.serving.api.state import server_state
@@ -25,9 +26,10 @@ router = APIRouter(tags=["completions"])
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
     state = server_state(request)
     max_tokens = body.max_tokens if body.max_tokens is not None else 16
+    constraint = await constraint_of(state, body)
     gen = await start_generation(state, body, body.prompts, lambda ids: max_tokens, body.stop_list, "cmpl",
                                  candidates=body.num_candidates, logprobs=body.logprobs,
-                                 rank=body.num_candidates > body.num_choices)
+                                 rank=body.num_candidates > body.num_choices, constraint=constraint)
     tokenizer = state.core.tokenizer
 
     def chunk(choices: list[dict], usage: dict | None = None) -> dict:

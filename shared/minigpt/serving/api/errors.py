@@ -119,7 +119,7 @@ def _err(description: str, **extra: object) -> dict:
 # The error statuses a generation route can answer, for its `responses=` (and /openapi.json).
 ERROR_RESPONSES: dict[int | str, dict] = {
     400: _err("Invalid request: bad JSON, a field that fails validation, a prompt that does not fit the context, "
-              "an unsupported feature (tools, response_format other than text)"),
+              "a response_format or tool schema that cannot be compiled, an unsupported feature (legacy functions)"),
     404: _err("Unknown model (code model_not_found)"),
     429: _err("Every admission slot is taken; retry after Retry-After seconds",
               headers={"Retry-After": {"description": "seconds to wait", "schema": {"type": "string"}}}),

@@ -25,14 +25,16 @@ from typing import Any, AsyncIterator, Callable, Hashable, Sequence
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from minigpt.engine.logits_processing import GrammarConstraint
 from minigpt.sampling import SamplingParams
 from minigpt.serving.api.errors import BadRequest, EngineUnavailable, ModelNotFound, error_response
 from minigpt.serving.api.state import ServerState
 from minigpt.serving.outputs import RequestOutput, TokenLogprob
 from minigpt.serving.protocol import error_body
+from minigpt.serving.tool_calls import ToolMode, call_grammar
 
 __all__ = ["Generation", "ChoiceResult", "ChoiceStream", "start_generation", "collect", "stream_response",
-           "adapter_of", "usage_of"]
+           "adapter_of", "usage_of", "constraint_of"]
 
 CLIENT_CLOSED = 499          # nginx's "client closed request": the response of a request nobody waits for
 
@@ -47,10 +49,27 @@ def adapter_of(state: ServerState, model: str) -> int:
     raise ModelNotFound(model, state.served_models)
 
 
-def sampling_of(body: Any, seed: int, logprobs: int | None) -> SamplingParams:
+async def constraint_of(state: ServerState, body: Any, mode: ToolMode | None = None) -> GrammarConstraint | None:
+    """The grammar a request's output follows: its tool mode's, else its response_format's (None: free text).
+    Compiled off the event loop and cached (`StructuredOutputs`); a schema that cannot be compiled is a 400."""
+    try:
+        if mode is not None:
+            return await state.structured.compiled("tools:" + mode.cache_key, lambda: call_grammar(mode))
+        return await state.structured.for_response_format(body.response_format)
+    except ValueError as err:
+        param = "tools" if mode is not None else "response_format"
+        raise BadRequest(f"invalid {param}: {err}", param, "invalid_schema") from None
+
+
+def sampling_of(body: Any, seed: int, logprobs: int | None, constraint: GrammarConstraint | None = None
+                ) -> SamplingParams:
+    """A choice's SamplingParams: the request's sampling and logits processing (penalties, logit_bias, grammar)."""
     temperature = 1.0 if body.temperature is None else body.temperature
     top_p = None if body.top_p is None or body.top_p >= 1.0 else body.top_p
-    return SamplingParams(temperature=temperature, top_k=body.top_k, top_p=top_p, seed=seed, logprobs=logprobs)
+    return SamplingParams(temperature=temperature, top_k=body.top_k, top_p=top_p, seed=seed, logprobs=logprobs,
+                          presence_penalty=body.presence_penalty or 0.0,
+                          frequency_penalty=body.frequency_penalty or 0.0, logit_bias=body.bias_pairs,
+                          constraint=constraint)
 
 
 class ChoiceStream:
@@ -124,9 +143,11 @@ class Generation:
 
 async def start_generation(state: ServerState, body: Any, prompts: Sequence[str | list[int]],
                            max_tokens: Callable[[list[int]], int], stop: list[str], prefix: str, *,
-                           candidates: int, logprobs: int | None, rank: bool = False) -> Generation:
+                           candidates: int, logprobs: int | None, rank: bool = False,
+                           constraint: GrammarConstraint | None = None) -> Generation:
     """Validate every engine request (400; a bad request is never worth retrying), take an admission slot (429),
-    queue them. `max_tokens(prompt_ids)` gives each prompt's budget; `rank`: best_of needs logprobs to rank."""
+    queue them. `max_tokens(prompt_ids)` gives each prompt's budget; `rank`: best_of needs logprobs to rank;
+    `constraint`: the grammar every choice follows (each choice keeps its own state of it)."""
     adapter = adapter_of(state, body.model)
     core = state.core
     seed = body.seed if body.seed is not None else secrets.randbits(63)
@@ -140,12 +161,13 @@ async def start_generation(state: ServerState, body: Any, prompts: Sequence[str 
             budget = max_tokens(ids)
             for k in range(candidates):
                 rid = f"{request_id}-{p}-{k}"
-                sampling = sampling_of(body, (seed + k) % 2**63, internal_logprobs)
+                sampling = sampling_of(body, (seed + k) % 2**63, internal_logprobs, constraint)
                 core.validate(rid, ids, budget, sampling, stop=stop, adapter=adapter)
                 jobs.append((rid, ids, budget, sampling))
         except ValueError as err:
             msg = str(err)
-            param = "max_tokens" if "max_tokens" in msg and "prompt" not in msg else "prompt"
+            param = ("logit_bias" if "logit_bias" in msg else
+                     "max_tokens" if "max_tokens" in msg and "prompt" not in msg else "prompt")
             raise BadRequest(msg, param, "context_length_exceeded" if "context" in msg else "invalid_value") from None
     stack = AsyncExitStack()
     await stack.enter_async_context(state.admission(state.slots, state.retry_after_s))   # QueueFull -> 429
@@ -244,10 +266,11 @@ def error_chunk(out: RequestOutput) -> dict:
     return error_body("the request was aborted: the engine is shutting down", "server_error", None, "aborted")
 
 
-def chunk_maker(gen: Generation, include_usage: bool, choice: Callable[[int, RequestOutput], dict],
+def chunk_maker(gen: Generation, include_usage: bool, choice: Callable[[int, RequestOutput], dict | list[dict]],
                 envelope: Callable[[list[dict], dict | None], dict]) -> Callable[[RequestOutput], list[dict]]:
     """`make_chunks` for stream_response, for either endpoint: an output of choice i that carries text, an end or
-    logprobs becomes one chunk, envelope([choice(i, out)], None); an aborted choice ends with an error chunk; after
+    logprobs becomes one chunk, envelope([choice(i, out)], None) (or one chunk per dict if `choice` returns a list:
+    a streamed tool call, none while it holds text back); an aborted choice ends with an error chunk; after
     the last choice ends, envelope([], usage) when the client asked for usage."""
     results = [ChoiceResult(0) for _ in gen.request_ids]
 
@@ -258,7 +281,8 @@ def chunk_maker(gen: Generation, include_usage: bool, choice: Callable[[int, Req
             return [error_chunk(out)]
         chunks = []
         if out.text or out.finished or (gen.logprobs is not None and out.logprobs):
-            chunks.append(envelope([choice(i, out)], None))
+            pieces = choice(i, out)
+            chunks += [envelope([piece], None) for piece in (pieces if isinstance(pieces, list) else [pieces])]
         if out.finished and not gen.stream.remaining and include_usage:
             chunks.append(envelope([], usage_of(gen, results)))
         return chunks

@@ -2,7 +2,8 @@
 (schemathesis) can be driven by it.
 
 FastAPI's default schema documents 422 for validation errors (this server answers 400) and knows nothing of the
-served models. Here: `model` in every request body is an enum of the served names (base model and adapters);
+served models. Here: `model` in every request body is an enum of the served names (base model and adapters); token
+ids (a prompt's, logit_bias's keys) are bounded by the served vocabulary;
 422 and its schemas are removed (every route lists its real statuses: 400, 404, 429, 500, 503); the streamed chunk
 models are published beside the responses.
 """
@@ -15,6 +16,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from minigpt.serving.protocol import ChatCompletionChunk, CompletionChunk
+from minigpt.structured.json_schema import integer_range_pattern
 
 __all__ = ["exact_openapi", "sse_content"]
 
@@ -32,7 +34,23 @@ def sse_content(chunk: str) -> dict[str, Any]:
                        "properties": {"data": data, "event": {"type": "string"}}}}
 
 
-def exact_openapi(app: FastAPI, served_models: list[str]) -> Callable[[], dict[str, Any]]:
+def _bound_token_ids(request: dict[str, Any], vocab_size: int) -> None:
+    """Token ids in [0, vocab_size): the prompt's items and logit_bias's keys (a pattern over their decimal text)."""
+    props = request["properties"]
+    for branch in props.get("prompt", {}).get("anyOf", []):
+        items = branch.get("items", {})
+        ints = items.get("items", items)
+        if ints.get("type") == "integer":
+            ints["maximum"] = vocab_size - 1
+    for branch in props.get("logit_bias", {}).get("anyOf", []):
+        if branch.get("type") == "object":
+            values = next(iter(branch.pop("patternProperties").values()))
+            branch["propertyNames"] = {"pattern": f"^{integer_range_pattern(0, vocab_size - 1)}$"}
+            branch["additionalProperties"] = values
+
+
+def exact_openapi(app: FastAPI, served_models: list[str], vocab_size: int | None = None
+                  ) -> Callable[[], dict[str, Any]]:
     """A replacement for `app.openapi` (built once, then cached like FastAPI's)."""
 
     def openapi() -> dict[str, Any]:
@@ -43,6 +61,8 @@ def exact_openapi(app: FastAPI, served_models: list[str]) -> Callable[[], dict[s
         for name in REQUEST_SCHEMAS:
             if name in components:
                 components[name]["properties"]["model"]["enum"] = list(served_models)
+                if vocab_size is not None:
+                    _bound_token_ids(components[name], vocab_size)
         for path in schema.get("paths", {}).values():
             for operation in path.values():
                 operation.get("responses", {}).pop("422", None)

@@ -14,6 +14,7 @@ from minigpt.serving.base import EngineBase
 from minigpt.serving.chat_template import PLAIN_CHAT, ChatTemplate
 from minigpt.serving.outputs import RequestOutput
 from minigpt.serving.prometheus_metrics import ServingMetrics
+from minigpt.serving.structured_outputs import StructuredOutputs
 
 __all__ = ["ServerState", "StreamHandler", "Admission", "server_state"]
 
@@ -27,7 +28,7 @@ class ServerState:
     """engine: the async engine (its `.engine` is the core one); slots: admission (at most `capacity` requests held);
     stream_handler / admission: the lab's two learner pieces; disconnect_poll_s: how often a non-streaming request
     checks that its client is still there; chat_template: the model's own (an imported HF model's) or the course's
-    plain transcript."""
+    plain transcript; structured: the grammars of response_format and tools, compiled once per schema."""
 
     engine: AsyncLLMEngine
     slots: AdmissionSlots
@@ -38,6 +39,11 @@ class ServerState:
     disconnect_poll_s: float = 0.2
     counter: itertools.count = field(default_factory=itertools.count)
     chat_template: ChatTemplate = PLAIN_CHAT
+    structured: StructuredOutputs | None = None
+
+    def __post_init__(self) -> None:
+        if self.structured is None:
+            self.structured = StructuredOutputs(self.core.tokenizer)
 
     @property
     def core(self) -> EngineBase:
