@@ -246,9 +246,10 @@ def _fabricated_parts():
 
 
 def _decode_only() -> dict:
-    """The committed ledger without its batching, serving and speculative parts (the tests add fabricated ones)."""
+    """The committed ledger without its batching, serving, speculative and structured parts (the tests add fabricated
+    ones)."""
     led = {k: v for k, v in copy.deepcopy(ledger.read(data_dir() / "bench")).items()
-           if k not in ("batching", "serving", "speculative")}
+           if k not in ("batching", "serving", "speculative", "structured")}
     led["figures"] = figures(led)
     return led
 
