@@ -11,5 +11,7 @@ r"""Structured generation (lab 10): constrain decoding to a language, one token 
 jump_forward=True)` takes its tokens without a forward pass each (SGLang's jump-forward decoding).
 
 Three ways to compute the same mask (token_masks.py): scan the vocabulary, walk a token trie, or look it up in a
-`MaskIndex` precomputed for every state of a DFA at compile time. Checked against XGrammar and llguidance.
+`MaskIndex` precomputed for every state of a DFA at compile time (`CountingAutomaton` counts the characters each
+reads). Checked against XGrammar and llguidance; `evaluation.py` measures valid rates on held-out schemas
+(data/structured/schemas.json) with and without the mask, and `make bench` times the masks against both libraries.
 """
