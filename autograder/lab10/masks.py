@@ -1,9 +1,11 @@
 """Exercises 1 and 2: which tokens may come next from a state of a regular expression's automaton.
 
     check_mask_by_scan(mask_by_scan)    every token's text walked from the state, for six patterns and every state
-                                        along an example of each: the (V,) bool mask equal to the reference's
+                                        along an example of each: the (V,) bool mask equal to the reference's; once
+                                        on an automaton the judge holds, which counts the characters read: no fewer
+                                        than a scan reads (a mask from the pattern or another library reads none)
     check_mask_by_trie(mask_by_trie)    the same masks from a walk of the token trie, and, on an automaton the
-                                        judge holds and counts, no more characters read than a trie walk reads
+                                        judge holds and counts, exactly the characters a trie walk reads
 
 The learner's function gets the automaton, the vocabulary and the trie by value (the package's dataclasses) and
 returns a tensor; the counting automaton stays in the judge, which counts every character it is asked to read. A
@@ -88,11 +90,32 @@ def _compare(fn: Callable, what: str, structure: Any, reference: Callable, *, ev
                                      + _diagnose(got, want, name, state))
 
 
+def _counted(fn: Callable, what: str, name: str, prefix: str, structure: Any, reference: Callable) -> tuple[int, int]:
+    """The learner's mask from an automaton the judge holds and counts: (characters it read, the reference's)."""
+    dfa = automaton(name)
+    state = dfa.walk(dfa.start, prefix)
+    ours, theirs = CountingAutomaton(dfa), CountingAutomaton(dfa)
+    want = reference(ours, state, structure)
+    where = f"{what}, pattern {PATTERNS[name][0]!r} after {prefix!r}"
+    with no_calls_into(*REFERENCES, what=what):
+        got = call_learner(what, fn, theirs, state, structure)
+    if not torch.equal(_as_mask(got, where), want):
+        raise AssertionError(f"{where}: the mask differs when the automaton is the judge's (use only its "
+                             "step / walk / accepting methods)")
+    if theirs.steps < ours.steps:
+        raise AssertionError(f"{where}: your function read {theirs.steps} characters through the automaton where "
+                             f"{'a scan' if reference is token_masks.mask_by_scan else 'a trie walk'} reads "
+                             f"{ours.steps}: the mask must come from walking the automaton you are given (not from "
+                             "its pattern, a precomputed table or another library)")
+    return theirs.steps, ours.steps
+
+
 def check_mask_by_scan(scan_fn: Callable) -> None:
     """scan_fn(dfa, state, vocab) -> (V,) bool: token t allowed iff dfa.walk(state, vocab.texts[t]) is live; the
     end token (vocab.eos_id) iff dfa.accepting(state); tokens without text never."""
     own_work(scan_fn, REFERENCES, what=SCAN_WHAT)
     _compare(scan_fn, SCAN_WHAT, vocabulary(), token_masks.mask_by_scan)
+    _counted(scan_fn, SCAN_WHAT, "boolean", "f", vocabulary(), token_masks.mask_by_scan)
 
 
 def check_mask_by_trie(trie_fn: Callable) -> None:
@@ -101,19 +124,11 @@ def check_mask_by_trie(trie_fn: Callable) -> None:
     own_work(trie_fn, REFERENCES, what=TRIE_WHAT)
     _compare(trie_fn, TRIE_WHAT, trie(), token_masks.mask_by_trie, every=3)       # the trie travels with each call
     for name, prefix in COUNTED:
-        dfa = automaton(name)
-        state = dfa.walk(dfa.start, prefix)
-        ours, theirs = CountingAutomaton(dfa), CountingAutomaton(dfa)
-        want = token_masks.mask_by_trie(ours, state, trie())
-        where = f"{TRIE_WHAT}, pattern {PATTERNS[name][0]!r} after {prefix!r}"
-        with no_calls_into(*REFERENCES, what=TRIE_WHAT):
-            got = call_learner(TRIE_WHAT, trie_fn, theirs, state, trie())
-        if not torch.equal(_as_mask(got, where), want):
-            raise AssertionError(f"{where}: the mask differs when the automaton is the judge's (use only its "
-                                 "step / walk / accepting methods)")
-        if theirs.steps > ours.steps:
+        read, needed = _counted(trie_fn, TRIE_WHAT, name, prefix, trie(), token_masks.mask_by_trie)
+        if read > needed:
             raise AssertionError(
-                f"{where}: your walk read {theirs.steps} characters through the automaton; a trie walk reads "
-                f"{ours.steps} (one step per trie edge out of a live node). Read each trie node's character once, "
-                "carry the state down to its children, and do not descend where the automaton died"
-                + (" (reading every token's text is the scan of Exercise 1)" if theirs.steps > 4 * ours.steps else ""))
+                f"{TRIE_WHAT}, pattern {PATTERNS[name][0]!r} after {prefix!r}: your walk read {read} characters "
+                f"through the automaton; a trie walk reads {needed} (one step per trie edge out of a live node). Read "
+                "each trie node's character once, carry the state down to its children, and do not descend where "
+                "the automaton died" + (" (reading every token's text is the scan of Exercise 1)" if read > 4 * needed
+                                        else ""))

@@ -133,6 +133,20 @@ def test_a_plausible_wrong_version_is_rejected(cell: str, edit: dict[str, str], 
     assert caught.value.args[0].startswith("Exercise "), caught.value
 
 
+@pytest.mark.parametrize("cell", ["ex1_code", "ex2_code"])
+def test_a_mask_not_walked_through_the_given_automaton_is_rejected(cell: str) -> None:
+    """The right masks from an automaton of its own, compiled from the pattern (or any other source the judge does
+    not see): the automaton the judge holds reads nothing, and that gives it away."""
+    own = solution(cell)
+    namespace = {"own": own, "RegexAutomaton": __import__("minigpt.structured.regex_automaton",
+                                                          fromlist=["RegexAutomaton"]).RegexAutomaton}
+    exec("def elsewhere(dfa, state, data):\n"
+         "    return own(RegexAutomaton.compile(dfa.automaton.pattern if hasattr(dfa, 'automaton') else dfa.pattern),"
+         " state, data)\n", namespace)
+    with pytest.raises(AssertionError, match="read 0 characters"):
+        CELLS[cell][1](namespace["elsewhere"])
+
+
 def test_forced_tokens_in_passes_of_their_own_are_rejected() -> None:
     """The right tokens, one forward pass each (forced decoding without the jump): the passes give it away."""
     one_pass_each = solution("ex5_code", replace={
