@@ -416,14 +416,15 @@ def check_ring_bytes(fn: Callable) -> None:
 # ---------------------------------------------------------------------------------------------------
 
 def check_q1_yarn_pairs(answer: Any) -> None:
-    """Llama-3-8B (head_dim 128, theta 500000, trained 8192): pairs YaRN (alpha 1, beta 32) leaves unchanged."""
-    turns = rotations_in_context(base_inv_freq(128, 500_000.0), 8192)
+    """Llama-2-7B (head_dim 128, theta 10000, trained 4096): pairs YaRN (alpha 1, beta 32) leaves unchanged. (Not
+    Llama-3's shape: Exercise 1's check names the kept pairs of that one in its hint.)"""
+    turns = rotations_in_context(base_inv_freq(128, 10_000.0), 4096)
     want = int((turns >= 32).sum())
     check_answer(answer, want, "Q1 (frequency pairs YaRN keeps unchanged)",
                  {int((turns <= 1).sum()): "that is the number of pairs fully interpolated (<= 1 turn).",
                   64 - want: "that counts the pairs that are changed, not kept."},
                  unit="pairs", hint="A pair is kept when it turns at least beta = 32 times in the trained context: "
-                                    "8192 * f_i / (2 pi) >= 32.")
+                                    "trained length * f_i / (2 pi) >= 32.")
 
 
 def check_q2_window_streams(answer: Any) -> None:
@@ -438,14 +439,30 @@ def check_q2_window_streams(answer: Any) -> None:
                  unit="streams", hint="Bytes per stream = 2 * layers * kv_heads * head_dim * 2 bytes * (window + sinks).")
 
 
+# Q3: DeepSeek-V3's latent cache at 1 byte an element against Llama-3-70B's GQA cache in bf16, per token.
+Q3_MLA = dict(layers=61, latent=512, rope=64, bytes=1)
+Q3_GQA = dict(layers=80, kv_heads=8, head_dim=128, bytes=2)
+
+
+def _q3_ratio(*, kv_factor: int = 2, rope: bool = True, mla_bytes: int | None = None, per_layer: bool = False) -> float:
+    """GQA bytes per token over MLA bytes per token; the keywords swap in the values the mistakes use."""
+    m, g = Q3_MLA, Q3_GQA
+    mla = (m["latent"] + (m["rope"] if rope else 0)) * (m["bytes"] if mla_bytes is None else mla_bytes)
+    gqa = kv_factor * g["kv_heads"] * g["head_dim"] * g["bytes"]
+    return gqa / mla if per_layer else gqa * g["layers"] / (mla * m["layers"])
+
+
 def check_q3_mla_factor(answer: Any) -> None:
-    """DeepSeek-V2: KV bytes per token of its MHA form (128 heads of 128) over its MLA form (512 latent + 64 RoPE)."""
-    want = 2 * 128 * 128 / (512 + 64)
-    check_answer(answer, want, "Q3 (how many times smaller MLA's cache is)",
-                 {2 * 128 * 128 / 512: "the decoupled RoPE key (64 per token) is cached too.",
-                  128 * 128 / 576: "the MHA cache holds keys AND values: 2 * heads * head_dim.",
-                  2 * 128 * 192 / 576: "MHA here means head_dim 128 for keys and values."},
-                 unit="x (ratio)", rel=1e-3, hint="Per layer: MHA 2 * n_heads * head_dim elements, MLA kv_lora_rank + rope_dim.")
+    """KV bytes per token: Llama-3-70B (80 layers, 8 KV heads of 128, bf16) over DeepSeek-V3 (61 layers, a 512-wide
+    latent and a 64-wide RoPE key a layer, stored at 1 byte an element)."""
+    check_answer(answer, _q3_ratio(), "Q3 (how many times less KV a token DeepSeek-V3's cache holds)",
+                 {_q3_ratio(rope=False): "the decoupled RoPE key (64 a token and layer) is cached too.",
+                  _q3_ratio(kv_factor=1): "the GQA cache holds keys AND values: 2 * kv_heads * head_dim a layer.",
+                  _q3_ratio(per_layer=True): "the two models have different depths (80 and 61 layers): compare "
+                                             "whole tokens, not one layer.",
+                  _q3_ratio(mla_bytes=2): "the latent cache is stored at 1 byte an element here, not bf16's 2."},
+                 unit="x (ratio)", rel=1e-3, hint="Per token: layers x (elements a layer) x bytes an element, for "
+                                                  "each model; MLA caches kv_lora_rank + rope_dim a layer.")
 
 
 def check_q4_ring_overlap(answer: Any) -> None:

@@ -395,12 +395,14 @@ def test_ring_bytes_with_n_steps_fails() -> None:
 # --- interview questions -----------------------------------------------------------------------------------
 
 def test_interview_answers() -> None:
-    turns = rotations_in_context(base_inv_freq(128, 500_000.0), 8192)
+    turns = rotations_in_context(base_inv_freq(128, 10_000.0), 4096)
     lab09.check_q1_yarn_pairs(int((turns >= 32).sum()))
     lab09.check_q2_window_streams(40 * 2**30 // (2 * 32 * 8 * 128 * 2 * 4100))
-    lab09.check_q3_mla_factor(2 * 128 * 128 / 576)
+    lab09.check_q3_mla_factor(80 * 2 * 8 * 128 * 2 / (61 * 576))
     lab09.check_q4_ring_overlap(2 * 8 * 2 * 989.5e12 / (4 * 32 * 450e9))
     with pytest.raises(AssertionError, match="full caches"):
         lab09.check_q2_window_streams(2)
     with pytest.raises(AssertionError, match="decoupled RoPE"):
-        lab09.check_q3_mla_factor(64.0)
+        lab09.check_q3_mla_factor(80 * 2 * 8 * 128 * 2 / (61 * 512))
+    with pytest.raises(AssertionError, match="different depths"):
+        lab09.check_q3_mla_factor(2 * 8 * 128 * 2 / 576)
