@@ -101,7 +101,7 @@ class ModelRunner:
             if c.samples:
                 seq = c.seq
                 sampling = seq.request.sampling
-                processor = getattr(seq, "logits_processor", None)
+                processor = seq.logits_processor
                 adjusted = logits[row:row + 1] if processor is None else processor(logits[row], seq.output_tokens)[None]
                 token = int(sample_next(adjusted, sampling, seq.generator))
                 sampled[c.seq_id] = token
