@@ -191,4 +191,5 @@ bench: setup
 	$(PY) -m minigpt.bench --readme
 
 models: setup
-	$(PY) -m minigpt.training.train target draft
+	$(PY) -m minigpt.training.train target draft target-long
+	$(PY) -m minigpt.longctx.retrieval

@@ -4,6 +4,10 @@ AdamW with linear warm-up and cosine decay, bfloat16 autocast, gradient clipping
 the best validation loss (checked every `eval_every` steps) are kept. The draft can be distilled from
 the target: its loss is (1 - a) * cross-entropy(data) + a * KL(target || draft), which raises how often
 the two agree, which is what speculative decoding needs.
+
+`target-long` starts from the target's weights and goes on training on the corpus mixed with tasks that can only be
+solved by reading far back (`minigpt.training.context_tasks`: pass keys at random depths, key-value recall, repeated
+passages and repeated random tokens; answer tokens weigh more in the loss); it keeps its last weights, and its card adds retrieval by depth and the induction figures.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import argparse
 import copy
 import math
 import platform
+import random
 import time
 from dataclasses import dataclass
 
@@ -22,8 +27,9 @@ from tqdm import tqdm
 from minigpt.checkpoint import load_model, save_checkpoint
 from minigpt.config import DRAFT_CONFIG, TARGET_CONFIG, ModelConfig
 from minigpt.model import GPT
+from minigpt.training.context_tasks import TASK_MIX, haystack_tokens, task_batch
 from minigpt.training.data import load_tokens, random_windows
-from minigpt.training.evaluate import greedy_agreement, validation_loss
+from minigpt.training.evaluate import context_use, greedy_agreement, passkey_accuracy, validation_loss
 
 
 @dataclass(frozen=True)
@@ -41,11 +47,16 @@ class TrainConfig:
     distill_from: str | None = None   # checkpoint name of a teacher
     distill_weight: float = 0.5
     seed: int = 1234
+    init_from: str | None = None      # checkpoint name to start from (else a seeded initialisation)
+    context_tasks: bool = False       # mix in minigpt.training.context_tasks (TASK_MIX per batch of 16)
+    keep_best: bool = True            # keep the weights with the best validation loss (else the last ones)
 
 
 RECIPES: dict[str, tuple[ModelConfig, TrainConfig]] = {
     "target": (TARGET_CONFIG, TrainConfig(steps=600, lr=2e-3)),
     "draft": (DRAFT_CONFIG, TrainConfig(steps=800, lr=3e-3, distill_from="target", distill_weight=0.9)),
+    "target-long": (TARGET_CONFIG, TrainConfig(steps=500, lr=1.5e-3, warmup=30, eval_every=50, init_from="target",
+                                               context_tasks=True, keep_best=False)),
 }
 
 
@@ -57,16 +68,20 @@ def lr_at(step: int, tc: TrainConfig) -> float:
 
 
 def train_model(model_cfg: ModelConfig, tc: TrainConfig, log: bool = True) -> tuple[GPT, dict]:
-    """Train from a seeded initialisation; returns the weights with the best validation loss and a summary."""
+    """Train from a seeded initialisation (or `init_from`); returns the best (or last) weights and a summary."""
     torch.manual_seed(tc.seed)
     gen = torch.Generator().manual_seed(tc.seed)
-    model = GPT(model_cfg)
+    rng = random.Random(tc.seed)
+    model = GPT(model_cfg) if tc.init_from is None else load_model(tc.init_from).float()
     teacher = load_model(tc.distill_from) if tc.distill_from else None
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": tc.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=tc.lr, betas=(0.9, 0.95))
     tokens = load_tokens("train")
+    haystack = haystack_tokens("train") if tc.context_tasks else None
+    if tc.context_tasks and tc.batch_size != sum(TASK_MIX.values()):
+        raise ValueError(f"context_tasks needs batch_size {sum(TASK_MIX.values())} (TASK_MIX), got {tc.batch_size}")
     best_loss, best_state, best_step = float("inf"), None, -1
     t0 = time.perf_counter()
     progress = tqdm(range(tc.steps), desc=f"train {model_cfg.n_layers}-layer", unit="step", disable=not log)
@@ -74,10 +89,17 @@ def train_model(model_cfg: ModelConfig, tc: TrainConfig, log: bool = True) -> tu
         model.train()
         for group in opt.param_groups:
             group["lr"] = lr_at(step, tc)
-        x, y = random_windows(tokens, tc.batch_size, tc.seq_len, gen)
+        if tc.context_tasks:
+            x, y, weight = task_batch(tokens, haystack, tc.seq_len, rng)
+        else:
+            (x, y), weight = random_windows(tokens, tc.batch_size, tc.seq_len, gen), None
         with torch.autocast("cpu", dtype=torch.bfloat16):
             logits = model(x).float()
-            loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+            if weight is None:
+                loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+            else:                                     # weighted mean: answer tokens count ANSWER_WEIGHT times
+                token_loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
+                loss = (token_loss * weight.flatten()).sum() / weight.sum()
             if teacher is not None:
                 with torch.no_grad():
                     teacher_logp = F.log_softmax(teacher(x).float(), -1)
@@ -90,9 +112,13 @@ def train_model(model_cfg: ModelConfig, tc: TrainConfig, log: bool = True) -> tu
         if (step + 1) % tc.eval_every == 0 or step + 1 == tc.steps:
             model.eval()
             val = validation_loss(model, tc.seq_len, tc.eval_windows)["loss"]
-            if val < best_loss:
+            if val < best_loss or not tc.keep_best:
                 best_loss, best_state, best_step = val, copy.deepcopy(model.state_dict()), step + 1
-            progress.set_postfix(train=f"{loss.item():.3f}", val=f"{val:.3f}", lr=f"{lr_at(step, tc):.2e}")
+            extra = {"passkey": f"{passkey_accuracy(model, tc.seq_len, n=32):.2f}"} if tc.context_tasks else {}
+            progress.set_postfix(train=f"{loss.item():.3f}", val=f"{val:.3f}", lr=f"{lr_at(step, tc):.2e}", **extra)
+            if log and tc.context_tasks:
+                print(f"step {step + 1}: train {loss.item():.3f} val {val:.3f} " + " ".join(f"{k} {v}" for k, v in extra.items()),
+                      flush=True)
     model.load_state_dict(best_state)
     summary = {**tc.__dict__, "best_step": best_step, "tokens_seen": tc.steps * tc.batch_size * tc.seq_len,
                "train_tokens": len(tokens), "wallclock_s": round(time.perf_counter() - t0, 1), "torch": torch.__version__,
@@ -111,6 +137,8 @@ def train_and_save(name: str, model_cfg: ModelConfig, tc: TrainConfig) -> GPT:
                            "seq_len": stored.config.max_seq_len, "dtype": "float32"}}
     if name == "draft":
         card["greedy_agreement_with_target"] = round(greedy_agreement(stored, load_model("target")), 5)
+    if tc.context_tasks:
+        card["context_use"] = context_use(stored)
     save_checkpoint(stored, name, card)
     print(f"{name}: {stored.num_parameters():,} parameters, val loss {val['loss']:.4f}, ppl {val['perplexity']:.2f}, "
           f"{summary['wallclock_s']:.0f}s")
