@@ -7,7 +7,8 @@ refuses the package's reference handed in as the answer, and a call into it whil
 wrapper): autograder.checking.reference_guard.
 
 CPU tier (correctness):
-    check_scaled_inv_freq(fn)        frequencies of none/pi/ntk/yarn for two shapes, and the perplexity they give
+    check_scaled_inv_freq(fn)        frequencies of none/pi/ntk/yarn for three shapes, and the perplexity they give
+                                     (YaRN's blend by the paper's ramp over turns or Transformers' over pair index)
     check_ring_cache(cls)            window only: fixed memory, absolute positions after wrap-around, logits equal
                                      to masked sliding-window attention, bad input refused with the cache unchanged
     check_sink_cache(cls)            sinks kept for ever and rotated next to the window: equal to the masked form
@@ -95,6 +96,7 @@ def check_scaled_inv_freq(fn: Callable) -> None:
                     f"trained length {L}")
             got = call_learner(EX1, fn, head_dim, theta, factor, method, L, context=what)
             want = scaled_inv_freq(head_dim, theta, factor, method, L)
+            wants = [want] + ([scaled_inv_freq(head_dim, theta, factor, method, L, ramp="index")] if method == "yarn" else [])
             if not isinstance(got, torch.Tensor) or got.shape != want.shape:
                 shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
                 raise AssertionError(f"{what}: expected a tensor of shape {tuple(want.shape)} (one frequency per "
@@ -104,7 +106,7 @@ def check_scaled_inv_freq(fn: Callable) -> None:
                 raise AssertionError(f"{what}: the frequencies must be float64 (as the base is), got {got.dtype}: "
                                      "a float32 arange or theta' ** (...) of float32 loses digits a long context needs")
             got = got.double()
-            if torch.allclose(got, want, rtol=1e-5, atol=0):
+            if any(torch.allclose(got, w, rtol=1e-5, atol=0) for w in wants):     # YaRN: the paper's ramp or HF's
                 continue
             raise AssertionError(f"{what}: frequencies differ from the reference by up to "
                                  f"{((got - want).abs() / want).max().item():.3g} (relative). "
@@ -127,8 +129,9 @@ def _freq_hint(got: torch.Tensor, base: torch.Tensor, want: torch.Tensor, s: flo
     turns = rotations_in_context(base, L)
     n_kept = int((turns >= 32).sum())
     return (f"YaRN keeps pairs that turn >= beta=32 times in the trained {L} tokens ({n_kept} here) and divides those "
-            "that turn <= alpha=1 times by s, a linear ramp between: g = clamp((turns - 1) / 31, 0, 1), "
-            f"f' = (1 - g) f / s + g f. Fastest pair kept: {fast_kept}; slowest divided by s: {slow_divided}.")
+            "that turn <= alpha=1 times by s, a linear ramp between: the paper's g = clamp((turns - 1) / 31, 0, 1), "
+            "f' = (1 - g) f / s + g f (Transformers' ramp, linear in the pair index between the two correction "
+            f"dimensions, is accepted too). Fastest pair kept: {fast_kept}; slowest divided by s: {slow_divided}.")
 
 
 def _check_freq_perplexity(fn: Callable) -> None:
@@ -138,8 +141,10 @@ def _check_freq_perplexity(fn: Callable) -> None:
         with quiet():
             mine = fn(TINY.head_dim, TINY.rope_theta, 4.0, method, TINY.max_seq_len)
         got = float(position_nll(model, tokens, mine.double()).mean().exp())
-        want = float(position_nll(model, tokens, scaled_inv_freq(TINY.head_dim, TINY.rope_theta, 4.0, method,
-                                                                 TINY.max_seq_len)).mean().exp())
+        wants = [float(position_nll(model, tokens, scaled_inv_freq(TINY.head_dim, TINY.rope_theta, 4.0, method,
+                                                                   TINY.max_seq_len, ramp=ramp)).mean().exp())
+                 for ramp in (("turns", "index") if method == "yarn" else ("turns",))]
+        want = min(wants, key=lambda w: abs(w - got))
         if not math.isclose(got, want, rel_tol=1e-4):
             raise AssertionError(f"{EX1}, {method}: perplexity at 4x the trained length is {got:.4f} with your "
                                  f"frequencies, {want:.4f} with the reference's")

@@ -12,18 +12,18 @@ import torch
 from minigpt.attention import naive_attention
 from minigpt.config import ModelConfig
 from minigpt.longctx import kv_compression as kvc
-from minigpt.longctx.eviction import (compressed_prompt_attention, keep_positions, kept_attention_mass,
+from minigpt.longctx.eviction import (compressed_prompt_attention, h2o_mask, keep_positions, kept_attention_mass,
                                       observation_scores, snapkv_keep)
 from minigpt.longctx.long_forward import bucket_perplexity, long_logits, position_nll, swapped_attention
 from minigpt.longctx.ring_attention import ring_attention, ring_bytes_per_rank, ring_worker
-from minigpt.longctx.rope_scaling import base_inv_freq, rotations_in_context, scaled_inv_freq, yarn_logit_scale
+from minigpt.longctx.rope_scaling import (base_inv_freq, correction_dim, rotations_in_context, scaled_inv_freq,
+                                         yarn_logit_scale)
 from minigpt.longctx.serving_cost import chunked_prefill
 from minigpt.longctx.sliding_window import RingKVCache, cached_logits, kept_positions, streaming_attention
 from minigpt.model import GPT
 from minigpt.parallel.launch import run_ranks
 from minigpt.teaching.calculators import PRESETS, prefill_flops
 from minigpt.teaching.hardware import ACCELERATORS
-from minigpt.teaching.long_context_view import LongContextView, bucketed_perplexity, curve_table
 
 CFG = ModelConfig(vocab_size=64, max_seq_len=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48)
 
@@ -50,6 +50,30 @@ def test_scaling_methods_keep_or_stretch_the_right_pairs() -> None:
     assert yarn_logit_scale(1.0) == 1.0 and math.isclose(yarn_logit_scale(8.0), (0.1 * math.log(8) + 1) ** 2)
     with pytest.raises(ValueError, match="unknown RoPE scaling"):
         scaled_inv_freq(64, 10_000.0, 2, "linear", 512)
+    with pytest.raises(ValueError, match="unknown YaRN ramp"):
+        scaled_inv_freq(64, 10_000.0, 2, "yarn", 512, ramp="cosine")
+
+
+@pytest.mark.parametrize("head_dim, theta, factor, trained", [(64, 1e4, 8.0, 512), (128, 5e5, 16.0, 8192),
+                                                              (128, 1e4, 4.0, 4096)])
+def test_yarn_index_ramp_is_transformers_own(head_dim, theta, factor, trained) -> None:
+    """ramp="index" equals Transformers' _compute_yarn_parameters (the library vLLM mirrors), and its attention factor
+    squared is yarn_logit_scale; the paper's ramp keeps and interpolates the same pairs, blends the rest otherwise."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import _compute_yarn_parameters
+    config = LlamaConfig(hidden_size=4 * head_dim, num_attention_heads=4, head_dim=head_dim,
+                         max_position_embeddings=int(trained * factor),
+                         rope_parameters={"rope_type": "yarn", "factor": factor, "rope_theta": theta,
+                                          "original_max_position_embeddings": trained})
+    inv_freq, attention_factor = _compute_yarn_parameters(config)
+    index = scaled_inv_freq(head_dim, theta, factor, "yarn", trained, ramp="index")
+    torch.testing.assert_close(index, inv_freq.double(), rtol=1e-6, atol=0)
+    assert attention_factor ** 2 == pytest.approx(yarn_logit_scale(factor))
+    turns_ramp = scaled_inv_freq(head_dim, theta, factor, "yarn", trained)
+    f = base_inv_freq(head_dim, theta)
+    low, high = math.floor(correction_dim(32, head_dim, theta, trained)), math.ceil(correction_dim(1, head_dim, theta, trained))
+    assert torch.equal(index[:low + 1], f[:low + 1]) and torch.allclose(index[high:], f[high:] / factor)
+    assert not torch.allclose(index, turns_ramp)
 
 
 def test_long_logits_equal_the_model_inside_its_context(model) -> None:
@@ -103,6 +127,13 @@ def test_snapkv_keeps_the_observation_window_and_the_most_voted() -> None:
     scores[0, :, 3] = 1.0
     scores[0, :, 5] = 0.5
     assert snapkv_keep(scores, 4, 2).tolist() == [[3, 5, 8, 9]]
+    one_vote = torch.zeros(1, 2, 12)
+    one_vote[0, :, 4] = 1.0
+    one_vote[0, :, 8] = 0.4
+    assert snapkv_keep(one_vote, 5, 2)[0, [0, 2]].tolist() == [4, 8]               # the two voted, a tie for the third
+    assert snapkv_keep(one_vote, 5, 2, kernel=3).tolist() == [[3, 4, 5, 10, 11]]      # the voted token's neighbours
+    with pytest.raises(ValueError, match="odd"):
+        snapkv_keep(one_vote, 5, 2, kernel=2)
     with pytest.raises(ValueError):
         snapkv_keep(scores, 1, 2)
 
@@ -120,6 +151,27 @@ def test_eviction_policies_and_kept_mass(model) -> None:
     record: list[float] = []
     position_nll(model, tokens, f, attention=compressed_prompt_attention(20, 6, "snapkv", obs_window=4, record=record))
     assert len(record) == CFG.n_layers and all(0 < m < 1 for m in record)
+
+
+def test_h2o_keeps_its_budget_and_evicts_as_it_decodes() -> None:
+    g = torch.Generator().manual_seed(3)
+    q, k = torch.randn(1, 4, 40, 8, generator=g), torch.randn(1, 2, 40, 8, generator=g)
+    mask = h2o_mask(q, k, 30, 10)
+    causal = torch.ones(40, 40, dtype=torch.bool).tril()
+    assert not (mask & ~causal).any()                                          # never a future key
+    assert (mask[:, 30:].sum(-1) == 10).all()                                  # the budget, counting the new token
+    assert all(mask[h, t, t] for h in range(2) for t in range(40))             # each query sees itself
+    kept = mask[:, 29, :30]
+    assert kept.sum(-1).tolist() == [10, 10] and kept[:, 25:30].all()          # half recent, half heavy hitters
+    for t in range(31, 40):                                                    # evicted once, never back
+        assert not (mask[:, t, :t] & ~mask[:, t - 1, :t]).any()
+    assert keep_positions("h2o", q, k, 30, 10).tolist() == kept.nonzero()[:, 1].view(2, -1).tolist()
+    with pytest.raises(ValueError):
+        h2o_mask(q, k, 30, 40)
+    v = torch.randn(1, 2, 40, 8, generator=g)
+    record: list[float] = []
+    out = compressed_prompt_attention(30, 10, "h2o", record=record)(q, k, v)
+    assert out.shape == q.shape and torch.isfinite(out).all() and 0 < record[0] < 1
 
 
 @pytest.mark.parametrize("n, backend", [(3, "threads"), (2, "gloo")])
@@ -152,17 +204,3 @@ def test_chunked_prefill_sums_to_one_prefill() -> None:
     assert chunked_prefill(shape, 8192, 64, gpu).time_s > one.time_s                # tiny chunks re-read the weights
 
 
-def test_long_context_view_tables_and_controls() -> None:
-    g = torch.Generator().manual_seed(0)
-    curves = {"a": torch.rand(1, 2047, generator=g), "b": torch.rand(2047, generator=g)}
-    text = curve_table(curves, ["a", "b"], 512)
-    assert "[1,024, 2,047)" in text and text.count("<tr>") == 3
-    starts, ppl = bucketed_perplexity(curves["a"], 512)
-    assert starts == [0, 512, 1024, 1536] and len(ppl) == 4
-    assert bucket_perplexity(curves["a"], [0, 512]) == pytest.approx([ppl[0]])
-    view = LongContextView(curves, show=["a"])
-    assert "b</b>" not in view.readout.value and view.image.value
-    view.names.value = ("a", "b")
-    assert "b</b>" in view.readout.value
-    view.names.value = ()
-    assert "at least one" in view.error.value

@@ -12,6 +12,6 @@
   (chi-square test) and `speculative_player` (round-by-round widget), lab 06.
 * `parallel_cost` (tensor/pipeline-parallel cost model) and `parallel_planner` (its widget), lab 07.
 * `serving_plots` (throughput and p99 TTFT against request rate), lab 08.
-* `long_context_view` (perplexity against position), lab 09.
+* `retrieval_view` (pass keys retrieved against depth and length, perplexity per band), lab 09.
 * `grammar_stepper` (constrained decoding a token at a time: the mask, the model, the grammar's state), lab 10.
 """
