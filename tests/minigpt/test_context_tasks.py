@@ -92,3 +92,15 @@ def test_retrieval_grid_shapes_and_policies():
     assert len(grid.accuracy) == 2 and all(len(row) == 2 for row in grid.accuracy)
     assert grid.band_edges == [0, 64, 127]
     assert all(0 <= a <= 1 for row in grid.accuracy for a in row) and len(grid.band_perplexity) == len(grid.band_edges) - 1
+
+
+def test_training_with_tasks_is_seeded_and_records_its_curve():
+    from minigpt.training.train import TrainConfig, train_model
+    cfg = ModelConfig(vocab_size=4096, max_seq_len=192, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48)
+    tc = TrainConfig(steps=2, seq_len=192, warmup=1, eval_every=2, eval_windows=2, context_tasks=True, keep_best=False)
+    (a, summary), (b, _) = train_model(cfg, tc, log=False), train_model(cfg, tc, log=False)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert summary["task_mix"] == TASK_MIX and summary["answer_weight"] == ANSWER_WEIGHT
+    assert [p["step"] for p in summary["curve"]] == [2] and 0 <= summary["curve"][0]["passkey"] <= 1
+    with pytest.raises(ValueError, match="batch_size"):
+        train_model(cfg, TrainConfig(steps=1, batch_size=8, seq_len=192, context_tasks=True), log=False)
