@@ -6,6 +6,7 @@ Costs about 25 s on the shared 2-core machine (the ring-attention checks start g
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -210,8 +211,34 @@ def ntk_without_the_exponent(head_dim, theta, factor, method, original_max_len):
     return base_inv_freq(head_dim, theta * factor)
 
 
+def yarn_by_pair_index(head_dim, theta, factor, method, original_max_len):
+    """Transformers' ramp, linear in the pair index between the floored and ceiled correction dimensions."""
+    if method != "yarn":
+        return my_scaled_inv_freq(head_dim, theta, factor, method, original_max_len)
+    f = base_inv_freq(head_dim, theta)
+    dim = lambda turns: head_dim * math.log(original_max_len / (2 * math.pi * turns)) / (2 * math.log(theta))
+    low, high = max(math.floor(dim(32)), 0), min(math.ceil(dim(1)), head_dim - 1)
+    keep = 1 - ((torch.arange(head_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    return (1 - keep) * f / factor + keep * f
+
+
+def yarn_ramp_over_index_without_rounding(head_dim, theta, factor, method, original_max_len):
+    """The index ramp between the unrounded correction dimensions: neither convention."""
+    if method != "yarn":
+        return my_scaled_inv_freq(head_dim, theta, factor, method, original_max_len)
+    f = base_inv_freq(head_dim, theta)
+    dim = lambda turns: head_dim * math.log(original_max_len / (2 * math.pi * turns)) / (2 * math.log(theta))
+    keep = 1 - ((torch.arange(head_dim // 2, dtype=torch.float64) - dim(32)) / (dim(1) - dim(32))).clamp(0, 1)
+    return (1 - keep) * f / factor + keep * f
+
+
+def test_transformers_yarn_ramp_is_accepted() -> None:
+    lab09.check_scaled_inv_freq(yarn_by_pair_index)
+
+
 @pytest.mark.parametrize("wrong, message", [(yarn_on_the_wrong_half, "wrong half of the dimensions"),
-                                            (ntk_without_the_exponent, "theta' = theta")])
+                                            (ntk_without_the_exponent, "theta' = theta"),
+                                            (yarn_ramp_over_index_without_rounding, "Transformers' ramp")])
 def test_wrong_frequency_transforms_fail(wrong, message) -> None:
     with pytest.raises(AssertionError, match=message):
         lab09.check_scaled_inv_freq(wrong)
