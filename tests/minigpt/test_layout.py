@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "shared" / "minigpt"
-FOLDERS = ("cache", "engine", "kernels", "quant", "parallel", "longctx", "serving", "teaching", "training")
+FOLDERS = ("cache", "engine", "kernels", "quant", "parallel", "longctx", "serving", "teaching", "training", "moe", "disagg")
 
 
 def _module_name(path: Path) -> str:
