@@ -158,6 +158,10 @@ def bwrap_argv(policy: SandboxPolicy, kernel_cmd: list[str], *, submission_dir: 
            "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads,
            "OMP_WAIT_POLICY": "PASSIVE", "JUPYTER_PLATFORM_DIRS": "1",
            "TRITON_INTERPRET": "1",        # no GPU device is bound into the sandbox: Triton kernels run interpreted
+           # RLIMIT_AS counts address space, and glibc reserves 64 MiB of it for every malloc arena, up to 8 per
+           # core, one per thread that allocates (the kernel's zmq and IOPub threads among them): a kernel using
+           # 0.4 GiB was killed under 3 GiB while it displayed 100 MB. Two arenas keep the limit about memory used.
+           "MALLOC_ARENA_MAX": "2",
            **(extra_env or {})}
     args.append("--clearenv")
     for k, v in env.items():
