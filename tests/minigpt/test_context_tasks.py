@@ -104,3 +104,15 @@ def test_training_with_tasks_is_seeded_and_records_its_curve():
     assert [p["step"] for p in summary["curve"]] == [2] and 0 <= summary["curve"][0]["passkey"] <= 1
     with pytest.raises(ValueError, match="batch_size"):
         train_model(cfg, TrainConfig(steps=1, batch_size=8, seq_len=192, context_tasks=True), log=False)
+
+
+def test_the_stored_grid_is_target_long_s_and_whole():
+    from minigpt.checkpoint import load_card
+    from minigpt.longctx.retrieval import GRID_DEPTHS, GRID_LENGTHS, GRID_N, stored_grid
+    stored = stored_grid()
+    assert stored["model"] == "target-long" and stored["model_sha256"] == load_card("target-long")["sha256"]
+    assert stored["n_per_cell"] == GRID_N
+    assert [g["policy"] for g in stored["grids"]] == ["none", "pi", "ntk", "yarn", "yarn, no temperature",
+                                                      "window 128", "4 sinks + window 124"]
+    for grid in stored["grids"]:
+        assert grid["lengths"] == list(GRID_LENGTHS) and grid["depths"] == list(GRID_DEPTHS)
