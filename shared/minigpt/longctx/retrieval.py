@@ -91,22 +91,22 @@ def retrieval_grid(model: GPT, policy: ContextPolicy, lengths=GRID_LENGTHS, dept
                    kind: str = "passkey", band_edges: list[int] | None = None) -> RetrievalGrid:
     """Accuracy per (length, depth) cell, and perplexity per band of positions of the longest length's texts."""
     start = time.perf_counter()
-    accuracy, nll_longest = [], None
+    accuracy, nll_longest = [], []
     for length in lengths:
         tasks = [t for d in depths for t in task_instances(kind, length, d, n)]
         x = torch.stack([t.tokens for t in tasks])
-        nll, right = [], []
+        right = []
         for i in range(0, len(tasks), n):        # one batch per depth
             chunk = x[i:i + n].to(model.device)
             logits = long_logits(model, chunk, policy.inv_freq, attention=policy.attention,
                                  logit_scale=policy.logit_scale).float()
-            nll.append(F.cross_entropy(logits[:, :-1].transpose(1, 2), chunk[:, 1:], reduction="none").cpu())
+            if length == lengths[-1]:                 # perplexity is reported for the longest texts only
+                nll_longest.append(F.cross_entropy(logits[:, :-1].transpose(1, 2), chunk[:, 1:], reduction="none").cpu())
             right += answers_correct(logits, tasks[i:i + n])
         accuracy.append([sum(right[j * n:(j + 1) * n]) / n for j in range(len(depths))])
-        nll_longest = torch.cat(nll)
     edges = band_edges or _default_edges(lengths[-1], model.config.max_seq_len)
     return RetrievalGrid(policy.name, kind, list(lengths), list(depths), accuracy, edges,
-                         bucket_perplexity(nll_longest, edges), round(time.perf_counter() - start, 1))
+                         bucket_perplexity(torch.cat(nll_longest), edges), round(time.perf_counter() - start, 1))
 
 
 def _default_edges(length: int, trained: int) -> list[int]:
