@@ -3,8 +3,9 @@
 The kernel's end answers whatever the judge asks (the judge is trusted); the judge's end (`wire.Endpoint(...,
 services=judge_services())`) hands out only objects whose type is listed here, and answers only what each
 `Service` allows: a model may be called and its config, dtype and device read; a collective may be called; a KV
-cache's layers listed, read and their length set to an int; a block manager's tables read; a `Callback` a check made
-on purpose may be called. Every other request is `Refused`, and so is every `_`-prefixed name.
+cache's layers listed, read and their length set to an int; a block manager's tables read; lab 11's logged layer
+runner run, its channels sent to or received from, its decode-side block store allocated, freed and written; a
+`Callback` a check made on purpose may be called. Every other request is `Refused`, and so is every `_`-prefixed name.
 """
 
 from __future__ import annotations
@@ -68,13 +69,15 @@ def judge_services() -> dict[type, Service]:
     """The judge's objects a learner's code may use, and how (everything else of the judge's is refused)."""
     from minigpt.cache.block_manager import BlockManager
     from minigpt.cache.contiguous import KVCache, LayerKVCache
+    from minigpt.disagg.receiver import DecodeKVStore
+    from minigpt.disagg.timeline import LoggedRunner, RecordingChannel, ScriptedChannel
     from minigpt.model import GPT
     from minigpt.parallel.comm import CountingComm
     from minigpt.structured.regex_automaton import CountingAutomaton
 
     return {
         GPT: Service(call=True, methods=frozenset({"forward"}), get=frozenset({"config", "dtype", "device"})),
-        CountingComm: Service(methods=frozenset({"all_reduce", "all_gather"}),
+        CountingComm: Service(methods=frozenset({"all_reduce", "all_gather", "all_to_all"}),
                               get=frozenset({"rank", "world_size"})),
         KVCache: Service(items=True, get=frozenset({"length", "max_seq_len", "batch_size"})),
         LayerKVCache: Service(get=frozenset({"length", "max_seq_len", "batch_size", "n_kv_heads", "head_dim", "k",
@@ -82,6 +85,11 @@ def judge_services() -> dict[type, Service]:
         BlockManager: Service(methods=frozenset({"table", "num_tokens"}), get=frozenset({"block_size"})),
         CountingAutomaton: Service(methods=frozenset({"step", "walk", "accepting", "live", "start_state"}),
                                    get=frozenset({"start"})),
+        LoggedRunner: Service(methods=frozenset({"embed", "layer", "logits"}), get=frozenset({"n_layers"})),
+        RecordingChannel: Service(methods=frozenset({"send"})),
+        ScriptedChannel: Service(methods=frozenset({"recv"})),
+        DecodeKVStore: Service(methods=frozenset({"allocate", "free", "write"}),
+                               get=frozenset({"block_size", "n_layers", "num_free"})),
         Callback: Service(call=True),
         BoundService: Service(call=True),
     }

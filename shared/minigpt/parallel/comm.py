@@ -1,8 +1,9 @@
-"""Collectives that count themselves: every all-reduce and all-gather, and the bytes it moves.
+"""Collectives that count themselves: every all-reduce, all-gather and all-to-all, and the bytes it moves.
 
     comm = CountingComm(TorchDistributed())     # inside a torch.distributed rank (gloo or NCCL)
     y = comm.all_reduce(partial)                # sum over ranks, same result on every rank
     logits = comm.all_gather(local_logits, dim=-1)
+    received = comm.all_to_all([rows_for_rank0, rows_for_rank1])   # what each rank sent to this one
     comm.stats.calls["all_reduce"], comm.stats.bytes["all_reduce"]
 
 Bytes. `stats.bytes[op]` is the payload: the tensor being reduced (all-reduce) or the gathered
@@ -12,6 +13,11 @@ result (all-gather). What one rank actually sends over the wire in a ring of n r
 (`ring_wire_bytes`). A Megatron layer does two all-reduces of (tokens, d_model) activations in the
 forward pass, so a decode step sends 2 * n_layers * d_model * bytes_per_element * 2(n-1)/n per token
 from each rank.
+
+An all-to-all is personal: chunk r goes to rank r only, and chunks may differ in size (expert parallelism's
+dispatch and combine, where each rank sends each other rank the token rows routed to its experts). Its
+`stats.bytes["all_to_all"]` is already what leaves this rank: the bytes of the chunks for the OTHER ranks (the
+chunk a rank keeps for itself never touches the wire), so its wire bytes equal its payload.
 
 Backends: `TorchDistributed` (a torch.distributed process group) and `ThreadGroup` (ranks as threads of
 one process, for quick experiments; same results, no ports). `Solo` is the world of one rank.
@@ -38,13 +44,16 @@ class CollectiveTimeout(RuntimeError):
 
 
 def ring_wire_bytes(op: str, payload_bytes: float, world_size: int) -> float:
-    """Bytes one rank sends for a ring collective: all_reduce 2(n-1)/n * payload, all_gather (n-1)/n * payload."""
+    """Bytes one rank sends for a ring collective: all_reduce 2(n-1)/n * payload, all_gather (n-1)/n * payload;
+    all_to_all: the payload itself (CountingComm counts only the chunks bound for other ranks)."""
     n = world_size
     if op == "all_reduce":
         return 2 * (n - 1) / n * payload_bytes
     if op == "all_gather":
         return (n - 1) / n * payload_bytes
-    raise ValueError(f"unknown collective {op!r}; known: all_reduce, all_gather")
+    if op == "all_to_all":
+        return float(payload_bytes)
+    raise ValueError(f"unknown collective {op!r}; known: all_reduce, all_gather, all_to_all")
 
 
 class Backend(Protocol):
@@ -54,6 +63,8 @@ class Backend(Protocol):
     def all_reduce(self, t: Tensor) -> Tensor: ...          # sum over ranks
 
     def all_gather(self, t: Tensor) -> list[Tensor]: ...    # every rank's tensor, in rank order
+
+    def all_to_all(self, chunks: list[Tensor]) -> list[Tensor]: ...   # chunks[r] to rank r; what each sent here
 
 
 @dataclass
@@ -83,7 +94,7 @@ class CollectiveStats:
 
 
 class CountingComm:
-    """The collectives a tensor-parallel model calls, counted in `stats`."""
+    """The collectives a tensor- or expert-parallel model calls, counted in `stats`."""
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
@@ -108,6 +119,31 @@ class CountingComm:
         self.stats.record("all_gather", out.numel() * out.element_size())
         return out
 
+    def all_to_all(self, chunks: list[Tensor]) -> list[Tensor]:
+        """Send chunks[r] to rank r; return the chunk each rank sent to this one, in rank order.
+
+        chunks: one tensor per rank, all with the same trailing shape and dtype (the same on every rank); their
+        first dimensions may differ, 0 included. Counted bytes: those of the chunks for the other ranks,
+        sum over r != rank of chunks[r].numel() * element_size.
+        """
+        _check_chunks(chunks, self.world_size)
+        self.stats.record("all_to_all", sum(c.numel() * c.element_size() for r, c in enumerate(chunks)
+                                            if r != self.rank))
+        return self.backend.all_to_all(chunks)
+
+
+def _check_chunks(chunks: list[Tensor], world_size: int) -> None:
+    if not isinstance(chunks, (list, tuple)) or len(chunks) != world_size:
+        raise ValueError(f"all_to_all needs a list of {world_size} tensors, one per rank, got "
+                         f"{len(chunks) if isinstance(chunks, (list, tuple)) else type(chunks).__name__}")
+    if any(not isinstance(c, Tensor) or c.ndim == 0 for c in chunks):
+        raise ValueError("all_to_all chunks must be tensors with at least one dimension (rows first)")
+    first = chunks[0]
+    for r, c in enumerate(chunks):
+        if c.shape[1:] != first.shape[1:] or c.dtype != first.dtype:
+            raise ValueError(f"all_to_all chunk {r} is {c.dtype} {tuple(c.shape)} but chunk 0 is {first.dtype} "
+                             f"{tuple(first.shape)}: every chunk must share the trailing shape and dtype")
+
 
 class Solo:
     """The world of one rank: collectives are identities."""
@@ -119,6 +155,9 @@ class Solo:
 
     def all_gather(self, t: Tensor) -> list[Tensor]:
         return [t]
+
+    def all_to_all(self, chunks: list[Tensor]) -> list[Tensor]:
+        return [chunks[0].clone()]
 
 
 class TorchDistributed:
@@ -142,6 +181,21 @@ class TorchDistributed:
         parts = [torch.empty_like(t) for _ in range(self.world_size)]
         dist.all_gather(parts, t, group=self.group)
         return parts
+
+    def all_to_all(self, chunks: list[Tensor]) -> list[Tensor]:
+        """Two all_to_all_single calls: the row counts first ((world,) long), then every row, flattened.
+
+        The receiver learns from the counts how many rows each rank sends it, so chunks may differ in size;
+        the trailing shape and dtype are taken from this rank's own chunks (the same on every rank).
+        """
+        send_counts = torch.tensor([c.shape[0] for c in chunks], dtype=torch.long)
+        recv_counts = torch.empty_like(send_counts)
+        dist.all_to_all_single(recv_counts, send_counts, group=self.group)
+        rows = torch.cat([c.contiguous() for c in chunks])
+        out = torch.empty((int(recv_counts.sum()), *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
+        dist.all_to_all_single(out, rows, output_split_sizes=recv_counts.tolist(),
+                               input_split_sizes=send_counts.tolist(), group=self.group)
+        return list(torch.split(out, recv_counts.tolist()))
 
 
 class ThreadGroup:
@@ -174,7 +228,7 @@ class ThreadGroup:
             raise CollectiveTimeout(f"rank {rank}: {op} did not complete within {self.timeout:g} s: another rank "
                                     "failed or never reached this collective") from None
 
-    def exchange(self, rank: int, t: Tensor, op: str) -> list[Tensor]:
+    def exchange(self, rank: int, t: Tensor | list[Tensor], op: str) -> list:
         self._slots[rank] = t
         self._wait(rank, op)
         parts = [s for s in self._slots]            # type: ignore[misc]
@@ -195,3 +249,7 @@ class _ThreadMember:
 
     def all_gather(self, t: Tensor) -> list[Tensor]:
         return [p.clone() for p in self.group.exchange(self.rank, t, "all_gather")]
+
+    def all_to_all(self, chunks: list[Tensor]) -> list[Tensor]:
+        # every rank posts its whole list; rank r reads entry r of each
+        return [sent[self.rank].clone() for sent in self.group.exchange(self.rank, list(chunks), "all_to_all")]

@@ -1,0 +1,179 @@
+"""Lab 11 checks: the solution notebook's answers pass, also through the judge's wire (the logged runner, the
+channels, the block store, the router and the experts stay in the judge); the stub, the package's reference handed
+in and each plausible wrong implementation fail with a message that names the exercise and the mistake."""
+
+from __future__ import annotations
+
+import pytest
+
+from autograder import lab11
+from autograder.checking.reference_guard import ReferenceHandedIn
+from minigpt.disagg import layerwise, receiver, transfer_cost
+from minigpt.moe import ep_exchange, eplb, expert_parallel
+from tests.labs.judged_pair import judged
+from tests.labs.notebook_solutions import solution_cells
+
+PREAMBLE = "import math\nimport torch\nfrom minigpt.disagg.channel import TransferError\n"
+CELLS = {"ex1_code": (("layer_send_ends",), lab11.check_layer_send_ends),
+         "ex2_code": (("prefill_and_send",), lab11.check_prefill_and_send),
+         "ex3_code": (("receive_kv",), lab11.check_receive_kv),
+         "ex4_code": (("moe_forward",), lab11.check_moe_forward),
+         "ex5_code": (("ep_dispatch", "ep_combine"), lab11.check_ep_exchange),
+         "ex6_code": (("eplb_placement",), lab11.check_eplb_placement)}
+
+
+def solution(cell: str, replace: dict[str, str] | None = None) -> tuple:
+    names, _ = CELLS[cell]
+    ns = solution_cells("11_disaggregation_moe", cell, preamble=PREAMBLE, replace=replace)
+    return tuple(ns[n] for n in names)
+
+
+def run(cell: str, replace: dict[str, str] | None = None) -> None:
+    CELLS[cell][1](*solution(cell, replace))
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_the_solution_passes(cell: str) -> None:
+    run(cell)
+
+
+def test_the_solution_passes_through_the_judge() -> None:
+    """As the judge runs them: the learner's functions are Remotes; the runner, channels, store, router and experts
+    are the judge's, served to the kernel only through the methods the exercises name."""
+    (send,), (recv,), (moe,) = solution("ex2_code"), solution("ex3_code"), solution("ex4_code")
+    dispatch, combine = solution("ex5_code")
+    with judged(send=send, recv=recv, moe=moe, dispatch=dispatch, combine=combine) as learner:
+        lab11.check_prefill_and_send(learner.send)
+        lab11.check_receive_kv(learner.recv)
+        lab11.check_moe_forward(learner.moe)
+        lab11.check_ep_exchange(learner.dispatch, learner.combine)
+
+
+def stub(*args, **kwargs):
+    raise NotImplementedError
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_the_stub_fails(cell: str) -> None:
+    with pytest.raises(AssertionError, match="not implemented"):
+        CELLS[cell][1](*[stub] * len(CELLS[cell][0]))
+
+
+@pytest.mark.parametrize("cell, references", [
+    ("ex1_code", (transfer_cost.layer_send_ends,)), ("ex2_code", (layerwise.prefill_and_send,)),
+    ("ex3_code", (receiver.receive_kv,)), ("ex4_code", (expert_parallel.moe_forward,)),
+    ("ex5_code", (ep_exchange.ep_dispatch, ep_exchange.ep_combine)), ("ex6_code", (eplb.eplb_placement,))])
+def test_the_reference_is_refused(cell: str, references: tuple) -> None:
+    with pytest.raises(ReferenceHandedIn):
+        CELLS[cell][1](*references)
+
+
+@pytest.mark.parametrize("cell, source", [
+    ("ex2_code", "from minigpt.disagg import layerwise as _ref\n"
+                 "def prefill_and_send(runner, prompt, channel, request_id):\n"
+                 "    return _ref.prefill_and_send(runner, prompt, channel, request_id)\n"),
+    ("ex3_code", "from minigpt.disagg import receiver as _ref\n"
+                 "def receive_kv(channel, request_id, n_layers, n_tokens, store):\n"
+                 "    return _ref.receive_kv(channel, request_id, n_layers, n_tokens, store)\n"),
+    ("ex4_code", "from minigpt.moe import layer as _ref\n"
+                 "def moe_forward(x, probabilities, experts, top_k):\n"
+                 "    w, ids = torch.topk(probabilities(x), top_k, dim=-1)\n"
+                 "    plan = _ref.dispatch(x, ids, len(experts), None)\n"
+                 "    return _ref.combine(_ref.run_experts(experts, plan), plan, w / w.sum(-1, keepdim=True), len(x))\n"),
+])
+def test_a_wrapper_around_the_reference_is_refused(cell: str, source: str) -> None:
+    namespace: dict = {}
+    exec("import torch\n" + source, namespace)
+    with pytest.raises(AssertionError, match="calls the course's reference"):
+        CELLS[cell][1](namespace[CELLS[cell][0][0]])
+
+
+WRONG = [
+    # Exercise 1
+    ("ex1_code", {"link_free = max(computed, link_free) + x": "link_free = computed + x"}, "one send at a time"),
+    ("ex1_code", {"computed += t": "computed = t"}, "sum of compute_s"),
+    ("ex1_code", {"    ends, computed, link_free = [], 0.0, 0.0\n":
+                  "    ends, computed, link_free = [], 0.0, 0.0\n    start = sum(compute_s)\n",
+                  "link_free = max(computed, link_free) + x": "link_free = max(start, link_free) + x"}, "WHOLE prefill"),
+    # Exercise 2
+    ("ex2_code", {"        x, k, v = runner.layer(i, x)\n        channel.send(request_id, i, k, v)\n":
+                  "        x, k, v = runner.layer(i, x)\n        kvs = locals().setdefault('kvs', []); kvs.append((k, v))\n"
+                  "    for i, (k, v) in enumerate(kvs):\n        channel.send(request_id, i, k, v)\n"},
+     "whole-request variant"),
+    ("ex2_code", {"        x, k, v = runner.layer(i, x)\n        channel.send(request_id, i, k, v)\n":
+                  "        x, k, v = runner.layer(i, x)\n        kvs = locals().setdefault('kvs', []); kvs.append((k, v))\n"
+                  "    for i, (k, v) in reversed(list(enumerate(kvs))):\n        channel.send(request_id, i, k, v)\n"},
+     "out of order"),
+    ("ex2_code", {"channel.send(request_id, i, k, v)": "channel.send(request_id, i, v, k)"}, "swapped"),
+    ("ex2_code", {"channel.send(request_id, i, k, v)": "channel.send('request', i, k, v)"}, "request id"),
+    ("ex2_code", {"channel.send(request_id, i, k, v)": "None if i == runner.n_layers - 1 else "
+                                                     "channel.send(request_id, i, k, v)"}, "one message per layer"),
+    ("ex2_code", {"return int(runner.logits(x).argmax())": "return int(runner.logits(x).argmin())"}, "greedy first token"),
+    # Exercise 3
+    ("ex3_code", {"    return blocks\n": "    return list(message.src_blocks)\n"}, "PRODUCER's block ids"),
+    ("ex3_code", {"while len(arrived) < n_layers:": "while len(arrived) < n_layers - 1:"}, "wait until the last layer"),
+    ("ex3_code", {"        store.free(blocks)\n        raise": "        raise"}, "stay allocated"),
+    ("ex3_code", {"        store.free(blocks)\n        raise": "        store.free(blocks)\n        return blocks"},
+     "returned a table although the transfer failed"),
+    ("ex3_code", {"store.write(message.layer, blocks, message.k, message.v)":
+                  "store.write(len(arrived), blocks, message.k, message.v)"}, "arrival index"),
+    ("ex3_code", {"            store.write(message.layer, blocks, message.k, message.v)\n":
+                  "            mine = store.allocate(len(blocks))\n"
+                  "            store.write(message.layer, mine, message.k, message.v)\n"}, "OutOfBlocks|newly allocated|allocate them once"),
+    # Exercise 4
+    ("ex4_code", {"    weights = weights / weights.sum(dim=-1, keepdim=True)\n": ""}, "renormalise"),
+    ("ex4_code", {"        token, slot = (ids == e).nonzero(as_tuple=True)\n        if token.numel():\n"
+                  "            out.index_add_(0, token, expert(x[token]) * weights[token, slot, None])\n":
+                  "        gate = (weights * (ids == e)).sum(-1, keepdim=True)\n        out += gate * expert(x)\n"},
+     "dense reference"),
+    ("ex4_code", {"            out.index_add_(0, token, expert(x[token]) * weights[token, slot, None])\n":
+                  "            for t, s in zip(token.tolist(), slot.tolist()):\n"
+                  "                out[t] += expert(x[t:t + 1])[0] * weights[t, s]\n"}, "called .* times"),
+    ("ex4_code", {"    out = torch.zeros_like(x)\n": "    out = torch.zeros_like(x)\n    done = 0\n",
+                  "            out.index_add_(0, token, expert(x[token]) * weights[token, slot, None])\n":
+                  "            rows = expert(x[token]) * weights[token, slot, None]\n"
+                  "            out[done:done + len(token)] += rows[: len(out) - done]\n"
+                  "            done = min(done + len(token), len(out))\n"}, "own row"),
+    # Exercise 5
+    ("ex5_code", {"            out[token] += weights[token, slot] * row\n":
+                  "            out[min(len(out) - 1, sum(1 for _ in out[:0]) + token * 0 + pairs.index((token, slot)))] "
+                  "+= weights[token, slot] * row\n"}, "ORIGINAL order"),
+    ("ex5_code", {"    taken = [0] * len(placement)\n": "    taken = [0] * n_ranks\n",
+                  "            if capacity is not None and taken[e] >= capacity:\n":
+                  "            if capacity is not None and taken[placement[e]] >= capacity:\n",
+                  "            taken[e] += 1\n": "            taken[placement[e]] += 1\n"}, "per destination RANK"),
+    ("ex5_code", {"            if capacity is not None and taken[e] >= capacity:\n":
+                  "            if False:\n"}, "per EXPERT"),
+    ("ex5_code", {"plan[placement[e]].append((token, slot))":
+                  "plan[e * n_ranks // len(placement)].append((token, slot))"}, "lives on rank"),
+    ("ex5_code", {"    for token in range(n_tokens):\n        for slot in range(k):\n":
+                  "    for slot in range(k):\n        for token in range(n_tokens):\n"}, "token order|token 0"),
+    # Exercise 6
+    ("ex6_code", {"    for _ in range(n_ranks * slots_per_rank - len(load)):\n":
+                  "    for _ in range(0):\n"}, "rank 0 hosts|slots"),
+    ("ex6_code", {"hot = max(range(len(load)), key=lambda e: load[e] / replicas[e])":
+                  "hot = max(range(len(load)), key=lambda e: load[e])"}, "slowest rank carries"),
+    ("ex6_code", {"        fresh = [r for r in open_ranks if e not in placement[r]] or open_ranks\n":
+                  "        fresh = open_ranks\n"}, "slowest rank carries"),
+    ("ex6_code", {"        r = min(fresh, key=lambda r: rank_load[r])\n": "        r = fresh[0]\n"},
+     "slowest rank carries"),
+]
+
+
+@pytest.mark.parametrize("cell, edit, match", WRONG, ids=[f"{c}-{i}" for i, (c, _, _) in enumerate(WRONG)])
+def test_a_plausible_wrong_version_is_rejected(cell: str, edit: dict[str, str], match: str) -> None:
+    with pytest.raises(AssertionError, match=match) as caught:
+        run(cell, edit)
+    assert caught.value.args[0].startswith("Exercise "), caught.value
+
+
+@pytest.mark.parametrize("check, right, wrong, match", [
+    (lab11.check_q1_transfer_ms, (20e-6 + 2 * 80 * 8 * 128 * 8192 * 2 / 12.5e9) * 1e3,
+     (20e-6 + 80 * 8 * 128 * 8192 * 2 / 12.5e9) * 1e3, "K AND V"),
+    (lab11.check_q2_placement_rate, 10.5, 8 * 5.2 * 2.1 / 7.3, "GPUs come whole"),
+    (lab11.check_q3_ep_bytes, 63 * (1 - (63 / 64) ** 8) * 7168 * 3, 7 * 7168 * 3 + 7168 * 3, "once"),
+])
+def test_interview_questions(check, right, wrong, match) -> None:
+    check(right)
+    with pytest.raises(AssertionError, match=match):
+        check(wrong)
