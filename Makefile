@@ -54,7 +54,7 @@ CPYTHON_LIB ?=
 LAB ?=
 MUTATION_ARGS ?=
 mutation: setup
-	@test -n "$(LAB)" || { echo "make mutation LAB=NN (00-09)"; exit 2; }
+	@test -n "$(LAB)" || { echo "make mutation LAB=NN (00-11)"; exit 2; }
 	OMP_NUM_THREADS=1 MPLBACKEND=Agg $(PY) -m autograder mutation --lab $(LAB) $(MUTATION_ARGS)
 
 .PHONY: bench hub hub-deps mutation serve interview progress help setup lab test browser-deps sandbox-deps release grade autograde feedback export similarity doctor calibrate gpu-check models data normalize check-normalized
@@ -193,3 +193,4 @@ bench: setup
 models: setup
 	$(PY) -m minigpt.training.train target draft target-long
 	$(PY) -m minigpt.longctx.retrieval
+	$(PY) -m minigpt.moe.course_model

@@ -67,19 +67,19 @@ CHEATS = {
         "ex7_code": _WRAP.format(module="ring_attention", name="ring_bytes_per_rank"),
     },
     "11_disaggregation_moe": {
-        "ex1_code": "from minigpt.disagg import transfer_cost as _ref\nlayer_send_ends = lambda c, s: _ref.layer_send_ends(c, s)\n",
-        "ex2_code": "from minigpt.disagg import layerwise as _ref\n"
+        "ex1_code": "from minigpt.disagg import transfer_cost as _ref_ends\nlayer_send_ends = lambda c, s: _ref_ends.layer_send_ends(c, s)\n",
+        "ex2_code": "from minigpt.disagg import layerwise as _ref_send\n"
                     "def prefill_and_send(runner, prompt, channel, request_id):\n"
-                    "    return _ref.prefill_and_send(runner, prompt, channel, request_id)\n",
-        "ex3_code": "from minigpt.disagg import receiver as _ref\n"
+                    "    return _ref_send.prefill_and_send(runner, prompt, channel, request_id)\n",
+        "ex3_code": "from minigpt.disagg import receiver as _ref_recv\n"
                     "def receive_kv(channel, request_id, n_layers, n_tokens, store):\n"
-                    "    return _ref.receive_kv(channel, request_id, n_layers, n_tokens, store)\n",
-        "ex4_code": "from minigpt.moe import expert_parallel as _ref\n"
+                    "    return _ref_recv.receive_kv(channel, request_id, n_layers, n_tokens, store)\n",
+        "ex4_code": "from minigpt.moe import expert_parallel as _ref_moe\n"
                     "def moe_forward(x, probabilities, experts, top_k):\n"
-                    "    return _ref.moe_forward(x, probabilities, experts, top_k)\n",
-        "ex5_code": "from minigpt.moe import ep_exchange as _ref\nep_dispatch = lambda *a: _ref.ep_dispatch(*a)\n"
-                    "ep_combine = lambda *a: _ref.ep_combine(*a)\n",
-        "ex6_code": "from minigpt.moe import eplb as _ref\neplb_placement = lambda *a: _ref.eplb_placement(*a)\n",
+                    "    return _ref_moe.moe_forward(x, probabilities, experts, top_k)\n",
+        "ex5_code": "from minigpt.moe import ep_exchange as _ref_ep\nep_dispatch = lambda *a: _ref_ep.ep_dispatch(*a)\n"
+                    "ep_combine = lambda *a: _ref_ep.ep_combine(*a)\n",
+        "ex6_code": "from minigpt.moe import eplb as _ref_eplb\neplb_placement = lambda *a: _ref_eplb.eplb_placement(*a)\n",
     },
     "10_structured_generation": {
         "ex1_code": "import minigpt.structured.token_masks as _ref\nmask_by_scan = lambda *a: _ref.mask_by_scan(*a)\n",

@@ -11,6 +11,7 @@
   decoding from the received blocks (`decode_from_blocks`).
 * `ttft`: two real processes serving prompts colocated, layer-wise and whole-request, and where each request's
   time to first (and second) token goes (`ttft_breakdown`).
+* `clock`: one clock for the processes of a run (`shared_clock`).
 * `timeline`: a shared log of who did what when (`Timeline`, `LoggedRunner`, `RecordingChannel`, `ScriptedChannel`):
   the notebook's picture of the two producers, and the objects the grader hands a learner's connector.
 * `goodput_sim`: DistServe's question on lab 00's roofline: colocated against P prefill + D decode GPUs, goodput

@@ -32,7 +32,7 @@ from minigpt.disagg.channel import KVMessage, TransferError
 from minigpt.engine.paged_generation import paged_forward
 from minigpt.model import GPT
 
-__all__ = ["DecodeKVStore", "KVReceiver", "receive_kv", "decode_from_blocks"]
+__all__ = ["DecodeKVStore", "KVReceiver", "WriteIntoStore", "receive_kv", "decode_from_blocks"]
 
 
 class KVReceiver(Protocol):
@@ -127,6 +127,16 @@ class DecodeKVStore:
     def __repr__(self) -> str:
         return f"DecodeKVStore({self.n_layers} layers, {self.num_free}/{self.num_blocks} blocks free, " \
                f"block_size={self.block_size})"
+
+
+class WriteIntoStore:
+    """A colocated prefill's 'channel': each layer's K/V goes straight into the local paged pool (no transfer)."""
+
+    def __init__(self, store: DecodeKVStore, blocks: list[int]) -> None:
+        self.store, self.blocks = store, blocks
+
+    def send(self, request_id: str, layer: int, k: Tensor, v: Tensor) -> None:
+        self.store.write(layer, self.blocks, k, v)
 
 
 def receive_kv(channel: KVReceiver, request_id: str, n_layers: int, n_tokens: int, store: DecodeKVStore, *,

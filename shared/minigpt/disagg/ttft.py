@@ -50,13 +50,13 @@ from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
 
 from minigpt.cache.block_table import blocks_needed
 from minigpt.checkpoint import load_model
 from minigpt.disagg.channel import GlooChannel, KVMessage
+from minigpt.disagg.clock import RunClock, shared_clock
 from minigpt.disagg.layerwise import LayerRunner, prefill_and_send, prefill_then_send
-from minigpt.disagg.receiver import DecodeKVStore, decode_from_blocks, receive_kv
+from minigpt.disagg.receiver import DecodeKVStore, WriteIntoStore, decode_from_blocks, receive_kv
 from minigpt.disagg.transfer_cost import kv_bytes_per_request
 from minigpt.model import GPT
 from minigpt.parallel.comm import CountingComm
@@ -163,10 +163,10 @@ def _serve(comm: CountingComm, model: GPT, plan: dict[str, Any]) -> dict[str, li
     longest = max(len(p) for p in plan["prompts"]) + plan["max_new_tokens"]
     store = DecodeKVStore.for_model(model, blocks_needed(longest, plan["block_size"]) + 1, plan["block_size"])
     if plan["warmup"]:                                   # first calls are slow (allocations, thread pools)
-        _colocated(runner, store, [plan["prompts"][0][:32]], 2, None, _Clock(time.perf_counter()))
+        _colocated(runner, store, [plan["prompts"][0][:32]], 2, None, RunClock(time.perf_counter()))
     out: dict[str, list[dict[str, Any]] | None] = {}
     for mode in plan["modes"]:
-        now = _shared_clock()
+        now = shared_clock()
         if mode == "colocated":
             out[mode] = _colocated(runner, store, plan["prompts"], plan["max_new_tokens"], plan["arrivals_s"], now) \
                 if rank == 0 else None
@@ -182,28 +182,7 @@ def _serve(comm: CountingComm, model: GPT, plan: dict[str, Any]) -> dict[str, li
     return out
 
 
-class _Clock:
-    """Seconds since `start` (a time.perf_counter() reading): clock() now, clock.at(t) for a perf_counter stamp t."""
-
-    def __init__(self, start: float) -> None:
-        self.start = start
-
-    def __call__(self) -> float:
-        return time.perf_counter() - self.start
-
-    def at(self, t: float) -> float:
-        return t - self.start
-
-
-def _shared_clock() -> _Clock:
-    """After a barrier, rank 0's perf_counter() goes to rank 1: both measure from that instant."""
-    dist.barrier()
-    start = torch.tensor([time.perf_counter()], dtype=torch.float64)
-    dist.broadcast(start, 0)
-    return _Clock(float(start))
-
-
-def _wait_for_arrival(i: int, arrivals_s: Sequence[float] | None, now: _Clock) -> float:
+def _wait_for_arrival(i: int, arrivals_s: Sequence[float] | None, now: RunClock) -> float:
     """Closed loop: the request arrives now. Open loop: at arrivals_s[i] (sleep until then if early)."""
     if arrivals_s is None:
         return now()
@@ -211,24 +190,14 @@ def _wait_for_arrival(i: int, arrivals_s: Sequence[float] | None, now: _Clock) -
     return arrivals_s[i]
 
 
-class _WriteInto:
-    """A colocated prefill's 'channel': each layer's K/V goes straight into the local paged pool."""
-
-    def __init__(self, store: DecodeKVStore, blocks: list[int]) -> None:
-        self.store, self.blocks = store, blocks
-
-    def send(self, request_id: str, layer: int, k: Tensor, v: Tensor) -> None:
-        self.store.write(layer, self.blocks, k, v)
-
-
 def _colocated(runner: LayerRunner, store: DecodeKVStore, prompts: list[list[int]], max_new_tokens: int,
-               arrivals_s: Sequence[float] | None, now: _Clock) -> list[dict[str, Any]]:
+               arrivals_s: Sequence[float] | None, now: RunClock) -> list[dict[str, Any]]:
     records = []
     for i, prompt in enumerate(prompts):
         arrival = _wait_for_arrival(i, arrivals_s, now)
         blocks = store.allocate(blocks_needed(len(prompt), store.block_size))
         start = now()
-        first = prefill_and_send(runner, prompt, _WriteInto(store, blocks), f"r{i}")
+        first = prefill_and_send(runner, prompt, WriteIntoStore(store, blocks), f"r{i}")
         end = now()
         stamps: list[float] = []
         tokens = [first] + decode_from_blocks(runner.model, store, blocks, len(prompt), first, max_new_tokens - 1,
@@ -240,7 +209,7 @@ def _colocated(runner: LayerRunner, store: DecodeKVStore, prompts: list[list[int
     return records
 
 
-def _prefill_worker(runner: LayerRunner, channel: GlooChannel, producer, plan: dict[str, Any], now: _Clock
+def _prefill_worker(runner: LayerRunner, channel: GlooChannel, producer, plan: dict[str, Any], now: RunClock
                     ) -> list[dict[str, Any]]:
     records, first_sends = [], []
     for i, prompt in enumerate(plan["prompts"]):
@@ -273,7 +242,7 @@ class _Tally:
         return msg
 
 
-def _decode_worker(model: GPT, store: DecodeKVStore, channel: GlooChannel, plan: dict[str, Any], now: _Clock
+def _decode_worker(model: GPT, store: DecodeKVStore, channel: GlooChannel, plan: dict[str, Any], now: RunClock
                    ) -> list[dict[str, Any]]:
     channel.start_receiving()                           # messages flow even while this process decodes
     records = []
