@@ -10,7 +10,9 @@
                                                the producer's ids), every layer received before it returns, layers
                                                arriving out of order written where they belong, greedy decoding from
                                                the table equal to colocated decoding; a transfer that breaks or times
-                                               out makes it raise and frees every block it took
+                                               out, or brings a message that does not belong (another request's,
+                                               a layer twice, a layer the model lacks), makes it raise and frees
+                                               every block it took
 
 The learner's functions only ever hold the judge's objects through the methods the exercise names; the order of
 calls, the messages and the pool's blocks are read here, where the learner's code never ran.
@@ -182,27 +184,49 @@ def _check_one_receive(fn: Callable, name: str, length: int, seed: int, order: s
                              f"{list(want)}")
 
 
+def _expect_failure(fn: Callable, channel: ScriptedChannel, m, n_tokens: int, what_happens: str,
+                    request_id: str = "req-x") -> None:
+    """The consumer must raise TransferError and leave the store's free blocks as they were."""
+    s, _ = _decode_side(m)
+    free_before = s.num_free
+    where = f"{RECV_WHAT}, {what_happens}"
+    try:
+        _call_consumer(fn, channel, request_id, m.config.n_layers, n_tokens, s, where, expect_error=True)
+    except TransferError:
+        pass
+    else:
+        raise AssertionError(f"{where}: your function returned a table although the transfer failed; raise "
+                             "TransferError (after freeing the blocks) so this request alone fails")
+    if s.num_free != free_before:
+        raise AssertionError(f"{where}: {free_before - s.num_free} block(s) stay allocated after the failure. Free "
+                             "every block this request took (store.free(blocks)) before re-raising, or the decode "
+                             "worker leaks KV memory with each failed transfer")
+
+
 def _check_failure(fn: Callable, name: str, fail_at: int, timeout: bool) -> None:
     m = model(name, 7)
     tokens = prompt(name, 10, 8)
     truth, _ = layer_kv(m, tokens)
     channel = ScriptedChannel(_messages(truth, "req-x", list(range(m.config.n_layers))), fail_at=fail_at,
                               timeout=timeout)
-    s, _ = _decode_side(m)
-    free_before = s.num_free
     kind = "times out" if timeout else "breaks"
-    where = f"{RECV_WHAT}, {name}, a transfer that {kind} at message {fail_at}"
-    try:
-        _call_consumer(fn, channel, "req-x", m.config.n_layers, len(tokens), s, where, expect_error=True)
-    except TransferError:
-        pass
-    else:
-        raise AssertionError(f"{where}: your function returned a table although the transfer failed; let the "
-                             "TransferError propagate (after freeing the blocks) so this request alone fails")
-    if s.num_free != free_before:
-        raise AssertionError(f"{where}: {free_before - s.num_free} block(s) stay allocated after the failure. Free "
-                             "every block this request took (store.free(blocks)) before re-raising, or the decode "
-                             "worker leaks KV memory with each failed transfer")
+    _expect_failure(fn, channel, m, len(tokens), f"{name}, a transfer that {kind} at message {fail_at}")
+
+
+def _check_bad_message(fn: Callable, name: str, kind: str) -> None:
+    """A message that does not belong: another request's (left over from a failed one), a layer that already
+    arrived, a layer the model does not have. Each makes the transfer a failure."""
+    m = model(name, 9)
+    tokens = prompt(name, 6, 10)
+    truth, _ = layer_kv(m, tokens)
+    good = _messages(truth, "req-x", list(range(m.config.n_layers)))
+    k, v = truth[0]
+    stale = [KVMessage("req-old", msg.layer, msg.k, msg.v, []) for msg in good]
+    bad = {"another request's messages first": stale + good,
+           "layer 0 twice": good[:1] + good,
+           "a layer the model does not have": [KVMessage("req-x", m.config.n_layers, k, v, [])] + good}[kind]
+    _expect_failure(fn, ScriptedChannel(bad), m, len(tokens),
+                    f"{name}, {kind} (a message that does not belong is a broken transfer)")
 
 
 def check_receive_kv(fn: Callable) -> None:
@@ -214,3 +238,5 @@ def check_receive_kv(fn: Callable) -> None:
     _check_failure(fn, "GQA 4q/2kv, 3 layers", 2, timeout=False)
     _check_failure(fn, "MQA 4q/1kv, 4 layers", 0, timeout=True)
     _check_failure(fn, "MHA 2q/2kv, 2 layers", 1, timeout=True)
+    for kind in ("another request's messages first", "layer 0 twice", "a layer the model does not have"):
+        _check_bad_message(fn, "GQA 4q/2kv, 3 layers", kind)

@@ -131,6 +131,7 @@ def check_moe_forward(fn: Callable) -> None:
 
 # (ranks, experts, top-k, tokens per rank, placement, capacity factor or None, skewed routing)
 EP_CASES = [
+    (1, 4, 2, 5, [0, 0, 0, 0], None, False),                 # EP 1: every expert local, nothing crosses
     (2, 4, 2, 6, [0, 0, 1, 1], None, False),
     (4, 8, 2, 8, [3, 1, 0, 2, 1, 3, 2, 0], None, False),
     (2, 4, 2, 10, [0, 0, 1, 1], 1.0, True),

@@ -120,6 +120,10 @@ WRONG = [
     ("ex3_code", {"            store.write(message.layer, blocks, message.k, message.v)\n":
                   "            mine = store.allocate(len(blocks))\n"
                   "            store.write(message.layer, mine, message.k, message.v)\n"}, "OutOfBlocks|newly allocated|allocate them once"),
+    ("ex3_code", {"if message.request_id != request_id or message.layer in arrived": "if message.layer in arrived"},
+     "another request's messages"),
+    ("ex3_code", {"message.layer in arrived or not": "not"}, "layer 0 twice"),
+    ("ex3_code", {"not 0 <= message.layer < n_layers": "not 0 <= message.layer <= n_layers"}, "does not have"),
     # Exercise 4
     ("ex4_code", {"    weights = weights / weights.sum(dim=-1, keepdim=True)\n": ""}, "renormalise"),
     ("ex4_code", {"        token, slot = (ids == e).nonzero(as_tuple=True)\n        if token.numel():\n"
