@@ -19,7 +19,7 @@ and `kernels_time`, so no model runs:
 Requests arrive as a Poisson process (`make_workload`, seeded numpy generator); each has a prompt and an output length,
 fixed or uniform in a range. Request i goes to worker i % n (round robin; no load-aware router).
 
-Colocated: n identical workers, each one vLLM engine with continuous batching and its default policy without chunked
+Colocated: n identical workers, each one vLLM engine with continuous batching and V0's default policy without chunked
 prefill: whenever waiting prompts can be admitted, the next step prefills them (first come first served, up to
 `token_budget` tokens) and every running decode waits for that step; otherwise a decode step. That wait is the
 prefill interference this lab is about: a 4096-token prompt stalls every running request for 67 ms, fifteen decode
