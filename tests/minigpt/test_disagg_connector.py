@@ -11,6 +11,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from minigpt_fixtures import seeded
+
 from minigpt.cache.block_table import blocks_needed
 from minigpt.cache.contiguous import KVCache
 from minigpt.checkpoint import load_model
@@ -30,9 +32,7 @@ CFG = ModelConfig(vocab_size=64, max_seq_len=64, d_model=32, n_layers=3, n_heads
 
 def _model(seed: int = 0) -> GPT:
     """A small model with seeded weights; the global RNG is restored afterwards."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return GPT(CFG).eval()
+    return seeded(seed, lambda: GPT(CFG).eval())
 
 
 def _prompt(n: int, seed: int = 1, vocab: int = CFG.vocab_size) -> list[int]:

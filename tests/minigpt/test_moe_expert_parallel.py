@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from minigpt_fixtures import seeded
+
 from minigpt.moe.expert_parallel import ep_bytes_per_layer, ep_moe_forward, moe_forward
 from minigpt.moe.layer import MoELayer, capacity_for, combine, contiguous_placement, dispatch, run_experts
 from minigpt.parallel.comm import CountingComm, Solo, ring_wire_bytes
@@ -14,8 +16,7 @@ D, D_FF, E, K = 16, 32, 8, 2
 
 
 def make_layer(seed: int = 0, n_experts: int = E, top_k: int = K) -> MoELayer:
-    torch.manual_seed(seed)      # nn.Linear initializes from the global RNG; seeded so each layer is the same
-    return MoELayer(D, D_FF, n_experts, top_k).eval()
+    return seeded(seed, lambda: MoELayer(D, D_FF, n_experts, top_k).eval())
 
 
 def make_tokens(seed: int, sizes: list[int]) -> list[torch.Tensor]:

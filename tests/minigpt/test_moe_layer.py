@@ -6,6 +6,8 @@ import pytest
 import torch
 from torch import nn
 
+from minigpt_fixtures import seeded
+
 from minigpt.model import SwiGLU
 from minigpt.moe.layer import (Expert, MoELayer, Router, capacity_for, combine, contiguous_placement, dense_gates,
                                dense_reference, dispatch, expert_load, rank_load, run_experts)
@@ -14,8 +16,7 @@ D, D_FF, E = 16, 32, 6
 
 
 def make_layer(seed: int, top_k: int, n_shared: int = 0, renormalize: bool = True, n_experts: int = E) -> MoELayer:
-    torch.manual_seed(seed)      # nn.Linear initializes from the global RNG; seeded here so each layer is the same
-    return MoELayer(D, D_FF, n_experts, top_k, n_shared=n_shared, renormalize=renormalize)
+    return seeded(seed, lambda: MoELayer(D, D_FF, n_experts, top_k, n_shared=n_shared, renormalize=renormalize))
 
 
 def make_input(seed: int, *shape: int) -> torch.Tensor:
@@ -51,15 +52,14 @@ class RunsEveryExpert(MoELayer):
 
 
 def test_the_oracle_rejects_a_layer_that_ignores_top_k() -> None:
-    torch.manual_seed(0)
-    wrong = RunsEveryExpert(D, D_FF, E, 2)
+    wrong = seeded(0, lambda: RunsEveryExpert(D, D_FF, E, 2))
     x = make_input(1, 2, 4, D)
     with torch.no_grad(), pytest.raises(AssertionError):
         torch.testing.assert_close(wrong(x), dense_reference(wrong, x))
 
 
 def test_expert_is_the_model_swiglu() -> None:
-    expert = Expert(D, D_FF)
+    expert = seeded(0, lambda: Expert(D, D_FF))
     assert isinstance(expert, SwiGLU)
     assert [name for name, _ in expert.named_parameters()] == ["w_gate.weight", "w_up.weight", "w_down.weight"]
     x = make_input(0, 4, D)
@@ -70,8 +70,7 @@ def test_expert_is_the_model_swiglu() -> None:
 # ---------------------------------------------------------------- router
 
 def test_renormalized_weights_sum_to_one() -> None:
-    torch.manual_seed(0)
-    router = Router(D, E, top_k=3)
+    router = seeded(0, lambda: Router(D, E, top_k=3))
     weights, expert_ids = router(make_input(0, 20, D))
     assert weights.shape == expert_ids.shape == (20, 3)
     assert weights.dtype == torch.float32 and expert_ids.dtype == torch.long
@@ -79,8 +78,7 @@ def test_renormalized_weights_sum_to_one() -> None:
 
 
 def test_raw_weights_are_the_softmax_probabilities() -> None:
-    torch.manual_seed(0)
-    router = Router(D, E, top_k=2, renormalize=False)
+    router = seeded(0, lambda: Router(D, E, top_k=2, renormalize=False))
     x = make_input(0, 10, D)
     weights, expert_ids = router(x)
     probs = torch.softmax(router.gate(x), dim=-1)
