@@ -93,8 +93,8 @@ def _check_one_moe(fn: Callable, n_tokens: int, d_model: int, n_experts: int, to
         want = moe(x)
         probs = moe.router.probabilities(x)
         raw_w, ids = torch.topk(probs, top_k, dim=-1)
-        unnormalised = layer.combine(layer.run_experts(moe.experts, layer.dispatch(x, ids, n_experts, None)),
-                                     layer.dispatch(x, ids, n_experts, None), raw_w, n_tokens)
+        plan = layer.dispatch(x, ids, n_experts, None)
+        unnormalised = layer.combine(layer.run_experts(moe.experts, plan), plan, raw_w, n_tokens)
 
     def probabilities(rows: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
@@ -161,7 +161,7 @@ def _as_chunks(got: Any, n_ranks: int, what: str, where: str, *, long: bool = Fa
 
 
 def _check_sent(rows: list[torch.Tensor], experts: list[torch.Tensor], x: torch.Tensor, ids: torch.Tensor,
-                placement: Sequence[int], capacity: int | None, where: str) -> None:
+                placement: Sequence[int], capacity: int | None, reference: tuple, where: str) -> None:
     """Every row goes to its expert's owner, and the kept (token, expert) pairs are the reference's."""
     n_experts = len(placement)
     kept: list[tuple[int, int]] = []
@@ -180,7 +180,7 @@ def _check_sent(rows: list[torch.Tensor], experts: list[torch.Tensor], x: torch.
             kept.append((token, e))
     if len(set(kept)) != len(kept):
         raise AssertionError(f"{where}: some (token, expert) assignment was sent twice")
-    want_rows, want_experts, _ = ep_exchange.ep_dispatch(x, ids, list(placement), max(placement) + 1, capacity)
+    want_rows, want_experts, _ = reference
     want = sorted((t, e) for chunk, ex in zip(want_rows, want_experts) for t, e in zip(_tokens_of(chunk, x),
                                                                                       ex.tolist()))
     if sorted(kept) == want:
@@ -225,7 +225,7 @@ def check_ep_exchange(dispatch_fn: Callable, combine_fn: Callable) -> None:
         capacity = None if factor is None else capacity_for(n_tokens, n_experts, top_k, factor)
         label = (f"{EP_WHAT}, {n_ranks} ranks, {n_experts} experts placed {placement}, top-{top_k}, "
                  f"{n_tokens} tokens a rank, capacity {capacity}")
-        xs, routes, plans, sent, sent_experts = [], [], [], [], []
+        references, routes, plans, sent, sent_experts = [], [], [], [], []
         for r in range(n_ranks):
             x = torch.randn(n_tokens, D_MODEL, generator=g)
             w, ids = _routing(n_tokens, n_experts, top_k, skewed, g)
@@ -237,8 +237,10 @@ def check_ep_exchange(dispatch_fn: Callable, combine_fn: Callable) -> None:
                 raise AssertionError(f"{where}: ep_dispatch must return (rows, expert_ids, plan)")
             rows = _as_chunks(out[0], n_ranks, "rows", where)
             ex = _as_chunks(out[1], n_ranks, "expert ids", where, long=True)
-            _check_sent(rows, ex, x, ids, placement, capacity, where)
-            xs.append(x), routes.append((w, ids)), plans.append(out[2]), sent.append(rows), sent_experts.append(ex)
+            reference = ep_exchange.ep_dispatch(x, ids, list(placement), n_ranks, capacity)
+            _check_sent(rows, ex, x, ids, placement, capacity, reference, where)
+            references.append(reference), routes.append((w, ids)), plans.append(out[2])
+            sent.append(rows), sent_experts.append(ex)
         returned = _exchange(sent, sent_experts, experts)
         for r in range(n_ranks):
             where = f"{label}, rank {r}"
@@ -246,7 +248,7 @@ def check_ep_exchange(dispatch_fn: Callable, combine_fn: Callable) -> None:
             with no_calls_into(*EP_REFERENCES, what=EP_WHAT):
                 y: Any = call_learner(EP_WHAT, combine_fn, [t.clone() for t in returned[r]], plans[r], w.clone(),
                                       n_tokens, context=where)
-            want_rows, want_experts, want_plan = ep_exchange.ep_dispatch(xs[r], ids, list(placement), n_ranks, capacity)
+            want_rows, want_experts, want_plan = references[r]
             want = ep_exchange.ep_combine(_exchange([want_rows], [want_experts], experts)[0], want_plan, w, n_tokens)
             if not isinstance(y, torch.Tensor) or tuple(y.shape) != (n_tokens, D_MODEL):
                 raise AssertionError(f"{where}: ep_combine must return ({n_tokens}, {D_MODEL}), one row per token")

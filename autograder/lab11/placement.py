@@ -30,10 +30,9 @@ CASES = [
 ]
 
 
-def rank_loads(load: list[float], placement: list[list[int]]) -> list[float]:
-    """Each rank's tokens: sum over its slots of load[e] / (replicas of e)."""
-    replicas = [sum(rank.count(e) for rank in placement) for e in range(len(load))]
-    return [sum(load[e] / replicas[e] for e in rank) for rank in placement]
+def _rank_loads(load: list[float], placement: list[list[int]]) -> list[float]:
+    """Each rank's tokens, each expert's split evenly over its replicas (the package's rule, run here)."""
+    return eplb.rank_loads(torch.tensor(load, dtype=torch.float64), placement).tolist()
 
 
 def _greedy_bound(load: list[float], n_ranks: int, slots: int) -> float:
@@ -42,7 +41,7 @@ def _greedy_bound(load: list[float], n_ranks: int, slots: int) -> float:
     worst = 0.0
     for order in (list(range(len(load))), list(reversed(range(len(load))))):
         placed = eplb.eplb_placement(torch.tensor([load[e] for e in order], dtype=torch.float64), n_ranks, slots)
-        worst = max(worst, max(rank_loads([float(v) for v in load], [[order[i] for i in rank] for rank in placed])))
+        worst = max(worst, max(_rank_loads(load, [[order[i] for i in rank] for rank in placed])))
     return worst
 
 
@@ -72,7 +71,7 @@ def check_eplb_placement(fn: Callable) -> None:
         with no_calls_into(*REFERENCES, what=WHAT):
             got = call_learner(WHAT, fn, torch.tensor(load, dtype=torch.float64), n_ranks, slots, context=where)
         placement = _valid(got, len(load), n_ranks, slots, where)
-        loads = rank_loads([float(v) for v in load], placement)
+        loads = _rank_loads(load, placement)
         best = _greedy_bound(load, n_ranks, slots)
         if max(loads) > best * (1 + 1e-9) + 1e-9:
             replicas = [sum(rank.count(e) for rank in placement) for e in range(len(load))]

@@ -140,8 +140,7 @@ WRONG = [
                   "            done = min(done + len(token), len(out))\n"}, "own row"),
     # Exercise 5
     ("ex5_code", {"            out[token] += weights[token, slot] * row\n":
-                  "            out[min(len(out) - 1, sum(1 for _ in out[:0]) + token * 0 + pairs.index((token, slot)))] "
-                  "+= weights[token, slot] * row\n"}, "ORIGINAL order"),
+                  "            out[min(len(out) - 1, pairs.index((token, slot)))] += weights[token, slot] * row\n"}, "ORIGINAL order"),
     ("ex5_code", {"    taken = [0] * len(placement)\n": "    taken = [0] * n_ranks\n",
                   "            if capacity is not None and taken[e] >= capacity:\n":
                   "            if capacity is not None and taken[placement[e]] >= capacity:\n",
