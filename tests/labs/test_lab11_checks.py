@@ -151,6 +151,8 @@ WRONG = [
                   "plan[e * n_ranks // len(placement)].append((token, slot))"}, "lives on rank"),
     ("ex5_code", {"    for token in range(n_tokens):\n        for slot in range(k):\n":
                   "    for slot in range(k):\n        for token in range(n_tokens):\n"}, "token order|token 0"),
+    ("ex5_code", {"out = torch.zeros(n_tokens, returned[0].shape[1])": "out = torch.zeros(n_tokens, returned[1].shape[1])"},
+     "raised IndexError.*1 ranks"),
     # Exercise 6
     ("ex6_code", {"    for _ in range(n_ranks * slots_per_rank - len(load)):\n":
                   "    for _ in range(0):\n"}, "rank 0 hosts|slots"),
@@ -180,3 +182,12 @@ def test_interview_questions(check, right, wrong, match) -> None:
     check(right)
     with pytest.raises(AssertionError, match=match):
         check(wrong)
+
+
+@pytest.mark.parametrize("check, near_miss", [
+    (lab11.check_q1_transfer_ms, (20e-6 + 2 * 80 * 8 * 128 * 8192 * 2 / 12.5e9) * 1001.0),    # 0.1% off
+    (lab11.check_q3_ep_bytes, 64 * (1 - (64 / 65) ** 8) * 7168 * 3),                         # EP 65, not 64
+])
+def test_an_interview_answer_a_tenth_of_a_percent_off_fails(check, near_miss) -> None:
+    with pytest.raises(AssertionError, match="is not right"):
+        check(near_miss)
