@@ -351,4 +351,48 @@ CHOICE_QUESTIONS: tuple[ChoiceQuestion, ...] = (
         "once per position at compile time and checks the few context-dependent tokens at run time, on CPU "
         "threads while the GPU runs the step; where the grammar forces text, jump-forward appends it without "
         "sampling."),
+    ChoiceQuestion(
+        18, "Disaggregated prefill and decode", "11",
+        "An 8B model serves 4k-token prompts on four GPUs, and under load users see the token stream stutter. "
+        "Someone proposes splitting the GPUs into prefill workers and decode workers. When does that help, and does "
+        "it raise throughput?",
+        "It helps when long prefills stall the running decodes past the inter-token target: decode GPUs then never "
+        "wait on a prefill. Throughput does not rise: the same work is done, only placed apart",
+        (("Always: separating the two phases raises what the same GPUs can serve",
+          "every request still needs the same prefill FLOPs and decode steps wherever they run; vLLM's documentation "
+          "says disaggregated prefill does not improve throughput, and a fixed split leaves one pool idle when the mix "
+          "of work changes."),
+         ("Only if moving the KV cache is free, so it needs NVLink between every prefill and decode GPU",
+          "sent layer by layer while the prefill computes, a 4k-token Llama-3-8B cache over one InfiniBand port "
+          "leaves well under one decode step exposed: the transfer hides behind the prefill."),
+         ("Most with short prompts at light load, where the GPUs have room",
+          "there both layouts meet the targets and the split only adds a transfer; with few GPUs and a loose target "
+          "it even loses, one prefill GPU saturating while its decode partner idles.")),
+        "Colocated, a step that prefills a long prompt makes every running decode wait for it, so the mean gap "
+        "between tokens grows with the share of time spent prefilling. Giving decodes GPUs that no prefill interrupts "
+        "fixes the gap, and lets TTFT and inter-token latency be tuned apart (how many GPUs and which parallelism each "
+        "phase gets): DistServe picks the split that maximises goodput per GPU under both targets. The cost is the KV "
+        "cache's bytes on the wire, mostly hidden when sent layer by layer; the split pays with long prompts and tight "
+        "inter-token targets, ties with short ones, and loses when it matches the work's ratio badly."),
+    ChoiceQuestion(
+        19, "Expert parallelism", "11",
+        "A mixture-of-experts model with 256 routed experts, 8 per token, is served with expert parallelism over 64 "
+        "GPUs. Besides the expert matmuls themselves, what sets how long one MoE layer takes?",
+        "Two all-to-alls (each token's vector to the GPUs holding its experts, and the results back) and the busiest "
+        "GPU: the layer waits for the rank whose experts drew the most tokens, so hot experts get replicas",
+        (("Nothing beyond the active parameters: it runs like a dense model of that size",
+          "the experts are spread over 64 GPUs, so every token's hidden vector crosses the network to up to 8 other "
+          "ranks and back, tens of kB per token per layer, and the ranks wait for each other."),
+         ("Each GPU runs its 4 experts on every token of the batch",
+          "a GPU runs its experts only on the tokens routed to them; that is the dispatch: running every expert on "
+          "every token is the dense reference, E / k times the work."),
+         ("Only the all-to-all's bandwidth: tokens spread evenly, so every GPU does the same work",
+          "learned routing is skewed; the slowest rank sets the layer's time, which is why DeepSeek serves with 32 "
+          "redundant experts and EPLB replicates the hot ones.")),
+        "Dispatch sends each token to the ranks that own its chosen experts (once per rank when several are "
+        "co-located), the experts run on what arrived, and combine brings the weighted results home: two all-to-alls "
+        "a layer, priced by d_model elements per remote rank (DeepEP sends FP8 out and BF16 back). Every rank waits "
+        "for the slowest, so load balance matters as much as bandwidth: EPLB gives spare slots to the experts with the "
+        "most tokens per replica and packs the replicas greedily; a capacity factor caps what an expert accepts and "
+        "drops the rest."),
 )
