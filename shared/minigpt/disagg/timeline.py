@@ -87,11 +87,6 @@ class RecordingChannel:
         self.messages.append(KVMessage(request_id=request_id, layer=layer, k=k.detach().clone(),
                                        v=v.detach().clone(), src_blocks=[]))
 
-    @property
-    def nbytes(self) -> int:
-        """Payload bytes sent: every K and V tensor's elements times their size."""
-        return sum(m.k.numel() * m.k.element_size() + m.v.numel() * m.v.element_size() for m in self.messages)
-
 
 class ScriptedChannel:
     """The consumer's end, handing out given messages one recv at a time, in the given order.
