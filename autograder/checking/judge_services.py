@@ -85,6 +85,7 @@ def judge_services() -> dict[type, Service]:
         BlockManager: Service(methods=frozenset({"table", "num_tokens"}), get=frozenset({"block_size"})),
         CountingAutomaton: Service(methods=frozenset({"step", "walk", "accepting", "live", "start_state"}),
                                    get=frozenset({"start"})),
+        # lab 11's ends of a connector: they take plain data and note what happened themselves, after it happened
         LoggedRunner: Service(methods=frozenset({"embed", "layer", "logits"}), get=frozenset({"n_layers"})),
         RecordingChannel: Service(methods=frozenset({"send"})),
         ScriptedChannel: Service(methods=frozenset({"recv"})),

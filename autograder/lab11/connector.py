@@ -4,7 +4,7 @@
                                                judge's RecordingChannel: one message per layer, in layer order,
                                                each sent before the next layer is computed (layer-wise, as vLLM's
                                                save_kv_layer), K and V exactly the layer's, the right request id,
-                                               the greedy first token
+                                               the greedy first token; a send the channel refused left no trace
     check_receive_kv(receive_kv)               the consumer receives from the judge's ScriptedChannel into the
                                                judge's DecodeKVStore: blocks from the decode side's own pool (never
                                                the producer's ids), every layer received before it returns, layers
@@ -12,10 +12,14 @@
                                                the table equal to colocated decoding; a transfer that breaks or times
                                                out, or brings a message that does not belong (another request's,
                                                a layer twice, a layer the model lacks), makes it raise and frees
-                                               every block it took
+                                               every block it took; the other requests' blocks stay held and
+                                               untouched (the judge wrote them, it reads them back)
 
-The learner's functions only ever hold the judge's objects through the methods the exercise names; the order of
-calls, the messages and the pool's blocks are read here, where the learner's code never ran.
+The learner's functions only ever hold the judge's objects through the methods the exercise names, and those objects
+only report: each notes what happened once it has happened (a layer that ran, a message whole in the judge's hands,
+a message handed out), so a call that fails, or that hands over something other than plain data, leaves no record.
+The order of calls, every layer's message, the deliveries and the pool's blocks (which are held, and what the other
+requests' blocks contain) are read here, where the learner's code never ran.
 """
 
 from __future__ import annotations
@@ -65,6 +69,17 @@ def _order_mistake(labels: list[str], n_layers: int) -> str | None:
     return None
 
 
+def _missing_message(messages: list[KVMessage], n_layers: int) -> str | None:
+    """What is wrong with the messages the judge holds (one per layer, in layer order), or None."""
+    layers = [msg.layer for msg in messages]
+    if layers == list(range(n_layers)):
+        return None
+    lost = [i for i in range(n_layers) if i not in layers]
+    return (f"no message arrived for layer {lost[0]} (the judge holds messages for layers {layers}): every layer's "
+            "K/V must reach the channel, channel.send(request_id, i, k, v) with the tensors runner.layer returned"
+            if lost else f"the judge received messages for layers {layers}: send each layer once, in layer order")
+
+
 def _check_one_prefill(fn: Callable, name: str, length: int, seed: int) -> None:
     m = model(name, seed)
     tokens = prompt(name, length, seed + 1)
@@ -75,7 +90,8 @@ def _check_one_prefill(fn: Callable, name: str, length: int, seed: int) -> None:
     where = f"{SEND_WHAT}, {name}, a {length}-token prompt"
     with no_calls_into(*SEND_REFERENCES, what=SEND_WHAT):
         got: Any = call_learner(SEND_WHAT, fn, runner, list(tokens), channel, request_id, context=where)
-    mistake = _order_mistake(log.kinds(), m.config.n_layers)
+    mistake = _order_mistake(log.kinds(), m.config.n_layers) or _missing_message(channel.messages,
+                                                                                  m.config.n_layers)
     if mistake:
         raise AssertionError(f"{where}: {mistake}")
     for msg in channel.messages:
@@ -126,11 +142,38 @@ def _messages(truth: list[tuple[torch.Tensor, torch.Tensor]], request_id: str, o
                       src_blocks=PRODUCER_BLOCKS[:n_blocks]) for i in order]
 
 
-def _decode_side(m) -> tuple[Any, list[int]]:
-    """The decode worker's store with some blocks already holding other requests (so its free blocks are not the
-    producer's), and the blocks taken."""
-    s = store(m, NUM_BLOCKS, BLOCK_SIZE)
-    return s, s.allocate(4)
+class _DecodeSide:
+    """The decode worker's store with some blocks already holding other requests' K/V (so its free blocks are not
+    the producer's ids), and what the judge knows of them: which blocks they hold and what is in them."""
+
+    def __init__(self, m, seed: int = 12) -> None:
+        self.store = store(m, NUM_BLOCKS, BLOCK_SIZE)
+        self.others = self.store.allocate(len(PRODUCER_BLOCKS))
+        g = torch.Generator().manual_seed(seed)
+        n_tokens, cfg = len(self.others) * BLOCK_SIZE, m.config
+        self.content = [(torch.randn(n_tokens, cfg.n_kv_heads, cfg.head_dim, generator=g),
+                         torch.randn(n_tokens, cfg.n_kv_heads, cfg.head_dim, generator=g)) for _ in range(cfg.n_layers)]
+        for layer, (k, v) in enumerate(self.content):
+            self.store.write(layer, self.others, k, v)
+
+    def held(self) -> set[int]:
+        """The blocks allocated now, read from the pool itself."""
+        return {b for b in range(self.store.num_blocks) if not self.store.pool.is_free(b)}
+
+    def others_mistake(self) -> str | None:
+        """What happened to the other requests' blocks (freed, or written over), or None."""
+        freed = sorted(set(self.others) - self.held())
+        if freed:
+            return (f"block(s) {freed} that other requests hold were freed: free only the blocks this request "
+                    "allocated (the ones store.allocate returned), never a message's src_blocks or guessed ids")
+        n_tokens = len(self.others) * BLOCK_SIZE
+        for layer, (k, v) in enumerate(self.content):
+            now_k, now_v = self.store.read(layer, self.others, n_tokens)
+            if not (torch.equal(now_k, k) and torch.equal(now_v, v)):
+                return (f"the K/V of other requests (blocks {self.others}) were written over at layer {layer}: "
+                        "write only into the blocks this request allocated, never at a message's src_blocks (the "
+                        "producer's ids, which name other requests' blocks here)")
+        return None
 
 
 def _call_consumer(fn: Callable, channel: ScriptedChannel, request_id: str, n_layers: int, n_tokens: int, s: Any,
@@ -148,13 +191,14 @@ def _check_one_receive(fn: Callable, name: str, length: int, seed: int, order: s
     layers = list(range(n_layers)) if order == "in order" else [n_layers - 1] + list(range(n_layers - 1))
     request_id = f"req-{seed}"
     channel = ScriptedChannel(_messages(truth, request_id, layers))
-    s, taken = _decode_side(m)
+    side = _DecodeSide(m)
+    s, taken = side.store, side.others
     free_before = s.num_free
     where = f"{RECV_WHAT}, {name}, a {length}-token prompt, layers arriving {order}"
     got: Any = _call_consumer(fn, channel, request_id, n_layers, length, s, where)
     n_blocks = math.ceil(length / BLOCK_SIZE)
-    if channel.received < n_layers:
-        raise AssertionError(f"{where}: returned after receiving {channel.received} of {n_layers} layers. Decoding "
+    if channel.delivered < n_layers:
+        raise AssertionError(f"{where}: returned after receiving {channel.delivered} of {n_layers} layers. Decoding "
                              "needs every layer's K/V: wait until the last layer has arrived")
     if not isinstance(got, (list, tuple)) or not all(isinstance(b, int) and not isinstance(b, bool) for b in got):
         raise AssertionError(f"{where}: return the block table, a list of block ids (ints), got {type(got).__name__}")
@@ -166,7 +210,10 @@ def _check_one_receive(fn: Callable, name: str, length: int, seed: int, order: s
     if len(got) != n_blocks:
         raise AssertionError(f"{where}: {length} tokens in blocks of {BLOCK_SIZE} need {n_blocks} blocks; the table "
                              f"has {len(got)}")
-    if set(got) & set(taken) or free_before - s.num_free != n_blocks:
+    others = side.others_mistake()
+    if others:
+        raise AssertionError(f"{where}: {others}")
+    if set(got) & set(taken) or free_before - s.num_free != n_blocks or side.held() != set(taken) | set(got):
         raise AssertionError(f"{where}: the table {got} is not {n_blocks} blocks newly allocated from the store "
                              f"({free_before - s.num_free} were taken from it): allocate them once with "
                              "store.allocate(ceil(n_tokens / store.block_size)) and use those")
@@ -186,8 +233,10 @@ def _check_one_receive(fn: Callable, name: str, length: int, seed: int, order: s
 
 def _expect_failure(fn: Callable, channel: ScriptedChannel, m, n_tokens: int, what_happens: str,
                     request_id: str = "req-x") -> None:
-    """The consumer must raise TransferError and leave the store's free blocks as they were."""
-    s, _ = _decode_side(m)
+    """The consumer must raise TransferError and leave the store as it was: its own blocks freed, the other
+    requests' blocks held and untouched."""
+    side = _DecodeSide(m)
+    s = side.store
     free_before = s.num_free
     where = f"{RECV_WHAT}, {what_happens}"
     try:
@@ -197,10 +246,13 @@ def _expect_failure(fn: Callable, channel: ScriptedChannel, m, n_tokens: int, wh
     else:
         raise AssertionError(f"{where}: your function returned a table although the transfer failed; raise "
                              "TransferError (after freeing the blocks) so this request alone fails")
-    if s.num_free != free_before:
-        raise AssertionError(f"{where}: {free_before - s.num_free} block(s) stay allocated after the failure. Free "
-                             "every block this request took (store.free(blocks)) before re-raising, or the decode "
-                             "worker leaks KV memory with each failed transfer")
+    others = side.others_mistake()
+    if others:
+        raise AssertionError(f"{where}: {others}")
+    if s.num_free != free_before or side.held() != set(side.others):
+        raise AssertionError(f"{where}: {len(side.held() - set(side.others))} block(s) stay allocated after the "
+                             "failure. Free every block this request took (store.free(blocks)) before re-raising, or "
+                             "the decode worker leaks KV memory with each failed transfer")
 
 
 def _check_failure(fn: Callable, name: str, fail_at: int, timeout: bool) -> None:

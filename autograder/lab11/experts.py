@@ -48,17 +48,19 @@ def _tokens_of(rows: torch.Tensor, x: torch.Tensor) -> list[int | None]:
 
 
 class _CountedExpert:
-    """An expert of the judge's that remembers the rows of every call."""
+    """An expert of the judge's that remembers the rows of every call it ran (a call that fails leaves no record)."""
 
     def __init__(self, expert: torch.nn.Module) -> None:
         self.expert, self.calls = expert, []
 
     def __call__(self, rows: torch.Tensor) -> torch.Tensor:
-        if not isinstance(rows, torch.Tensor) or rows.ndim != 2:
+        if type(rows) not in (torch.Tensor, torch.nn.Parameter) or rows.ndim != 2:
             raise TypeError("an expert takes a (rows, d_model) tensor")
-        self.calls.append(rows.detach().clone())
+        rows = rows.detach().clone()
         with torch.no_grad():
-            return self.expert(rows)
+            out = self.expert(rows)
+        self.calls.append(rows)
+        return out
 
 
 # ---------------------------------------------------------------------------------------------------

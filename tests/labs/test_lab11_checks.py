@@ -5,11 +5,18 @@ in and each plausible wrong implementation fail with a message that names the ex
 from __future__ import annotations
 
 import pytest
+import torch
 
 from autograder import lab11
 from autograder.checking.reference_guard import ReferenceHandedIn
+from autograder.lab11 import common
 from minigpt.disagg import layerwise, receiver, transfer_cost
+from minigpt.disagg.channel import KVMessage, TransferError
+from minigpt.disagg.layerwise import LayerRunner
+from minigpt.disagg.timeline import LoggedRunner, RecordingChannel, ScriptedChannel, Timeline
 from minigpt.moe import ep_exchange, eplb, expert_parallel
+from tests.instructor.hostile_three import lab11_pen
+from tests.labs.judged import learner_process
 from tests.labs.judged_pair import judged
 from tests.labs.notebook_solutions import solution_cells
 
@@ -109,6 +116,9 @@ WRONG = [
     ("ex2_code", {"channel.send(request_id, i, k, v)": "None if i == runner.n_layers - 1 else "
                                                      "channel.send(request_id, i, k, v)"}, "one message per layer"),
     ("ex2_code", {"return int(runner.logits(x).argmax())": "return int(runner.logits(x).argmin())"}, "greedy first token"),
+    ("ex2_code", {"        channel.send(request_id, i, k, v)\n":     # the pen: a send the channel refuses, swallowed
+                  "        try:\n            channel.send(request_id, i, None, None)\n        except Exception:\n"
+                  "            pass\n"}, "the judge received 0"),
     # Exercise 3
     ("ex3_code", {"    return blocks\n": "    return list(message.src_blocks)\n"}, "PRODUCER's block ids"),
     ("ex3_code", {"while len(arrived) < n_layers:": "while len(arrived) < n_layers - 1:"}, "wait until the last layer"),
@@ -124,6 +134,11 @@ WRONG = [
      "another request's messages"),
     ("ex3_code", {"message.layer in arrived or not": "not"}, "layer 0 twice"),
     ("ex3_code", {"not 0 <= message.layer < n_layers": "not 0 <= message.layer <= n_layers"}, "does not have"),
+    ("ex3_code", {"        store.free(blocks)\n        raise":    # the table's positions freed, not its block ids
+                  "        store.free(list(range(len(blocks))))\n        raise"}, "other requests hold were freed"),
+    ("ex3_code", {"            store.write(message.layer, blocks, message.k, message.v)\n":
+                  "            store.write(message.layer, blocks, message.k, message.v)\n"
+                  "            store.write(message.layer, message.src_blocks, message.k, message.v)\n"}, "written over"),
     # Exercise 4
     ("ex4_code", {"    weights = weights / weights.sum(dim=-1, keepdim=True)\n": ""}, "renormalise"),
     ("ex4_code", {"        token, slot = (ids == e).nonzero(as_tuple=True)\n        if token.numel():\n"
@@ -191,3 +206,121 @@ def test_interview_questions(check, right, wrong, match) -> None:
 def test_an_interview_answer_a_tenth_of_a_percent_off_fails(check, near_miss) -> None:
     with pytest.raises(AssertionError, match="is not right"):
         check(near_miss)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The judge's objects only report (issue 55): the pen, judged in a second process as in a graded notebook, and the
+# calls the judge's ends refuse without leaving a record
+# ---------------------------------------------------------------------------------------------------
+
+def _defined(source: str, name: str):
+    namespace: dict = {}
+    exec(PREAMBLE + source, namespace)
+    return namespace[name]
+
+
+class _NotATensor:
+    """What a notebook could hand the judge instead of a tensor: under the judge a handle, whose every use would run
+    the notebook's code inside the judge's call."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t = t
+
+    def detach(self) -> torch.Tensor:
+        return self.t
+
+
+pen_producer = _defined(lab11_pen.ATTACK, "prefill_and_send")
+honest_producer = _defined(lab11_pen.SOLUTION, "prefill_and_send")
+
+
+def stand_in_producer(runner, prompt, channel, request_id):
+    """Sends objects of its own for k and v: the judge's channel would call back into them while noting the send."""
+    x = runner.embed(prompt)
+    for i in range(runner.n_layers):
+        x, k, v = runner.layer(i, x)
+        channel.send(request_id, i, _NotATensor(k), _NotATensor(v))
+    return int(runner.logits(x).argmax())
+
+
+def test_the_pen_earns_nothing_judged_in_another_process() -> None:
+    """tests/instructor/hostile_three/lab11_pen.py at the check level: the producer's code in a second process, the
+    runner and the channel the judge's. Before the fix its failed sends wrote "send i" and it passed (so did the
+    stand-in's, whose detach() the judge's channel ran in the notebook's process)."""
+    served = ["pen_producer", "honest_producer", "stand_in_producer"]
+    with learner_process("tests.labs.test_lab11_checks", served) as learner:
+        lab11.check_prefill_and_send(learner["honest_producer"])
+        with pytest.raises(AssertionError, match=r"send one message per layer \(3\); the judge received 0"):
+            lab11.check_prefill_and_send(learner["pen_producer"])
+        with pytest.raises(AssertionError, match="Exercise 2 .*raised TypeError: k must be a torch.Tensor"):
+            lab11.check_prefill_and_send(learner["stand_in_producer"])
+
+
+def test_the_check_wants_every_layers_message_whatever_the_log_says(monkeypatch) -> None:
+    """Even a channel that notes a send before refusing it (the RecordingChannel before the fix) does not let the pen
+    through: the check also wants one message per layer, read from the messages the judge holds."""
+    def noted_then_refused(self, request_id, layer, k, v):
+        self.log.add("send", layer)
+        self.messages.append(KVMessage(request_id, layer, k.detach().clone(), v.detach().clone(), []))
+
+    monkeypatch.setattr(RecordingChannel, "send", noted_then_refused)
+    with pytest.raises(AssertionError, match="no message arrived for layer 0"):
+        lab11.check_prefill_and_send(pen_producer)
+
+
+def _ends() -> tuple[Timeline, LoggedRunner, RecordingChannel, ScriptedChannel]:
+    m = common.model("MHA 2q/2kv, 2 layers")
+    log = Timeline()
+    message = KVMessage("r", 0, torch.zeros(2, 2, 8), torch.zeros(2, 2, 8), [])
+    return log, LoggedRunner(LayerRunner(m), log), RecordingChannel(log), ScriptedChannel([message], log=log)
+
+
+X = torch.zeros(2, 16)
+KV = torch.zeros(2, 2, 8)
+
+
+@pytest.mark.parametrize("call", [
+    lambda runner, channel, inbox: channel.send("r", 0, None, None),
+    lambda runner, channel, inbox: channel.send("r", 0, _NotATensor(KV), _NotATensor(KV)),
+    lambda runner, channel, inbox: channel.send("r", True, KV, KV),
+    lambda runner, channel, inbox: channel.send("r", 0, X, X),
+    lambda runner, channel, inbox: channel.send(0, 0, KV, KV),
+    lambda runner, channel, inbox: runner.embed(_NotATensor(torch.tensor([1, 2]))),
+    lambda runner, channel, inbox: runner.layer(0, _NotATensor(X)),
+    lambda runner, channel, inbox: runner.layer(0.0, X),
+    lambda runner, channel, inbox: runner.logits(_NotATensor(X)),
+    lambda runner, channel, inbox: inbox.recv(_NotATensor(KV)),
+], ids=["send None", "send a stand-in", "send layer True", "send 2-D", "send request 0", "embed a stand-in",
+        "layer on a stand-in", "layer 0.0", "logits of a stand-in", "recv a stand-in timeout"])
+def test_a_call_the_judges_ends_refuse_leaves_no_record(call) -> None:
+    log, runner, channel, inbox = _ends()
+    with pytest.raises((TypeError, ValueError)):
+        call(runner, channel, inbox)
+    assert (log.kinds(), channel.messages, inbox.delivered) == ([], [], 0)
+
+
+def test_the_judges_ends_note_each_call_after_it_ran() -> None:
+    log, runner, channel, inbox = _ends()
+    x, k, v = runner.layer(0, runner.embed([1, 2]))
+    channel.send("r", 0, k, v)
+    inbox.recv(1.0)
+    with pytest.raises(TransferError):
+        inbox.recv(1.0)
+    assert log.kinds() == ["embed", "layer 0", "send 0", "recv 0", "recv"]
+    assert [(m.layer, torch.equal(m.k, k)) for m in channel.messages] == [(0, True)] and inbox.delivered == 1
+
+
+@pytest.mark.parametrize("change", [
+    lambda s, mine: s.write(0, _NotATensor(mine), KV, KV),
+    lambda s, mine: s.write(0, mine, _NotATensor(KV), KV),
+    lambda s, mine: s.write(0, [float(b) for b in mine], KV, KV),
+    lambda s, mine: s.free(_NotATensor(mine)),
+    lambda s, mine: s.allocate(1.0),
+], ids=["write a stand-in table", "write a stand-in k", "write float ids", "free a stand-in", "allocate 1.0"])
+def test_the_decode_store_takes_plain_data_only(change) -> None:
+    s = common.store(common.model("MHA 2q/2kv, 2 layers"), 4, 4)
+    mine = s.allocate(1)
+    before = (s.pool.free_blocks(), list(s.pool.ref_counts), s.cache.k_pools[0].clone())
+    with pytest.raises(TypeError):
+        change(s, mine)
+    assert (s.pool.free_blocks(), list(s.pool.ref_counts)) == before[:2] and torch.equal(s.cache.k_pools[0], before[2])

@@ -20,6 +20,7 @@ first token.
 
 from __future__ import annotations
 
+import operator
 from typing import Callable, Protocol, Sequence
 
 import torch
@@ -34,6 +35,8 @@ from minigpt.model import GPT
 
 __all__ = ["DecodeKVStore", "KVReceiver", "WriteIntoStore", "receive_kv", "decode_from_blocks"]
 
+_TENSORS = (torch.Tensor, torch.nn.Parameter)      # what write takes as k and v (never a subclass or a proxy)
+
 
 class KVReceiver(Protocol):
     """What the consumer needs from a channel."""
@@ -45,7 +48,9 @@ class DecodeKVStore:
     """The decode worker's KV pool: lab 02's `PagedKVCache` pools, blocks handed out by its `BlockPool`.
 
     Pools per layer: (num_blocks, block_size, n_kv_heads, head_dim). `allocate` and `free` change only the pool's
-    bookkeeping; `write` only the tensors. Each either succeeds or raises with nothing changed.
+    bookkeeping; `write` only the tensors. Each either succeeds or raises with nothing changed. They take plain data
+    (ints, a list of block ids, tensors) and refuse anything else before touching the pool, so no code of the
+    caller's runs in the middle of a change (lab 11's grader hands this store to a learner's consumer).
     """
 
     def __init__(self, cache: PagedKVCache) -> None:
@@ -85,11 +90,11 @@ class DecodeKVStore:
 
     def allocate(self, n: int) -> list[int]:
         """n free blocks of this pool (OutOfBlocks, nothing taken, when fewer are free)."""
-        return self.pool.allocate(n)
+        return self.pool.allocate(operator.index(n))        # an int (or int-like); TypeError for anything else
 
     def free(self, blocks: Sequence[int]) -> None:
         """Give the blocks back (ValueError, nothing freed, for an id outside the pool or a block not held)."""
-        blocks = list(blocks)
+        blocks = _block_ids(blocks)
         self._check_held(blocks, "free")
         if len(set(blocks)) != len(blocks):
             raise ValueError(f"free got block ids more than once: {blocks}")
@@ -99,7 +104,9 @@ class DecodeKVStore:
     def write(self, layer: int, blocks: Sequence[int], k: Tensor, v: Tensor) -> None:
         """k, v (T, n_kv_heads, head_dim) into layer `layer`: token t -> block blocks[t // bs], slot t % bs."""
         self._check_layer(layer)
-        blocks = list(blocks)
+        blocks = _block_ids(blocks)
+        if type(k) not in _TENSORS or type(v) not in _TENSORS:
+            raise TypeError(f"k and v must be torch tensors, got {type(k).__name__} and {type(v).__name__}")
         pool = self.cache.k_pools[layer]
         if k.ndim != 3 or k.shape != v.shape or tuple(k.shape[1:]) != tuple(pool.shape[2:]):
             raise ValueError(f"k and v must both be (T, n_kv_heads={pool.shape[2]}, head_dim={pool.shape[3]}), "
@@ -112,12 +119,12 @@ class DecodeKVStore:
         write_kv(pool, self.cache.v_pools[layer], slots.to(pool.device), k.to(pool.device), v.to(pool.device))
 
     def _check_layer(self, layer: int) -> None:
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.n_layers:
+        if type(layer) is not int or not 0 <= layer < self.n_layers:
             raise ValueError(f"layer must be an int in [0, {self.n_layers}), got {layer!r}")
 
     def _check_held(self, blocks: list[int], verb: str) -> None:
         for b in blocks:
-            if isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < self.num_blocks:
+            if not 0 <= b < self.num_blocks:
                 raise ValueError(f"cannot {verb} block {b!r}: this pool's ids are 0..{self.num_blocks - 1} (a "
                                  "message's src_blocks are the PRODUCER's ids; use the blocks store.allocate returned)")
             if self.pool.ref_counts[b] == 0:
@@ -127,6 +134,16 @@ class DecodeKVStore:
     def __repr__(self) -> str:
         return f"DecodeKVStore({self.n_layers} layers, {self.num_free}/{self.num_blocks} blocks free, " \
                f"block_size={self.block_size})"
+
+
+def _block_ids(blocks: Sequence[int]) -> list[int]:
+    """The ids of a block table given as a list, tuple or range of ints (TypeError for anything else)."""
+    if type(blocks) not in (list, tuple, range):
+        raise TypeError(f"a block table is a list of block ids (ints), got {type(blocks).__name__}")
+    odd = [type(b).__name__ for b in blocks if type(b) is not int]
+    if odd:
+        raise TypeError(f"a block table is a list of block ids (ints), got one holding {', '.join(odd)}")
+    return list(blocks)
 
 
 class WriteIntoStore:

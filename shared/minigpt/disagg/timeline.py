@@ -11,6 +11,13 @@
 
 The notebook draws these logs to show layer-wise sending against sending after the prefill; the grader gives the
 same objects to a learner's producer and consumer, so the order it judges is the order it saw happen.
+
+They only report. Each call takes plain data (ints, a str, a list of token ids, tensors; anything else is refused
+before anything happens, so no code of the caller's runs inside the call), does its work, and only then notes what
+happened, in one step that cannot fail halfway: "layer i" once layer i has run, "send i" together with the message
+it carried, a delivery once a message has been handed out. A call that raises leaves no record. The grader serves
+a learner's code only the calls (autograder/checking/judge_services.py), never the log or the messages: those are
+the owner's to read.
 """
 
 from __future__ import annotations
@@ -19,11 +26,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import torch
 from torch import Tensor
 
 from minigpt.disagg.channel import KVMessage, TransferError, TransferTimeout
 
 __all__ = ["Event", "Timeline", "LoggedRunner", "RecordingChannel", "ScriptedChannel"]
+
+_TENSORS = (torch.Tensor, torch.nn.Parameter)      # plain tensors: never a subclass, never a proxy of another process's
 
 
 @dataclass(frozen=True)
@@ -51,8 +61,31 @@ class Timeline:
         return [e.label() for e in self.events]
 
 
+def _plain_int(x: Any, name: str) -> int:
+    """x itself when it is an int (not a bool, not a handle to someone else's object); else TypeError."""
+    if type(x) is not int:
+        raise TypeError(f"{name} must be an int, got {type(x).__name__}")
+    return x
+
+
+def _plain_tensor(x: Any, name: str) -> Tensor:
+    """x itself when it is a torch tensor (not a subclass, not a handle to someone else's object); else TypeError."""
+    if type(x) not in _TENSORS:
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    return x
+
+
+def _token_ids(prompt: Any) -> list[int] | Tensor:
+    """The prompt as given when it is a list or tuple of ints or a tensor; else TypeError."""
+    if type(prompt) in _TENSORS:
+        return prompt
+    if type(prompt) not in (list, tuple) or any(type(t) is not int for t in prompt):
+        raise TypeError(f"the prompt must be a list of token ids (ints), got {type(prompt).__name__}")
+    return list(prompt)
+
+
 class LoggedRunner:
-    """A LayerRunner whose every call is logged: n_layers, embed(prompt), layer(i, x), logits(x)."""
+    """A LayerRunner whose every call is logged once it has run: n_layers, embed(prompt), layer(i, x), logits(x)."""
 
     def __init__(self, runner: Any, log: Timeline) -> None:
         self._runner, self._log = runner, log
@@ -62,30 +95,44 @@ class LoggedRunner:
         return self._runner.n_layers
 
     def embed(self, prompt: Sequence[int]) -> Tensor:
+        x = self._runner.embed(_token_ids(prompt))
         self._log.add("embed")
-        return self._runner.embed(prompt)
+        return x
 
     def layer(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        out = self._runner.layer(i, x)
+        out = self._runner.layer(_plain_int(i, "the layer index"), _plain_tensor(x, "x"))
         self._log.add("layer", i)
         return out
 
     def logits(self, x: Tensor) -> Tensor:
+        out = self._runner.logits(_plain_tensor(x, "x"))
         self._log.add("logits")
-        return self._runner.logits(x)
+        return out
 
 
 class RecordingChannel:
-    """The producer's end of a connector that keeps what it is given: send(request_id, layer, k, v)."""
+    """The producer's end of a connector that keeps what it is given: send(request_id, layer, k, v).
+
+    A send is noted ("send i" in the log, the message in `messages`) only once the message is whole: a request id
+    (str), a layer (int >= 0), k and v tensors of one shape (T, n_kv_heads, head_dim), copied. One that is not
+    raises and leaves no trace, so every "send i" in the log has its message, and the other way round.
+    """
 
     def __init__(self, log: Timeline | None = None) -> None:
         self.log = log if log is not None else Timeline()
         self.messages: list[KVMessage] = []
 
     def send(self, request_id: str, layer: int, k: Tensor, v: Tensor) -> None:
-        self.log.add("send", layer if isinstance(layer, int) else None)
-        self.messages.append(KVMessage(request_id=request_id, layer=layer, k=k.detach().clone(),
-                                       v=v.detach().clone(), src_blocks=[]))
+        if type(request_id) is not str:
+            raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
+        layer, k, v = _plain_int(layer, "layer"), _plain_tensor(k, "k"), _plain_tensor(v, "v")
+        if layer < 0 or k.ndim != 3 or k.shape != v.shape:
+            raise ValueError(f"send(request_id, layer, k, v): a layer >= 0 and k, v both (T, n_kv_heads, head_dim); "
+                             f"got layer {layer}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+        message = KVMessage(request_id=request_id, layer=layer, k=k.detach().clone(), v=v.detach().clone(),
+                            src_blocks=[])
+        self.messages.append(message)
+        self.log.add("send", layer)
 
 
 class ScriptedChannel:
@@ -93,6 +140,8 @@ class ScriptedChannel:
 
     `fail_at` = j: the j-th recv (from 0) raises TransferError (`timeout=True`: TransferTimeout), as a dropped
     connection or a peer that stopped sending would; after the messages run out, recv raises TransferTimeout.
+    `received` counts the recv calls (each is logged, "recv i" or "recv" when none was handed out); `delivered`
+    the messages actually handed out.
     """
 
     def __init__(self, messages: Sequence[KVMessage], *, fail_at: int | None = None, timeout: bool = False,
@@ -100,8 +149,11 @@ class ScriptedChannel:
         self._messages, self._fail_at, self._timeout = list(messages), fail_at, timeout
         self.log = log if log is not None else Timeline()
         self.received = 0
+        self.delivered = 0
 
     def recv(self, timeout_s: float = 10.0) -> KVMessage:
+        if timeout_s is not None and type(timeout_s) not in (int, float):
+            raise TypeError(f"timeout_s must be a number of seconds, got {type(timeout_s).__name__}")
         index = self.received
         self.received += 1
         self.log.add("recv", self._messages[index].layer if index < len(self._messages) else None)
@@ -109,6 +161,8 @@ class ScriptedChannel:
             error = TransferTimeout if self._timeout else TransferError
             raise error(f"the transfer broke at message {index}: the prefill worker's connection was lost")
         if index >= len(self._messages):
-            raise TransferTimeout(f"no KV message arrived within {timeout_s:g} s (all {len(self._messages)} sent "
-                                  "messages were already received)")
+            waited = "" if timeout_s is None else f" within {timeout_s:g} s"
+            raise TransferTimeout(f"no KV message arrived{waited} (all {len(self._messages)} sent messages were "
+                                  "already received)")
+        self.delivered += 1
         return self._messages[index]
