@@ -1,21 +1,25 @@
 """Checks for Lab 07, tensor-parallel sharding on torch.distributed.
 
-Each check takes the learner's function or classes, runs them on tiny seeded models (sharding checks need
-no processes; the layer checks run TP = 2 and 4 as thread ranks and TP = 2 as two real gloo processes)
-and raises AssertionError saying what is wrong. Judged (autograder/judging/judge.py), the ranks that call the learner's
-classes run in the learner's kernel (`_on_ranks`, through wire.run_where) and send back only their results.
+Each check takes the learner's function or classes, runs them on tiny seeded models and raises AssertionError
+saying what is wrong. No course function runs in the learner's kernel for a rank, and no count comes from there:
+
+- where the learner's code takes part in a collective (Exercises 2 and 3), the judge plays every rank itself, one
+  after another (`_replayed_ranks`): it calls the learner's layers or function (over the wire when judged) and hands
+  each rank a communicator of its own, a `CountingComm` whose all-reduces and all-gathers are requests the judge
+  answers and counts. The calls, the bytes and the logits are the judge's records of calls it made and served.
+- where the ranks run only the package's code (Exercises 4 and 5), they are thread ranks of the judge's own process;
+  the learner's KV caches take part as the judge's copies of their buffers (`_cache_copy`).
 
 CPU tier (correctness):
     check_shard_weight(shard_weight)                        every parameter's slice, GQA/MQA/MHA, replication, bad tp
-    check_parallel_linears(ColumnParallelLinear, RowParallelLinear)   TP logits == one process, 2 all-reduces a layer
-    check_vocab_parallel_logits(vocab_parallel_logits)     gathered, not all-reduced (its ranks are replayed one after
-                                                            another in this process: a judged function is called
-                                                            over the wire, its collectives answered here)
+    check_parallel_linears(ColumnParallelLinear, RowParallelLinear)   TP logits == one process, 2 all-reduces a
+                                                            layer, the logits depend on what the all-reduces return
+    check_vocab_parallel_logits(vocab_parallel_logits)     gathered, not all-reduced
     check_tp_kv_cache(make_tp_cache)                        each rank caches only its KV heads; generation identical
     check_allreduce_bytes(allreduce_bytes_per_token)       the formula, exact against counted collectives
 Every check first refuses the package's reference handed in as the answer (the object, a subclass inheriting
-the asked-for methods, a thin wrapper that calls it: autograder.checking.reference_guard); thread ranks run under the same
-watch, so a wrapper is caught on the ranks too.
+the asked-for methods, a thin wrapper that calls it: autograder.checking.reference_guard); the learner's calls on
+the ranks run under the same watch, so a wrapper is caught there too.
 Interview questions (a model the planner does not list, Qwen2.5-32B's shape, bf16, 8 GPUs over PCIe Gen5 x16):
 check_q1 (TP=4 x PP=2 bytes per GPU per token), check_q2 (PP bytes per step of 32), check_q3 (steady-state bubble of a serving pipeline with fewer micro-batches in flight than stages: 1 - m/p,
 the drain-every-step formula diagnosed), check_q4 (all-reduce time per step at batch 64, not batch 1).
@@ -23,7 +27,6 @@ the drain-every-step formula diagnosed), check_q4 (all-reduce time per step at b
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 from typing import Any, Callable
@@ -32,14 +35,15 @@ import torch
 
 from autograder.harness import call_learner, check_answer, expect_value_error, quiet
 from autograder.checking.reference_guard import watched as _watched, no_calls_into, own_work
-from autograder.checking.wire import is_remote, run_where
+from autograder.checking.wire import class_of, run_where, storage_address
+from minigpt.cache.contiguous import KVCache, LayerKVCache
 from minigpt.config import ModelConfig
 from minigpt.engine.cached_generation import generate_kv_cache
 from minigpt.model import GPT
 from minigpt.parallel import sharding
 from minigpt.parallel.comm import CountingComm
 from minigpt.parallel.launch import RankError, run_ranks
-from minigpt.parallel.linears import ColumnParallelLinear, RowParallelLinear
+from minigpt.parallel.linears import ColumnParallelLinear, RowParallelLinear, tp_linear_factory
 from minigpt.parallel.tp_model import build_tp_model, tp_kv_cache
 from minigpt.parallel.vocab_parallel import vocab_parallel_logits
 from minigpt.teaching.parallel_cost import INTERCONNECTS, pipeline_bubble_fraction, tp_allreduce_bytes_per_token
@@ -56,6 +60,9 @@ CONFIGS = {
     "MHA 4q/4kv": ModelConfig(vocab_size=64, max_seq_len=32, d_model=32, n_layers=1, n_heads=4, n_kv_heads=4, d_ff=48),
 }
 ATOL, RTOL = 1e-5, 1e-4
+EX2 = "Exercise 2 (the parallel linears)"
+EX3 = "Exercise 3 (vocab_parallel_logits)"
+EX4 = "Exercise 4 (make_tp_cache)"
 
 
 def _model(name: str, seed: int = 0) -> GPT:
@@ -68,31 +75,14 @@ def _tokens(cfg: ModelConfig, B: int = 2, T: int = 6, seed: int = 1) -> torch.Te
     return torch.randint(0, cfg.vocab_size, (B, T), generator=torch.Generator().manual_seed(seed))
 
 
-def _on_ranks(worker: Callable, tp: int, *args: Any, backend: str = "threads", watch: tuple = (),
-              what: str = "") -> list[Any]:
-    """worker(comm, *args) on tp ranks of this process (threads) or forked from it (gloo), every rank's result in
-    rank order; calls into `watch` (the references) refused. Judged, this runs in the learner's kernel (the ranks
-    call the learner's classes at once, which one connection to the judge cannot serve) and only the results, as
-    data, come back: the verdict stays in the check."""
-    with quiet(), fixed_threads(1), no_calls_into(*watch, what=what) if watch else contextlib.nullcontext():
-        return run_ranks(worker, tp, *args, backend=backend, timeout_s=90, collective_timeout_s=20)
-
-
-def _run(worker: Callable, tp: int, *args: Any, backend: str = "threads", watch: tuple = (),
-         what: str = "") -> list[Any]:
-    """_on_ranks where the learner's objects among args live: here, or in the kernel when they are Remotes."""
-    learner = next((a for a in args if is_remote(a)), None)
+def _package_ranks(worker: Callable, tp: int, *args: Any) -> list[Any]:
+    """worker(comm, *args) on tp thread ranks of this process, every rank's result in rank order. Only for workers
+    that run the package's code on the judge's own objects: the learner's code never runs on these threads."""
     try:
-        results = run_where(learner, _on_ranks, worker, tp, *args, backend=backend, watch=tuple(watch), what=what)
+        with quiet(), fixed_threads(1):
+            return run_ranks(worker, tp, *args, backend="threads", timeout_s=90, collective_timeout_s=20)
     except RankError as err:
-        msg = str(err)
-        if "NotImplementedError" in msg:
-            raise AssertionError("not implemented yet (NotImplementedError) on the ranks:\n" + msg) from None
-        raise AssertionError(f"the tensor-parallel run failed ({backend} ranks):\n{msg}") from None
-    if not isinstance(results, list) or len(results) != tp or not all(isinstance(r, tuple) for r in results):
-        raise AssertionError(f"the {tp} ranks did not report one result each (got {type(results).__name__}): was "
-                             "the grader's rank runner replaced in the notebook?")
-    return results
+        raise AssertionError(f"the tensor-parallel run failed (thread ranks):\n{err}") from None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -185,76 +175,133 @@ def _value_hint(pname: str, cfg: ModelConfig, tp: int, rank: int) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------
-# 2. Column- and row-parallel linears, run on ranks
+# 2. Column- and row-parallel linears, on ranks the judge plays
 # ---------------------------------------------------------------------------------------------------
 
-def _linear_worker(comm: CountingComm, name: str, full_state: dict, column_cls: type, row_cls: type):
-    cfg = CONFIGS[name]
-    state = sharding.shard_state_dict(full_state, cfg, comm.world_size, comm.rank)
-    model = build_tp_model(cfg, comm, state, column_cls=column_cls, row_cls=row_cls)
-    with torch.no_grad():
-        logits = model(_tokens(cfg))
-    return logits, dict(comm.stats.calls), dict(comm.stats.bytes)
+class _LearnerLayer:
+    """One of the learner's linears inside a rank's model that the judge runs: every forward is a call the judge
+    makes (over the wire when judged), its output checked for shape and dtype. Not an nn.Module, so the learner's object
+    never becomes part of the judge's model."""
+
+    def __init__(self, layer: Any, weight_shape: torch.Size, where: str) -> None:
+        self.layer, self.out_features, self.where = layer, weight_shape[0], where
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = call_learner(EX2, self.layer, x, context=self.where)
+        want = (*x.shape[:-1], self.out_features)
+        if not isinstance(y, torch.Tensor) or tuple(y.shape) != want or y.dtype != x.dtype:
+            got = f"{tuple(y.shape)} {y.dtype}" if isinstance(y, torch.Tensor) else type(y).__name__
+            raise AssertionError(f"{EX2}: {self.where} returned {got} for an input of shape {tuple(x.shape)}, expected "
+                                 f"{want} {x.dtype}: a column-parallel layer keeps this rank's slice of the output "
+                                 "features, a row-parallel one returns all of them (after its all-reduce)")
+        return y
+
+
+def _learner_layer(build: Callable, in_features: int, out_features: int, name: str, piece: torch.Tensor,
+                   where: str) -> _LearnerLayer:
+    """The learner's layer for projection `name` (built by the package's factory from the learner's classes, with
+    the judge's communicator), its slice `piece` loaded into its `weight`."""
+    layer = call_learner(EX2, build, in_features, out_features, name, context=where)
+    try:
+        call_learner(EX2, lambda: layer.load_state_dict({"weight": piece.clone()}), context=f"{where}, its weight")
+    except AssertionError as err:
+        raise AssertionError(f"{err}. The layer must be an nn.Module whose only parameter is `weight`, of shape "
+                             f"{tuple(piece.shape)} here: (out_local, in) for a column-parallel layer, (out, in_local) "
+                             "for a row-parallel one") from None
+    return _LearnerLayer(layer, piece.shape, where)
+
+
+def _learner_rank_model(cfg: ModelConfig, comm: CountingComm, state: dict, column_cls: type, row_cls: type) -> GPT:
+    """Rank comm.rank's model, in the judge: the package's GPT whose projections are the learner's layers, each
+    holding the rank's slice (`state`, from shard_state_dict), and whose embedding and norms are the judge's own."""
+    build = tp_linear_factory(cfg, comm, column_cls=column_cls, row_cls=row_cls)
+
+    def make_linear(in_features: int, out_features: int, name: str) -> Any:
+        where = f"rank {comm.rank} of {comm.world_size}, {name}"
+        return _learner_layer(build, in_features, out_features, name, state[f"{name}.weight"], where)
+
+    with torch.random.fork_rng(devices=[]):        # the layers' own initial draws leave the global RNG as it was
+        model = GPT(cfg, make_linear=make_linear).eval()
+    own = model.state_dict()           # the embedding (the LM head is tied to it) and the norms
+    model.load_state_dict({key: value for key, value in state.items() if key in own}, strict=False)
+    return model
 
 
 def check_parallel_linears(column_cls: type, row_cls: type) -> None:
     """column_cls(in_features, out_local, comm), row_cls(in_local, out_features, comm): nn.Modules with a `weight`
     of shape (out_local, in) / (out, in_local); a TP model built from them matches one process, and each layer
     calls exactly two all-reduces (after wo and after w_down), nothing else."""
-    what = "Exercise 2 (the parallel linears)"
-    own_work(column_cls, ColumnParallelLinear, what=what, methods=("__init__", "forward"))
-    own_work(row_cls, RowParallelLinear, what=what, methods=("__init__", "forward"))
-    with no_calls_into(ColumnParallelLinear, RowParallelLinear, what=what):
+    own_work(column_cls, ColumnParallelLinear, what=EX2, methods=("__init__", "forward"))
+    own_work(row_cls, RowParallelLinear, what=EX2, methods=("__init__", "forward"))
+    with no_calls_into(ColumnParallelLinear, RowParallelLinear, what=EX2):
         _check_parallel_linears(column_cls, row_cls)
 
 
 def _check_parallel_linears(column_cls: type, row_cls: type) -> None:
-    for name, tp, backend in (("GQA 4q/2kv", 2, "gloo"), ("MQA 4q/1kv", 4, "threads"), ("GQA 8q/4kv", 2, "threads")):
-        cfg = CONFIGS[name]
-        full = _model(name)
+    for name, tp in (("GQA 4q/2kv", 2), ("MQA 4q/1kv", 4), ("GQA 8q/4kv", 2)):
+        cfg, full, tokens = CONFIGS[name], _model(name), _tokens(CONFIGS[name])
         with torch.no_grad():
-            want = full(_tokens(cfg))
-        outs = _run(_linear_worker, tp, name, full.state_dict(), column_cls, row_cls, backend=backend,
-                    watch=(ColumnParallelLinear, RowParallelLinear), what="Exercise 2 (the parallel linears)")
-        what = f"model {name}, tp={tp} ({backend} ranks), prefill of {tuple(_tokens(cfg).shape)} tokens"
+            want = full(tokens)
+        comms = _replay_comms(tp)
+        models = [_learner_rank_model(cfg, comm, sharding.shard_state_dict(full.state_dict(), cfg, tp, comm.rank),
+                                      column_cls, row_cls) for comm in comms]
+
+        def forward(rank: int, comm: CountingComm) -> torch.Tensor:
+            with torch.no_grad():
+                return models[rank](tokens)
+        outs, first = _replayed_ranks(forward, comms, EX2)
+        what = f"{EX2}: model {name}, tp={tp}, prefill of {tuple(tokens.shape)} tokens"
         for rank, (logits, calls, nbytes) in enumerate(outs):
-            n_ar = calls.get("all_reduce", 0)
-            expected = 2 * cfg.n_layers
-            if not isinstance(logits, torch.Tensor) or logits.shape != want.shape:
-                raise AssertionError(f"{what}: rank {rank}'s logits have shape "
-                                     f"{tuple(logits.shape) if isinstance(logits, torch.Tensor) else logits!r}, "
-                                     f"expected {tuple(want.shape)}")
-            if not torch.allclose(logits, want, atol=ATOL, rtol=RTOL):
-                err = (logits - want).abs().max().item()
-                hint = ""
-                if n_ar > expected:
-                    hint = (f" {n_ar} all-reduces ran instead of {expected}: a column-parallel layer must NOT all-reduce "
-                            "(its output features are different on each rank; summing them mixes heads).")
-                elif n_ar < expected:
-                    hint = (f" only {n_ar} all-reduces ran instead of {expected}: a row-parallel layer's output is a "
-                            "partial sum over this rank's input features; all-reduce it.")
-                raise AssertionError(f"{what}: rank {rank}'s logits differ from one process by up to {err:.3g}.{hint}")
-            if n_ar != expected or set(calls) - {"all_reduce"}:
-                raise AssertionError(f"{what}: rank {rank} called {calls}; a Megatron layer needs exactly 2 all-reduces "
-                                     f"(one after wo, one after w_down): {expected} for {cfg.n_layers} layers")
-            if nbytes.get("all_reduce") != expected * want.shape[0] * want.shape[1] * cfg.d_model * 4:
-                raise AssertionError(f"{what}: rank {rank} all-reduced {nbytes.get('all_reduce')} bytes; each all-reduce "
-                                     "should carry one (B, T, d_model) float32 activation")
+            _check_rank_logits(logits, want, calls, nbytes, cfg, f"{what}, rank {rank}")
+        for rank, logits in enumerate(first):
+            if torch.allclose(logits, want, atol=ATOL, rtol=RTOL):
+                raise AssertionError(f"{what}: rank {rank}'s logits came out right even while the grader answered its "
+                                     "all-reduces with a wrong sum on purpose: a row-parallel layer must return what "
+                                     "comm.all_reduce gives it, not a sum made some other way")
+
+
+def _check_rank_logits(logits: torch.Tensor, want: torch.Tensor, calls: dict, nbytes: dict, cfg: ModelConfig,
+                       what: str) -> None:
+    """One rank's logits against one process, and its collectives as the judge counted them."""
+    n_ar, expected = calls.get("all_reduce", 0), 2 * cfg.n_layers
+    if not torch.allclose(logits, want, atol=ATOL, rtol=RTOL):
+        err = (logits - want).abs().max().item()
+        hint = ""
+        if n_ar > expected:
+            hint = (f" {n_ar} all-reduces ran instead of {expected}: a column-parallel layer must NOT all-reduce "
+                    "(its output features are different on each rank; summing them mixes heads).")
+        elif n_ar < expected:
+            hint = (f" only {n_ar} all-reduces ran instead of {expected}: a row-parallel layer's output is a "
+                    "partial sum over this rank's input features; all-reduce it.")
+        raise AssertionError(f"{what}: the logits differ from one process by up to {err:.3g}.{hint}")
+    if n_ar != expected or set(calls) - {"all_reduce"}:
+        raise AssertionError(f"{what}: called {calls}; a Megatron layer needs exactly 2 all-reduces (one after wo, one "
+                             f"after w_down): {expected} for {cfg.n_layers} layers")
+    if nbytes.get("all_reduce") != expected * want.shape[0] * want.shape[1] * cfg.d_model * 4:
+        raise AssertionError(f"{what}: all-reduced {nbytes.get('all_reduce')} bytes; each all-reduce should carry one "
+                             "(B, T, d_model) float32 activation")
 
 
 # ---------------------------------------------------------------------------------------------------
-# 3. Vocabulary-parallel LM head
+# Ranks the judge plays one after another, its own communicator answering their collectives
 # ---------------------------------------------------------------------------------------------------
+
+_MAX_ROUNDS = 40
+
 
 class _ReplayBackend:
     """One rank of a world run one rank at a time (no threads, no processes): the k-th collective of a round
     answers with what every rank gave its k-th collective in the previous round (copies of this rank's own tensor
     in the first). Rounds repeat until the tensors given are the ones answered for: then each rank saw exactly
-    what real collectives would have given it. For a deterministic function of its inputs, as the LM head is."""
+    what real collectives would have given it. For a deterministic function of its inputs, as a forward pass is."""
 
-    def __init__(self, rank: int, world_size: int, previous: list[list[tuple[str, torch.Tensor]]] | None) -> None:
-        self.rank, self.world_size, self.previous = rank, world_size, previous
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.previous: list[list[tuple[str, torch.Tensor]]] | None = None
         self.given: list[tuple[str, torch.Tensor]] = []
+
+    def new_round(self, previous: list[list[tuple[str, torch.Tensor]]] | None) -> None:
+        self.previous, self.given = previous, []
 
     def _parts(self, op: str, t: torch.Tensor) -> list[torch.Tensor]:
         k = len(self.given)
@@ -274,37 +321,53 @@ class _ReplayBackend:
         return self._parts("all_gather", t)
 
 
-def _replayed_ranks(fn: Callable, tp: int, args_of_rank: Callable[[int], tuple], what: str,
-                    rounds: int = 4) -> list[tuple[Any, dict]]:
-    """fn(*args_of_rank(rank), comm) on tp ranks simulated one after another (_ReplayBackend); every rank's
-    (result, collective calls). The learner's function is called from this thread only, so a judged one (a
-    Remote) is called over the wire like any other."""
-    previous = None
-    for _ in range(rounds):
+def _replay_comms(tp: int) -> list[CountingComm]:
+    """The judge's communicators of a world of tp ranks played one after another (what the learner's code gets)."""
+    return [CountingComm(_ReplayBackend(rank, tp)) for rank in range(tp)]
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.nan_to_num(), b.nan_to_num()) \
+        and torch.equal(a.isnan(), b.isnan())
+
+
+def _replayed_ranks(run_rank: Callable[[int, CountingComm], Any], comms: list[CountingComm],
+                    what: str) -> tuple[list[tuple[Any, dict, dict]], list[Any]]:
+    """run_rank(rank, comms[rank]) for every rank, in rounds (_ReplayBackend) until each rank's collectives got what
+    real ones would give. Returns every rank's (result, collective calls, payload bytes) of that last round, as the
+    judge's communicators counted them, and every rank's result of the first round (its collectives answered wrong)."""
+    previous, first = None, None
+    for round_number in range(1, _MAX_ROUNDS + 1):
         results, given = [], []
-        for rank in range(tp):
-            backend = _ReplayBackend(rank, tp, previous)
-            comm = CountingComm(backend)
-            out = call_learner(what, fn, *args_of_rank(rank), comm, context=f"tp={tp}, rank {rank}")
-            results.append((out, dict(comm.stats.calls)))
-            given.append(backend.given)
+        for rank, comm in enumerate(comms):
+            comm.backend.new_round(previous)
+            comm.stats.reset()
+            out = run_rank(rank, comm)
+            results.append((out, dict(comm.stats.calls), dict(comm.stats.bytes)))
+            given.append(comm.backend.given)
+        first = first if first is not None else [out for out, _, _ in results]
         ops = [[op for op, _ in g] for g in given]
         if any(o != ops[0] for o in ops):
-            raise AssertionError(f"{what}, tp={tp}: the ranks called different collectives ({ops}): every rank must "
-                                 "call the same collectives in the same order, or they wait for each other forever")
-        if previous is not None and all(a[1].shape == b[1].shape and torch.equal(a[1], b[1])
-                                        for g, p in zip(given, previous) for a, b in zip(g, p)):
-            return results
+            raise AssertionError(f"{what}, tp={len(comms)}: the ranks called different collectives ({ops}): every "
+                                 "rank must call the same collectives in the same order, or they wait for each other "
+                                 "forever")
+        if previous is not None and all(_same(a[1], b[1]) for g, p in zip(given, previous) for a, b in zip(g, p)):
+            return results, first
+        if round_number > len(ops[0]) + 1:        # k collectives settle in k + 1 rounds
+            break
         previous = given
-    raise AssertionError(f"{what}, tp={tp}: what your function gives its collectives kept changing from one run to "
-                         "the next with the same inputs; it must depend only on x, weight_shard and the collectives")
+    raise AssertionError(f"{what}, tp={len(comms)}: what your code gives its collectives kept changing from one run "
+                         "to the next with the same inputs; it must depend only on its inputs and the collectives")
 
+
+# ---------------------------------------------------------------------------------------------------
+# 3. Vocabulary-parallel LM head
+# ---------------------------------------------------------------------------------------------------
 
 def check_vocab_parallel_logits(fn: Callable) -> None:
     """fn(x (..., d_model), weight_shard (V/tp, d_model), comm) -> full logits (..., V), identical on every rank."""
-    what = "Exercise 3 (vocab_parallel_logits)"
-    own_work(fn, vocab_parallel_logits, what=what)
-    with no_calls_into(vocab_parallel_logits, what=what):
+    own_work(fn, vocab_parallel_logits, what=EX3)
+    with no_calls_into(vocab_parallel_logits, what=EX3):
         _check_vocab_parallel_logits(fn)
 
 
@@ -313,12 +376,13 @@ def _check_vocab_parallel_logits(fn: Callable) -> None:
     x, weight = torch.randn(2, 3, 32, generator=g), torch.randn(64, 32, generator=g)
     want = x @ weight.t()
     for tp in (2, 4):
-        def args_of_rank(rank: int, tp: int = tp) -> tuple:
+        def rank_logits(rank: int, comm: CountingComm, tp: int = tp) -> Any:
             rows = sharding.vocab_rows(CONFIGS["GQA 4q/2kv"], tp, rank)
-            return x, weight[rows.start:rows.stop].clone()
-        outs = _replayed_ranks(fn, tp, args_of_rank, "vocab_parallel_logits")
-        for rank, (got, calls) in enumerate(outs):
-            what = f"tp={tp}, rank {rank}, x {tuple(x.shape)}, full weight {tuple(weight.shape)}"
+            piece = weight[rows.start:rows.stop].clone()
+            return call_learner(EX3, fn, x, piece, comm, context=f"tp={tp}, rank {rank}")
+        outs, _ = _replayed_ranks(rank_logits, _replay_comms(tp), EX3)
+        for rank, (got, calls, _) in enumerate(outs):
+            what = f"{EX3}: tp={tp}, rank {rank}, x {tuple(x.shape)}, full weight {tuple(weight.shape)}"
             if not isinstance(got, torch.Tensor) or got.shape != want.shape:
                 shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
                 hint = (" An all-reduce adds the logits of DIFFERENT tokens together; gather the pieces along the "
@@ -333,22 +397,61 @@ def _check_vocab_parallel_logits(fn: Callable) -> None:
 # 4. Sharded KV cache and cached generation
 # ---------------------------------------------------------------------------------------------------
 
-def _cache_worker(comm: CountingComm, make_cache: Callable, name: str, full_state: dict, prompt: list[int], n: int):
+def _cache_layers(cache: Any, cfg: ModelConfig, what: str) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+    """(k, v, length) of each layer of the learner's cache, read from it (over the wire when judged). Refused: not a
+    KVCache of LayerKVCaches, a layer count other than the model's, buffers shared between layers or between k and v
+    (one layer's writes would land in another's)."""
+    kind = class_of(cache)
+    if not (isinstance(kind, type) and issubclass(kind, KVCache)):
+        raise AssertionError(f"{what}: make_tp_cache returned a {getattr(kind, '__name__', kind)!s}, expected a "
+                             "minigpt.cache.contiguous.KVCache of LayerKVCaches")
+    layers = call_learner(EX4, list, cache, context="reading the layers of the cache it returned")
+    if len(layers) != cfg.n_layers:
+        raise AssertionError(f"{what}: the cache has {len(layers)} layers, the model {cfg.n_layers}: one "
+                             "LayerKVCache per layer")
+    read = []
+    for layer in layers:
+        kind = class_of(layer)
+        if not (isinstance(kind, type) and issubclass(kind, LayerKVCache)):
+            raise AssertionError(f"{what}: a layer of the cache is a {getattr(kind, '__name__', kind)!s}, expected a "
+                                 "minigpt LayerKVCache")
+        k, v, length = layer.k, layer.v, layer.length
+        if not (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor) and k.ndim == 4 and k.shape == v.shape
+                and k.dtype == v.dtype and type(length) is int):
+            raise AssertionError(f"{what}: a layer's k and v must be (batch, max_seq_len, n_kv_heads, head_dim) "
+                                 "tensors of one shape and dtype, its length an int (build it with LayerKVCache)")
+        read.append((k, v, length))
+    addresses = [storage_address(t) for k, v, _ in read for t in (k, v)]
+    if len(set(addresses)) != len(addresses):
+        raise AssertionError(f"{what}: layers of the cache share their buffers (the same LayerKVCache twice?): "
+                             "each layer needs a LayerKVCache of its own")
+    return read
+
+
+def _cache_copy(layers: list[tuple[torch.Tensor, torch.Tensor, int]]) -> KVCache:
+    """The judge's own KVCache holding what the learner's holds: the same shapes, dtype, contents and length."""
+    copies = []
+    for k, v, length in layers:
+        layer = LayerKVCache(*k.shape, dtype=k.dtype)
+        layer.k.copy_(k)
+        layer.v.copy_(v)
+        layer.length = length
+        copies.append(layer)
+    return KVCache(copies)
+
+
+def _cache_worker(comm: CountingComm, caches: list[KVCache], name: str, full_state: dict, prompt: list[int], n: int):
     cfg = CONFIGS[name]
     state = sharding.shard_state_dict(full_state, cfg, comm.world_size, comm.rank)
     model = build_tp_model(cfg, comm, state)
-    cache = make_cache(cfg, comm.world_size, comm.rank, len(prompt) + n)
-    heads = [layer.n_kv_heads for layer in cache]
-    out = generate_kv_cache(model, prompt, n, cache=cache)
-    return out.tokens, heads, cache.nbytes
+    return generate_kv_cache(model, prompt, n, cache=caches[comm.rank]).tokens
 
 
 def check_tp_kv_cache(make_cache: Callable) -> None:
     """make_cache(cfg, tp, rank, max_seq_len) -> a minigpt.cache.contiguous.KVCache holding only this rank's KV
     heads; lab 01's generate_kv_cache on the TP ranks is token-identical to one process."""
-    what = "Exercise 4 (make_tp_cache)"
-    own_work(make_cache, tp_kv_cache, what=what)
-    with no_calls_into(tp_kv_cache, what=what):
+    own_work(make_cache, tp_kv_cache, what=EX4)
+    with no_calls_into(tp_kv_cache, what=EX4):
         _check_tp_kv_cache(make_cache)
 
 
@@ -358,20 +461,28 @@ def _check_tp_kv_cache(make_cache: Callable) -> None:
         cfg = CONFIGS[name]
         full = _model(name)
         want = generate_kv_cache(full, prompt, n).tokens
-        outs = _run(_cache_worker, tp, make_cache, name, full.state_dict(), prompt, n, watch=(tp_kv_cache,),
-                    what="Exercise 4 (make_tp_cache)")
         local = len(sharding.kv_heads(cfg, tp, 0))
-        for rank, (tokens, heads, nbytes) in enumerate(outs):
-            what = f"model {name}, tp={tp}, rank {rank}"
+        caches = []
+        for rank in range(tp):
+            where = f"model {name}, tp={tp}, rank {rank}"
+            what = f"{EX4}: {where}"
+            layers = _cache_layers(call_learner(EX4, make_cache, cfg, tp, rank, len(prompt) + n, context=where), cfg,
+                                   what)
+            heads = [k.shape[2] for k, _, _ in layers]
             if any(h != local for h in heads):
                 raise AssertionError(f"{what}: the cache layers hold {heads} KV heads, expected {local} each: a rank "
                                      "caches only the KV heads its query heads read (replicated when tp > n_kv_heads)")
-            if tokens != want:
-                raise AssertionError(f"{what}: generated {tokens}, one process generates {want}")
+            nbytes = sum(k.nbytes + v.nbytes for k, v, _ in layers)
             expected = 2 * cfg.n_layers * (len(prompt) + n) * local * cfg.head_dim * 4
             if nbytes != expected:
                 raise AssertionError(f"{what}: the cache allocates {nbytes} bytes, expected {expected} "
                                      f"(max_seq_len={len(prompt) + n}, batch 1, float32)")
+            caches.append(_cache_copy(layers))
+        outs = _package_ranks(_cache_worker, tp, caches, name, full.state_dict(), prompt, n)
+        for rank, tokens in enumerate(outs):
+            if tokens != want:
+                raise AssertionError(f"{EX4}: model {name}, tp={tp}, rank {rank}: generated {tokens} on caches laid "
+                                     f"out as yours, one process generates {want}")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -422,7 +533,7 @@ def _byte_mistakes(payload: float, wire: float, tp: int, flag: bool, element: in
 def _check_allreduce_bytes(fn: Callable) -> None:
     for name, tp in (("GQA 4q/2kv", 2), ("MQA 4q/1kv", 4)):
         cfg = CONFIGS[name]
-        payload32, wire32 = _run(_count_worker, tp, name, _model(name).state_dict())[0]
+        payload32, wire32 = _package_ranks(_count_worker, tp, name, _model(name).state_dict())[0]
         ring = 2 * (tp - 1) / tp
         for element, dtype in ((4, "float32"), (2, "bf16/fp16")):
             payload, wire = payload32 * element // 4, wire32 * element / 4

@@ -3,6 +3,8 @@ thin wrapper) and each plausible wrong implementation fail."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from torch import nn
@@ -11,6 +13,7 @@ from autograder import lab07
 from autograder.checking.reference_guard import ReferenceHandedIn
 from minigpt.cache.contiguous import KVCache, LayerKVCache
 from minigpt.parallel import sharding
+from minigpt.parallel.comm import CountingComm
 from minigpt.parallel.linears import ColumnParallelLinear, RowParallelLinear
 from minigpt.parallel.tp_model import tp_kv_cache
 from minigpt.parallel.vocab_parallel import vocab_parallel_logits
@@ -254,14 +257,79 @@ class GatherColumn(OwnColumn):
         return self.comm.all_gather(x @ self.weight.t(), dim=-1)
 
 
+class DropoutRow(OwnRow):
+    """Leaves dropout on: what it gives the all-reduce changes from one run to the next."""
+
+    def forward(self, x):
+        return self.comm.all_reduce(torch.nn.functional.dropout(x, 0.5, training=True) @ self.weight.t())
+
+
+class TransposedWeightColumn(OwnColumn):
+    """Stores the weight as (in, out_local), the transpose of nn.Linear's layout."""
+
+    def __init__(self, in_features, out_local, comm):
+        super().__init__(in_features, out_local, comm)
+        self.weight = nn.Parameter(torch.zeros(in_features, out_local))
+
+    def forward(self, x):
+        return x @ self.weight
+
+
+@functools.cache
+def _one_process_row_outputs() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(weight, output on the check's tokens) of every wo and w_down of the check's models, run in one process."""
+    found: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for name, cfg in lab07.CONFIGS.items():
+        full = lab07._model(name)
+        hooks = [module.register_forward_hook(lambda m, args, out: found.append((m.weight.detach(), out.detach())))
+                 for path, module in full.named_modules() if path.endswith(("attn.wo", "mlp.w_down"))]
+        with torch.no_grad():
+            full(lab07._tokens(cfg))
+        for hook in hooks:
+            hook.remove()
+    return found
+
+
+class OracleRow(OwnRow):
+    """Calls the all-reduce (the count is right) but returns the one-process layer's output, looked up by the slice
+    of weight it holds: the logits are right whatever the all-reduces answer, as when a kernel computes them from
+    the whole model instead of from the ranks."""
+
+    def forward(self, x):
+        self.comm.all_reduce(x @ self.weight.t())
+        width = self.weight.shape[1]
+        for weight, out in _one_process_row_outputs():
+            blocks = weight.split(width, dim=1)
+            if out.shape[:-1] == x.shape[:-1] and any(b.shape == self.weight.shape and torch.equal(b, self.weight)
+                                                      for b in blocks):
+                return out.clone()
+        raise LookupError("no one-process layer holds this slice")
+
+
 @pytest.mark.parametrize("column, row, message", [
     (AllReduceColumn, OwnRow, "column-parallel layer must NOT all-reduce"),
     (OwnColumn, NoAllReduceRow, "partial sum"),
     (GatherColumn, OwnRow, "differ|shape|failed"),
+    (OwnColumn, DropoutRow, "kept changing"),
+    (TransposedWeightColumn, OwnRow, r"size mismatch for weight.*\(out_local, in\) for a column-parallel layer"),
+    (OwnColumn, OracleRow, "came out right even while the grader answered its all-reduces with a wrong sum"),
 ])
 def test_wrong_linears_are_rejected(column, row, message) -> None:
     with pytest.raises(AssertionError, match=message):
         lab07.check_parallel_linears(column, row)
+
+
+def test_the_layers_get_the_judges_communicator_and_it_counts() -> None:
+    """Each rank's layers hold the check's own CountingComm, whose all-reduces the check answers: the count is the
+    check's record of calls it served, not a number the ranks report."""
+    seen = []
+
+    class Recording(OwnRow):
+        def __init__(self, in_local, out_features, comm):
+            super().__init__(in_local, out_features, comm)
+            seen.append(comm)
+    lab07.check_parallel_linears(OwnColumn, Recording)
+    assert seen and all(type(c) is CountingComm and type(c.backend).__module__ == "autograder.lab07" for c in seen)
 
 
 # --- wrong LM head -------------------------------------------------------------------------------
@@ -305,9 +373,30 @@ def cache_kv_over_tp(cfg, tp, rank, max_seq_len):
     return KVCache([LayerKVCache(1, max_seq_len, cfg.n_kv_heads // tp, cfg.head_dim) for _ in range(cfg.n_layers)])
 
 
-@pytest.mark.parametrize("wrong", [full_cache, cache_kv_over_tp])
-def test_wrong_caches_are_rejected(wrong) -> None:
-    with pytest.raises(AssertionError):
+def shared_layer_cache(cfg, tp, rank, max_seq_len):
+    """The same LayerKVCache for every layer: each layer's keys overwrite the previous layer's."""
+    layer = LayerKVCache(1, max_seq_len, len(sharding.kv_heads(cfg, tp, rank)), cfg.head_dim)
+    return KVCache([layer] * cfg.n_layers)
+
+
+def layers_as_a_list(cfg, tp, rank, max_seq_len):
+    """The layers, but not wrapped in a KVCache (generate_kv_cache needs its next_positions and length)."""
+    return ref_make_cache(cfg, tp, rank, max_seq_len).layers
+
+
+def half_precision_cache(cfg, tp, rank, max_seq_len):
+    """float16 buffers for a float32 model: half the bytes, and keys rounded on the way in."""
+    n_kv = len(sharding.kv_heads(cfg, tp, rank))
+    return KVCache([LayerKVCache(1, max_seq_len, n_kv, cfg.head_dim, dtype=torch.float16)
+                    for _ in range(cfg.n_layers)])
+
+
+@pytest.mark.parametrize("wrong, message", [(full_cache, "expected 1 each"), (cache_kv_over_tp, "positive integer"),
+                                            (shared_layer_cache, "share their buffers"),
+                                            (layers_as_a_list, "expected a minigpt.cache.contiguous.KVCache"),
+                                            (half_precision_cache, "float32")])
+def test_wrong_caches_are_rejected(wrong, message) -> None:
+    with pytest.raises(AssertionError, match=message):
         lab07.check_tp_kv_cache(wrong)
 
 
