@@ -10,9 +10,9 @@
     export [--csv grades.csv]        instructor: gradebook to CSV
     hub setup|start|status|teardown  instructor, as root: a class on JupyterHub on this machine (system users,
         [--students N] [--port P]    nbgrader's exchange, the hub on 127.0.0.1; docs/hub.md)
-    similarity --assignment A        instructor: answers sharing code with a classmate's, the package's reference
-               [--threshold T]       or the course's solution, per exercise (copydetect), most similar first;
-               [--csv F] [--html F]  a lead to read, not a verdict
+    similarity --assignment A        instructor: every code cell (and file handed in) against the package's
+               [--threshold T]       reference, the course's solution and classmates, on a normal form, and code
+               [--csv F] [--html F]  carried in (code objects, marshal, exec, blobs); a lead to read, not a verdict
     release [--assignment A ...]     regenerate labs/ from solutions/ (nbgrader generate_assignment) and normalize
     normalize [--check] [PATHS]      strip outputs / execution counts from notebooks (or only check)
     doctor                           what this machine can run
