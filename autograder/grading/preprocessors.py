@@ -112,6 +112,10 @@ class StoppingExecute(Execute):
                 cell.outputs = [error_output("JudgeFailed", f"the grader's judge could not start ({exc}): this check "
                                              "earns no points")]
                 return cell, resources
+        from autograder.judging.submission_processes import SubmissionHold
+
+        hold = SubmissionHold(self._submission_roots)
+        self._judge.on_isolation = hold.handle
         if not self._kernel_ready:     # the kernel's side imports torch: not on the first test cell's time limit
             saved, self.timeout = self.timeout, max(self.timeout or 0, WARM_UP_TIMEOUT_S)
             try:
@@ -126,6 +130,7 @@ class StoppingExecute(Execute):
         try:
             super().preprocess_cell(serving, resources, index)
         except BaseException:          # stuck or dead kernel: the judge's cell is void, the run stops here
+            hold.release()
             self._judge.kill()
             self._judge = None
             cell.outputs = []
@@ -133,7 +138,10 @@ class StoppingExecute(Execute):
         finally:
             self.nb.cells[index] = cell    # nbclient stored the serving cell in the test cell's place
         timed_out = self._timed_out(serving)
-        result = self._judge.result(wait=float(self.timeout or 300), start_witness=self._witness_starter(index))
+        try:
+            result = self._judge.result(wait=float(self.timeout or 300), start_witness=self._witness_starter(index))
+        finally:
+            hold.release()
         if result["error"] and result["error"]["ename"] in ("JudgeTimeout", "JudgeFailed"):   # a fresh judge next cell
             self._judge.kill()
             self._judge = None
@@ -148,6 +156,13 @@ class StoppingExecute(Execute):
         if error:
             cell.outputs.append(error_output(error["ename"], error["evalue"], error.get("lines")))
         return cell, resources
+
+    def _submission_roots(self) -> dict:
+        """The root processes of the submission's sandboxes (autograder/judging/submission_processes.py): the
+        kernel's (bubblewrap's, or the kernel itself unsandboxed) and the witness's while one runs."""
+        process = getattr(getattr(self.km, "provisioner", None), "process", None)
+        witness = self._judge.witness if self._judge is not None else None
+        return {"kernel": getattr(process, "pid", None), "witness": witness.proc.pid if witness is not None else None}
 
     def _witness_starter(self, index: int):
         """How a witness for the test cell at `index` starts (autograder/judging/witness.py): the learner's cells before

@@ -31,11 +31,13 @@ import contextlib
 import io
 import linecache
 import os
+import queue
 import select
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -109,10 +111,12 @@ def run_cell(endpoint: wire.Endpoint, source: str, push: bool = True) -> dict:
     "guarded", "asked"}: "guarded" lists the references its checks refused (autograder/checking/reference_guard.py),
     "asked" the notebook's names it read from the other side. `push`: set the
     names the cell assigns on the other side afterwards."""
-    from autograder.checking import reference_guard
+    from autograder.checking import isolation, library_refusal, reference_guard
 
     wire.forget_origins()
     reference_guard.guarded()
+    library_refusal.refused()
+    isolation.requested_allowance()
     out, err = io.StringIO(), io.StringIO()
     error = None
     asked: list[str] = []
@@ -137,7 +141,8 @@ def run_cell(endpoint: wire.Endpoint, source: str, push: bool = True) -> dict:
     with contextlib.suppress(OSError, ValueError, TypeError):
         endpoint.finish(pushes=pushes)
     return {"stdout": out.getvalue(), "stderr": err.getvalue(), "error": error,
-            "guarded": reference_guard.guarded(), "asked": asked}
+            "guarded": reference_guard.guarded(), "refused": library_refusal.refused(), "asked": asked,
+            "memory_allowance": isolation.requested_allowance()}
 
 
 def _explained(exc: BaseException) -> list[str]:
@@ -187,6 +192,9 @@ def main(argv: list[str]) -> int:
 
     torch.set_num_threads(1)
     control = socket.socket(fileno=control_fd)
+    from autograder.checking import isolation
+
+    isolation.connect(lambda request: _ask_grader(control, request))
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     os.chmod(path, 0o777)        # the sandboxed kernel runs under a uid of its own
@@ -206,17 +214,29 @@ def main(argv: list[str]) -> int:
             result = _failed("KernelSilent", "the notebook's kernel never answered the grader for this cell (was "
                              "the cell's code replaced before it ran?), so it earns no points")
         else:
+            isolation.set_phase("kernel")
             with conn:
                 result = run_cell(judge_endpoint(conn), header["source"])
-            if header.get("witness") and result["guarded"] and not result["error"]:
-                result = graded_again(server, control, header, result["guarded"], result["asked"])
-        result.pop("guarded", None)
-        result.pop("asked", None)
+            if header.get("witness") and (result["guarded"] or result["refused"]) and not result["error"]:
+                result = graded_again(server, control, header, result["guarded"], result["asked"], result["refused"],
+                                      result["memory_allowance"])
+        for key in ("guarded", "refused", "asked", "memory_allowance"):
+            result.pop(key, None)
         wire.send_frame(control, {"result": result}, {})
 
 
+def _ask_grader(control: socket.socket, request: dict) -> dict:
+    """A check's request to the grading process to hold or measure the submission's processes
+    (autograder/checking/isolation.py), and its reply. A stale "abort" meant for an earlier wait is skipped."""
+    wire.send_frame(control, {"isolation": request}, {})
+    while True:
+        reply, _ = wire.recv_frame(control)
+        if "isolation_reply" in reply:
+            return reply["isolation_reply"]
+
+
 def graded_again(server: socket.socket, control: socket.socket, header: dict, guarded: list[dict],
-                 names: list[str]) -> dict:
+                 names: list[str], refused: list[dict] = (), memory_allowance: int | None = None) -> dict:
     """The test cell's verdict from a witness (autograder/judging/witness.py): the grading process starts one whose course
     package lacks the references the cell's checks refused, the cell runs again against it, and that run's
     verdict is the cell's."""
@@ -225,7 +245,8 @@ def graded_again(server: socket.socket, control: socket.socket, header: dict, gu
     from autograder.judging.reference_removal import removals
 
     token = secrets.token_hex(8)
-    request = {"removals": removals(guarded), "names": names, "token": token}
+    request = {"removals": removals(guarded), "names": names, "token": token, "refused": list(refused),
+               "memory_allowance": memory_allowance}
     wire.send_frame(control, {"witness": request}, {})
     while True:
         reply, _ = wire.recv_frame(control)
@@ -238,19 +259,37 @@ def graded_again(server: socket.socket, control: socket.socket, header: dict, gu
     if conn is None:
         return _failed("WitnessSilent", "graded again in a process without the course's reference, your notebook's "
                        "code never answered (it stopped, or ran past the time limit): this check earns no points")
-    with conn:
-        result = run_cell(judge_endpoint(conn), header["source"], push=False)
-    return _reference_explained(result, guarded)
+    from autograder.checking import isolation
+
+    isolation.set_phase("witness")
+    isolation.set_witness_allowance(memory_allowance)
+    try:
+        with conn:
+            result = run_cell(judge_endpoint(conn), header["source"], push=False)
+    finally:
+        isolation.set_phase("kernel")
+        isolation.set_witness_allowance(None)
+    return _reference_explained(result, guarded, refused)
 
 
-def _reference_explained(result: dict, guarded: list[dict]) -> dict:
-    """A failure that reached a removed reference function says so: the learner's code called the reference."""
+def _reference_explained(result: dict, guarded: list[dict], refused: list[dict] = ()) -> dict:
+    """A failure that reached a removed reference function says so: the learner's code called the reference; one
+    that reached a refused library operator (autograder/judging/op_refusal.py) says that."""
+    from autograder.judging.op_refusal import REFUSED_MARK
     from autograder.judging.reference_removal import removed_name
 
     error = result.get("error")
     if not error:
         return result
-    name = removed_name(" ".join([error.get("evalue", "")] + list(error.get("lines") or [])))
+    text = " ".join([error.get("evalue", "")] + list(error.get("lines") or []))
+    if REFUSED_MARK in text and refused:
+        message = (f"{refused[0]['what']}: your code calls a library kernel that does the exercise (torch's fused "
+                   "attention): graded again in a process where it is refused, it stopped working there")
+        return {**result, "error": {"ename": "LibraryRefused", "evalue": message,
+                                    "lines": [f"LibraryRefused: {message}"]}}
+    if not guarded:
+        return result
+    name = removed_name(text)
     if name is None:
         return result
     what = guarded[0].get("what", "this exercise")
@@ -320,11 +359,37 @@ class JudgeProcess:
         self.control.settimeout(None)
         if not header.get("ready"):
             raise RuntimeError("the judge did not start")
+        # Requests to hold or measure the submission (autograder/checking/isolation.py) come at any moment of a cell,
+        # while nbgrader waits on the kernel: a thread answers them; everything else the judge says is queued.
+        self.on_isolation: Callable[[dict], dict] | None = None
+        self.witness: Any = None           # the witness of the cell being judged, while there is one
+        self._said: queue.Queue = queue.Queue()
+        self._send_lock = threading.Lock()
+        threading.Thread(target=self._listen, daemon=True).start()
+
+    def _listen(self) -> None:
+        while True:
+            try:
+                header, _ = wire.recv_frame(self.control)
+            except (wire.ChannelClosed, OSError, ValueError):
+                self._said.put(None)
+                return
+            if "isolation" not in header:
+                self._said.put(header)
+                continue
+            try:
+                reply = self.on_isolation(header["isolation"]) if self.on_isolation else {}
+            except Exception as exc:       # noqa: BLE001  (the check fails and says why)
+                reply = {"error": f"{type(exc).__name__}: {exc}"}
+            self._send({"isolation_reply": reply})
+
+    def _send(self, header: dict) -> None:
+        with self._send_lock:
+            wire.send_frame(self.control, header, {})
 
     def run(self, source: str, token: str, timeout: float, witness: bool = False) -> None:
         """Start a test cell. `witness`: the judge may ask for a witness (see `result`)."""
-        wire.send_frame(self.control, {"op": "cell", "source": source, "token": token, "timeout": timeout,
-                                       "witness": witness}, {})
+        self._send({"op": "cell", "source": source, "token": token, "timeout": timeout, "witness": witness})
 
     def result(self, wait: float, start_witness: Callable[[dict], Any] | None = None) -> dict:
         """The verdict of the cell started last, once the kernel has stopped serving it: the judge is finishing,
@@ -334,31 +399,33 @@ class JudgeProcess:
         A judge that asks for a witness gets one: `start_witness(request)` (a `witness.WitnessProcess`), killed
         once the verdict is in; the wait starts again, and a witness that stops early ends it."""
         with contextlib.suppress(OSError):
-            wire.send_frame(self.control, {"op": "abort"}, {})
+            self._send({"op": "abort"})
         witness = None
         deadline = time.monotonic() + wait
         try:
             while True:
-                self.control.settimeout(max(0.01, min(WITNESS_POLL_S, deadline - time.monotonic())))
                 try:
-                    header, _ = wire.recv_frame(self.control)
-                except (socket.timeout, TimeoutError):
+                    header = self._said.get(timeout=max(0.01, min(WITNESS_POLL_S, deadline - time.monotonic())))
+                except queue.Empty:
                     if time.monotonic() >= deadline:
                         return _failed("JudgeTimeout", "the kernel stopped serving the grader but held on to its "
                                        "connection")
                     if witness is not None and not witness.running():
-                        wire.send_frame(self.control, {"op": "abort"}, {})      # the judge stops waiting for it
+                        self._send({"op": "abort"})      # the judge stops waiting for it
                         witness.kill()
                         witness = None
                     continue
+                if header is None:
+                    raise wire.ChannelClosed()
                 if "witness" not in header:
                     return header["result"]
                 witness = self._witness_for(header["witness"], start_witness)
+                self.witness = witness
                 deadline = time.monotonic() + wait
         except (wire.ChannelClosed, OSError):
             return _failed("JudgeFailed", "the grader's judge process stopped")
         finally:
-            self.control.settimeout(None)
+            self.witness = None
             if witness is not None:
                 witness.kill()
 
@@ -368,9 +435,9 @@ class JudgeProcess:
                 raise RuntimeError("this grader starts no witness")
             witness = start_witness(request)
         except Exception as exc:       # noqa: BLE001  (the judge fails the cell and says why)
-            wire.send_frame(self.control, {"op": "witness-failed", "why": f"{type(exc).__name__}: {exc}"}, {})
+            self._send({"op": "witness-failed", "why": f"{type(exc).__name__}: {exc}"})
             return None
-        wire.send_frame(self.control, {"op": "witness-started"}, {})
+        self._send({"op": "witness-started"})
         return witness
 
     def kill(self) -> None:
@@ -380,7 +447,7 @@ class JudgeProcess:
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
-            wire.send_frame(self.control, {"op": "quit"}, {})
+            self._send({"op": "quit"})
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:

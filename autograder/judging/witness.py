@@ -96,6 +96,11 @@ def main(argv: list[str]) -> int:
     from traitlets.config import Config
 
     torch.set_num_threads(1)
+    bound_memory(request.get("memory_allowance"))
+    from autograder.judging.op_refusal import refuse_ops
+
+    for refusal in request.get("refused", []):       # before any learner code exists here
+        refuse_ops(refusal["ops"], refusal["what"])
     config = Config()
     config.HistoryManager.enabled = False
     shell = InteractiveShell.instance(config=config)
@@ -113,6 +118,23 @@ def main(argv: list[str]) -> int:
         endpoint.hello(token)
         endpoint.serve()
     return 0
+
+
+def bound_memory(allowance: int | None) -> None:
+    """RLIMIT_AS, soft and hard, set to what this process maps now (torch and IPython imported, no learner cell
+    run yet) plus `allowance` bytes, when a check asked for it (autograder/checking/isolation.py): learner code
+    replayed here can neither lift a hard limit nor reserve room before it, so a call that needs more fails."""
+    import resource
+
+    if not allowance:
+        return
+    with open("/proc/self/status") as status:
+        mapped = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = mapped + int(allowance)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
 # ----------------------------------------------------------------------------- starting it, from the grading process
@@ -150,7 +172,9 @@ class WitnessProcess:
         self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, start_new_session=True)
         with contextlib.suppress(BrokenPipeError):
-            self.proc.stdin.write(json.dumps({"cells": cells, "names": request["names"]}).encode())
+            self.proc.stdin.write(json.dumps({"cells": cells, "names": request["names"],
+                                              "refused": request.get("refused", []),
+                                              "memory_allowance": request.get("memory_allowance")}).encode())
             self.proc.stdin.close()
 
     def running(self) -> bool:

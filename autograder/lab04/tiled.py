@@ -10,6 +10,8 @@ import torch
 import minigpt.kernels  # noqa: F401  (on a CPU: TRITON_INTERPRET=1 before any kernel is built)
 from autograder.harness import call_learner
 from autograder.lab04.common import ATTENTION_CASES, TOL, _close, _err, _full_attention, _qkv
+from autograder.checking import isolation
+from autograder.checking.library_refusal import FUSED_ATTENTION, refuse_library
 from autograder.checking.reference_guard import no_calls_into, own_work
 from autograder.checking.tensor_trace import TensorTrace
 from minigpt.attention import naive_attention
@@ -49,10 +51,25 @@ def _method(trace: TensorTrace, Tq: int, Tk: int, tile: int, what: str, exercise
                              f"{tile} keys per query: build scores, masks and P one key tile at a time")
 
 
+# The long sequence judged in a witness whose address space is bounded to what torch maps plus LONG_ALLOWANCE
+# (autograder/checking/isolation.py): the lab's imports take about 240 MiB of it, key tiles of LONG_BLOCK_K a few MiB
+# each (T * LONG_BLOCK_K * 4 bytes), while the (T x T) scores need T * T * 4 bytes (1 GiB) in float32, 512 MiB in
+# float16.
+LONG_T, LONG_D, LONG_BLOCK_K = 16384, 16, 128
+LONG_ALLOWANCE = 512 << 20
+LONG_ROWS = 24                   # query rows compared with the exact attention (drawn in secret)
+# The backward's long sequence (float64, as the exercise's inputs): its (T x T) scores or P need T * T * 8 bytes
+# (800 MiB), 400 MiB even in float32; the witness's bound is the forward's.
+LONG_BACKWARD_T = 10240
+
+
 def check_tiled_attention(fn: Callable) -> None:
     """fn(q (B,Hq,Tq,D), k, v (B,Hkv,Tk,D), causal, block_k) -> (out (B,Hq,Tq,D), lse (B,Hq,Tq)), reading keys
-    block_k at a time: no (Tq x Tk) tensor is ever held (recorded by a TorchFunctionMode), no fused attention."""
+    block_k at a time: no (Tq x Tk) tensor is ever held (recorded by a TorchFunctionMode in the kernel; in the
+    witness, a sequence of LONG_T tokens under a memory bound no such tensor fits, set before any learner code ran),
+    no fused attention (refused in the witness)."""
     own_work(fn, _ATTENTION_REFERENCES, what=TILED_FORWARD)
+    refuse_library(FUSED_ATTENTION, what=TILED_FORWARD)
     for B, Hq, Hkv, Tq, Tk, D, causal, what in ATTENTION_CASES:
         for block_k in (8, 16):
             q, k, v = _qkv(B, Hq, Hkv, Tq, Tk, D, seed=block_k)
@@ -67,6 +84,42 @@ def check_tiled_attention(fn: Callable) -> None:
         if isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], torch.Tensor) and got[0].dtype != q.dtype:
             raise AssertionError(f"{what}: the output must be in the input dtype {q.dtype}, got {got[0].dtype}")
         _compare_out_lse(got, q, k, v, True, what, tol)
+    _check_long_under_memory_bound(fn)
+
+
+def _check_long_under_memory_bound(fn: Callable) -> None:
+    """Graded again in a witness, a causal sequence of LONG_T tokens, the witness started with its address space
+    bounded (before any learner cell ran there) to what torch maps plus LONG_ALLOWANCE: key tiles fit, a (T x T)
+    matrix of scores or probabilities does not, whatever the process reports. The output is compared on LONG_ROWS
+    query rows drawn in secret. Outside that witness (nothing bounds the process) it is not run."""
+    import secrets
+
+    if not isolation.bound_witness_memory(LONG_ALLOWANCE):
+        return
+    what = f"{TILED_FORWARD}, a causal sequence of {LONG_T} tokens, key tiles of {LONG_BLOCK_K}"
+    q, k, v = _qkv(1, 1, 1, LONG_T, LONG_T, LONG_D, seed=secrets.randbelow(2**31))
+    try:
+        got = fn(q, k, v, True, LONG_BLOCK_K)
+    except Exception as exc:       # noqa: BLE001  (an allocation the bound refused, or the learner's own error)
+        raise AssertionError(
+            f"{what}: tiled_attention failed in a process whose memory is bounded to about {LONG_ALLOWANCE >> 20} MiB "
+            f"beyond what torch takes ({type(exc).__name__}: {str(exc)[:200]}). A ({LONG_T} x {LONG_T}) score matrix "
+            f"needs {LONG_T * LONG_T * 4 >> 20} MiB in float32, {LONG_T * LONG_T * 2 >> 20} MiB in float16; one key "
+            f"tile at a time needs {LONG_T * LONG_BLOCK_K * 4 >> 20} MiB: build scores, masks and P one key tile at a "
+            "time") from None
+    if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
+        raise AssertionError(f"{what}: return a tuple (out, lse) of tensors, got {type(got).__name__}")
+    out, lse = got
+    if out.shape != q.shape or lse.shape != q.shape[:-1]:
+        raise AssertionError(f"{what}: out must have shape {tuple(q.shape)} and lse {tuple(q.shape[:-1])}, got "
+                             f"{tuple(out.shape)} and {tuple(lse.shape)}")
+    rows = torch.tensor(sorted(secrets.SystemRandom().sample(range(LONG_T), LONG_ROWS)))
+    s = (q[0, 0, rows].double() @ k[0, 0].double().T) / math.sqrt(LONG_D)
+    s = s.masked_fill(torch.arange(LONG_T)[None, :] > rows[:, None], -math.inf)
+    want, want_lse = torch.softmax(s, -1) @ v[0, 0].double(), torch.logsumexp(s, -1)
+    if not (_close(out[0, 0, rows], want, TOL[torch.float32]) and _close(lse[0, 0, rows], want_lse, 1e-4)):
+        raise AssertionError(f"{what}: output or lse differs from the exact attention on query rows the grader drew "
+                             f"(output {_err(out[0, 0, rows], want)})")
 
 
 def _edge_inputs() -> list[tuple[str, tuple[torch.Tensor, ...], float]]:
@@ -170,6 +223,7 @@ def check_tiled_backward(fn: Callable) -> None:
     """fn(q, k, v, out, lse, d_out, causal) -> (dq, dk, dv), equal to autograd of naive attention (float64), computed
     from the saved LSE one key tile (at most BACKWARD_TILE keys) at a time: no (Tq x Tk) tensor, no autograd."""
     own_work(fn, _ATTENTION_REFERENCES, what=TILED_BACKWARD)
+    refuse_library(FUSED_ATTENTION, what=TILED_BACKWARD)
     for B, Hq, Hkv, Tq, Tk, D, causal, what in ATTENTION_CASES:
         q, k, v = (t.double().requires_grad_() for t in _qkv(B, Hq, Hkv, Tq, Tk, D, seed=7))
         out, lse = _full_attention(q, k, v, causal)
@@ -193,3 +247,49 @@ def check_tiled_backward(fn: Callable) -> None:
                         "dk": " dK = dS^T Q / sqrt(D), summed over the query heads of each KV head's group.",
                         "dv": " dV = P^T dO with P = exp(s - lse) (the saved LSE normalises P), summed over the group."}[name]
                 raise AssertionError(f"{what}: {name} {err} against autograd of naive attention.{hint}")
+    _check_long_backward_under_memory_bound(fn)
+
+
+def _check_long_backward_under_memory_bound(fn: Callable) -> None:
+    """Graded again in the bounded witness (see _check_long_under_memory_bound): the backward of a causal sequence of
+    LONG_BACKWARD_T tokens in float64, out and lse from the course's tiled forward computed here; dq compared on
+    LONG_ROWS query rows and dk, dv on LONG_ROWS key rows drawn in secret, each from the formulas on those rows only."""
+    import secrets
+
+    if not isolation.bound_witness_memory(LONG_ALLOWANCE):
+        return
+    T, D, scale = LONG_BACKWARD_T, LONG_D, 1 / math.sqrt(LONG_D)
+    what = f"{TILED_BACKWARD}, a causal sequence of {T} tokens in float64"
+    g = torch.Generator().manual_seed(secrets.randbelow(2**31))
+    q, k, v, d_out = (torch.randn(1, 1, T, D, generator=g, dtype=torch.float64) for _ in range(4))
+    out, lse = tiled_attention_forward(q, k, v, causal=True, block_k=512)
+    try:
+        got = fn(q, k, v, out, lse, d_out, True)
+    except Exception as exc:       # noqa: BLE001  (an allocation the bound refused, or the learner's own error)
+        raise AssertionError(
+            f"{what}: tiled_backward failed in a process whose memory is bounded to about {LONG_ALLOWANCE >> 20} MiB "
+            f"beyond what torch takes ({type(exc).__name__}: {str(exc)[:200]}). A ({T} x {T}) matrix of scores, P "
+            f"or dS needs {T * T * 8 >> 20} MiB in float64: recompute P one key tile at a time from the saved "
+            "LSE") from None
+    if not (isinstance(got, tuple) and len(got) == 3 and all(isinstance(t, torch.Tensor) for t in got)):
+        raise AssertionError(f"{what}: return a tuple (dq, dk, dv) of tensors, got {type(got).__name__}")
+    if any(t.shape != q.shape for t in got):
+        raise AssertionError(f"{what}: dq, dk and dv must each have shape {tuple(q.shape)}, got "
+                             f"{[tuple(t.shape) for t in got]}")
+    dq, dk, dv = (t[0, 0] for t in got)
+    q, k, v, d_out, out, lse = (t[0, 0] for t in (q, k, v, d_out, out, lse))
+    delta = (d_out * out).sum(-1)
+    pick = secrets.SystemRandom()
+    rows, cols = (torch.tensor(sorted(pick.sample(range(T), LONG_ROWS))) for _ in range(2))
+    positions = torch.arange(T)
+    p_rows = torch.exp((q[rows] @ k.T * scale).masked_fill(positions[None] > rows[:, None], -math.inf)
+                       - lse[rows, None])
+    p_cols = torch.exp((q @ k[cols].T * scale).masked_fill(cols[None] > positions[:, None], -math.inf)
+                       - lse[:, None])
+    wants = {"dq": (dq[rows], (p_rows * (d_out[rows] @ v.T - delta[rows, None])) @ k * scale),
+             "dk": (dk[cols], (p_cols * (d_out @ v[cols].T - delta[:, None])).T @ q * scale),
+             "dv": (dv[cols], p_cols.T @ d_out)}
+    for name, (got_rows, want) in wants.items():
+        if not _close(got_rows, want, 1e-6):
+            raise AssertionError(f"{what}: {name} differs from the formulas on rows the grader drew "
+                                 f"({_err(got_rows, want)})")

@@ -1,0 +1,125 @@
+"""The hostile class, part three (issue 55), graded by the real autograde (nbgrader, bubblewrap, witness on, two
+jobs): for each kind of attack in `hostile_three/`, a one-exercise assignment that an honest student and an
+attacker submit. The honest student earns the exercise's points (so the check can pass); the attacker earns
+nothing; nothing is left running.
+
+`HOSTILE_THREE_ONLY=lab06_own_target,lab01_memo` grades only those kinds (while working on one).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from autograder.grading import batch, nbgrader_runs as grading
+from autograder.judging import sandbox
+
+import hostile_three  # noqa: E402  (tests/instructor/ is on sys.path under pytest)
+
+pytestmark = pytest.mark.slow
+
+_NO_SANDBOX = sandbox.probe()
+if _NO_SANDBOX and not os.environ.get("CI"):
+    pytest.skip(f"no grading sandbox here ({_NO_SANDBOX})", allow_module_level=True)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ONLY = [k for k in os.environ.get("HOSTILE_THREE_ONLY", "").split(",") if k]
+KINDS = {stem: module for stem, module in hostile_three.kinds().items() if not ONLY or stem in ONLY}
+STUDENTS = ("honest", "attacker")
+
+
+def _cell(source: str, grade_id: str, *, solution: bool, grade: bool, points: int = 0):
+    cell = nbformat.v4.new_code_cell(source)
+    meta = {"grade_id": grade_id, "solution": solution, "grade": grade, "locked": not solution, "schema_version": 3}
+    cell.metadata["nbgrader"] = {**meta, **({"points": points} if grade else {})}
+    return cell
+
+
+def _assignment(stem: str) -> str:
+    return f"h3_{stem}"
+
+
+def _solution_notebook(module) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    answer = "### BEGIN SOLUTION\n" + module.SOLUTION.rstrip("\n") + "\n### END SOLUTION\n"
+    cells = [nbformat.v4.new_markdown_cell(f"Hostile class, part three: {module.KIND}.")]
+    if module.SETUP.strip():
+        cells.append(_cell(module.SETUP, "setup", solution=False, grade=False))
+    cells += [_cell(answer, "answer", solution=True, grade=False),
+              _cell(module.CHECK, "check", solution=False, grade=True, points=module.POINTS)]
+    nb.cells = cells
+    return nb
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hostile-three")
+    course = root / "course"
+    course.mkdir()
+    shutil.copy(REPO_ROOT / "nbgrader_config.py", course / "nbgrader_config.py")
+    for stem, module in KINDS.items():
+        folder = course / "solutions" / _assignment(stem)
+        folder.mkdir(parents=True)
+        nbformat.write(_solution_notebook(module), str(folder / f"{_assignment(stem)}.ipynb"))
+    env = grading.nbgrader_env({"COURSE_CELL_TIMEOUT": "240"})
+    grading.release(course, env=env)
+    for stem, module in KINDS.items():
+        name = _assignment(stem)
+        released = nbformat.read(str(course / "labs" / name / f"{name}.ipynb"), as_version=4)
+        for student, answer in zip(STUDENTS, (module.SOLUTION, module.ATTACK)):
+            folder = course / "submitted" / student / name
+            folder.mkdir(parents=True)
+            mine = nbformat.from_dict(released)
+            for cell in mine.cells:
+                if cell.metadata.get("nbgrader", {}).get("grade_id") == "answer":
+                    cell.source = answer
+            nbformat.write(mine, str(folder / f"{name}.ipynb"))
+    scratch = root / "tmp"
+    scratch.mkdir()
+    saved = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(scratch)
+    try:
+        results = batch.autograde(course, timeout=900, env=env, log=lambda line: None, progress=False, jobs=2)
+    finally:
+        os.environ.pop("TMPDIR") if saved is None else os.environ.update(TMPDIR=saved)
+    return {"results": {(r.assignment, r.student): r for r in results}, "course": course, "scratch": scratch}
+
+
+def _report(result, course: Path) -> str:
+    path = course / "autograded" / result.student / result.assignment / f"{result.assignment}.ipynb"
+    if not path.exists():
+        return f"{result.status}: {result.notes}"
+    nb = nbformat.read(str(path), as_version=4)
+    check = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "check")
+    errors = [f"{o.ename}: {o.evalue}" for o in check.outputs if o.output_type == "error"]
+    return f"{result.status} {result.notes}: {errors or 'passed'}"
+
+
+@pytest.mark.parametrize("stem", sorted(KINDS))
+def test_the_honest_student_earns_the_points(graded, stem):
+    result = graded["results"][(_assignment(stem), "honest")]
+    assert (result.status, result.score) == ("ok", KINDS[stem].POINTS), _report(result, graded["course"])
+
+
+@pytest.mark.parametrize("stem", sorted(KINDS))
+def test_the_attack_earns_nothing(graded, stem):
+    result = graded["results"][(_assignment(stem), "attacker")]
+    assert result.score == 0, f"{KINDS[stem].KIND}: {_report(result, graded['course'])}"
+
+
+def test_nothing_is_left_behind(graded):
+    assert list(graded["scratch"].iterdir()) == []
+    ours = str(graded["scratch"]).encode()
+    assert [p for p in Path("/proc").glob("[0-9]*/cmdline") if ours in _read(p)] == []
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
