@@ -1,15 +1,18 @@
-"""What the lab 03 checks share (the small model is autograder.checking.models's): seeded tokens and requests, the driver's fake tokens, and the
-refusal of the reference scheduler (own_scheduler, learner_scheduling, construct)."""
+"""What the lab 03 checks share (the small model is autograder.checking.models's): seeded tokens and requests, the driver's fake tokens, the
+refusal of the reference scheduler (own_scheduler, learner_scheduling, construct), the scheduler's own BlockManager
+(manager_beside) and messages that name the exercise (failures_named)."""
 
 from __future__ import annotations
 
+import contextlib
 import zlib
-from typing import Any, Hashable
+from dataclasses import dataclass
+from typing import Any, Hashable, Iterator
 
 import torch
 
 from autograder.checking.reference_guard import no_calls_into, own_work
-from autograder.checking.wire import run_where
+from autograder.checking.wire import is_remote, run_where
 from minigpt.cache.block_manager import BlockManager
 from minigpt.engine.baselines import StaticBatchScheduler
 from minigpt.engine.prefix_scheduler import PrefixCachingScheduler
@@ -57,9 +60,46 @@ def construct(scheduler_cls: type, manager: BlockManager, config: SchedulerConfi
         raise AssertionError("the scheduler is not implemented yet (NotImplementedError)") from None
 
 
+@contextlib.contextmanager
+def failures_named(what: str) -> Iterator[None]:
+    """A plain AssertionError of the block comes out prefixed with `what` (a refusal of the reference, a subclass,
+    unchanged)."""
+    try:
+        yield
+    except AssertionError as err:
+        if type(err) is not AssertionError or str(err).startswith(what):
+            raise
+        raise AssertionError(f"{what}: {err}") from None
+
+
+@dataclass(frozen=True)
+class Pool:
+    """What a check built the scheduler with: its config and its BlockManager's size."""
+
+    config: SchedulerConfig
+    num_blocks: int
+    block_size: int
+
+    @classmethod
+    def of(cls, scheduler: Any) -> "Pool":
+        """Read from a scheduler of the judge's own (the package's tests); a learner's scheduler does not say."""
+        if is_remote(scheduler):
+            raise TypeError("a learner's scheduler does not tell the judge its pool: pass the Pool the check built")
+        return cls(scheduler.config, scheduler.manager.pool.num_blocks, scheduler.manager.block_size)
+
+
+def scheduler_on(scheduler_cls: type, pool: Pool, max_model_len: int) -> Any:
+    """A new scheduler_cls on a BlockManager of its own of the pool's size (`manager_beside`); the check has refused
+    the reference already."""
+    manager = manager_beside(scheduler_cls, pool.num_blocks, pool.block_size)
+    return construct(scheduler_cls, manager, pool.config, max_model_len, guard=False)
+
+
 def manager_beside(scheduler_cls: Any, num_blocks: int, block_size: int) -> BlockManager:
-    """A BlockManager built where `scheduler_cls` lives: in the learner's kernel when the check runs in the judge (a
-    manager of the judge's would make every block operation of the learner's scheduler a round trip)."""
+    """The scheduler's own BlockManager, built where `scheduler_cls` lives (in the learner's kernel when judged: a
+    manager of the judge's would make every block operation a round trip). Its working memory, never evidence: the
+    judge reads no state of it, and checks the slots each step returns against blocks it assigns itself
+    (`stepping.JudgedRun`)."""
     return run_where(scheduler_cls, BlockManager, num_blocks, block_size)
 
 

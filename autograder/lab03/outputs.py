@@ -2,26 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
 from autograder.harness import call_learner, quiet
 from autograder.checking.models import NEAR_TIE, SMALL_CONFIG, model_beside, scaled_model
-from autograder.lab03.common import _rand_tokens, construct
+from autograder.lab03.common import SCHEDULER, Pool, _rand_tokens, failures_named, scheduler_on
 from autograder.lab03.packing import refuse_thin_pack
 from autograder.lab03.scheduler import refuse_thin_wrapper
+from autograder.lab03.stepping import Ledger, StepView, run_steps
 from autograder.checking.reference_guard import no_calls_into, own_work
-from autograder.checking.wire import Callback, is_remote, run_where
+from autograder.checking.wire import Callback, is_remote
+from minigpt.cache.block_table import BlockTable
 from minigpt.cache.paged import PagedKVCache
 from minigpt.engine.baselines import StaticBatchScheduler, static_generate
 from minigpt.engine.cached_generation import generate_kv_cache
 from minigpt.engine.packed_batch import pack_chunks
 from minigpt.engine.request import Request
 from minigpt.engine.runner import ModelRunner
-from minigpt.engine.scheduler import Scheduler, SchedulerConfig
-from minigpt.engine.serving_loop import serve
+from minigpt.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from minigpt.model import GPT
 from minigpt.tokenizer import EOT_ID
 from minigpt.timing import fixed_threads
@@ -42,30 +44,48 @@ def _first_real_divergence(model: GPT, req: Request, got: list[int], want: list[
     return None
 
 
-def serve_outputs(scheduler_cls: type, pack_fn: Callable | None, model: GPT, requests: list[Request], num_blocks: int,
-                  budget: int, layout: str) -> list[tuple[Any, list[int], int]]:
-    """Serve `requests` with a new scheduler_cls (4 sequences, `budget` tokens a step) on a paged cache of `num_blocks`
-    blocks of 4 tokens, the runner packing with `pack_fn` (the reference when None): [(seq_id, output tokens,
-    number of preemptions)]. Runs where the scheduler lives (`run_where`): the whole loop in the learner's kernel when
-    judged, only its outputs coming back."""
+@contextlib.contextmanager
+def _packing_with(pack_fn: Callable | None) -> Iterator[None]:
+    """The judge's ModelRunner packs with `pack_fn` inside the block (the reference when None)."""
     import minigpt.engine.runner as runner_mod
 
-    cache = PagedKVCache.for_model(model, num_blocks, 4)
-    sch = construct(scheduler_cls, cache.manager, SchedulerConfig(4, budget), SMALL_CONFIG.max_seq_len, guard=False)
     saved = runner_mod.pack_chunks
-    if pack_fn is not None:
-        runner_mod.pack_chunks = pack_fn
+    runner_mod.pack_chunks = pack_fn or saved
     try:
-        with fixed_threads(1), quiet():        # tiny matmuls: one thread is fastest and robust on a busy machine
-            res = serve(requests, sch, ModelRunner(model, cache, layout).execute)
+        yield
     finally:
         runner_mod.pack_chunks = saved
-    return [(seq.seq_id, list(seq.output_tokens), seq.num_preemptions) for seq in res.sequences]
+
+
+def served_outputs(scheduler_cls: type, pack_fn: Callable | None, model: GPT, requests: list[Request],
+                   num_blocks: int, budget: int, layout: str) -> Ledger:
+    """Serve `requests` with a new scheduler_cls (4 sequences, `budget` tokens a step; its BlockManager of
+    `num_blocks` blocks of 4 tokens built beside it) on the judge's own model and paged cache: the judge calls the
+    scheduler step by step (`stepping.run_steps`), runs each step's chunks on its model (its cache's block tables are
+    the blocks the judge assigned from the chunks' slots; `pack_fn` packs them, the reference when None) and samples
+    greedily; the Ledger holds every request's output as the judge sampled it."""
+    pool = Pool(SchedulerConfig(4, budget), num_blocks, 4)
+    sch = scheduler_on(scheduler_cls, pool, SMALL_CONFIG.max_seq_len)
+    cache = PagedKVCache.for_model(model, num_blocks, 4)
+    runner = ModelRunner(model, cache, layout)
+
+    def sample(view: StepView, ledger: Ledger) -> dict:
+        for c in view.chunks:
+            cache.manager.tables[c.seq_id] = BlockTable(4, list(ledger.blocks[c.seq_id]),
+                                                        c.seq.tokens[:c.start + len(c.tokens)])
+        step = SchedulerOutput(view.chunks)
+        if pack_fn is None:
+            return runner.execute(step)
+        return call_learner(f"the model step at step {view.step} (packed by your pack_chunks)", runner.execute, step)
+
+    with fixed_threads(1), quiet(), _packing_with(pack_fn):       # tiny matmuls: one thread is fastest on a busy machine
+        return run_steps(sch, [(0, r) for r in requests], pool, sample=sample)
 
 
 def check_greedy_outputs(scheduler_cls: type = Scheduler, pack_fn: Callable | None = None) -> None:
     """Serve seeded workloads (chunked prefill; a pool small enough to force preemption) with the learner's scheduler
-    (and packing function) on a small random model: each greedy output must equal generate_kv_cache alone."""
+    (and packing function) on a small random model: each greedy output the judge sampled must equal
+    generate_kv_cache alone."""
     refuse_thin_wrapper(scheduler_cls)         # a cheap probe: profiling the model run would double its cost
     if pack_fn is not None:
         own_work(pack_fn, pack_chunks, what="Exercise 1 (pack_chunks)")
@@ -75,21 +95,19 @@ def check_greedy_outputs(scheduler_cls: type = Scheduler, pack_fn: Callable | No
     reqs = [Request(i, _rand_tokens(int(torch.randint(2, 40, (1,), generator=g)), g),
                     int(torch.randint(1, 24, (1,), generator=g)), arrival_time=0.0, stop_token_ids=())
             for i in range(10)]
-    by_id = {r.request_id: r for r in reqs}
     with fixed_threads(1):
         want = {r.request_id: generate_kv_cache(model, list(r.prompt), r.max_new_tokens, stop_token_ids=()).tokens
                 for r in reqs}
-    served_model = model_beside(scheduler_cls, model)
     for num_blocks, budget, layout in [(64, 12, "packed"), (16, 16, "packed"), (16, 12, "padded")]:
         what = f"10 requests, {num_blocks} blocks of 4 tokens, budget {budget} tokens/step, {layout} layout"
-        served = call_learner(what, run_where, scheduler_cls, serve_outputs, scheduler_cls, pack_fn, served_model,
-                              reqs, num_blocks, budget, layout)
-        for seq_id, output, preemptions in served:
-            req = by_id[seq_id]
-            bad = _first_real_divergence(model, req, list(output), want[seq_id])
+        with failures_named(f"{SCHEDULER}, {what}"):
+            ledger = served_outputs(scheduler_cls, pack_fn, model, reqs, num_blocks, budget, layout)
+        for req in reqs:
+            seq = ledger.seqs[req.request_id]
+            bad = _first_real_divergence(model, req, list(seq.output_tokens), want[req.request_id])
             if bad:
-                raise AssertionError(f"{what}: request {seq_id} (prompt {len(req.prompt)} tokens, preempted "
-                                     f"{preemptions}x) differs from generating it alone at {bad}. Check "
+                raise AssertionError(f"{what}: request {req.request_id} (prompt {len(req.prompt)} tokens, preempted "
+                                     f"{seq.num_preemptions}x) differs from generating it alone at {bad}. Check "
                                      "chunk positions, that preemption keeps the output, and the KV slots.")
 
 

@@ -6,13 +6,13 @@ from typing import Any, Callable
 
 import torch
 
-from autograder.harness import call_learner, quiet
-from autograder.lab03.common import (GPU_SPEED_CHECK, SPEED_MIN_FRACTION, _fake_token, _request, construct,
-                                     manager_beside)
+from autograder.harness import quiet
+from autograder.lab03.common import (GPU_SPEED_CHECK, SCHEDULER, SPEED_MIN_FRACTION, Pool, _fake_token, _request,
+                                     failures_named, scheduler_on)
 from autograder.lab03.packing import refuse_thin_pack
-from autograder.lab03.scheduler import refuse_thin_wrapper, scheduler_view
+from autograder.lab03.scheduler import refuse_thin_wrapper
+from autograder.lab03.stepping import run_steps
 from autograder.checking.reference_guard import own_work
-from autograder.checking.wire import run_where
 from minigpt.cache.block_manager import BlockManager
 from minigpt.cache.paged import PagedKVCache
 from minigpt.config import ModelConfig
@@ -34,24 +34,19 @@ def _skewed_requests(n: int = 24, seed: int = 0) -> list[tuple[int, Request]]:
     return out
 
 
-def _steps(make: Callable[[BlockManager], Any], arrivals: list, side: Any = None) -> int:
-    """Steps to serve `arrivals` with fake tokens: make(manager) builds the scheduler; its manager is built beside
-    `side` (the learner's class: in the kernel when judged), and each step is read back in one `scheduler_view`."""
-    sch = make(manager_beside(side, 400, 4) if side is not None else BlockManager(400, 4))
-    ends_arrivals = hasattr(sch, "end_of_arrivals")
+def _own_steps(scheduler: Any, arrivals: list[tuple[int, Request]]) -> int:
+    """Model steps (schedule() calls) a scheduler of the judge's own (static batching, the reference) takes to serve
+    `arrivals` with fake tokens."""
     pending, step = sorted(arrivals, key=lambda x: x[0]), 0
-    unfinished = False
-    while pending or unfinished:
+    ends_arrivals = hasattr(scheduler, "end_of_arrivals")
+    while pending or scheduler.has_unfinished():
         while pending and pending[0][0] <= step:
-            sch.add_request(pending.pop(0)[1])
-        if len(pending) == 0 and ends_arrivals:
-            sch.end_of_arrivals()
-        out = sch.schedule()
-        chunks = run_where(sch, scheduler_view, sch, out=out)["chunks"]
-        sampled = {c["seq_id"]: _fake_token(c["seq_id"], c["num_output"]) for c in chunks
-                   if c["start"] + len(c["tokens"]) == c["num_tokens"]}
-        sch.update(out, sampled, float(step))
-        unfinished = run_where(sch, scheduler_view, sch)["unfinished"]
+            scheduler.add_request(pending.pop(0)[1])
+        if not pending and ends_arrivals:
+            scheduler.end_of_arrivals()
+        out = scheduler.schedule()
+        sampled = {c.seq_id: _fake_token(c.seq_id, len(c.seq.output_tokens)) for c in out.chunks if c.samples}
+        scheduler.update(out, sampled, float(step))
         step += 1
         if step > 10_000:
             raise AssertionError("the workload did not finish in 10,000 steps")
@@ -60,15 +55,16 @@ def _steps(make: Callable[[BlockManager], Any], arrivals: list, side: Any = None
 
 def check_continuous_speedup(scheduler_cls: type) -> dict[str, float]:
     """Model steps (each one forward call) to serve a skewed workload (1 request in 8 wants 48 tokens, the rest 4):
-    static batching (batches of 8) over continuous batching, the learner's scheduler against the reference."""
+    static batching (batches of 8) over continuous batching, the learner's scheduler against the reference. The
+    learner's steps are the schedule() calls the judge made (`stepping.run_steps`), each step's work checked."""
     arrivals = _skewed_requests()
-    cfg = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64)
-    static = _steps(lambda m: StaticBatchScheduler(m, 8, max_model_len=96), arrivals)
+    pool = Pool(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64), 400, 4)
+    static = _own_steps(StaticBatchScheduler(BlockManager(400, 4), 8, max_model_len=96), arrivals)
     with quiet():
-        ref = _steps(lambda m: Scheduler(m, cfg, max_model_len=96), arrivals)
+        ref = _own_steps(Scheduler(BlockManager(400, 4), pool.config, max_model_len=96), arrivals)
         refuse_thin_wrapper(scheduler_cls)
-        learner = call_learner("the skewed workload", _steps, lambda m: construct(scheduler_cls, m, cfg, 96), arrivals,
-                               scheduler_cls)
+        with failures_named(f"{SCHEDULER}, the skewed workload"):
+            learner = run_steps(scheduler_on(scheduler_cls, pool, 96), arrivals, pool, max_steps=10_000).steps
     ref_ratio, ratio = static / ref, static / learner
     if ratio < SPEED_MIN_FRACTION * ref_ratio:
         raise AssertionError(f"static batching needs {static} steps, your scheduler {learner} ({ratio:.2f}x fewer), the "

@@ -49,9 +49,13 @@ def _stub(*args, **kwargs):
 
 
 # --- wrong schedulers --------------------------------------------------------------------------------
+# Each names schedule() itself, as a learner's class does (the notebook's, or an edit of it): one that inherits it is
+# refused before any step runs, and would not show that the step checks catch its mistake.
 
 class NoFreeOnFinish(Solution):
     """Finished sequences leave the batch but keep their blocks."""
+    schedule = Solution.schedule
+
     def _finish(self, seq, reason, now):
         manager_free = self.manager.free
         self.manager.free = lambda seq_id: None
@@ -63,6 +67,8 @@ class NoFreeOnFinish(Solution):
 
 class LosesTokensOnPreempt(Solution):
     """Preemption drops the generated tokens: the request starts over from its prompt."""
+    schedule = Solution.schedule
+
     def _preempt(self, seq):
         super()._preempt(seq)
         seq.stop.tokens.clear()
@@ -87,6 +93,8 @@ class OverBudget(Solution):
 
 class RestartsChunkAtZero(Solution):
     """The second chunk of a prompt is scheduled at position 0 again."""
+    schedule = Solution.schedule
+
     def _reserve(self, seq, n):
         chunk = super()._reserve(seq, n)
         if chunk.start > 0 and len(chunk.tokens) > 1:
@@ -145,6 +153,34 @@ class SkipsBlockedHead(Solution):
                     out.chunks.append(self._reserve(seq, seq.num_remaining))
                     break
         return out
+
+
+class SlotsFromZero(Solution):
+    """Reserves the right blocks, but each chunk's slots are those of positions 0 .. n - 1, not start .. start + n - 1:
+    a later chunk (and every decode) writes its K/V over the first ones."""
+    def schedule(self):
+        out = super().schedule()
+        for c in out.chunks:
+            c.slots = self.manager.table(c.seq_id).slots(0, len(c.tokens))
+        return out
+
+
+class NeverReportsFinished(Solution):
+    """update() finishes sequences (and frees their blocks) but returns no list of them."""
+    schedule = Solution.schedule
+
+    def update(self, output, sampled, now):
+        super().update(output, sampled, now)
+        return []
+
+
+class SaysNothingIsLeft(Solution):
+    """Schedules right, but its has_unfinished() always says False: a report about itself the judge does not read
+    (it counts what is unfinished from the requests it added and the finished ones update() returned)."""
+    schedule = Solution.schedule
+
+    def has_unfinished(self):
+        return False
 
 
 class InheritsSchedule(Scheduler):
@@ -268,7 +304,7 @@ def test_solution_passes_every_check():
 
 @pytest.mark.parametrize("wrong", [StubScheduler, NoFreeOnFinish, LosesTokensOnPreempt, OverBudget, RestartsChunkAtZero,
                                    LifoAdmission, ChunksWhenDisabled, PreemptsOldest, SkipsBlockedHead,
-                                   ExactFitRefused])
+                                   ExactFitRefused, SlotsFromZero, NeverReportsFinished])
 def test_scheduler_check_rejects(wrong):
     with pytest.raises(AssertionError):
         lab03.check_scheduler(wrong, max_examples=EXAMPLES)
@@ -277,10 +313,26 @@ def test_scheduler_check_rejects(wrong):
 @pytest.mark.parametrize("wrong, message", [(ChunksWhenDisabled, "chunked prefill is disabled"),
                                             (PreemptsOldest, "preempt the NEWEST"),
                                             (SkipsBlockedHead, "first come, first served"),
-                                            (ExactFitRefused, "fills its blocks exactly")])
+                                            (ExactFitRefused, "fills its blocks exactly"),
+                                            (NoFreeOnFinish, "blocks of finished and preempted sequences freed"),
+                                            (LosesTokensOnPreempt, "resumed without the tokens it had generated"),
+                                            (RestartsChunkAtZero, "continue where the previous one ended"),
+                                            (SlotsFromZero, "goes to (block|slot)"),
+                                            (NeverReportsFinished, "did not return it as finished")])
 def test_scheduler_check_names_the_mistake(wrong, message):
     with pytest.raises(AssertionError, match=message):
         lab03.check_scheduler(wrong, max_examples=EXAMPLES)
+
+
+def test_scheduler_check_reads_no_report_of_the_scheduler_about_itself():
+    """The verdict comes from what schedule() and update() return, held against the judge's own record: a scheduler
+    that schedules right passes whatever it says about itself, so one that lies gains nothing."""
+    lab03.check_scheduler(SaysNothingIsLeft, max_examples=EXAMPLES)
+
+
+def test_greedy_check_rejects_slots_of_the_wrong_positions():
+    with pytest.raises(AssertionError, match="goes to (block|slot)"):
+        lab03.check_greedy_outputs(SlotsFromZero, SOLUTION["pack_chunks"])
 
 
 @pytest.mark.parametrize("reference", [Scheduler, InheritsSchedule, CallsSuperSchedule])
