@@ -35,6 +35,7 @@ import torch
 
 from autograder.harness import call_learner, check_answer, expect_value_error, quiet
 from autograder.checking.reference_guard import watched as _watched, no_calls_into, own_work
+from autograder.checking.replayed_ranks import replay_comms as _replay_comms, replayed_ranks as _replayed_ranks
 from autograder.checking.wire import class_of, run_where, storage_address
 from minigpt.cache.contiguous import KVCache, LayerKVCache
 from minigpt.config import ModelConfig
@@ -280,84 +281,6 @@ def _check_rank_logits(logits: torch.Tensor, want: torch.Tensor, calls: dict, nb
     if nbytes.get("all_reduce") != expected * want.shape[0] * want.shape[1] * cfg.d_model * 4:
         raise AssertionError(f"{what}: all-reduced {nbytes.get('all_reduce')} bytes; each all-reduce should carry one "
                              "(B, T, d_model) float32 activation")
-
-
-# ---------------------------------------------------------------------------------------------------
-# Ranks the judge plays one after another, its own communicator answering their collectives
-# ---------------------------------------------------------------------------------------------------
-
-_MAX_ROUNDS = 40
-
-
-class _ReplayBackend:
-    """One rank of a world run one rank at a time (no threads, no processes): the k-th collective of a round
-    answers with what every rank gave its k-th collective in the previous round (copies of this rank's own tensor
-    in the first). Rounds repeat until the tensors given are the ones answered for: then each rank saw exactly
-    what real collectives would have given it. For a deterministic function of its inputs, as a forward pass is."""
-
-    def __init__(self, rank: int, world_size: int) -> None:
-        self.rank, self.world_size = rank, world_size
-        self.previous: list[list[tuple[str, torch.Tensor]]] | None = None
-        self.given: list[tuple[str, torch.Tensor]] = []
-
-    def new_round(self, previous: list[list[tuple[str, torch.Tensor]]] | None) -> None:
-        self.previous, self.given = previous, []
-
-    def _parts(self, op: str, t: torch.Tensor) -> list[torch.Tensor]:
-        k = len(self.given)
-        self.given.append((op, t.detach().clone()))
-        if self.previous is None or any(len(p) <= k for p in self.previous):
-            return [t.detach().clone() for _ in range(self.world_size)]
-        return [p[k][1].clone() for p in self.previous]
-
-    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
-        parts = self._parts("all_reduce", t)
-        out = parts[0].clone()
-        for p in parts[1:]:
-            out += p
-        return out
-
-    def all_gather(self, t: torch.Tensor) -> list[torch.Tensor]:
-        return self._parts("all_gather", t)
-
-
-def _replay_comms(tp: int) -> list[CountingComm]:
-    """The judge's communicators of a world of tp ranks played one after another (what the learner's code gets)."""
-    return [CountingComm(_ReplayBackend(rank, tp)) for rank in range(tp)]
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.nan_to_num(), b.nan_to_num()) \
-        and torch.equal(a.isnan(), b.isnan())
-
-
-def _replayed_ranks(run_rank: Callable[[int, CountingComm], Any], comms: list[CountingComm],
-                    what: str) -> tuple[list[tuple[Any, dict, dict]], list[Any]]:
-    """run_rank(rank, comms[rank]) for every rank, in rounds (_ReplayBackend) until each rank's collectives got what
-    real ones would give. Returns every rank's (result, collective calls, payload bytes) of that last round, as the
-    judge's communicators counted them, and every rank's result of the first round (its collectives answered wrong)."""
-    previous, first = None, None
-    for round_number in range(1, _MAX_ROUNDS + 1):
-        results, given = [], []
-        for rank, comm in enumerate(comms):
-            comm.backend.new_round(previous)
-            comm.stats.reset()
-            out = run_rank(rank, comm)
-            results.append((out, dict(comm.stats.calls), dict(comm.stats.bytes)))
-            given.append(comm.backend.given)
-        first = first if first is not None else [out for out, _, _ in results]
-        ops = [[op for op, _ in g] for g in given]
-        if any(o != ops[0] for o in ops):
-            raise AssertionError(f"{what}, tp={len(comms)}: the ranks called different collectives ({ops}): every "
-                                 "rank must call the same collectives in the same order, or they wait for each other "
-                                 "forever")
-        if previous is not None and all(_same(a[1], b[1]) for g, p in zip(given, previous) for a, b in zip(g, p)):
-            return results, first
-        if round_number > len(ops[0]) + 1:        # k collectives settle in k + 1 rounds
-            break
-        previous = given
-    raise AssertionError(f"{what}, tp={len(comms)}: what your code gives its collectives kept changing from one run "
-                         "to the next with the same inputs; it must depend only on its inputs and the collectives")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -14,15 +14,17 @@ CPU tier (correctness):
     check_sink_cache(cls)            sinks kept for ever and rotated next to the window: equal to the masked form
     check_kv_bytes(fn)               MHA/GQA/MQA/MLA bytes per token for published layouts; unknown kinds refused
     check_snapkv_keep(fn)            the kept positions per KV head, on random attention scores
-    check_ring_attention(fn)         causal attention split over 2 gloo ranks and 1, 3, 4 thread ranks, equal to one
-                                     process; K/V passed n-1 times per rank
-    check_ring_bytes(fn)             the bytes-per-rank formula, exact against the counted ring passes
+    check_ring_attention(fn)         causal attention split over 1, 2, 3 and 4 ranks that the judge plays one after
+                                     another (autograder/checking/replayed_ranks.py), every ring pass a request it
+                                     answers and counts: equal to one process, K and V passed n - 1 times a rank, and
+                                     in every round the attention over the blocks ring_pass handed the rank
+    check_ring_bytes(fn)             the bytes-per-rank formula, exact against the ring passes counted on such ranks
 Interview questions: check_q1_yarn_pairs ... check_q4_ring_overlap (the numbers are in the notebook's cells).
 """
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import math
 from typing import Any, Callable
 
@@ -30,19 +32,19 @@ import torch
 
 from autograder.harness import assert_finite, call_learner, check_answer, expect_value_error, quiet, within
 from autograder.checking.reference_guard import no_calls_into, own_work, watched
-from autograder.checking.wire import run_where
+from autograder.checking.replayed_ranks import replay_comms, replayed_ranks
 from minigpt.attention import naive_attention
 from minigpt.config import ModelConfig
+from minigpt.kernels.paged_decode import merge_partials
 from minigpt.longctx import kv_compression as kvc
 from minigpt.longctx.eviction import snapkv_keep
 from minigpt.longctx.long_forward import long_logits, position_nll
-from minigpt.longctx.ring_attention import ring_attention, ring_bytes_per_rank, ring_worker
+from minigpt.longctx.ring_attention import block_attention, ring_attention, ring_bytes_per_rank, split_blocks
 from minigpt.longctx.rope_scaling import METHODS, base_inv_freq, rotations_in_context, scaled_inv_freq
 from minigpt.longctx.sliding_window import RingKVCache, cached_logits, streaming_attention
 from minigpt.model import GPT
-from minigpt.parallel.launch import RankError, run_ranks
+from minigpt.parallel.comm import CountingComm
 from minigpt.teaching.hardware import ACCELERATORS
-from minigpt.timing import fixed_threads
 
 __all__ = ["check_scaled_inv_freq", "check_ring_cache", "check_sink_cache", "check_kv_bytes", "check_snapkv_keep",
            "check_ring_attention", "check_ring_bytes", "check_q1_yarn_pairs", "check_q2_window_streams",
@@ -336,65 +338,147 @@ def check_snapkv_keep(fn: Callable) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
-# 6-7. Ring attention on ranks
+# 6-7. Ring attention on ranks the judge plays
 # ---------------------------------------------------------------------------------------------------
 
-def ring_outputs(fn: Callable, n: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str,
-                 watch: tuple = (), what: str = "") -> list:
-    """[(rank's output, its calls, its bytes sent)] of fn on n ranks (ring_worker), run where fn lives: ranks (threads
-    calling fn at once, forked gloo processes) cannot reach a function across the judge's wire, so the kernel runs
-    them and hands back only their outputs, as data; the check compares them here. A call into `watch` (the
-    references) while the ranks run is refused (seen on thread ranks: a forked gloo rank's calls stay in its
-    process)."""
-    guard = no_calls_into(*watch, what=what) if watch else contextlib.nullcontext()
-    with quiet(), fixed_threads(1), guard:
-        return run_ranks(ring_worker, n, fn, q, k, v, backend=backend, timeout_s=90, collective_timeout_s=20)
+RING_CASES = ((2, 12), (4, 16), (3, 12), (1, 6))          # (ranks, sequence length) of Exercise 6
 
 
-def _ring_run(fn: Callable, n: int, q, k, v, backend: str, watch: tuple = (), what: str = "") -> list:
-    try:
-        return run_where(fn, ring_outputs, fn, n, q, k, v, backend, watch=tuple(watch), what=what)
-    except RankError as err:
-        msg = str(err)
-        if "NotImplementedError" in msg:
-            raise AssertionError(f"{what or 'ring attention'}: not implemented yet (NotImplementedError) on the "
-                                 "ranks:\n" + msg) from None
-        raise AssertionError(f"{what or 'ring attention'}: failed on {n} {backend} ranks:\n{msg}") from None
+@dataclasses.dataclass(frozen=True)
+class _RankRound:
+    """One rank's call in one round the judge played: its output, and the judge's records of what it passed on and
+    what each ring pass handed it."""
+
+    output: Any
+    given: list[tuple[str, torch.Tensor]]
+    answered: list[Any]
+
+
+def _rank_blocks(n: int, *tensors: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
+    """Each rank's block of every tensor (B, H, T, D), split along the sequence."""
+    return [tuple(split_blocks(x, n, rank) for x in tensors) for rank in range(n)]
+
+
+def _ring_over(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor], rank: int) -> torch.Tensor:
+    """Causal ring attention of rank `rank`'s queries over the K/V blocks it held at each step (ks[s], vs[s]), computed
+    here: the blocks of steps s with src = (rank - s) mod n <= rank, the first (its own) masked inside."""
+    n = len(ks)
+    parts = [block_attention(q, ks[s], vs[s], causal=s == 0) for s in range(n) if (rank - s) % n <= rank]
+    return merge_partials(torch.stack([o for o, _ in parts], dim=-2), torch.stack([lse for _, lse in parts], dim=-1))
 
 
 def check_ring_attention(fn: Callable) -> None:
-    """fn(comm, q, k, v) -> this rank's block of causal attention (float32), using ring_pass and merge_partials."""
+    """fn(comm, q, k, v) -> this rank's block of causal attention (float32), using ring_pass and merge_partials.
+
+    The judge plays the ranks itself, one after another in rounds (autograder/checking/replayed_ranks.py): each rank's
+    call is a call the judge makes (over the wire when judged) with its own communicator, every ring pass a request it
+    answers with the block rank r - 1 gave it and counts. The last round's outputs must equal one process's causal
+    attention, with exactly 2 (n - 1) ring passes a rank; every round's output must be the ring attention of the blocks
+    ring_pass handed it (the first rounds hand wrong blocks on purpose), each pass handing on the block last
+    received."""
     own_work(fn, RING_REFERENCES, what=EX6)
+    with no_calls_into(*RING_REFERENCES, what=EX6):
+        _check_ring_attention(fn)
+
+
+def _check_ring_attention(fn: Callable) -> None:
     g = torch.Generator().manual_seed(11)
-    for n, backend, T in ((2, "gloo", 12), (4, "threads", 16), (3, "threads", 12), (1, "threads", 6)):
+    for n, T in RING_CASES:
         q = torch.randn(1, 4, T, 8, generator=g) * 2
         k, v = torch.randn(1, 2, T, 8, generator=g) * 2, torch.randn(1, 2, T, 8, generator=g)
         want = naive_attention(q, k, v)
-        outs = _ring_run(fn, n, q, k, v, backend, watch=RING_REFERENCES, what=EX6)
-        what = f"{EX6}, {n} {backend} ranks, q {tuple(q.shape)}, k/v {tuple(k.shape)} (GQA)"
-        for rank, (out, calls, nbytes) in enumerate(outs):
-            block = want.chunk(n, dim=2)[rank]
-            if not isinstance(out, torch.Tensor) or out.shape != block.shape:
-                shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-                raise AssertionError(f"{what}: rank {rank} returned {shape}, expected its query block {tuple(block.shape)}")
-            assert_finite(out, f"{what}: rank {rank}'s output", block)
-            err = (out.float() - block).abs().max().item()
-            if not within(err, 1e-4):
-                raise AssertionError(f"{what}: rank {rank}'s output differs from full causal attention by {err:.3g}. "
-                                     + _ring_hint(rank, n, out.float(), q, k, v))
-            if calls.get("ring_send", 0) != 2 * (n - 1):
-                raise AssertionError(f"{what}: rank {rank} called ring_pass {calls.get('ring_send', 0)} times; the K "
-                                     f"and V blocks go around once: 2 (n - 1) = {2 * (n - 1)} passes")
+        what = f"{EX6}, {n} ranks, q {tuple(q.shape)}, k/v {tuple(k.shape)} (GQA)"
+        blocks = _rank_blocks(n, q, k, v)
+        outs, played = _play_ring(fn, blocks, what)
+        for rank, (out, calls, _) in enumerate(outs):
+            _check_rank_output(out, want.chunk(n, dim=2)[rank], calls, rank, n, q, k, v, what)
+        for rank, rounds in enumerate(played):
+            for played_round in rounds:
+                _check_follows_the_ring(played_round, blocks[rank], rank, n, what)
+
+
+def _play_ring(fn: Callable, blocks: list[tuple[torch.Tensor, ...]],
+               what: str) -> tuple[list[tuple[Any, dict, dict]], list[list[_RankRound]]]:
+    """fn(comm, q_r, k_r, v_r) on every rank r, played by the judge in rounds: the last round's (output, calls,
+    bytes) of every rank, and each rank's calls of every round."""
+    n = len(blocks)
+    played: list[list[_RankRound]] = [[] for _ in range(n)]
+
+    def run_rank(rank: int, comm: CountingComm) -> Any:
+        out = call_learner(EX6, fn, comm, *(x.clone() for x in blocks[rank]), context=f"rank {rank} of {n}")
+        played[rank].append(_RankRound(out, comm.backend.given, comm.backend.answered))
+        return out
+    outs, _ = replayed_ranks(run_rank, replay_comms(n), what, world="world_size")
+    return outs, played
+
+
+def _check_rank_output(out: Any, block: torch.Tensor, calls: dict, rank: int, n: int, q: torch.Tensor,
+                       k: torch.Tensor, v: torch.Tensor, what: str) -> None:
+    """One rank's output of the last round (its ring passes answered right) against one process, and its
+    collectives as the judge counted them."""
+    if not isinstance(out, torch.Tensor) or out.shape != block.shape:
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise AssertionError(f"{what}: rank {rank} returned {shape}, expected its query block {tuple(block.shape)}")
+    assert_finite(out, f"{what}: rank {rank}'s output", block)
+    err = (out.float() - block).abs().max().item()
+    if not within(err, 1e-4):
+        raise AssertionError(f"{what}: rank {rank}'s output differs from full causal attention by {err:.3g}. "
+                             + _ring_hint(rank, n, out.float(), q, k, v))
+    if set(calls) - {"ring_send"}:
+        raise AssertionError(f"{what}: rank {rank} called {calls}; ring attention moves K and V with ring_pass only "
+                             "(each rank holds one block at a time, never all of them)")
+    if calls.get("ring_send", 0) != 2 * (n - 1):
+        raise AssertionError(f"{what}: rank {rank} called ring_pass {calls.get('ring_send', 0)} times; the K "
+                             f"and V blocks go around once: 2 (n - 1) = {2 * (n - 1)} passes")
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The same shape and values, whatever the dtype each is held in."""
+    return a.shape == b.shape and torch.equal(a.double(), b.double())
+
+
+def _check_follows_the_ring(played: _RankRound, own: tuple[torch.Tensor, ...], rank: int, n: int,
+                            what: str) -> None:
+    """A rank's call in one round: each ring pass hands on the K or V block it holds (its own, then the one it
+    received last), and its output is the ring attention, computed here, of the blocks ring_pass handed it."""
+    q, k, v = own
+    held = {"K": [k], "V": [v]}
+    for (_, sent), received in zip(played.given, played.answered):
+        chain = next((name for name in ("K", "V") if _same_values(sent, held[name][-1])), None)
+        if chain is None:
+            raise AssertionError(f"{what}: rank {rank} passed on a tensor that is neither the K block nor the V block "
+                                 "it holds (its own, then the one ring_pass returned last): pass each block on as "
+                                 "it is, ring_pass(comm, k), and attend over what ring_pass returns")
+        held[chain].append(received)
+    if len(held["K"]) != n or len(held["V"]) != n:
+        raise AssertionError(f"{what}: rank {rank} passed its K block {len(held['K']) - 1} times and its V block "
+                             f"{len(held['V']) - 1} times; each goes around the ring once: n - 1 = {n - 1} passes each")
+    output = played.output
+    expected = _ring_over(q, held["K"], held["V"], rank)
+    err = ((output.float() - expected).abs().max().item() if isinstance(output, torch.Tensor)
+           and output.shape == expected.shape else math.inf)
+    if not within(err, 1e-4):
+        raise AssertionError(f"{what}: rank {rank}'s output is not the attention over the K/V blocks ring_pass handed "
+                             f"it (off by {err:.3g} in a round where the grader handed it other blocks on purpose): "
+                             "each step must attend over the block ring_pass returned, never one kept from another "
+                             "rank's call or computed some other way")
 
 
 def _ring_hint(rank: int, n: int, out, q, k, v) -> str:
-    from minigpt.longctx.ring_attention import block_attention, split_blocks
     qs, ks, vs = (split_blocks(x, n, rank) for x in (q, k, v))
     parts = [block_attention(qs, split_blocks(k, n, s), split_blocks(v, n, s), causal=s == rank) for s in range(rank + 1)]
     if torch.allclose(out, torch.stack([o for o, _ in parts]).mean(0), atol=1e-4):
         return "The partials were averaged: weight each by exp(lse_s - logsumexp(lse)) (merge_partials)."
     return ("Rank r sees K/V blocks src = (r - step) mod n: src < r fully, src == r with the causal mask inside, "
             "src > r not at all (the future); check which blocks are skipped and which one is masked.")
+
+
+def _counted_ring_bytes(n: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
+    """Bytes rank 0 sends in the package's ring attention on n ranks the judge plays, as its communicator counted."""
+    blocks = _rank_blocks(n, q, k, v)
+    outs, _ = replayed_ranks(lambda rank, comm: ring_attention(comm, *blocks[rank]), replay_comms(n), EX7,
+                             world="world_size")
+    return outs[0][2]["ring_send"]
 
 
 def check_ring_bytes(fn: Callable) -> None:
@@ -405,7 +489,7 @@ def check_ring_bytes(fn: Callable) -> None:
     for n, T, B, Hkv, D in ((4, 16, 1, 2, 8), (3, 12, 2, 1, 4)):
         q, k, v = torch.randn(B, 4, T, D, generator=g), torch.randn(B, Hkv, T, D, generator=g), \
             torch.randn(B, Hkv, T, D, generator=g)
-        counted = _ring_run(ring_attention, n, q, k, v, "threads")[0][2]["ring_send"]
+        counted = _counted_ring_bytes(n, q, k, v)
         what = f"{EX7}, seq_len={T}, world_size={n}, batch={B}, n_kv_heads={Hkv}, head_dim={D}, float32"
         got = call_learner(EX7, fn, T, n, B, Hkv, D, 4, context=what)
         per_pass = B * Hkv * (T // n) * D * 4

@@ -2,10 +2,11 @@
 
 The kernel's end answers whatever the judge asks (the judge is trusted); the judge's end (`wire.Endpoint(...,
 services=judge_services())`) hands out only objects whose type is listed here, and answers only what each
-`Service` allows: a model may be called and its config, dtype and device read; a collective may be called; a KV
-cache's layers listed, read and their length set to an int; a block manager's tables read; lab 11's logged layer
-runner run, its channels sent to or received from, its decode-side block store allocated, freed and written; a
-`Callback` a check made on purpose may be called. Every other request is `Refused`, and so is every `_`-prefixed name.
+`Service` allows: a model may be called and its config, dtype and device read; a collective (a ring pass too) may
+be called; a KV cache's layers listed, read and their length set to an int; a block manager's tables read; lab 11's
+logged layer runner run, its channels sent to or received from, its decode-side block store allocated, freed and
+written; a `Callback` a check made on purpose may be called. Every other request is `Refused`, and so is every
+`_`-prefixed name.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def judge_services() -> dict[type, Service]:
 
     return {
         GPT: Service(call=True, methods=frozenset({"forward"}), get=frozenset({"config", "dtype", "device"})),
-        CountingComm: Service(methods=frozenset({"all_reduce", "all_gather", "all_to_all"}),
+        CountingComm: Service(methods=frozenset({"all_reduce", "all_gather", "all_to_all", "ring_pass"}),
                               get=frozenset({"rank", "world_size"})),
         KVCache: Service(items=True, get=frozenset({"length", "max_seq_len", "batch_size"})),
         LayerKVCache: Service(get=frozenset({"length", "max_seq_len", "batch_size", "n_kv_heads", "head_dim", "k",

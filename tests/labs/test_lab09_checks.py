@@ -2,7 +2,7 @@
 subclass inheriting its methods, a thin wrapper that calls it) and each plausible wrong implementation fail with a
 message that names the exercise and the mistake.
 
-Costs about 25 s on the shared 2-core machine (the ring-attention checks start gloo processes)."""
+Costs about 25 s on the shared 2-core machine (one test starts a second Python as the learner's kernel)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import torch
 
 from autograder import lab09
 from autograder.checking.reference_guard import ReferenceHandedIn
+from autograder.checking.replayed_ranks import ReplayBackend
 from autograder.checking.wire import RemoteError
 from minigpt.kernels.paged_decode import merge_partials
 from minigpt.longctx import kv_compression as kvc
@@ -21,6 +22,8 @@ from minigpt.longctx.eviction import snapkv_keep
 from minigpt.longctx.ring_attention import block_attention, ring_attention, ring_bytes_per_rank, ring_pass
 from minigpt.longctx.rope_scaling import base_inv_freq, rotations_in_context, scaled_inv_freq
 from minigpt.longctx.sliding_window import RingKVCache, kept_positions, rotate_keys
+from minigpt.parallel.comm import CountingComm
+from tests.labs.judged import learner_process
 from tests.labs.judged_pair import judged
 from tests.labs.notebook_solutions import solution_cells
 
@@ -181,8 +184,8 @@ def test_a_thin_wrapper_around_the_reference_is_refused(check, wrapper, exercise
 
 
 def test_a_judged_wrapper_is_refused_in_the_kernel() -> None:
-    """Given Remotes (the judge), the watch travels with each call and the kernel's side refuses the wrapper; the
-    ranks of ring attention run in the kernel, under the same watch."""
+    """Given Remotes (the judge), the watch travels with each call and the kernel's side refuses the wrapper; each
+    rank of ring attention is a call the judge makes, under the same watch."""
     with judged(freq=wrapped_scaled_inv_freq, ring=wrapped_ring_attention, good=my_scaled_inv_freq) as learner:
         lab09.check_scaled_inv_freq(learner.good)
         # the kernel's watch raises ReferenceHandedIn there; the judge takes none of the grader's exception types
@@ -408,6 +411,134 @@ def test_merging_without_lse_weights_fails() -> None:
 def test_causal_block_skipped_on_the_wrong_ranks_fails() -> None:
     with pytest.raises(AssertionError, match="src > r not at all"):
         lab09.check_ring_attention(causal_skip_on_the_wrong_ranks)
+
+
+def own_block_passed_every_step(comm, q, k, v):
+    """Passes its OWN K/V block at every step instead of the one it received: every rank sees only its left
+    neighbour's block, over and over."""
+    n, r = comm.world_size, comm.rank
+    outs, lses = [], []
+    held_k, held_v = k, v
+    for step in range(n):
+        src = (r - step) % n
+        if src <= r:
+            o, lse = block_attention(q, held_k, held_v, causal=src == r)
+            outs.append(o)
+            lses.append(lse)
+        if step < n - 1:
+            held_k, held_v = ring_pass(comm, k), ring_pass(comm, v)
+    return merge_partials(torch.stack(outs, -2), torch.stack(lses, -1))
+
+
+def test_passing_on_the_own_block_instead_of_the_received_one_fails() -> None:
+    with pytest.raises(AssertionError, match="differs from full causal attention"):
+        lab09.check_ring_attention(own_block_passed_every_step)
+
+
+_KEPT: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def blocks_kept_between_rank_calls(comm, q, k, v):
+    """The ranks are called one after another in one process: each call leaves its K/V block in a module global and
+    attends over the blocks the earlier ranks left there, calling ring_pass only for the counts. It attends over what
+    ring_pass returned only when that is its own block again (the grader's first round), so that round looks right."""
+    n, r = comm.world_size, comm.rank
+    _KEPT[r] = (k.clone(), v.clone())
+    held = [(k, v)]
+    for _ in range(n - 1):
+        k, v = ring_pass(comm, k), ring_pass(comm, v)
+        held.append((k, v))
+    own = all(torch.equal(hk, held[0][0]) for hk, _ in held)
+    blocks = held if own or any(s not in _KEPT for s in range(r + 1)) else [_KEPT[(r - s) % n] for s in range(n)]
+    parts = [block_attention(q, bk, bv, causal=s == 0) for s, (bk, bv) in enumerate(blocks) if (r - s) % n <= r]
+    return merge_partials(torch.stack([o for o, _ in parts], -2), torch.stack([lse for _, lse in parts], -1))
+
+
+def test_blocks_kept_from_earlier_rank_calls_instead_of_passed_fail() -> None:
+    """Right on every rank once the ring has settled, with 2 (n - 1) passes; refused because in a round where the
+    grader handed other blocks on purpose the output is not the attention over them."""
+    _KEPT.clear()
+    with pytest.raises(AssertionError, match="not the attention over the K/V blocks ring_pass handed"):
+        lab09.check_ring_attention(blocks_kept_between_rank_calls)
+
+
+def every_block_gathered(comm, q, k, v):
+    """Gathers the whole sequence's K and V on every rank (all_gather), then passes blocks only to be counted."""
+    n, r = comm.world_size, comm.rank
+    keys, values = comm.all_gather(k, dim=2).chunk(n, dim=2), comm.all_gather(v, dim=2).chunk(n, dim=2)
+    for _ in range(n - 1):
+        k, v = ring_pass(comm, k), ring_pass(comm, v)
+    parts = [block_attention(q, keys[s], values[s], causal=s == r) for s in range(r + 1)]
+    return merge_partials(torch.stack([o for o, _ in parts], -2), torch.stack([lse for _, lse in parts], -1))
+
+
+def test_gathering_every_block_fails() -> None:
+    with pytest.raises(AssertionError, match="ring_pass only"):
+        lab09.check_ring_attention(every_block_gathered)
+
+
+def prescaled_keys_passed(comm, q, k, v):
+    """Scales its keys by 1/sqrt(D) once and passes the scaled block around: the right output, but what travels is
+    not the K block, so the grader cannot tell what each step attended over."""
+    n, r = comm.world_size, comm.rank
+    k = k / math.sqrt(q.shape[-1])
+    outs, lses = [], []
+    for step in range(n):
+        src = (r - step) % n
+        if src <= r:
+            o, lse = block_attention(q, k * math.sqrt(q.shape[-1]), v, causal=src == r)
+            outs.append(o)
+            lses.append(lse)
+        if step < n - 1:
+            k, v = ring_pass(comm, k), ring_pass(comm, v)
+    return merge_partials(torch.stack(outs, -2), torch.stack(lses, -1))
+
+
+def test_a_transformed_block_passed_around_is_refused_saying_so() -> None:
+    with pytest.raises(AssertionError, match="neither the K block nor the V block"):
+        lab09.check_ring_attention(prescaled_keys_passed)
+
+
+def test_the_ranks_get_the_judges_communicator_and_it_counts() -> None:
+    """Every rank's call gets the check's own CountingComm, whose ring passes the check answers: the count is its
+    record of requests it served, not a number the ranks report."""
+    seen = []
+
+    def recording(comm, q, k, v):
+        seen.append(comm)
+        return my_ring_attention(comm, q, k, v)
+    lab09.check_ring_attention(recording)
+    assert seen and all(type(c) is CountingComm and type(c.backend) is ReplayBackend for c in seen)
+    assert {c.world_size for c in seen} == {n for n, _ in lab09.RING_CASES}
+
+
+def forge_the_kernel_side() -> None:
+    """What a notebook cell can do in its own kernel: replace lab 09's rank runner there (the check used to run the
+    ranks in the kernel through it) by one that reports what right ranks would: one process's causal attention,
+    split by rank, with 2 (n - 1) ring passes each."""
+    import autograder.lab09 as kernel_lab09
+    from minigpt.attention import naive_attention
+
+    def forged(fn, n, q, k, v, backend, **options):
+        sent = 2 * (n - 1) * k.numel() // n * k.element_size()
+        return [(b.clone(), {"ring_send": 2 * (n - 1)}, {"ring_send": sent})
+                for b in naive_attention(q, k, v).chunk(n, dim=2)]
+    kernel_lab09.ring_outputs = forged
+
+
+def own_block_only(comm, q, k, v):
+    """No ring at all: each rank attends over its own block."""
+    return block_attention(q, k, v, causal=True)[0]
+
+
+def test_a_rank_runner_forged_in_the_kernel_earns_nothing() -> None:
+    """The kernel is a second process here, so what it patches is its own: the judge never asks it to run ranks."""
+    module = __name__ if __name__.startswith("tests.") else "tests.labs.test_lab09_checks"
+    with learner_process(module, ["forge_the_kernel_side", "own_block_only", "my_ring_attention"]) as learner:
+        learner["forge_the_kernel_side"]()
+        with pytest.raises(AssertionError, match="rank 0 called ring_pass 0 times"):
+            lab09.check_ring_attention(learner["own_block_only"])
+        lab09.check_ring_attention(learner["my_ring_attention"])
 
 
 def ring_bytes_n_steps(seq_len, world_size, batch, n_kv_heads, head_dim, bpe):

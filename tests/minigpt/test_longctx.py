@@ -15,7 +15,7 @@ from minigpt.longctx import kv_compression as kvc
 from minigpt.longctx.eviction import (compressed_prompt_attention, h2o_mask, keep_positions, kept_attention_mass,
                                       observation_scores, snapkv_keep)
 from minigpt.longctx.long_forward import bucket_perplexity, long_logits, position_nll, swapped_attention
-from minigpt.longctx.ring_attention import ring_attention, ring_bytes_per_rank, ring_worker
+from minigpt.longctx.ring_attention import ring_attention, ring_bytes_per_rank, ring_pass, ring_worker
 from minigpt.longctx.rope_scaling import (base_inv_freq, correction_dim, rotations_in_context, scaled_inv_freq,
                                          yarn_logit_scale)
 from minigpt.longctx.serving_cost import chunked_prefill
@@ -184,6 +184,19 @@ def test_ring_attention_equals_causal_attention_and_counts_bytes(n, backend) -> 
     outs = run_ranks(ring_worker, n, ring_attention, q, k, v, False, backend="threads", timeout_s=60)
     want = torch.softmax(q @ k.repeat_interleave(2, 1).transpose(-1, -2) / math.sqrt(8), -1) @ v.repeat_interleave(2, 1)
     torch.testing.assert_close(torch.cat([o for o, _, _ in outs], 2), want, atol=1e-5, rtol=1e-5)
+
+
+def test_ring_pass_is_the_communicators_ring_pass() -> None:
+    """The notebook's `ra.ring_pass(comm, t)` asks the communicator itself (a judge's communicator serves it)."""
+    class Recording:
+        def __init__(self) -> None:
+            self.sent: list[torch.Tensor] = []
+
+        def ring_pass(self, t: torch.Tensor) -> torch.Tensor:
+            self.sent.append(t)
+            return t + 1
+    comm, t = Recording(), torch.zeros(2)
+    assert torch.equal(ring_pass(comm, t), torch.ones(2)) and comm.sent == [t]
 
 
 def test_kv_layouts() -> None:

@@ -97,6 +97,7 @@ def test_ring_factor() -> None:
     assert ring_wire_bytes("all_reduce", 1000, 2) == 1000
     assert ring_wire_bytes("all_reduce", 800, 8) == 1400
     assert ring_wire_bytes("all_gather", 800, 4) == 600
+    assert ring_wire_bytes("ring_send", 800, 4) == 800            # a ring pass sends its tensor, nothing more
     with pytest.raises(ValueError):
         ring_wire_bytes("broadcast", 1, 2)
 
@@ -111,6 +112,29 @@ def test_thread_collectives_sum_and_gather() -> None:
         assert torch.equal(reduced, torch.full((2, 3), 3.0))
         assert torch.equal(gathered, torch.cat([torch.full((2, 3), 1.0), torch.full((2, 3), 2.0)], -1))
         assert calls == {"all_reduce": 1, "all_gather": 1} and nbytes == {"all_reduce": 24, "all_gather": 48}
+
+
+def _ring_pass_work(comm: CountingComm):
+    t = torch.full((2, 3), float(comm.rank))
+    return comm.ring_pass(t), dict(comm.stats.calls), dict(comm.stats.bytes), comm.stats.wire_bytes()
+
+
+@pytest.mark.parametrize("n, backend", [(3, "threads"), (2, "gloo"), (1, "threads")])
+def test_a_ring_pass_returns_the_left_neighbours_tensor_and_is_counted(n: int, backend: str) -> None:
+    out = run_ranks(_ring_pass_work, n, backend=backend, timeout_s=60)
+    for rank, (received, calls, nbytes, wire) in enumerate(out):
+        assert torch.equal(received, torch.full((2, 3), float((rank - 1) % n)))
+        assert calls == {"ring_send": 1} and nbytes == {"ring_send": 24} and wire == 24
+
+
+def test_a_solo_ring_pass_is_a_copy_and_refuses_a_non_tensor() -> None:
+    comm, t = CountingComm(Solo()), torch.arange(4.0)
+    received = comm.ring_pass(t)
+    assert torch.equal(received, t) and received.data_ptr() != t.data_ptr()
+    assert comm.stats.calls == {"ring_send": 1} and comm.stats.bytes == {"ring_send": 16}
+    with pytest.raises(TypeError, match="sends a tensor"):
+        comm.ring_pass([1.0, 2.0])
+    assert comm.stats.calls == {"ring_send": 1}
 
 
 # ----------------------------------------------------------------------------------------- TP = 2 == one process

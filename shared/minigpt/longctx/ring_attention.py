@@ -19,11 +19,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from minigpt.kernels.paged_decode import merge_partials
-from minigpt.parallel.comm import CountingComm, Solo, TorchDistributed
+from minigpt.parallel.comm import CountingComm
 
 __all__ = ["block_attention", "ring_pass", "ring_attention", "ring_bytes_per_rank", "split_blocks", "ring_worker"]
 
@@ -42,23 +41,9 @@ def block_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> tuple[Tens
 
 
 def ring_pass(comm: CountingComm, t: Tensor) -> Tensor:
-    """Send `t` to rank r + 1 and return the tensor rank r - 1 sent (ranks mod n); counted in
+    """Send `t` to rank r + 1 and return the tensor rank r - 1 sent (ranks mod n): `comm.ring_pass(t)`, counted in
     comm.stats as "ring_send" (bytes = what this rank sends)."""
-    n, r = comm.world_size, comm.rank
-    comm.stats.record("ring_send", t.numel() * t.element_size())
-    backend = comm.backend
-    if isinstance(backend, Solo) or n == 1:
-        return t.clone()
-    if isinstance(backend, TorchDistributed):
-        t = t.contiguous()
-        received = torch.empty_like(t)
-        ops = [dist.P2POp(dist.isend, t, (r + 1) % n, group=backend.group),
-               dist.P2POp(dist.irecv, received, (r - 1) % n, group=backend.group)]
-        for req in dist.batch_isend_irecv(ops):
-            req.wait()
-        return received
-    parts = backend.group.exchange(r, t, "ring_pass")        # thread ranks: everyone posts, each reads its left
-    return parts[(r - 1) % n].clone()
+    return comm.ring_pass(t)
 
 
 def ring_attention(comm: CountingComm, q: Tensor, k: Tensor, v: Tensor, causal: bool = True) -> Tensor:

@@ -1,9 +1,10 @@
-"""Collectives that count themselves: every all-reduce, all-gather and all-to-all, and the bytes it moves.
+"""Collectives that count themselves: every all-reduce, all-gather, all-to-all and ring pass, and the bytes it moves.
 
     comm = CountingComm(TorchDistributed())     # inside a torch.distributed rank (gloo or NCCL)
     y = comm.all_reduce(partial)                # sum over ranks, same result on every rank
     logits = comm.all_gather(local_logits, dim=-1)
     received = comm.all_to_all([rows_for_rank0, rows_for_rank1])   # what each rank sent to this one
+    left = comm.ring_pass(block)                # send to rank r + 1, receive from rank r - 1 (ring attention)
     comm.stats.calls["all_reduce"], comm.stats.bytes["all_reduce"]
 
 Bytes. `stats.bytes[op]` is the payload: the tensor being reduced (all-reduce) or the gathered
@@ -17,7 +18,8 @@ from each rank.
 An all-to-all is personal: chunk r goes to rank r only, and chunks may differ in size (expert parallelism's
 dispatch and combine, where each rank sends each other rank the token rows routed to its experts). Its
 `stats.bytes["all_to_all"]` is already what leaves this rank: the bytes of the chunks for the OTHER ranks (the
-chunk a rank keeps for itself never touches the wire), so its wire bytes equal its payload.
+chunk a rank keeps for itself never touches the wire), so its wire bytes equal its payload. So does a ring pass's
+(`stats.bytes["ring_send"]`: the tensor this rank sends to the next).
 
 Backends: `TorchDistributed` (a torch.distributed process group) and `ThreadGroup` (ranks as threads of
 one process, for quick experiments; same results, no ports). `Solo` is the world of one rank.
@@ -45,15 +47,16 @@ class CollectiveTimeout(RuntimeError):
 
 def ring_wire_bytes(op: str, payload_bytes: float, world_size: int) -> float:
     """Bytes one rank sends for a ring collective: all_reduce 2(n-1)/n * payload, all_gather (n-1)/n * payload;
-    all_to_all: the payload itself (CountingComm counts only the chunks bound for other ranks)."""
+    all_to_all: the payload itself (CountingComm counts only the chunks bound for other ranks); ring_send: the payload
+    itself (the tensor sent to the next rank)."""
     n = world_size
     if op == "all_reduce":
         return 2 * (n - 1) / n * payload_bytes
     if op == "all_gather":
         return (n - 1) / n * payload_bytes
-    if op == "all_to_all":
+    if op in ("all_to_all", "ring_send"):
         return float(payload_bytes)
-    raise ValueError(f"unknown collective {op!r}; known: all_reduce, all_gather, all_to_all")
+    raise ValueError(f"unknown collective {op!r}; known: all_reduce, all_gather, all_to_all, ring_send")
 
 
 class Backend(Protocol):
@@ -65,6 +68,8 @@ class Backend(Protocol):
     def all_gather(self, t: Tensor) -> list[Tensor]: ...    # every rank's tensor, in rank order
 
     def all_to_all(self, chunks: list[Tensor]) -> list[Tensor]: ...   # chunks[r] to rank r; what each sent here
+
+    def ring_pass(self, t: Tensor) -> Tensor: ...            # t to rank r + 1; what rank r - 1 sent here
 
 
 @dataclass
@@ -131,6 +136,14 @@ class CountingComm:
                                             if r != self.rank))
         return self.backend.all_to_all(chunks)
 
+    def ring_pass(self, t: Tensor) -> Tensor:
+        """Send `t` to rank r + 1 and return the tensor rank r - 1 sent (ranks mod n), a new tensor; every rank calls
+        it at once. Counted as "ring_send", its bytes what this rank sends."""
+        if not isinstance(t, Tensor):
+            raise TypeError(f"ring_pass sends a tensor, got {type(t).__name__}")
+        self.stats.record("ring_send", t.numel() * t.element_size())
+        return self.backend.ring_pass(t)
+
 
 def _check_chunks(chunks: list[Tensor], world_size: int) -> None:
     if not isinstance(chunks, (list, tuple)) or len(chunks) != world_size:
@@ -158,6 +171,9 @@ class Solo:
 
     def all_to_all(self, chunks: list[Tensor]) -> list[Tensor]:
         return [chunks[0].clone()]
+
+    def ring_pass(self, t: Tensor) -> Tensor:
+        return t.clone()
 
 
 class TorchDistributed:
@@ -196,6 +212,24 @@ class TorchDistributed:
         dist.all_to_all_single(out, rows, output_split_sizes=recv_counts.tolist(),
                                input_split_sizes=send_counts.tolist(), group=self.group)
         return list(torch.split(out, recv_counts.tolist()))
+
+    def ring_pass(self, t: Tensor) -> Tensor:
+        """One send to rank r + 1 and one receive from rank r - 1, posted together (batch_isend_irecv), so no rank
+        waits for its neighbour's receive before it can send."""
+        n, r = self.world_size, self.rank
+        if n == 1:
+            return t.clone()
+        t = t.contiguous()
+        received = torch.empty_like(t)
+        ops = [dist.P2POp(dist.isend, t, self._peer((r + 1) % n), group=self.group),
+               dist.P2POp(dist.irecv, received, self._peer((r - 1) % n), group=self.group)]
+        for request in dist.batch_isend_irecv(ops):
+            request.wait()
+        return received
+
+    def _peer(self, rank: int) -> int:
+        """The global rank of rank `rank` of this group (point-to-point ops name global ranks)."""
+        return rank if self.group is None else dist.get_global_rank(self.group, rank)
 
 
 class ThreadGroup:
@@ -253,3 +287,7 @@ class _ThreadMember:
     def all_to_all(self, chunks: list[Tensor]) -> list[Tensor]:
         # every rank posts its whole list; rank r reads entry r of each
         return [sent[self.rank].clone() for sent in self.group.exchange(self.rank, list(chunks), "all_to_all")]
+
+    def ring_pass(self, t: Tensor) -> Tensor:
+        # every rank posts its tensor; each reads the one on its left
+        return self.group.exchange(self.rank, t, "ring_pass")[(self.rank - 1) % self.world_size].clone()
