@@ -59,8 +59,27 @@ def _defined_and_read(source: str) -> tuple[set[str], set[str]]:
             defined |= {ANY_NAME if a.name == "*" else (a.asname or a.name).split(".")[0] for a in statement.names}
             continue
         defined |= {n.id for n in _walk_scope(statement) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-    return defined, read - set(dir(builtins))
+    return defined, _notebook_reads(source, tree) - set(dir(builtins))
+
+
+def _notebook_reads(source: str, tree: ast.AST) -> set[str]:
+    """The names a cell reads from the notebook's namespace: those its top level reads, and those its functions,
+    classes, lambdas and comprehensions read as globals (a function's parameters and locals are its own). A cell
+    Python's symbol table refuses (`return` at the top level): every name it loads anywhere."""
+    import symtable
+
+    try:
+        todo = [symtable.symtable(source, "<cell>", "exec")]
+    except SyntaxError:
+        return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    reads: set[str] = set()
+    while todo:
+        table = todo.pop()
+        top = table.get_type() == "module"
+        reads |= {sym.get_name() for sym in table.get_symbols()
+                  if sym.is_referenced() and (top or sym.is_global())}
+        todo.extend(table.get_children())
+    return reads
 
 
 def _walk_scope(node: ast.AST) -> Iterable[ast.AST]:
