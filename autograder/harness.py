@@ -213,6 +213,24 @@ def threshold_for(min_fraction: dict[str, float], device_class: str) -> float:
 SPEED_ROUNDS = 3
 
 
+def _held_timers(device: str) -> dict[str, Callable[[Callable[[], Any]], float]] | None:
+    """How check_speedup times each contender on a CPU under grading (autograder/checking/isolation.py): the judge's
+    baseline and reference with every process of the submission stopped, the learner's call with all but the
+    process serving it stopped and counted at the larger of its wall and the submission's CPU time. A submission
+    that starts work beside the timed calls (to slow the baseline, or to help its own call) gains nothing."""
+    from autograder.checking import isolation
+    from minigpt.timing import time_call
+
+    if device != "cpu" or not isolation.available():
+        return None
+
+    def judges(fn: Callable[[], Any]) -> float:
+        with isolation.submission_stopped():
+            return time_call(fn)
+
+    return {"baseline": judges, "reference": judges, "candidate": lambda fn: isolation.time_alone(fn)[0]}
+
+
 def check_speedup(candidate: Callable[[], Any], baseline: Callable[[], Any], reference: Callable[[], Any], *,
                   what: str, check: str | None = None, min_fraction: dict[str, float] | None = None,
                   repeats: int = 5, warmup: int = 1, device: str = "cpu", rounds: int = SPEED_ROUNDS) -> dict[str, float]:
@@ -239,7 +257,7 @@ def check_speedup(candidate: Callable[[], Any], baseline: Callable[[], Any], ref
     best: dict[str, float] | None = None
     for round_ in range(1, max(1, rounds) + 1):
         results = compare({"baseline": baseline, "candidate": candidate, "reference": reference},
-                          warmup=warmup, repeats=repeats, device=device)
+                          warmup=warmup, repeats=repeats, device=device, measure=_held_timers(device))
         t_base = results["baseline"].median
         learner, ref = t_base / results["candidate"].median, t_base / results["reference"].median
         passed = at_least(learner, fraction * ref)
@@ -281,17 +299,34 @@ def expect_value_error(what: str, fn: Callable[..., Any], *args: Any, naming: Se
 
 
 class EachCallItsOwnInput:
-    """A zero-argument callable for `check_speedup`: its i-th call is run(inputs[i % len(inputs)]), and each output
-    is kept with its input's index. The inputs are the check's own, so a timed call cannot hand back an answer kept
-    from an earlier call; `first_difference` then compares the kept outputs with another contender's."""
+    """A zero-argument callable for `check_speedup`: its i-th call is run(input i), and each output is kept with i.
 
-    def __init__(self, run: Callable[[Any], Any], inputs: Sequence[Any]) -> None:
-        self.run, self.inputs = run, list(inputs)
+    `inputs` is either a sequence (input i is inputs[i]; a contender called more often than there are inputs fails
+    with an AssertionError: no input is ever reused) or a function inputs(i) -> input i, asked once per index and
+    remembered. Make it a function of i alone (drawn from a seed the check drew, e.g. with `secrets`): every
+    contender's i-th call then gets the same input, each contender its own copy (one that writes into its input
+    changes no other's). The inputs are the check's own, so a timed call cannot hand back an answer kept from an
+    earlier call; `first_difference` then compares the kept outputs with another contender's, index by index."""
+
+    def __init__(self, run: Callable[[Any], Any], inputs: Sequence[Any] | Callable[[int], Any]) -> None:
+        self.run = run
         self.outputs: list[tuple[int, Any]] = []
+        self._draw = inputs if callable(inputs) else None
+        self._inputs: dict[int, Any] = {} if callable(inputs) else dict(enumerate(inputs))
+
+    def input_at(self, i: int) -> Any:
+        """The input of call i (a sequence's i-th item, or inputs(i) asked once)."""
+        if i not in self._inputs:
+            if self._draw is None:
+                raise AssertionError(f"timed call #{i} has no input of its own: the check gave {len(self._inputs)} "
+                                     "inputs, and no input is ever reused (give it more, or a function of the call's "
+                                     "index)")
+            self._inputs[i] = self._draw(i)
+        return self._inputs[i]
 
     def __call__(self) -> Any:
-        i = len(self.outputs) % len(self.inputs)
-        out = self.run(self.inputs[i])
+        i = len(self.outputs)
+        out = self.run(self.input_at(i))
         self.outputs.append((i, out))
         return out
 

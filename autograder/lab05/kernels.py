@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from typing import Any, Callable
 
 import torch
@@ -153,9 +154,8 @@ def _samples_of(contender: EachCallItsOwnInput, calls: int) -> Callable[[], None
     fell below its threshold that way: 0.88x against fp32 in 3 rounds of 3, two mutation runs beside it)."""
     if is_remote(contender.run):
         def remote_sample() -> None:
-            start = len(contender.outputs)
-            indices = [(start + j) % len(contender.inputs) for j in range(calls)]
-            outs = run_where(contender.run, calls_each, contender.run, [contender.inputs[i] for i in indices])
+            indices = range(len(contender.outputs), len(contender.outputs) + calls)
+            outs = run_where(contender.run, calls_each, contender.run, [contender.input_at(i) for i in indices])
             contender.outputs.extend(zip(indices, outs))
         return remote_sample
 
@@ -176,8 +176,9 @@ def _int4_speed(make: Callable, N: int, K: int, group_size: int, repeats: int, c
     the reference's on each input: a linear that returns a kept answer, or garbage fast, has its speed refused."""
     f = run_where(make, learner_int4_linear, make, N, K, group_size)
     w = speed_weight(N, K)
-    xs = list(_randn((repeats + 1) * calls, 1, K, seed=3))
-    learner, dense, ref = (EachCallItsOwnInput(fn, xs) for fn in (f, _dense(w), Int4WeightOnlyLinear(w, group_size)))
+    base = secrets.randbits(32)     # drawn per run: no timed input is foreseen or reused; each contender its own copy
+    learner, dense, ref = (EachCallItsOwnInput(fn, lambda i: _randn(1, K, seed=base + i))
+                           for fn in (f, _dense(w), Int4WeightOnlyLinear(w, group_size)))
     result = check_speedup(_samples_of(learner, calls), _samples_of(dense, calls), _samples_of(ref, calls),
                            what=f"INT4 GEMV {N}x{K} against fp32", check=INT4_CPU_SPEED_CHECK, repeats=repeats)
     wrong = learner.first_difference(ref, lambda y, want: within(_relative_error(y, want), 0.01))

@@ -27,7 +27,9 @@ CPU tier, one module per exercise group:
     lookup.check_ngram_propose(fn)           prompt-lookup proposals
     lookup.check_acceptance_stats(rate_fn, tokens_fn)   sum min(p, q) and (1 - a^(k+1)) / (1 - a)
     speed.check_target_calls(fn)             deterministic proxy: target forward calls per token, prompt lookup and
-                                             the draft model, below plain decoding's 1 and at most the reference's + 1
+                                             the draft model, below plain decoding's 1, at most the reference's + 1
+                                             and at least what the tokens need, on the judge's own target (secretly
+                                             perturbed: judge_target.py), whose greedy tokens must come out
     speed.check_speculative_speedup(fn)      wall clock with prompt lookup (PromptLookupModel): above 1x plain cached
                                              decoding and the calibrated fraction of the reference's speedup
 Exercise 4 and the speed grades run the learner's generator with the package's truncate_cache, sampling_probs and
@@ -36,10 +38,15 @@ Interview questions (questions.py, keys computed from first principles, not with
 imports): check_q1_acceptance, check_q2_best_k (pick k when acceptance decays with the draft position, each wrong pick
 diagnosed), check_q3_speedup_from_logs (alpha recovered from a logged mean acceptance length, then priced at another
 k), check_q4_break_even_batch (an additive step-time model and a draft that costs a share of a step).
-Shared (common.py): the sample sizes, the toy models, the chi-square power arithmetic.
+Shared (common.py): the sample sizes, the toy models, the chi-square power arithmetic, the seeds a check draws.
 Judged (the learner's functions are `Remote`s in the judge): a model whose forwards a check counts or traces is the
-judge's (a handle: each forward is a request to the judge); a model whose calls only feed outputs compared in the
-judge is built where the learner's code runs (common.where_it_runs), so a sample or a timed generation is one request.
+judge's (a handle: each forward is a request to the judge, seen whether it calls the model or its `forward`:
+common.watch_forward); a model whose calls only feed outputs compared in the judge is built where the learner's code
+runs (common.where_it_runs), so a sample or a timed generation is one request.
+What the judge draws stays the judge's (common.drawn_seeds: `secrets`): the tiny pair whose forwards exercise 4 counts
+comes from a seed the kernel is never sent (the pair built in the kernel has a seed of its own); the counted target is
+the trained one secretly perturbed; every timed or counted call gets a prompt of its own (prompts.py). Greedy outputs
+are compared only where no step is a near tie (near_ties.py), so the verdict does not depend on the draw.
 """
 
 from autograder.lab06.common import (ENGINE_SAMPLES, SIGNIFICANCE, SPEED_CHECK, TOY_SAMPLING, VERIFY_SAMPLES, BigramLM,
@@ -51,7 +58,8 @@ from autograder.lab06.probabilities import check_sampling_probs
 from autograder.lab06.questions import (check_q1_acceptance, check_q2_best_k, check_q3_speedup_from_logs,
                                         check_q4_break_even_batch)
 from autograder.lab06.rollback import check_truncate_cache
-from autograder.lab06.speed import check_speculative_speedup, check_target_calls, code_edit_prompts
+from autograder.lab06.prompts import code_edit_prompts
+from autograder.lab06.speed import check_speculative_speedup, check_target_calls
 from autograder.lab06.verify import check_verify_draft, verify_distribution_test
 
 __all__ = ["check_truncate_cache", "check_sampling_probs", "check_verify_draft", "check_generate_speculative",

@@ -1,11 +1,14 @@
 """Lab 06 checks, shared: the sample sizes and significance, the bigram toy models whose exact distributions are
-one table lookup, the chi-square power arithmetic, and the guard that watches one learner call."""
+one table lookup, the chi-square power arithmetic, the guard that watches one learner call, the seeds a check draws
+(secrets when judged) and the watch on a model's forwards that counts them however they are called."""
 
 from __future__ import annotations
 
+import itertools
 import math
+import secrets
 from types import FunctionType
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -110,6 +113,35 @@ class BigramLM(GPT):
 def toy_pair(seed: int = 0) -> tuple[BigramLM, BigramLM]:
     target, draft = _toy_tables(seed)
     return BigramLM(target).eval(), BigramLM(draft).eval()
+
+
+def drawn_seeds(fn: Any) -> Iterator[int]:
+    """Seeds for what a check draws (models, prompts): judged (fn is a `Remote`), each drawn here with `secrets`, so the
+    kernel can neither foresee nor rebuild what they make unless the check sends it; in one process (the package's
+    tests, a learner's own run), 0, 1, 2, ... so that a test sees the same draws in every run. A check that needs a
+    draw of a kind (no near tie, say) takes the first seed that gives one."""
+    if is_remote(fn):
+        return iter(lambda: secrets.randbits(62), None)
+    return itertools.count()
+
+
+def watch_forward(model: nn.Module, before: Callable[[tuple, dict], None]) -> Callable[[], None]:
+    """Call before(args, kwargs) at every forward of `model`, whichever way it is called: `model(...)` and
+    `model.forward(...)`, the two a judged handle serves (a forward pre-hook sees only the first). Returns the
+    function that stops watching (stop the watches of one model in the reverse order of their start)."""
+    had, saved, inner = "forward" in model.__dict__, model.__dict__.get("forward"), model.forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        before(args, kwargs)
+        return inner(*args, **kwargs)
+    model.forward = forward
+
+    def stop() -> None:
+        if had:
+            model.forward = saved
+        else:
+            del model.forward
+    return stop
 
 
 def where_it_runs(fn: Any, factory: Callable[..., Any], *args: Any, here: Any = None) -> Any:

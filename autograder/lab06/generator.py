@@ -14,7 +14,9 @@ from autograder.checking.models import LetterTokenizer
 from autograder.checking.remote import is_remote, run_where
 from autograder.harness import at_least, call_learner, quiet, within
 from autograder.lab06.common import (ENGINE_SAMPLES, SIGNIFICANCE, TOY_SAMPLING, TOY_VOCAB, _chi2_report,
-                                     _exact_three, _toy_tables, toy_pair, where_it_runs, with_reference_pieces)
+                                     _exact_three, _toy_tables, drawn_seeds, toy_pair, watch_forward, where_it_runs,
+                                     with_reference_pieces)
+from autograder.lab06.near_ties import clear_drafts, clear_greedy
 from autograder.checking.reference_guard import no_calls_into, own_work
 from minigpt.checkpoint import load_model
 from minigpt.config import ModelConfig
@@ -45,10 +47,10 @@ class _CacheTracer:
         self.positions: dict[str, int] = {name: 0 for name in models}         # positions fed, summed over calls
         self.snapshots: list[tuple[str, list[int], int]] = []      # (model, cache prefix, call index)
         self.errors: list[str] = []
-        self.handles = [m.register_forward_pre_hook(self._hook(name), with_kwargs=True) for name, m in models.items()]
+        self.stops = [watch_forward(m, self._hook(name)) for name, m in models.items()]
 
-    def _hook(self, name: str) -> Callable:
-        def hook(module, args, kwargs):
+    def _hook(self, name: str) -> Callable[[tuple, dict], None]:
+        def hook(args: tuple, kwargs: dict) -> None:
             tokens = args[0] if args else kwargs.get("tokens")
             positions = args[1] if len(args) > 1 else kwargs.get("positions")
             caches = args[2] if len(args) > 2 else kwargs.get("kv_caches")
@@ -68,8 +70,8 @@ class _CacheTracer:
         return hook
 
     def close(self) -> None:
-        for h in self.handles:
-            h.remove()
+        for stop in reversed(self.stops):
+            stop()
 
     def check_prefixes(self, sequence: list[int], what: str) -> None:
         if self.errors:
@@ -157,12 +159,12 @@ def check_generate_speculative(generate_fn: Callable, *, n_prompts: int = 4, new
     what = "Exercise 4 (generate_speculative)"
     own_work(generate_fn, generate_speculative, what=what)
     generate_fn = with_reference_pieces(generate_fn)
-    seed = tiny_pair_seed(generate_fn)
+    seed, kernel_seed = tiny_pair_seeds(generate_fn)
     with fixed_threads(1):
         work = reference_work(seed)          # before the guard below: the reference runs here, counted
     with fixed_threads(1), no_calls_into(generate_speculative, what=what):                  # small models: one thread is fast enough and immune to a busy machine
         _check_greedy_trained(generate_fn, n_prompts, new_tokens)
-        _check_generate(generate_fn, seed, work)
+        _check_generate(generate_fn, seed, work, kernel_seed=kernel_seed)
 
 
 def _check_greedy_trained(generate_fn: Callable, n_prompts: int, new_tokens: int) -> None:
@@ -214,15 +216,6 @@ def _check_edges(generate_fn: Callable, tiny_target: GPT, their_target: Any, the
                              f"({got.finish_reason!r}); pass stop_strings and tokenizer on to minigpt.generate.StopRule")
 
 
-def tiny_pair_seed(generate_fn: Callable) -> int:
-    """The seed of the tiny models of parts 2-5: judged, a secret drawn here, so that the kernel cannot build its own
-    copy of the target (and call it where the judge does not count) yet get the target's outputs; in one process
-    (the package's tests), 0. The verdict does not depend on it (tests/labs/test_lab06_checks.py)."""
-    import secrets
-
-    return 1 + secrets.randbelow(2**30) if is_remote(generate_fn) else 0
-
-
 @dataclass(frozen=True)
 class WorkRun:
     """A run of parts 2 and 3 whose greedy forward work is compared with the reference's (greedy: the rounds are the
@@ -237,6 +230,38 @@ class WorkRun:
 TINY_RUN = WorkRun("tiny random pair", False, 3, 30, (5, 9, 2, 7, 1))
 TWIN_RUN = WorkRun("draft identical to the target", True, 3, 24, (3, 1, 4))
 WORK_RUNS = (TINY_RUN, TWIN_RUN)
+
+
+def clear_tiny_pair(seed: int) -> bool:
+    """Whether every greedy step the check compares on the tiny pair of `seed` is clear (near_ties: top two logits at
+    least NEAR_TIE apart): the target's along the greedy output of each of WORK_RUNS (which holds the twin's drafts,
+    and parts 4 and 5, prefixes of TINY_RUN's), and the draft's at every draft the reference loop makes in TINY_RUN.
+    On such a pair every correct loop emits the target's greedy tokens in the reference's rounds, whatever float path
+    it takes (k + 1 positions at a time, one at a time, another thread count: they differ by about 1e-5 here)."""
+    target, draft = _tiny_pair(seed)
+    for run in WORK_RUNS:
+        tokens = generate_kv_cache(target, list(run.prompt), run.new_tokens, stop_token_ids=()).tokens
+        if not clear_greedy(target, run.prompt, tokens):
+            return False
+    spec = generate_speculative(target, draft, list(TINY_RUN.prompt), TINY_RUN.new_tokens, SamplingParams(),
+                                k=TINY_RUN.k, stop_token_ids=())
+    return clear_drafts(draft, TINY_RUN.prompt, spec.rounds)
+
+
+def tiny_pair_seed(generate_fn: Callable) -> int:
+    """A seed of the tiny models, the first clear one (clear_tiny_pair) of common.drawn_seeds: judged, a secret drawn
+    here, so that the kernel cannot build its own copy of the judge's target (and call it where the judge does not
+    count) yet get the target's outputs, nor foresee the outputs of the models built where it runs; in one process
+    (the package's tests), the same seed every run. The verdict does not depend on it (tests/labs/test_lab06_checks.py)."""
+    with fixed_threads(1):
+        return next(seed for seed in drawn_seeds(generate_fn) if clear_tiny_pair(seed))
+
+
+def tiny_pair_seeds(generate_fn: Callable) -> tuple[int, int]:
+    """(seed of the judge's tiny pair, seed of the pair built where the learner's code runs): judged, two secrets drawn
+    apart, so that what the kernel is sent for the one tells it nothing of the other; in one process, one seed twice."""
+    seed = tiny_pair_seed(generate_fn)
+    return seed, tiny_pair_seed(generate_fn) if is_remote(generate_fn) else seed
 
 
 def _traced_run(generate_fn: Callable, target: GPT, draft: GPT, prompt: list[int], n: int, params: SamplingParams,
@@ -276,11 +301,14 @@ def _check_work(tracer: _CacheTracer, reference: dict[str, int], k: int, what: s
 
 
 def _check_generate(generate_fn: Callable, seed: int | None = None,
-                    work: dict[str, dict[str, int]] | None = None) -> None:
+                    work: dict[str, dict[str, int]] | None = None, *, kernel_seed: int | None = None) -> None:
     # 2. Caches rolled back: what each cache holds is always part of the final sequence (tiny random GPTs). Parts 2
     # and 3 trace and count every forward, so the models are this side's (judged: handles, each forward a request
-    # here, and weights from a seed the kernel does not know: it has to call them).
-    seed = tiny_pair_seed(generate_fn) if seed is None else seed
+    # here, and weights from a seed the kernel is never sent: it has to call them).
+    if seed is None:
+        seed, kernel_seed = tiny_pair_seeds(generate_fn)
+    if kernel_seed is None:         # a seed given (the package's tests): judged, the kernel's pair has a secret of its own
+        kernel_seed = tiny_pair_seed(generate_fn) if is_remote(generate_fn) else seed
     work = reference_work(seed) if work is None else work
     tiny_target, tiny_draft = _tiny_pair(seed)
     prompt, n, k = list(TINY_RUN.prompt), TINY_RUN.new_tokens, TINY_RUN.k
@@ -316,12 +344,14 @@ def _check_generate(generate_fn: Callable, seed: int | None = None,
                     if tracer.calls["target"] == math.ceil(n / k) else "")
             raise AssertionError(f"{what}: each round should emit k + 1 = {k + 1} tokens, so the target should run {rounds} "
                                  f"times; it ran {tracer.calls['target']} times.{hint}")
-    # 4. A stop token ends generation like the target would (4-6 compare outputs only: the models where it runs).
-    their_target, their_draft = where_it_runs(generate_fn, _tiny_pair, seed, here=(tiny_target, tiny_draft))
-    prompt = [5, 9, 2, 7, 1]
-    ref = generate_kv_cache(tiny_target, prompt, 30, stop_token_ids=())
+    # 4. A stop token ends generation like the target would (4-6 compare outputs only: the models where it runs, from a
+    # seed of their own, drawn apart from the judge's: the kernel is sent that one, never the seed of parts 2 and 3).
+    kernel_target, kernel_draft = _tiny_pair(kernel_seed)          # this side's copy, for the outputs to expect
+    their_target, their_draft = where_it_runs(generate_fn, _tiny_pair, kernel_seed, here=(kernel_target, kernel_draft))
+    prompt = list(TINY_RUN.prompt)
+    ref = generate_kv_cache(kernel_target, prompt, 30, stop_token_ids=())
     stop = ref.tokens[6]
-    want = generate_kv_cache(tiny_target, prompt, 30, stop_token_ids=(stop,))
+    want = generate_kv_cache(kernel_target, prompt, 30, stop_token_ids=(stop,))
     got = _gen(generate_fn, "stop token", their_target, their_draft, list(prompt), 30, SamplingParams(), k=3,
                stop_token_ids=(stop,))
     if (got.tokens, got.finish_reason) != (want.tokens, want.finish_reason):
@@ -331,10 +361,10 @@ def _check_generate(generate_fn: Callable, seed: int | None = None,
     if got.prompt_tokens != len(prompt):
         raise AssertionError(f"greedy with a stop token: Generation.prompt_tokens should be the prompt's length "
                              f"{len(prompt)}, got {got.prompt_tokens!r}")
-    _check_edges(generate_fn, tiny_target, their_target, their_draft, prompt, ref.tokens)
+    _check_edges(generate_fn, kernel_target, their_target, their_draft, prompt, ref.tokens)
     # 5. The same seed twice gives the same tokens; another seed other tokens.
     params = SamplingParams(temperature=1.0, seed=7)
-    runs = [_gen(generate_fn, f"sampling with {p}", their_target, their_draft, [5, 9, 2, 7, 1], 20, p, k=3,
+    runs = [_gen(generate_fn, f"sampling with {p}", their_target, their_draft, list(prompt), 20, p, k=3,
                  stop_token_ids=()).tokens for p in (params, params)]
     if runs[0] != runs[1]:
         raise AssertionError(f"two runs with the same {params} gave different tokens ({runs[0][:8]}... and "

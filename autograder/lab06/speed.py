@@ -2,52 +2,48 @@
 
 The learner's generate_speculative (exercise 4, run with the package's pieces of exercises 1-3) drafts with
 `PromptLookupModel`, prompt lookup behind the model protocol, so the loop written for a draft model runs unchanged.
-Two grades, on `code_edit_prompts()[LOOKUP_PROMPT]`, greedy, k = LOOKUP_K:
+Two grades, greedy, on prompts of repetitive code drawn for each call (prompts.drawn_code_prompt):
 
-    check_target_calls          deterministic: target forward calls per generated token, with prompt lookup and with the
-                                trained draft model (k = DRAFT_K), below plain decoding's 1 and at most the reference's + 1
+    check_target_calls          deterministic: target forward calls per generated token, with prompt lookup (k =
+                                LOOKUP_K) and with the trained draft model (k = DRAFT_K), below plain decoding's 1, at
+                                most the reference's + 1 and at least what the tokens need (k + 1 a call)
     check_speculative_speedup   wall clock: speedup over generate_kv_cache > 1 (medians, interleaved, one process) and at
                                 least the calibrated fraction of the reference's speedup (harness.check_speedup)
 
 Judged (the learner's function is a `Remote` in the judge process), the counted target is the judge's: each forward
-the learner's loop makes is a request to the judge, counted there. Drafters, and every model whose calls are not
-counted, are built in the kernel (`where_it_runs`): the speed check times one request per generation, run in full
-in the kernel, against baselines run in the judge.
+the learner's loop makes is a request to the judge, counted there, and it is the trained target with a secret
+perturbation (judge_target.py), so the tokens the check wants come from no copy of the course's target. Drafters, and
+every model whose calls are not counted, are built in the kernel (`where_it_runs`): the speed check times one request
+per generation, run in full in the kernel, against baselines run in the judge. Every timed or counted call gets a
+prompt of its own, drawn in the judge from a secret seed (common.drawn_seeds), which no call can foresee.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+import math
+from typing import Any, Callable, Iterator
 
-from autograder.harness import EachCallItsOwnInput, call_learner, check_speedup, quiet
-from autograder.lab06.common import SPEED_CHECK, _watched, where_it_runs, with_reference_pieces
+from autograder.harness import EachCallItsOwnInput, check_speedup, quiet
+from autograder.lab06.common import (SPEED_CHECK, _watched, drawn_seeds, watch_forward, where_it_runs,
+                                     with_reference_pieces)
 from autograder.lab06.generator import _gen, trained_pair
+from autograder.lab06.judge_target import secret_target
+from autograder.lab06.near_ties import same_greedy
+from autograder.lab06.prompts import ARGPARSE, CONFIG, drawn_code_prompt, fresh_prompts
 from autograder.checking.reference_guard import own_work
 from autograder.checking.wire import is_remote, run_where
 from minigpt.checkpoint import load_model
 from minigpt.engine.cached_generation import generate_kv_cache
 from minigpt.engine.ngram_draft import PromptLookupModel
 from minigpt.engine.speculative import generate_speculative
+from minigpt.generate import Generation
 from minigpt.sampling import SamplingParams
 from minigpt.timing import fixed_threads
 
-LOOKUP_PROMPT = 1        # the Config class: its continuation repeats the attribute lines of the prompt
 LOOKUP_K = 4
-DRAFT_PROMPT = 0         # the argparse prompt, for the draft model's call count
 DRAFT_K = 3
 NEW_TOKENS = 32
-
-
-def code_edit_prompts() -> list[list[int]]:
-    """Prompts of repetitive code (argument lists, attribute assignments) whose continuation by the target repeats
-    what the prompt already holds: where prompt lookup shines. (The course's small target copies little from
-    a longer context, so prompts with a single earlier copy of a function do not show it.)"""
-    from minigpt.tokenizer import load_tokenizer
-    enc = load_tokenizer()
-    args = "".join(f'parser.add_argument("--{n}", type=str, default=None)\n' for n in ("name", "path", "mode", "user"))
-    attrs = "".join(f"        self.{n} = None\n" for n in ("name", "path", "mode", "user", "host"))
-    return [enc.encode("import argparse\n\nparser = argparse.ArgumentParser()\n" + args + "parser.add_argument("),
-            enc.encode("class Config:\n    def __init__(self):\n" + attrs + "        self.")]
 
 
 def _learners(generate_fn: Callable, what: str, allow_reference: bool = False) -> tuple[Callable, Callable]:
@@ -61,35 +57,24 @@ def _learners(generate_fn: Callable, what: str, allow_reference: bool = False) -
     return _watched(alone, (generate_speculative,), what), alone
 
 
-def _same_greedy_output(fn: Callable, target: Any, their_target: Any, their_draft: Any, prompt: list[int], k: int,
-                        what: str) -> None:
-    """fn's greedy tokens (on the models where it runs) equal generate_kv_cache's with this side's target."""
-    want = generate_kv_cache(target, prompt, NEW_TOKENS, stop_token_ids=())
-    got = _gen(fn, what, their_target, their_draft, list(prompt), NEW_TOKENS, SamplingParams(), k=k, stop_token_ids=())
-    if got.tokens != want.tokens:
-        raise AssertionError(f"{what}: your generator's greedy output differs from generate_kv_cache's, so its speed does "
-                             "not count; pass check_generate_speculative first")
+@contextlib.contextmanager
+def forward_work(*models: Any) -> Iterator[list[dict[str, int]]]:
+    """Inside the block, for each model: how many times its forward runs ("calls"), whichever way it is called, and
+    how many token positions those calls feed it in all ("positions")."""
+    work = [{"calls": 0, "positions": 0} for _ in models]
 
-
-def _forward_work(model: Any, run: Callable[[], Any]) -> dict[str, int]:
-    """How many times run() calls model's forward, and how many token positions those calls feed it in all."""
-    work = {"calls": 0, "positions": 0}
-
-    def count(module: Any, args: Any, kwargs: Any) -> None:
-        tokens = args[0] if args else kwargs.get("tokens")
-        work["calls"] += 1
-        work["positions"] += int(tokens.shape[-1]) if hasattr(tokens, "shape") else 0
-    handle = model.register_forward_pre_hook(count, with_kwargs=True)
+    def counter(record: dict[str, int]) -> Callable[[tuple, dict], None]:
+        def count(args: tuple, kwargs: dict) -> None:
+            tokens = args[0] if args else kwargs.get("tokens")
+            record["calls"] += 1
+            record["positions"] += int(tokens.shape[-1]) if hasattr(tokens, "shape") else 0
+        return count
+    stops = [watch_forward(model, counter(record)) for model, record in zip(models, work)]
     try:
-        run()
+        yield work
     finally:
-        handle.remove()
-    return work
-
-
-def _target_calls(target: Any, run: Callable[[], Any]) -> int:
-    """How many times run() calls target's forward."""
-    return _forward_work(target, run)["calls"]
+        for stop in reversed(stops):
+            stop()
 
 
 def one_thread_call(run: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -104,57 +89,81 @@ def one_thread_call(run: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 def check_target_calls(generate_fn: Callable) -> dict[str, dict[str, float]]:
     """Target forward calls per generated token (greedy, NEW_TOKENS tokens) with prompt lookup (k = LOOKUP_K) and with
-    the trained draft model (k = DRAFT_K): below plain decoding's one call per token, and at most one call more than
-    the reference makes with the same drafter; with the draft model, at most twice the reference's token positions
-    fed to the draft (its KV cache used). Deterministic. Returns {drafter: {"learner", "reference", "plain"}}, calls
-    per token, and for the draft model {"draft_positions", "reference_draft_positions"} per token."""
+    the trained draft model (k = DRAFT_K), on the judge's target (the trained one, secretly perturbed: judge_target.py)
+    and a prompt drawn for the call: the tokens must be that target's greedy continuation, and the calls below plain
+    decoding's one per token, at most one more than the reference makes with the same drafter, and at least what the
+    tokens need (a call emits at most k + 1); with the draft model, at most twice the reference's token positions fed
+    to the draft (its KV cache used). Deterministic. Returns {drafter: {"learner", "reference", "plain"}}, calls per
+    token, and for the draft model {"draft_positions", "reference_draft_positions"} per token."""
     what = "the target-calls check (generate_speculative)"
     fn, _ = _learners(generate_fn, what)
-    target, draft = trained_pair()
-    their_target, _ = where_it_runs(generate_fn, trained_pair, here=(target, draft))
-    their_lookup = where_it_runs(generate_fn, PromptLookupModel, target.config.vocab_size,
-                                 here=PromptLookupModel(target.config.vocab_size))
-    prompts = code_edit_prompts()
-    # (drafter here, drafter where the learner's code runs, prompt, k): the counted target is always this side's
-    # (judged: a handle, so every forward the learner's loop makes is a request here and is counted here)
-    # the draft model is this side's too, so the positions it is fed are counted here: with a KV cache a draft step
-    # feeds one new token, without one the whole context again (the reference: 129 positions for 32 tokens, a draft
-    # without a cache 4,732)
-    setups = {"prompt lookup": (PromptLookupModel(target.config.vocab_size), their_lookup, prompts[LOOKUP_PROMPT],
-                                LOOKUP_K),
-              "draft model": (draft, draft, prompts[DRAFT_PROMPT], DRAFT_K)}
+    public, draft = trained_pair()
+    vocab = public.config.vocab_size
+    their_lookup = where_it_runs(generate_fn, PromptLookupModel, vocab, here=PromptLookupModel(vocab))
+    seeds = drawn_seeds(generate_fn)
+    # (drafter here, drafter where the learner's code runs, prompt kind, k): the counted target is always this side's
+    # (judged: a handle, so every forward the learner's loop makes is a request here and is counted here); the draft
+    # model is this side's too, so the positions it is fed are counted here: with a KV cache a draft step feeds one
+    # new token, without one the whole context again (the reference: about 4 positions a token, no cache about 150)
+    setups = {"prompt lookup": (PromptLookupModel(vocab), their_lookup, CONFIG, LOOKUP_K),
+              "draft model": (draft, draft, ARGPARSE, DRAFT_K)}
     out: dict[str, dict[str, float]] = {}
     with fixed_threads(1):
-        for name, (drafter, their_drafter, prompt, k) in setups.items():
+        for name, (drafter, their_drafter, kind, k) in setups.items():
             label = f"{what}, {name}, k={k}"
-            _same_greedy_output(fn, target, their_target, their_drafter, prompt, k, label)
+            secret = secret_target(public, seeds, kind, NEW_TOKENS, draft=draft if drafter is draft else None, k=k)
+            target, prompt = secret.model, secret.prompt
             kw = dict(k=k, stop_token_ids=())
-            learner = _target_calls(target, lambda: call_learner(label, fn, target, their_drafter, list(prompt),
-                                                                 NEW_TOKENS, SamplingParams(), **kw))
-            reference = _target_calls(target, lambda: generate_speculative(target, drafter, list(prompt), NEW_TOKENS,
-                                                                           SamplingParams(), **kw))
-            plain = _target_calls(target, lambda: generate_kv_cache(target, list(prompt), NEW_TOKENS, stop_token_ids=()))
-            out[name] = {"learner": learner / NEW_TOKENS, "reference": reference / NEW_TOKENS, "plain": plain / NEW_TOKENS}
-            if name == "draft model":
-                out[name].update(_draft_positions(fn, target, drafter, prompt, k, label))
-            if not (learner < plain and learner <= reference + 1):
+            with forward_work(target, drafter) as (learner, learner_draft):
+                got = _gen(fn, label, target, their_drafter, list(prompt), NEW_TOKENS, SamplingParams(), **kw)
+            if list(got.tokens) != secret.tokens:
                 raise AssertionError(
-                    f"{label}: your generator called the target {learner} times for {NEW_TOKENS} tokens "
-                    f"({learner / NEW_TOKENS:.2f} per token); plain decoding calls it {plain} times and the reference "
-                    f"{reference} times with the same drafter. Verify all k drafts of a round in ONE target call over "
-                    "k + 1 positions (it doubles as the prefill in the first round), and keep every accepted draft "
-                    "plus the bonus token.")
+                    f"{label}: your generator's greedy output differs from the greedy output of the target it was "
+                    "handed, so its calls do not count: decode with the `target` argument itself (every token comes "
+                    "from its logits), and pass check_generate_speculative first")
+            with forward_work(target, drafter) as (reference, reference_draft):
+                generate_speculative(target, drafter, list(prompt), NEW_TOKENS, SamplingParams(), **kw)
+            with forward_work(target) as (plain,):
+                generate_kv_cache(target, list(prompt), NEW_TOKENS, stop_token_ids=())
+            calls = {"learner": learner["calls"], "reference": reference["calls"], "plain": plain["calls"]}
+            out[name] = {key: value / NEW_TOKENS for key, value in calls.items()}
+            _check_calls(label, k, **calls)
+            if drafter is draft:
+                out[name].update(_check_draft_positions(label, learner_draft["positions"],
+                                                        reference_draft["positions"], learner["calls"]))
     return out
 
 
-def _draft_positions(fn: Callable, target: Any, draft: Any, prompt: list[int], k: int, label: str) -> dict[str, float]:
-    """The token positions fed to the draft model per generated token, the learner's loop against the reference's
-    (same prompt, greedy): at most twice the reference's, or the draft model runs without its KV cache."""
-    kw = dict(k=k, stop_token_ids=())
-    learner = _forward_work(draft, lambda: call_learner(label, fn, target, draft, list(prompt), NEW_TOKENS,
-                                                        SamplingParams(), **kw))["positions"]
-    reference = _forward_work(draft, lambda: generate_speculative(target, draft, list(prompt), NEW_TOKENS,
-                                                                  SamplingParams(), **kw))["positions"]
+def _check_calls(label: str, k: int, learner: int, reference: int, plain: int) -> None:
+    """Fewer target calls than plain decoding, at most one more than the reference, and at least ceil(NEW_TOKENS / (k +
+    1)): no call can emit more than its k drafts and a bonus token."""
+    least = math.ceil(NEW_TOKENS / (k + 1))
+    if learner < least:
+        raise AssertionError(
+            f"{label}: your generator called the target it was handed {learner} times for {NEW_TOKENS} tokens, and at "
+            f"k={k} a call emits at most k + 1 = {k + 1} tokens, so at least {least} calls are needed: the tokens came "
+            "from somewhere else (another copy of the model, or more than k drafts a round). Draft k tokens, verify "
+            "them with one call of the `target` argument, and emit from its logits.")
+    if not (learner < plain and learner <= reference + 1):
+        raise AssertionError(
+            f"{label}: your generator called the target {learner} times for {NEW_TOKENS} tokens "
+            f"({learner / NEW_TOKENS:.2f} per token); plain decoding calls it {plain} times and the reference "
+            f"{reference} times with the same drafter. Verify all k drafts of a round in ONE target call over "
+            "k + 1 positions (it doubles as the prefill in the first round), and keep every accepted draft "
+            "plus the bonus token.")
+
+
+def _check_draft_positions(label: str, learner: int, reference: int, target_calls: int) -> dict[str, float]:
+    """The token positions fed to the draft model handed in, the learner's loop against the reference's (same prompt,
+    greedy): at least one per accepted draft (NEW_TOKENS less one token per target call: each call emits its accepted
+    drafts and one token of its own), and at most twice the reference's, or the draft model runs without its KV cache.
+    Returns both per generated token."""
+    accepted = NEW_TOKENS - target_calls
+    if learner < accepted:
+        raise AssertionError(
+            f"{label}: your loop fed the draft model it was handed {learner} token positions, yet its {target_calls} "
+            f"target calls emitted {NEW_TOKENS} tokens, so at least {accepted} were accepted drafts, each drafted by a "
+            "forward of the draft model: draft with the `draft` argument (not another copy of the model).")
     if learner > 2 * reference:
         raise AssertionError(
             f"{label}: your loop fed the draft model {learner} token positions for {NEW_TOKENS} tokens "
@@ -200,32 +209,37 @@ def check_speculative_speedup(generate_fn: Callable, *, new_tokens: int = NEW_TO
     their_target, their_lookup = where_it_runs(generate_fn, speed_models, here=(target, lookup))
     if is_remote(generate_fn):
         timed_fn = run_where(generate_fn, one_thread_alone, generate_fn)
-    prompt = code_edit_prompts()[LOOKUP_PROMPT]
+    seeds = drawn_seeds(generate_fn)
+    prompt = drawn_code_prompt(next(seeds), CONFIG)
     kw = {"stop_token_ids": ()}
     with fixed_threads(1):
         want = generate_kv_cache(target, prompt, new_tokens, **kw)
         got = _gen(fn, "speed check run", their_target, their_lookup, list(prompt), new_tokens, SamplingParams(), k=k,
                    **kw)
-    if got.tokens != want.tokens:
+    if not same_greedy(target, prompt, got.tokens, want.tokens):
         raise AssertionError("your generator's greedy output differs from generate_kv_cache's, so its speed does not count; "
                              "pass check_generate_speculative first")
 
     label = f"speculative decoding with prompt lookup (k={k}) vs cached decoding, {new_tokens} tokens"
-    # Each timed call continues the prompt from its own point (the last i tokens dropped), so no call can hand back
-    # an answer kept from an earlier one; the tokens of each are checked against cached decoding's afterwards.
-    prompts = [list(prompt[:len(prompt) - i]) for i in range(1 + repeats)]
+    # Each timed call gets a prompt of its own, drawn from a seed drawn here (secret when judged): no call can hand back
+    # an answer kept from an earlier one or computed beforehand; the tokens of each are checked against cached
+    # decoding's afterwards (the baseline keeps its prompt with its output for that).
+    prompts = fresh_prompts(seeds, CONFIG)
     candidate = EachCallItsOwnInput(one_thread_call(lambda p: timed_fn(their_target, their_lookup, p, new_tokens,
                                                                        SamplingParams(), k=k, **kw)), prompts)
-    baseline = EachCallItsOwnInput(one_thread_call(lambda p: generate_kv_cache(target, p, new_tokens, **kw)), prompts)
+    baseline = EachCallItsOwnInput(one_thread_call(lambda p: (p, generate_kv_cache(target, p, new_tokens, **kw))),
+                                   prompts)
     reference = EachCallItsOwnInput(one_thread_call(lambda p: generate_speculative(target, lookup, p, new_tokens,
                                                                                    SamplingParams(), k=k, **kw)), prompts)
     with quiet():
         result = check_speedup(candidate, baseline, reference, what=label, check=SPEED_CHECK, repeats=repeats,
                                warmup=1, device="cpu")
-    wrong = candidate.first_difference(baseline, lambda got, want: list(got.tokens) == list(want.tokens))
+    with fixed_threads(1):
+        wrong = candidate.first_difference(baseline, lambda got, want: isinstance(got, Generation) and same_greedy(
+            target, want[0], got.tokens, want[1].tokens))
     if wrong is not None:
-        raise AssertionError(f"{label}: on timed call #{wrong} (the prompt less its last {wrong} tokens) your "
-                             "generator's greedy output differs from generate_kv_cache's, so its speed does not count")
+        raise AssertionError(f"{label}: on timed call #{wrong} (a prompt of its own) your generator's greedy output "
+                             "differs from generate_kv_cache's, so its speed does not count")
     if require_real_speedup and not result["speedup"] > 1.0:
         raise AssertionError(f"{label}: your generator is {result['speedup']:.2f}x plain decoding (medians of {repeats} "
                              f"interleaved runs; the reference reaches {result['reference_speedup']:.2f}x): speculation must "

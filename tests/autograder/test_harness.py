@@ -131,6 +131,51 @@ def test_check_speedup_runs_interleaved_with_warmup():
     assert len(set(calls[6:9])) == 3                              # each round runs all three
 
 
+def test_each_call_its_own_input_never_reuses_an_input_of_a_sequence():
+    """The i-th call gets the i-th input, kept with its output; a call past the last input fails, it never wraps."""
+    seen: list[int] = []
+    contender = harness.EachCallItsOwnInput(lambda x: seen.append(x) or 10 * x, [3, 4])
+    assert (contender(), contender()) == (30, 40)
+    assert seen == [3, 4] and contender.outputs == [(0, 30), (1, 40)]
+    with pytest.raises(AssertionError, match="no input is ever reused"):
+        contender()
+    assert seen == [3, 4]
+
+
+def test_each_call_its_own_input_asks_a_function_once_per_call_index():
+    """inputs(i) is asked once per index and remembered; two contenders on it see the same i-th input, each its own
+    copy, and their outputs compare index by index."""
+    asked: list[int] = []
+
+    def draw(i: int) -> list[int]:
+        asked.append(i)
+        return [i, i + 1]
+
+    doubled = harness.EachCallItsOwnInput(lambda x: [2 * v for v in x], draw)
+    wrong_on_the_third = harness.EachCallItsOwnInput(lambda x: [2 * v for v in x] if x[0] != 2 else [0, 0], draw)
+    for _ in range(5):
+        doubled()
+        wrong_on_the_third()
+    assert asked == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert [doubled.input_at(i) for i in range(5)] == [wrong_on_the_third.input_at(i) for i in range(5)]
+    assert doubled.input_at(3) is not wrong_on_the_third.input_at(3)
+    assert len(asked) == 10                                   # remembered: input_at asks nothing again
+    same = lambda got, want: got == want                      # noqa: E731
+    assert doubled.first_difference(doubled, same) is None
+    assert wrong_on_the_third.first_difference(doubled, same) == 2
+
+
+def test_each_call_its_own_input_gives_every_round_of_check_speedup_new_inputs(costs_as_time):
+    """check_speedup measures again (warm-up and repeats each round): with a function of the index, no call of any
+    round sees an input an earlier call saw."""
+    given: list[int] = []
+    slow_first_round = iter([4 * UNIT] * 4 + [UNIT] * 100)
+    candidate = harness.EachCallItsOwnInput(lambda x: given.append(x) or next(slow_first_round), lambda i: 100 + i)
+    harness.check_speedup(candidate, _sleeper(4 * UNIT), _sleeper(UNIT), what="x", min_fraction={"cpu": 0.5},
+                          repeats=3, warmup=1, rounds=3)
+    assert given == list(range(100, 108)) and len(set(given)) == len(given)
+
+
 def test_check_speedup_unknown_device_class_raises(monkeypatch):
     import minigpt.timing
     monkeypatch.setattr(minigpt.timing, "device_class", lambda device=None: "cuda-sm80")

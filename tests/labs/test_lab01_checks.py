@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
 
 from autograder import lab01
+from autograder.harness import SPEED_ROUNDS
 from minigpt.attention import _check_shapes, causal_mask, naive_attention, sdpa_attention
 from minigpt.generate import Generation, StopRule, check_request, generate_naive
 from minigpt.cache.contiguous import KVCache, LayerKVCache
@@ -469,6 +471,83 @@ def test_speed_check_gives_each_timed_call_a_prompt_of_its_own():
 
     with pytest.raises(AssertionError, match="timed call #0"):
         lab01.check_cached_speedup(answer_kept_from_the_first_call, prompt_len=16, new_tokens=4, repeats=2)
+
+
+def slowed(generate, factor: float):
+    """generate, then a wait `factor` times as long as the call took: the right tokens, too slow for the points."""
+    def slow(*args, **kwargs):
+        began = time.perf_counter()
+        out = generate(*args, **kwargs)
+        time.sleep(factor * (time.perf_counter() - began))
+        return out
+    return slow
+
+
+def remembering(generate):
+    """generate, answering a prompt it has answered before from memory, at once (`.answers` holds them)."""
+    answers: dict = {}
+
+    def remembered(model, prompt, max_new_tokens, *args, **kwargs):
+        key = (tuple(prompt), max_new_tokens)
+        if key not in answers:
+            answers[key] = generate(model, prompt, max_new_tokens, *args, **kwargs)
+        return answers[key]
+    remembered.answers = answers
+    return remembered
+
+
+def clockless_speedup(candidate, baseline, reference, *, repeats, warmup, rounds=SPEED_ROUNDS, **_):
+    """check_speedup's calls when every round falls short and is measured again, without a clock."""
+    for _ in range(rounds * (warmup + repeats)):
+        for contender in (baseline, candidate, reference):
+            contender()
+    return {"speedup": 1.0, "reference_speedup": 1.0, "threshold": 1.0, "rounds": rounds}
+
+
+def test_speed_check_a_memo_earns_no_speed():
+    """A generator too slow for the points that answers a prompt it has seen from memory: the timed prompts once came
+    round again in the second round of measurements, where the memo answered them at once (2 points); now every
+    timed call gets a prompt never given before, so the generator is timed at its own pace."""
+    with pytest.raises(AssertionError, match="speedup"):
+        lab01.check_cached_speedup(remembering(slowed(learner_generate, 6)), prompt_len=16, new_tokens=4, repeats=2)
+
+
+def test_speed_check_gives_every_timed_call_a_prompt_never_given_before(monkeypatch):
+    """Every call of every round (three, as when each falls short) gets a new prompt, and two runs of the check share
+    none: the prompts are drawn from a seed drawn per run, so none can be answered ahead."""
+    monkeypatch.setattr("autograder.lab01.speed.check_speedup", clockless_speedup)
+    runs = []
+    for _ in range(2):
+        memo = remembering(learner_generate)
+        lab01.check_cached_speedup(memo, prompt_len=16, new_tokens=4, repeats=2)
+        runs.append(set(memo.answers))
+    # the correctness pass's prompt (asked again on the timed copy of the model), then 3 rounds of 1 + 2 timed calls
+    assert [len(prompts) for prompts in runs] == [1 + 3 * 3] * 2
+    assert len(runs[0] & runs[1]) == 1
+
+
+def test_speed_check_judged_runs_none_of_the_course_in_the_kernel_on_the_timed_path(monkeypatch):
+    """Judged, the kernel runs two course functions, before any timing: the reference guard and target_model (the copy
+    of the model its generator is timed on, checked through the tokens). Each timed call is the learner's own function
+    called through its handle: a memo put in a course helper's place in the kernel is never asked."""
+    from autograder.checking import wire
+    from tests.labs.judged_pair import judged
+
+    asked = []
+    perform = wire.Endpoint._perform
+
+    def recording(self, op, a, opts):
+        if op == "package":
+            asked.append(a["path"])
+        return perform(self, op, a, opts)
+
+    monkeypatch.setattr(wire.Endpoint, "_perform", recording)
+    monkeypatch.setattr("autograder.lab01.speed.check_speedup", clockless_speedup)
+    memo = remembering(learner_generate)
+    with judged(generate=memo) as learner:
+        lab01.check_cached_speedup(learner.generate, prompt_len=16, new_tokens=4, repeats=2)
+    assert asked == ["autograder.checking.reference_guard:own_work", "autograder.lab01.speed:target_model"]
+    assert len(memo.answers) == 1 + 3 * 3
 
 
 @pytest.mark.slow

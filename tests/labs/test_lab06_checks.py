@@ -7,6 +7,7 @@ sample sizes in autograder/lab06 reject each wrong sampler with at least 99% pow
 
 from __future__ import annotations
 
+import copy
 import inspect
 import math
 import textwrap
@@ -156,11 +157,13 @@ UNCLIPPED = _verify(p_over_q, _unclipped_residual)
 # --- wrong generators: the reference loop with one mistake each -----------------------------------
 
 def make_generator_fn(*, temperature_on_q=True, rollback_draft=True, off_by_one=False, bonus=True,
-                      target_top_k=True, seeded=True, verify=own_verify, draft_cache=True):
-    """The reference loop written out flat, with one mistake switched on."""
+                      target_top_k=True, seeded=True, verify=own_verify, draft_cache=True, via_forward=False):
+    """The reference loop written out flat, with one mistake switched on (via_forward: no mistake, but the models
+    are run through `model.forward(...)` instead of `model(...)`)."""
     @torch.inference_mode()
     def generate(target, draft, prompt, max_new_tokens, sampling=SamplingParams(), *, k=4,
                  stop_token_ids=(EOT_ID,), stop_strings=(), tokenizer=None):
+        run_target, run_draft = (target.forward, draft.forward) if via_forward else (target, draft)
         ids = check_request(target, prompt, max_new_tokens)
         stop = StopRule(max_new_tokens, stop_token_ids, stop_strings, tokenizer)
         gen = make_generator(sampling if seeded else SamplingParams(temperature=sampling.temperature), target.device)
@@ -173,16 +176,16 @@ def make_generator_fn(*, temperature_on_q=True, rollback_draft=True, off_by_one=
             drafted, qs, x = [], [], context[d_fed:]
             for _ in range(kr):
                 if draft_cache:
-                    logits = draft(torch.tensor([x]), positions=dc.next_positions(len(x)), kv_caches=dc)[0, -1]
+                    logits = run_draft(torch.tensor([x]), positions=dc.next_positions(len(x)), kv_caches=dc)[0, -1]
                 else:                                   # the whole context again at every draft step
-                    logits = draft(torch.tensor([context + drafted]))[0, -1]
+                    logits = run_draft(torch.tensor([context + drafted]))[0, -1]
                 q_draw = sampling_probs(logits, sampling)
                 t = int(q_draw.argmax()) if sampling.greedy else int(torch.multinomial(q_draw, 1, generator=gen))
                 drafted.append(t)
                 qs.append(q_draw if temperature_on_q or sampling.greedy else torch.softmax(logits.float(), -1))
                 x = [t]
             feed = context[tc.length:] + drafted
-            logits = target(torch.tensor([feed]), positions=tc.next_positions(len(feed)), kv_caches=tc)[0]
+            logits = run_target(torch.tensor([feed]), positions=tc.next_positions(len(feed)), kv_caches=tc)[0]
             rows = torch.cat([logits[-kr:], logits[-1:]]) if off_by_one and kr else logits[-(kr + 1):]
             p = sampling_probs(rows, p_params)
             q = torch.stack(qs) if qs else torch.zeros(0, p.shape[1])
@@ -550,7 +553,7 @@ def test_speed_check_reference_passes_and_recomputation_fails():
     from autograder.gpu_tier.slow_implementations import recompute_everything    # also measured by `make calibrate`
     result = lab06.check_speculative_speedup(own_generate)
     assert result["speedup"] > 1
-    with pytest.raises(AssertionError, match="speedup"):
+    with pytest.raises(AssertionError, match="speedup|must beat plain decoding"):
         lab06.check_speculative_speedup(learner_copy(recompute_everything), new_tokens=12, repeats=1)
 
 
@@ -567,14 +570,14 @@ def test_speed_check_wants_a_real_speedup(monkeypatch):
 
 def test_speed_check_gives_each_timed_call_a_prompt_of_its_own(monkeypatch):
     """A generator that hands back the answer it computed first (instant, and right for the speed check's first
-    run) has its speed refused: every timed call continues its own prompt, and its tokens are checked."""
+    run) has its speed refused: every timed call gets a prompt of its own, and its tokens are checked."""
     kept: list = []
 
     def answer_kept_from_the_first_call(*args, **kwargs):
         if not kept:
             kept.append(own_generate(*args, **kwargs))
         return kept[0]
-    with pytest.raises(AssertionError, match="timed call #1"):
+    with pytest.raises(AssertionError, match="timed call #0"):
         lab06.check_speculative_speedup(answer_kept_from_the_first_call, repeats=2)
 
 
@@ -604,3 +607,238 @@ def test_a_copy_of_the_target_passes_only_where_its_weights_are_known():
     lab06.generator._check_generate(_own_copy_of_the_target, seed=0)      # public weights: the forged counts pass
     with pytest.raises(AssertionError, match="greedy output differs"):
         lab06.generator._check_generate(_own_copy_of_the_target, seed=123_456)
+
+
+# --- near ties: the tiny pair's seed is drawn until no greedy step the check compares is one -------------------
+
+NEAR_TIE_SEED = 1008        # two of its target's greedy logits 2e-6 apart (found by scanning seeds from 1000)
+
+
+def _smallest_gap(seed):
+    """The smallest top-two logit gap over the greedy steps clear_tiny_pair looks at (the target's along both work
+    runs, the draft's at each of the reference's drafts)."""
+    from autograder.lab06.generator import TINY_RUN, WORK_RUNS
+    from autograder.lab06.near_ties import greedy_gaps
+    from minigpt.engine.cached_generation import generate_kv_cache
+    target, draft = lab06._tiny_pair(seed)
+    gaps = [greedy_gaps(target, run.prompt, generate_kv_cache(target, list(run.prompt), run.new_tokens,
+                                                              stop_token_ids=()).tokens).min() for run in WORK_RUNS]
+    context = list(TINY_RUN.prompt)
+    for r in generate_speculative(target, draft, context, TINY_RUN.new_tokens, k=TINY_RUN.k, stop_token_ids=()).rounds:
+        gaps += [greedy_gaps(draft, context, r.drafted).min()] if r.drafted else []
+        context += r.emitted
+    return min(float(g) for g in gaps)
+
+
+@pytest.mark.slow
+def test_accepted_tiny_pairs_give_every_run_its_greedy_tokens_and_rounds():
+    """100 seeds (seeded draw): on each one clear_tiny_pair accepts, the reference loop's greedy tokens are
+    generate_kv_cache's on both work runs and the twin takes ceil(n / (k + 1)) rounds (every draft accepted, a bonus
+    token each round); the seeds it rejects are near ties, and among them real ones such as NEAR_TIE_SEED, a gap
+    below the float noise between the two paths (about 1e-5), where a correct loop could fail the check (the CI
+    failure of the flaky check). About 2 minutes on the shared 2-core machine under load, hence `slow`."""
+    from autograder.lab06.generator import WORK_RUNS, clear_tiny_pair
+    from minigpt.engine.cached_generation import generate_kv_cache
+    seeds = torch.randint(0, 2**62, (100,), generator=torch.Generator().manual_seed(606)).tolist() + [NEAR_TIE_SEED]
+    rejected = []
+    for seed in seeds:
+        if not clear_tiny_pair(seed):
+            rejected.append(seed)
+            continue
+        target, draft = lab06._tiny_pair(seed)
+        for run in WORK_RUNS:
+            other = copy.deepcopy(target) if run.twin else draft
+            want = generate_kv_cache(target, list(run.prompt), run.new_tokens, stop_token_ids=()).tokens
+            got = generate_speculative(target, other, list(run.prompt), run.new_tokens, k=run.k, stop_token_ids=())
+            assert got.tokens == want, (seed, run.label)
+            if run.twin:
+                assert len(got.rounds) == math.ceil(run.new_tokens / (run.k + 1)), seed
+    assert NEAR_TIE_SEED in rejected and len(rejected) < 12, rejected
+    assert all(_smallest_gap(seed) < 1e-3 for seed in rejected) and _smallest_gap(NEAR_TIE_SEED) < 1e-5
+
+
+def test_the_check_uses_clear_seeds_only(monkeypatch):
+    """The seed the check uses is the first clear one it draws: a near tie drawn first is passed over."""
+    from autograder.lab06 import generator
+    assert _smallest_gap(NEAR_TIE_SEED) < 1e-5
+    monkeypatch.setattr(generator, "drawn_seeds", lambda fn: iter([NEAR_TIE_SEED, 7]))
+    assert generator.tiny_pair_seed(own_generate) == 7
+
+
+def test_same_greedy_forgives_a_first_difference_only_at_a_near_tie():
+    """The speed check's comparison of a timed output with plain decoding's: the runner-up taken at a near tie (and
+    whatever follows) passes; the runner-up at a clear step, or a sequence cut short, does not."""
+    from autograder.lab06.generator import TINY_RUN
+    from autograder.lab06.near_ties import greedy_gaps, same_greedy
+    from minigpt.engine.cached_generation import generate_kv_cache
+    target, _ = lab06._tiny_pair(NEAR_TIE_SEED)
+    prompt = list(TINY_RUN.prompt)
+    want = generate_kv_cache(target, prompt, TINY_RUN.new_tokens, stop_token_ids=()).tokens
+    gaps = greedy_gaps(target, prompt, want)
+    tie, clear = int(gaps.argmin()), int(gaps.argmax())
+
+    def runner_up_at(i):
+        with torch.inference_mode():
+            second = int(target(torch.tensor([prompt + want[:i]]))[0, -1].topk(2).indices[1])
+        return want[:i] + [second] + want[i + 1:]
+    assert same_greedy(target, prompt, want, want) and same_greedy(target, prompt, runner_up_at(tie), want)
+    assert not same_greedy(target, prompt, runner_up_at(clear), want)
+    assert not same_greedy(target, prompt, want[:-1], want)
+
+
+# --- what the judge draws stays the judge's -------------------------------------------------------
+
+def test_judged_seeds_are_secrets_drawn_apart(monkeypatch):
+    """Judged, every seed is drawn with `secrets` (never 0, 1, 2, ... as in one process), and the tiny pair built in
+    the kernel has a seed of its own."""
+    from autograder.lab06 import common, generator
+    monkeypatch.setattr(common, "is_remote", lambda fn: True)
+    monkeypatch.setattr(generator, "is_remote", lambda fn: True)
+    draws = [next(common.drawn_seeds(own_generate)) for _ in range(3)]
+    assert len(set(draws)) == 3 and min(draws) > 2**32
+    judge, kernel = generator.tiny_pair_seeds(own_generate)
+    assert judge != kernel and generator.clear_tiny_pair(judge) and generator.clear_tiny_pair(kernel)
+
+
+_SEEDS_SENT: list = []
+
+
+def spy_on_tiny_pairs():
+    """(Kernel side.) What a notebook can do in its own process: wrap the lab's `_tiny_pair`, which the check's
+    run_where looks up there, and keep every seed the judge sends it."""
+    from autograder.lab06 import generator
+    real = generator._tiny_pair
+
+    def spy(seed=0):
+        _SEEDS_SENT.append(seed)
+        return real(seed)
+    generator._tiny_pair = spy
+
+
+def seeds_sent():
+    """(Kernel side.) The seeds the spy saw."""
+    return list(_SEEDS_SENT)
+
+
+def own_copy_of_the_trained_target(target, draft, prompt, max_new_tokens, sampling=SamplingParams(), *, k=4, **kw):
+    """Decodes on its own copy of the course's trained target (load_model, in its own process) and never calls the
+    target it is handed: the judge counts zero calls, and before the judge's target was secretly perturbed its
+    tokens were right."""
+    from minigpt.engine.cached_generation import generate_kv_cache
+    return generate_kv_cache(_own("target"), prompt, max_new_tokens, sampling, **kw)
+
+
+_OWN_MODELS: dict = {}
+
+
+def _own(name):
+    """(Learner side.) Its own copy of one of the course's trained models, loaded once."""
+    from minigpt.checkpoint import load_model
+    if name not in _OWN_MODELS:
+        _OWN_MODELS[name] = load_model(name)
+    return _OWN_MODELS[name]
+
+
+def verifies_more_than_k(target, draft, prompt, max_new_tokens, sampling=SamplingParams(), *, k=4, **kw):
+    """The right tokens, from the target it is handed, but drafting with its own copy of the public target and
+    verifying up to max_new_tokens drafts a call: fewer calls than k + 1 tokens a call allows."""
+    return own_generate(target, _own("target"), prompt, max_new_tokens, sampling, k=max_new_tokens, **kw)
+
+
+def drafts_with_its_own_draft(target, draft, prompt, max_new_tokens, sampling=SamplingParams(), *, k=4, **kw):
+    """No KV cache for the draft model, on its own copy of the public draft (never the one handed in): the judge
+    sees zero positions fed to its draft, below the twice-the-reference bar that catches a missing cache."""
+    from minigpt.engine.ngram_draft import PromptLookupModel
+    mine = draft if isinstance(draft, PromptLookupModel) else _own("draft")
+    return make_generator_fn(draft_cache=False)(target, mine, prompt, max_new_tokens, sampling, k=k, **kw)
+
+
+through_forward = make_generator_fn(via_forward=True)
+
+
+def no_bonus_through_forward(target, draft, prompt, max_new_tokens, sampling=SamplingParams(), *, k=4, **kw):
+    """No bonus token, its every forward through `model.forward(...)` (which a forward pre-hook never saw), then as many
+    one-token calls of `target(...)` as a right loop makes: the counts a pre-hook saw were forged."""
+    out = make_generator_fn(bonus=False, via_forward=True)(target, draft, prompt, max_new_tokens, sampling, k=k, **kw)
+    for _ in range(math.ceil(len(out.tokens) / (k + 1))):
+        target(torch.tensor([[0]]), positions=torch.tensor([0]))
+    return out
+
+
+
+def test_the_judges_target_gives_tokens_no_copy_gives(monkeypatch):
+    """A generator decoding on its own copy of the trained target (the judge counts zero calls, which passed the old
+    check) gives other tokens than the judge's target, secretly perturbed; were the judge's target the public one, its
+    tokens would be right, and the floor on the calls (a call emits at most k + 1 tokens) would still refuse it."""
+    from autograder.lab06 import speed
+    from autograder.lab06.judge_target import SecretTarget
+    with pytest.raises(AssertionError, match="differs from the greedy output of the target it was handed"):
+        lab06.check_target_calls(own_copy_of_the_trained_target)
+    from minigpt.engine.cached_generation import generate_kv_cache
+
+    def public_target(public, seeds, kind, new_tokens, **kw):
+        prompt = lab06.code_edit_prompts()[0 if kind == "argparse" else 1]
+        return SecretTarget(public, prompt, generate_kv_cache(public, prompt, new_tokens, stop_token_ids=()).tokens)
+    monkeypatch.setattr(speed, "secret_target", public_target)
+    with pytest.raises(AssertionError, match="called the target it was handed 0 times .* at least 7 calls are needed"):
+        lab06.check_target_calls(own_copy_of_the_trained_target)
+
+
+def test_target_calls_need_at_least_a_call_per_k_plus_one_tokens():
+    with pytest.raises(AssertionError, match=r"at least 7 calls are needed"):
+        lab06.check_target_calls(verifies_more_than_k)
+
+
+def test_the_draft_model_counted_is_the_one_handed_in():
+    with pytest.raises(AssertionError, match="fed the draft model it was handed 0 token positions"):
+        lab06.check_target_calls(drafts_with_its_own_draft)
+
+
+def test_calls_through_forward_are_counted(monkeypatch):
+    """A right loop calling `model.forward(...)` is counted like one calling `model(...)` (both are what a judged
+    handle serves); a wrong one that did its work through `forward` and showed forged calls, which passed when the
+    checks counted with forward pre-hooks, is caught."""
+    from autograder.lab06 import generator, speed
+    lab06.check_generate_speculative(through_forward)
+    calls = lab06.check_target_calls(through_forward)
+    assert 0 < calls["prompt lookup"]["learner"] < 0.5
+    with pytest.raises(AssertionError):
+        generator._check_generate(no_bonus_through_forward)
+
+    def pre_hook(model, before):                 # how the checks watched models before
+        return model.register_forward_pre_hook(lambda module, args, kwargs: before(args, kwargs), with_kwargs=True).remove
+    monkeypatch.setattr(generator, "watch_forward", pre_hook)
+    monkeypatch.setattr(speed, "watch_forward", pre_hook)
+    with pytest.raises(AssertionError, match="ran 0 times"):
+        generator._check_generate(through_forward)            # with pre-hooks a right loop failed, and the wrong one
+    generator._check_generate(no_bonus_through_forward)       # passed on its forged calls
+
+
+# --- judged: the learner's functions in another process, as in a graded notebook ------------------
+
+@pytest.fixture(scope="module")
+def learner():
+    from tests.labs.judged import learner_process
+    served = ["rebuilt_reference", "spy_on_tiny_pairs", "seeds_sent", "own_copy_of_the_trained_target"]
+    with learner_process("tests.labs.test_lab06_checks", served) as names:
+        yield names
+
+
+def test_judged_the_kernel_is_never_sent_the_judges_seed(learner, monkeypatch):
+    """The kernel wraps the lab's `_tiny_pair` in its own process and keeps every seed it is sent: it sees the seed of
+    the pair built there, never the one of the judge's pair whose forwards are counted (before, part 4 sent it)."""
+    from autograder.lab06 import generator
+    drawn = []
+    real = generator.tiny_pair_seeds
+    monkeypatch.setattr(generator, "tiny_pair_seeds", lambda fn: drawn.append(real(fn)) or drawn[-1])
+    learner["spy_on_tiny_pairs"]()
+    lab06.check_generate_speculative(learner["rebuilt_reference"])
+    [(judge_seed, kernel_seed)] = drawn
+    assert list(learner["seeds_sent"]()) == [kernel_seed] and judge_seed != kernel_seed
+
+
+def test_judged_target_calls_pass_the_solution_and_refuse_a_copy_of_the_target(learner):
+    calls = lab06.check_target_calls(learner["rebuilt_reference"])
+    assert calls["prompt lookup"]["learner"] == calls["prompt lookup"]["reference"]
+    with pytest.raises(AssertionError, match="differs from the greedy output of the target it was handed"):
+        lab06.check_target_calls(learner["own_copy_of_the_trained_target"])
