@@ -158,7 +158,7 @@ def no_calls_into(*references: Any, what: str, allow: Iterable[str] = ()) -> Ite
     constructor the exercise's API requires: "BlockPool.__init__")."""
     watched = {code: name for code, name in code_objects(references).items() if name not in set(allow)}
     entered: list[str] = []
-    spec = {"refs": [_path(r) for r in references], "what": what, "allow": list(allow)}
+    spec = {"refs": [_path(r) for r in references], "what": what, "allow": list(allow), "lab": _lab()}
     _WATCHES.append(spec)
     _GUARDED.append(spec)
 
@@ -187,7 +187,7 @@ _GUARDED: list[dict] = []     # every reference refused since the last `guarded(
 def _record(refs: list[Any], what: str, methods: Iterable[str]) -> None:
     """Remember the references own_work refused: of a class, only the methods the exercise asks for (the learner's
     class may use the rest, a constructor or a helper, as the exercise allows)."""
-    methods = set(methods)
+    methods, lab = set(methods), _lab()
     for ref in refs:
         try:
             path = _path(ref)
@@ -195,16 +195,32 @@ def _record(refs: list[Any], what: str, methods: Iterable[str]) -> None:
             continue
         allow = [name for name in code_objects([ref]).values()
                  if name.rsplit(".", 1)[-1] not in methods] if inspect.isclass(ref) else []
-        _GUARDED.append({"refs": [path], "what": what, "allow": allow})
+        _GUARDED.append({"refs": [path], "what": what, "allow": allow, "lab": lab})
 
 
 def guarded() -> list[dict]:
-    """The references the checks refused since the last call ({"refs": ["module:qualname"...], "what", "allow"}
+    """The references the checks refused since the last call ({"refs": ["module:qualname"...], "what", "allow", "lab"}
     each), and forget them: what the judge takes out of the package when it grades the cell again in a witness
-    (autograder/judging/reference_removal.py)."""
+    (autograder/judging/reference_removal.py; "lab": the lab of the refusing check, whose released notebook says
+    which of the reference's helpers the learner may use)."""
     seen = [dict(g) for g in _GUARDED]
     _GUARDED.clear()
     return seen
+
+
+def _lab() -> str | None:
+    """The lab ("07") of the check module (autograder/labNN...) nearest up the stack, or None."""
+    from autograder.checking.learner_errors import _lab_of
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if Path(filename).resolve().is_relative_to(AUTOGRADER_DIR):
+            lab = _lab_of(filename)
+            if lab:
+                return lab
+        frame = frame.f_back
+    return None
 
 
 def _path(ref: Any) -> str:

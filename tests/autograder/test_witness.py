@@ -4,6 +4,7 @@ decides whether it called the reference."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,8 @@ import nbformat
 import pytest
 
 from autograder.grading.preprocessors import StoppingExecute
-from autograder.judging.reference_removal import MARKER, package_without, removals, removed_name
+from autograder.judging import reference_removal
+from autograder.judging.reference_removal import MARKER, handed_over, package_without, removals, removed_name
 from autograder.judging.witness import cells_needed
 
 SLOT_TEST = "from autograder.lab02 import check_slot_mapping\ncheck_slot_mapping(slot_of)"
@@ -69,7 +71,7 @@ def _errors(cell) -> list[str]:
 def test_removals_name_the_guarded_functions_less_the_allowed_ones():
     guards = [{"refs": ["minigpt.cache.block_pool:BlockPool"], "what": "Ex 1", "allow": ["BlockPool.__init__"]},
               {"refs": ["minigpt.cache.block_table:slot_of", "torch.nn.functional:softmax"], "what": "Ex 2"}]
-    names = {qualname for _, qualname, _ in removals(guards)}
+    names = {qualname for _, qualname, _, _ in removals(guards)}
     assert {"BlockPool.allocate", "BlockPool.free", "slot_of"} <= names
     assert "BlockPool.__init__" not in names and "softmax" not in names      # allowed; not the course's
 
@@ -94,6 +96,85 @@ def test_a_removal_that_names_no_function_there_is_refused(tmp_path):
         package_without([["minigpt/cache/block_table.py", "slot_of", 1]], tmp_path / "a")
     with pytest.raises(ValueError):
         package_without([["../../etc/passwd.py", "x", 1]], tmp_path / "b")
+
+
+# ----------------------------------------------------------------------------- the reference's helpers go with it
+
+SHARD = {"refs": ["minigpt.parallel.sharding:shard_parameter"], "what": "Exercise 1 (shard_weight)"}
+SHARD_HELPERS = {"shard_slices", "check_tp", "parameter_kind", "query_heads", "kv_heads", "ffn_units", "vocab_rows",
+                 "_heads_to_rows", "_as_slice"}
+
+
+def _removed(guards: list[dict]) -> dict[str, dict | None]:
+    return {qualname: helper for _, qualname, _, helper in removals(guards)}
+
+
+def test_the_functions_of_its_module_a_reference_calls_go_with_it_transitively():
+    removed = _removed([SHARD])
+    assert removed["shard_parameter"] is None                       # the reference itself
+    assert set(removed) == {"shard_parameter"} | SHARD_HELPERS      # shard_slices, and what shard_slices calls
+    assert removed["shard_slices"]["reaches"] == sorted(SHARD_HELPERS - {"shard_slices"})
+    assert removed["query_heads"]["reaches"] == ["check_tp"]
+    # another module's functions stay: tp_kv_cache calls sharding.kv_heads, the KV cache classes and the config
+    assert set(_removed([{"refs": ["minigpt.parallel.tp_model:tp_kv_cache"], "what": "Exercise 4"}])) == {"tp_kv_cache"}
+
+
+def test_a_reference_the_course_offers_to_continue_with_stays_with_what_it_calls():
+    """Lab 06: generate_speculative calls sampling_probs and verify_draft, Exercises 2 and 3's references (the
+    exercise map's), which Exercise 4 may build on."""
+    assert set(_removed([{"refs": ["minigpt.engine.speculative:generate_speculative"], "what": "Exercise 4"}])) == {
+        "generate_speculative"}
+
+
+def test_what_the_guard_allows_stays_with_what_it_calls():
+    pool = {"refs": ["minigpt.cache.block_pool:BlockPool"], "what": "Exercise 1"}
+    assert "check_block_size" in _removed([pool])                  # only the class's methods call it
+    assert "check_block_size" not in _removed([{**pool, "allow": ["BlockPool.__init__"]}])    # __init__ calls it
+
+
+def test_what_a_module_runs_on_import_stays():
+    from minigpt.teaching import parallel_cost
+
+    on_import = reference_removal._run_on_import({parallel_cost.tp_allreduce_bytes_per_token.__code__})
+    assert parallel_cost.pcie_bandwidth.__code__ in on_import       # INTERCONNECTS is built with it
+
+
+def test_the_helpers_the_lab_hands_over_stay_and_the_others_go(tmp_path):
+    """The released notebook of the refusing check's lab names what the learner may use: lab 07's shows check_tp,
+    query_heads, kv_heads, ffn_units and parameter_kind (and what they call), never shard_slices."""
+    removed = removals([{**SHARD, "lab": "07"}])
+    kept = {qualname for _, qualname in handed_over(removed)}
+    assert kept == {"check_tp", "query_heads", "kv_heads", "ffn_units", "parameter_kind"}
+    assert handed_over(removals([SHARD])) == set()                  # a guard without a lab hands nothing over
+    lab = tmp_path / "07_tensor_parallel"
+    lab.mkdir()
+    (lab / "07_tensor_parallel.ipynb").write_text(json.dumps({"cells": [
+        {"cell_type": "markdown", "source": ["Use `sharding.shard_slices(name, cfg, tp, rank)`; shard_parameter"]},
+        {"cell_type": "code", "source": ["print(sharding.vocab_rows)"]}]}))
+    assert {q for _, q in handed_over(removed, labs_dir=tmp_path)} == SHARD_HELPERS    # shard_slices reaches them all
+    assert handed_over(removed, labs_dir=tmp_path / "none") == set()
+
+
+def test_the_guards_name_the_lab_of_the_check():
+    from autograder import lab07
+    from autograder.checking import reference_guard
+    from tests.labs.notebook_solutions import solution_cells
+
+    ns = solution_cells("07_tensor_parallel", "ex1_code",
+                        preamble="import torch\nfrom minigpt.config import ModelConfig")
+    reference_guard.guarded()
+    lab07.check_shard_weight(ns["shard_weight"])
+    assert {guard["lab"] for guard in reference_guard.guarded()} == {"07"}
+
+
+def test_a_removed_helper_says_so(tmp_path):
+    shadow = package_without(removals([SHARD]), tmp_path)
+    code = "from minigpt.parallel import sharding\nsharding.shard_slices('tok_emb.weight', None, 1, 0)\n"
+    run = subprocess.run([sys.executable, "-P", "-c", code], env={"PYTHONPATH": str(shadow), "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, timeout=120)
+    assert removed_name(run.stderr.strip().splitlines()[-1]) == "shard_slices, a helper of the reference"
+    source = (shadow / "minigpt/parallel/sharding.py").read_text()
+    assert "_heads_to_rows(query_heads" not in source and "def local_linear_shape" in source
 
 
 # ----------------------------------------------------------------------------- which cells are replayed
@@ -145,3 +226,23 @@ def test_the_witness_leaves_nothing_behind(tmp_path, monkeypatch):
     monkeypatch.setenv("COURSE_WITNESS", "1")
     _run(tmp_path, nbformat.v4.new_code_cell(HONEST), _test_cell(SLOT_TEST), monkeypatch=monkeypatch)
     assert not list(private.glob("witness-*"))
+
+
+@pytest.mark.slow
+def test_the_references_body_typed_as_calls_of_its_helpers_earns_nothing(tmp_path, monkeypatch):
+    """Lab 07, Exercise 1 answered by sharding.shard_slices, the helper shard_parameter calls (the hostile class's
+    witness_helpers): it wins the cell where the kernel's report decides (as it did where the witness took out only
+    the reference's own functions), and loses it in the witness; the honest answer keeps it."""
+    from tests.instructor.hostile_three import witness_helpers as kind
+
+    def graded(answer: str) -> list[str]:
+        nb = _run(tmp_path, nbformat.v4.new_code_cell(kind.SETUP), nbformat.v4.new_code_cell(answer),
+                  _test_cell(kind.CHECK), monkeypatch=monkeypatch)
+        return _errors(nb.cells[2])
+
+    monkeypatch.setenv("COURSE_WITNESS", "0")
+    assert graded(kind.ATTACK) == []
+    monkeypatch.setenv("COURSE_WITNESS", "1")
+    errors = graded(kind.ATTACK)
+    assert errors and errors[0].startswith("ReferenceHandedIn") and "shard_slices" in errors[0], errors
+    assert graded(kind.SOLUTION) == []
