@@ -61,6 +61,7 @@ class StoppingExecute(Execute):
 
         self._stopped = ""
         self._judge = None
+        self._own_socket_dir = None     # made here when the kernel has no socket folder (no sandbox); removed after
         self._kernel_ready = False
         self._judging = self.judge_test_cells and os.environ.get("COURSE_JUDGE", "1") != "0"
         self._witnessing = self.witness and os.environ.get("COURSE_WITNESS", "1") != "0"
@@ -71,6 +72,10 @@ class StoppingExecute(Execute):
             if self._judge is not None:
                 self._judge.close()
                 self._judge = None
+            if self._own_socket_dir is not None:
+                import shutil
+
+                shutil.rmtree(self._own_socket_dir, ignore_errors=True)
 
     def preprocess_cell(self, cell, resources, index):
         if self._stopped:
@@ -95,17 +100,20 @@ class StoppingExecute(Execute):
     def _judged_cell(self, cell, resources, index):
         """Run a test cell in the judge while the kernel serves it; the cell's outputs are the judge's."""
         import secrets
-        import tempfile
 
         from nbformat.v4 import new_code_cell, new_output
 
         from autograder.judging.judge import JudgeProcess
+        from autograder.judging.socket_folder import socket_folder
 
         if self._judge is not None and self._judge.proc.poll() is not None:     # died between cells: a fresh one
             self._judge.kill()
             self._judge = None
         if self._judge is None:
-            socket_dir = getattr(self.km, "_socket_dir", None) or tempfile.mkdtemp(prefix="judge-")
+            socket_dir = getattr(self.km, "_socket_dir", None)
+            if socket_dir is None:
+                self._own_socket_dir = self._own_socket_dir or socket_folder("judge-")
+                socket_dir = self._own_socket_dir
             try:
                 self._judge = JudgeProcess(socket_dir, cwd=self._cwd)
             except (RuntimeError, OSError) as exc:      # this cell earns nothing; the next one tries a fresh judge

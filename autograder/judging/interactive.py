@@ -17,7 +17,6 @@ import re
 import secrets
 import shutil
 import sys
-import tempfile
 from typing import Any
 
 CHECK_CALL = re.compile(r"(?<![\w.])check_\w+\s*\(|\blab\d\d\.check_\w+\s*\(")   # check_x(...) or lab08.check_x(...)
@@ -53,10 +52,11 @@ def judge_cell(source: str) -> None:
 
     from autograder.judging import observe
     from autograder.judging.judge import JudgeProcess
+    from autograder.judging.socket_folder import socket_folder
 
     global _judge
     if _judge is None or _judge.proc.poll() is not None:
-        folder = tempfile.mkdtemp(prefix="judge-")
+        folder = socket_folder("judge-")
         _judge = JudgeProcess(folder, cwd=os.getcwd(), grading=False)
         atexit.register(_stop, _judge, folder)
     token = secrets.token_hex(8)

@@ -304,11 +304,11 @@ def _failed(ename: str, evalue: str) -> dict:
     return {"stdout": "", "stderr": "", "error": {"ename": ename, "evalue": evalue}}
 
 
-def _folder_of_its_own(socket_dir: str, uid: int) -> Path:
-    """A folder for the sandboxed judge's socket inside the kernel's socket folder (bound into both sandboxes),
-    owned by the judge's uid when grading runs as root: the kernel's uid can connect, not write there."""
+def _folder_of_its_own(socket_dir: str, uid: int | None) -> Path:
+    """A fresh folder for one judge's socket inside the kernel's socket folder (bound into both sandboxes), owned by
+    the sandboxed judge's uid when grading runs as root: the kernel's uid can connect, not write there."""
     folder = Path(tempfile.mkdtemp(prefix="judge-", dir=socket_dir))
-    if os.geteuid() == 0:
+    if uid is not None and os.geteuid() == 0:
         os.chown(folder, uid, uid)
     folder.chmod(0o755)
     return folder
@@ -327,14 +327,17 @@ class JudgeProcess:
         """grading=False: the check cells a learner runs in JupyterLab (judging/interactive.py), where a GPU-tier check
         on a machine without a GPU prints SKIPPED instead of failing (harness.require_gpu); grading gives no points
         there either way. Under nbgrader (grading=True) the judge runs as autograde unless told otherwise."""
-        from autograder.judging import sandbox
+        from autograder.judging import sandbox, socket_folder
 
-        ours, theirs = socket.socketpair()
         policy = sandbox.SandboxPolicy.from_env() if os.environ.get(sandbox.ENV_VAR) else None
         self.sandboxed = policy is not None and policy.enabled
         uid = sandbox.sandbox_uid() if self.sandboxed else None
-        folder = _folder_of_its_own(socket_dir, uid) if uid is not None else Path(socket_dir)
+        folder = _folder_of_its_own(socket_dir, uid)
         self.path = str(folder / "judge.sock")
+        if not socket_folder.fits(self.path):
+            raise RuntimeError(f"its socket's path is longer than a Unix socket allows ({self.path}): give the "
+                               "grader a shorter TMPDIR")
+        ours, theirs = socket.socketpair()
         cmd = [sys.executable, "-P", "-m", "autograder.judging.judge", self.path, str(theirs.fileno())]
         execution = {"NBGRADER_EXECUTION": os.environ.get("NBGRADER_EXECUTION", "autograde")} if grading else {}
         if self.sandboxed:

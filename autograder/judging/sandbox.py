@@ -37,6 +37,7 @@ from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 
 from autograder.paths import REPO_ROOT, SANDBOX_BOOT
+from autograder.judging.socket_folder import socket_folder
 from autograder.processes import descendants
 
 PACKAGE_ROOT = REPO_ROOT                                 # holds shared/ and autograder/
@@ -233,7 +234,7 @@ class SandboxedKernelManager(AsyncKernelManager):
         kwargs.pop("kernel_name", None)
         super().__init__(kernel_name="python3", **kwargs)
         self.policy = SandboxPolicy.from_env()
-        self._socket_dir = tempfile.mkdtemp(prefix="kernel-")
+        self._socket_dir = socket_folder("kernel-")
         self._uid = sandbox_uid()
         self.transport = "ipc"
         self.ip = os.path.join(self._socket_dir, "k")

@@ -58,6 +58,8 @@ EXEMPT = {
                                          "benchmark's own sizing, no learner value",
     ("autograder/interview/questions.py", "_fits"): "picks a (model, GPU) pair for a generated question from the "
                                                     "course's tables, no learner value",
+    ("autograder/lab03/scheduler.py", "_check_work_conserving"): "whole block counts (blocks_needed, the pool's "
+                                                                 "free count kept by the judge): integers, no NaN",
     ("autograder/lab06/common.py", "noncentrality_for_power"): "seeded Monte Carlo of the chi-square test's power: "
                                                                "the check's own draws, no learner value",
 }

@@ -18,7 +18,8 @@ import pytest
 from autograder.grading import batch, nbgrader_runs as grading
 from autograder.judging import sandbox
 
-import hostile_three  # noqa: E402  (tests/instructor/ is on sys.path under pytest)
+import grading_scratch  # noqa: E402  (tests/instructor/ is on sys.path under pytest)
+import hostile_three  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -79,15 +80,10 @@ def graded(request, tmp_path_factory):
             if cell.metadata.get("nbgrader", {}).get("grade_id") == "answer":
                 cell.source = answer
         nbformat.write(mine, str(folder / f"{name}.ipynb"))
-    scratch = root / "tmp"
-    scratch.mkdir()
-    saved = os.environ.get("TMPDIR")
-    os.environ["TMPDIR"] = str(scratch)
-    try:
-        results = batch.autograde(course, timeout=600, env=env, log=lambda line: None, progress=False, jobs=2)
-    finally:
-        os.environ.pop("TMPDIR") if saved is None else os.environ.update(TMPDIR=saved)
-    return {"stem": stem, "results": {r.student: r for r in results}, "course": course, "scratch": scratch}
+    with grading_scratch.scratch_folder() as scratch:
+        with grading_scratch.as_tmpdir(scratch):
+            results = batch.autograde(course, timeout=600, env=env, log=lambda line: None, progress=False, jobs=2)
+        yield {"stem": stem, "results": {r.student: r for r in results}, "course": course, "scratch": scratch}
 
 
 def _report(result, course: Path) -> str:
@@ -111,13 +107,5 @@ def test_the_attack_earns_nothing(graded):
 
 
 def test_nothing_is_left_behind(graded):
-    assert list(graded["scratch"].iterdir()) == []
-    ours = str(graded["scratch"]).encode()
-    assert [p for p in Path("/proc").glob("[0-9]*/cmdline") if ours in _read(p)] == []
-
-
-def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError:
-        return b""
+    assert grading_scratch.left_files(graded["scratch"]) == []
+    assert grading_scratch.left_running(graded["scratch"]) == []

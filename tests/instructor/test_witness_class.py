@@ -16,6 +16,8 @@ import pytest
 from autograder.grading import batch, nbgrader_runs as grading
 from autograder.judging import sandbox
 
+import grading_scratch  # noqa: E402  (tests/instructor/ is on sys.path under pytest)
+
 pytestmark = pytest.mark.slow
 
 _NO_SANDBOX = sandbox.probe()
@@ -90,16 +92,11 @@ def graded(tmp_path_factory):
                 cell.source = answer.replace("CANARY_PATH", repr(str(canary)))
         nbformat.write(mine, str(folder / f"{ASSIGNMENT}.ipynb"))
     before = {p.name for p in root.iterdir()}
-    scratch = root / "tmp"          # the grading processes' temporary folders (sockets, witnesses' packages)
-    scratch.mkdir()
-    saved = os.environ.get("TMPDIR")
-    os.environ["TMPDIR"] = str(scratch)
-    try:
-        results = batch.autograde(course, timeout=300, env=env, log=lambda line: None, progress=False, jobs=2)
-    finally:
-        os.environ.pop("TMPDIR") if saved is None else os.environ.update(TMPDIR=saved)
-    return {"results": {r.student: r for r in results}, "canary": canary, "root": root,
-            "before": before | {"tmp"}, "course": course, "scratch": scratch}
+    with grading_scratch.scratch_folder() as scratch:      # the grading processes' sockets, witnesses' packages
+        with grading_scratch.as_tmpdir(scratch):
+            results = batch.autograde(course, timeout=300, env=env, log=lambda line: None, progress=False, jobs=2)
+        yield {"results": {r.student: r for r in results}, "canary": canary, "root": root,
+               "before": before, "course": course, "scratch": scratch}
 
 
 def test_forged_reports_earn_nothing_and_the_honest_student_keeps_the_points(graded):
@@ -124,13 +121,5 @@ def test_nothing_outside_the_sandboxes_was_read_written_or_left_running(graded):
     for student in ("forged_watch", "forged_source"):
         text = (autograded / student / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_text()
         assert SECRET not in text
-    assert list(graded["scratch"].iterdir()) == []
-    ours = str(graded["scratch"]).encode()
-    assert [p for p in Path("/proc").glob("[0-9]*/cmdline") if ours in _read(p)] == []
-
-
-def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError:
-        return b""
+    assert grading_scratch.left_files(graded["scratch"]) == []
+    assert grading_scratch.left_running(graded["scratch"]) == []
