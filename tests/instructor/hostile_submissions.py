@@ -141,11 +141,13 @@ while True:
 # can write to the judge's socket itself. Each of these asks the judge for what would run code there (a course
 # function by a path that reaches os.system, a dunder of a handle, the names of its namespace) and tries to read a
 # canary file outside every sandbox and to write beside it. Had one worked, `answer` would be 4 (q1's point).
+# The attacks import the wire (and torch with it) only when the check calls them: the cell itself must finish inside
+# the class's 5-second cell limit however loaded the machine is.
 _JUDGE_REACH = '''import gc
-from autograder.checking import wire
 answer = 0
 tried = []
 def _ask(op, **payload):
+    from autograder.checking import wire
     endpoint = next(o for o in gc.get_objects() if isinstance(o, wire.Endpoint) and o.names is not None)
     send = getattr(wire, "send_frame", None) or wire._send_frame       # (either name: the attack predates them)
     recv = getattr(wire, "recv_frame", None) or wire._recv_frame
@@ -172,8 +174,8 @@ def add(a, b):
 
 # A reply the judge must refuse before it decodes it: a value of about 48 MB of JSON, or nested 200,000 deep.
 _JUDGE_FLOOD = '''import gc, struct
-from autograder.checking import wire
 def add(a, b):
+    from autograder.checking import wire
     endpoint = next(o for o in gc.get_objects() if isinstance(o, wire.Endpoint) and o.names is not None)
     text = {payload}
     endpoint.sock.sendall(struct.pack("!II", len(text), 0) + text)
