@@ -76,7 +76,15 @@ $(STAMP): requirements.txt pyproject.toml $(LAB_OVERRIDES) $(KERNEL_CONFIG)
 	  || { echo "ipywidgets' JupyterLab extension is missing from $(VENV)"; exit 1; }
 	touch $@
 
+# An environment this account cannot write (a class's, installed by root for everyone: docs/hub.md) is used as it
+# is: its owner updates it. Make says so and goes on, instead of running pip into a folder it cannot change.
+SHARED_VENV := $(shell [ -x $(PY) ] && [ ! -w "$$(readlink -f $(VENV))" ] && readlink -f $(VENV))
+ifneq ($(SHARED_VENV),)
+setup:
+	@echo "make: $(VENV) is $(SHARED_VENV), an environment you cannot change: using it as installed (its owner updates it)"
+else
 setup: $(STAMP)
+endif
 
 # $(call apt-install,PATH,PACKAGE,WHAT FOR,WHAT HAPPENS WITHOUT IT): Debian's PACKAGE where PATH is missing, with apt
 # as root or through sudo. Without either (or if apt fails) it says so and make goes on; in CI ($CI set) that fails.

@@ -228,9 +228,11 @@ def check_sandbox(policy: sandbox.SandboxPolicy, unsafe: bool, log: Callable[[st
         return sandbox.SandboxPolicy(**{**asdict(policy), "enabled": False})
     why = sandbox.probe(policy)
     if why:
-        raise SandboxRefused(f"no sandbox can start on this machine: {why}. Grading refused: learners' code "
-                             "would run with your rights. Install bubblewrap (`make sandbox-deps`) or enable "
-                             "user namespaces; or pass --unsafe to grade anyway (only code you trust).")
+        fix = "pass --unsafe to grade anyway (only code you trust)"
+        if not sandbox.limits_shortfall(policy):
+            fix = "install bubblewrap (`make sandbox-deps`) or enable user namespaces; or " + fix
+        raise SandboxRefused(f"no sandbox can start here: {why}. Grading refused: learners' code would run with "
+                             f"your rights. To go on: {fix}.")
     log(f"sandbox: bubblewrap, per submission: memory {policy.memory_bytes >> 20} MiB, disk "
         f"{policy.tmp_bytes >> 20} MiB, {policy.nproc} processes, {policy.cpu_seconds} CPU s, no network")
     return policy

@@ -16,8 +16,9 @@ What `create_class` makes, all recorded in `<root>/class.json` (mode 600) so tha
   feedback live there), whose `.venv` is that environment;
 * nbgrader's exchange, `<root>/exchange`, writable by everyone as nbgrader's docs ask: nbgrader gives each course
   folder its own modes (inbound: write, no list; outbound: read);
-* this installation's `solutions/` (hidden tests) and instructor outputs, closed to other users for the class's
-  life (their modes are restored on removal).
+* what in this installation holds or rebuilds a model answer (PRIVATE: `solutions/`, git's history, gradebooks and
+  their backups, nbgrader's folders, the installer's workspace, caches), closed to other users for the class's life
+  (their modes are restored on removal).
 Every method raises with a clear message when it cannot do its part (not root, a user that already exists).
 """
 
@@ -40,8 +41,14 @@ DEFAULT_ROOT = Path(os.environ.get("LLM_COURSE_HUB_ROOT", "/srv/llm-course-hub")
 COURSE_ID = "llm-inference-course"        # nbgrader_config.py's CourseDirectory.course_id (a test keeps them equal)
 STATE = "class.json"
 CONFIG_DIR = REPO_ROOT / "config" / "hub"                 # the hub's config, and each role's Jupyter config
-# What students of the class must not read in this installation: hidden tests and the instructor's outputs.
-PRIVATE = ("solutions", "gradebook.db", "submitted", "autograded", "feedback")
+# What students of the class must not read in this installation (names or glob patterns at its top): the solutions
+# and hidden tests, and everything that holds or rebuilds them (git's history, a gradebook and its backups, nbgrader's
+# working and output folders, the installer's own workspace, build and test caches).
+PRIVATE = (".git", "solutions", "gradebook.db*", "submitted", "autograded", "feedback", "nbgrader_work", "release",
+           "workspace", ".cache", "build", "grades.csv", "similarity-*", ".interview_history.jsonl", ".pytest_cache",
+           ".hypothesis")
+HUB_PID = "jupyterhub.pid"                 # in <root>/hub/: the running hub, stopped by remove_class
+TEMPORARY = (Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"))   # where a class member's processes leave folders
 
 __all__ = ["Roster", "create_class", "remove_class", "load_roster", "role_env", "run_as", "DEFAULT_ROOT", "COURSE_ID"]
 
@@ -206,13 +213,45 @@ def _clone_course(repo: Path, venv: Path, home: Path, user: str) -> Path:
 def _lock_installation(repo: Path) -> dict[str, int]:
     """Close PRIVATE paths of the installation to other users; return their modes before."""
     locked = {}
-    for name in PRIVATE:
-        path = repo / name
-        if path.exists() and not path.is_symlink():
-            mode = stat.S_IMODE(path.stat().st_mode)
-            locked[str(path)] = mode
-            path.chmod(mode & ~0o007)
+    for pattern in PRIVATE:
+        for path in sorted(repo.glob(pattern)):
+            if not path.is_symlink():
+                mode = stat.S_IMODE(path.stat().st_mode)
+                locked[str(path)] = mode
+                path.chmod(mode & ~0o007)
     return locked
+
+
+def _stop_hub(root: Path, seconds: float = 30) -> None:
+    """SIGTERM the class's running hub (its pid file, config/hub/jupyterhub_config.py), which stops its proxy; wait."""
+    pid_file = root / "hub" / HUB_PID
+    try:
+        pid = int(pid_file.read_text())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return
+    if b"jupyterhub" not in cmdline:
+        return                                                    # a stale pid, reused by another program
+    os.kill(pid, 15)
+    deadline = time.monotonic() + seconds
+    while Path(f"/proc/{pid}").exists():
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            break
+        time.sleep(0.1)
+
+
+def _remove_temporary_files(uids: set[int]) -> None:
+    """Folders and files the class's people left at the top of the temporary folders (a killed kernel's judge
+    socket folder, a notebook's scratch files)."""
+    for folder in TEMPORARY:
+        for entry in folder.iterdir() if folder.is_dir() else ():
+            try:
+                if entry.lstat().st_uid not in uids:
+                    continue
+                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+            except OSError:
+                pass
 
 
 def create_class(root: Path = DEFAULT_ROOT, students: int = 3, *, prefix: str = "llmc",
@@ -241,18 +280,21 @@ def create_class(root: Path = DEFAULT_ROOT, students: int = 3, *, prefix: str = 
     venv = _class_venv(root, repo)
     roster.venv = str(venv)
     roster.course_dir = str(_clone_course(repo, venv, Path(pwd.getpwnam(roster.instructor).pw_dir), roster.instructor))
+    (venv / ".installed").touch()         # newer than the clone's requirements.txt: make sees nothing to install
     roster.locked = _lock_installation(repo)
     _save(root, roster)
     return roster
 
 
 def remove_class(root: Path = DEFAULT_ROOT) -> list[str]:
-    """Stop the class's processes, remove its users and homes and the exchange, restore the installation's modes;
-    return the users removed."""
+    """Stop the class's hub and processes, remove its users, their homes and temporary files and the exchange,
+    restore the installation's modes; return the users removed."""
     _require_root("hub teardown")
     root = Path(root)
     roster = load_roster(root)
+    _stop_hub(root)
     removed = []
+    uids = {pwd.getpwnam(name).pw_uid for name in roster.users if _user_exists(name)}
     for name in roster.users:
         if _user_exists(name):
             subprocess.run(["pkill", "-KILL", "-u", name], capture_output=True)
@@ -261,6 +303,7 @@ def remove_class(root: Path = DEFAULT_ROOT) -> list[str]:
             if done.returncode not in (0, 12):                  # 12: the mail spool was missing, the home is gone
                 raise RuntimeError(f"userdel {name} failed: {done.stderr.strip()}")
             removed.append(name)
+    _remove_temporary_files(uids)
     for path, mode in roster.locked.items():
         if Path(path).exists():
             Path(path).chmod(mode)

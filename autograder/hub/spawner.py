@@ -11,6 +11,9 @@ Limits (resource.setrlimit in the child, inherited by the server, its kernels an
     address space   mem_limit per process (RLIMIT_AS): a runaway allocation fails with MemoryError
     processes       processes_limit for the whole user (RLIMIT_NPROC counts every process of the uid)
     file size       file_size_limit per file (RLIMIT_FSIZE)
+An instructor's server gets its own two (instructor_mem_limit, instructor_processes_limit; none by default): grading
+runs there, and the sandbox gives each submission its own limits, which must fit under the server's (an
+unprivileged process cannot raise a hard limit; autograder/judging/sandbox.py's limits_shortfall says so).
 What one machine cannot enforce this way: memory summed over a user's processes (each gets mem_limit), CPU share
 (a busy student slows the others; cgroups or Kubernetes limits do that), disk space in total (needs quotas).
 """
@@ -47,6 +50,10 @@ class CourseSpawner(LocalProcessSpawner):
 
     processes_limit = Integer(256, config=True, help="RLIMIT_NPROC of the user's processes (0: unlimited)")
     file_size_limit = Integer(512 * 2**20, config=True, help="RLIMIT_FSIZE in bytes (0: unlimited)")
+    instructor_processes_limit = Integer(0, config=True, help="RLIMIT_NPROC of an instructor's server (0: none): "
+                                         "autograding there runs a sandbox per submission, each asking for its own")
+    instructor_mem_limit = Integer(0, config=True, help="RLIMIT_AS of an instructor's server, bytes (0: none): the "
+                                   "sandbox sets each submission's own")
     exchange = Unicode("", config=True, help="nbgrader's exchange folder (Exchange.root)")
     course_id = Unicode("", config=True, help="nbgrader's course id")
     venv = Unicode(str(REPO_ROOT / ".venv"), config=True, help="the Python environment users run (the class's)")
@@ -63,6 +70,9 @@ class CourseSpawner(LocalProcessSpawner):
         def then() -> None:
             setuid()
             os.chdir(folder)
+        if self.role == "instructor":
+            return limits_preexec(self.instructor_mem_limit, self.instructor_processes_limit, self.file_size_limit,
+                                  then=then)
         return limits_preexec(int(self.mem_limit or 0), self.processes_limit, self.file_size_limit, then=then)
 
     def get_env(self) -> dict[str, str]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import secrets
 import shutil
 import subprocess
@@ -197,9 +198,29 @@ def probe(policy: SandboxPolicy | None = None, timeout: float = 60) -> str | Non
     return _probed[key]
 
 
+def limits_shortfall(policy: SandboxPolicy) -> str | None:
+    """Why this process cannot give a sandbox the limits `policy` sets, or None: a hard limit below them, which
+    only root may raise (the boot script sets them inside the sandbox, where they would fail)."""
+    if os.geteuid() == 0:
+        return None
+    wants = {resource.RLIMIT_AS: ("address space", policy.memory_bytes),
+             resource.RLIMIT_NPROC: ("processes", policy.nproc + _processes_of(os.getuid())),
+             resource.RLIMIT_FSIZE: ("file size", policy.tmp_bytes),
+             resource.RLIMIT_CPU: ("CPU seconds", policy.cpu_seconds + 5)}
+    short = [f"{what}: hard limit {hard}, a sandbox sets {want}" for which, (what, want) in wants.items()
+             if (hard := resource.getrlimit(which)[1]) != resource.RLIM_INFINITY and hard < want]
+    if not short:
+        return None
+    return ("this process's hard limits are below those of a sandbox (" + "; ".join(short) + "), and a process "
+            "that is not root cannot raise them: whatever started it set them (on the course's hub, the spawner: "
+            "CourseSpawner.instructor_processes_limit and instructor_mem_limit). Grade from a shell without them")
+
+
 def _probe(policy: SandboxPolicy, timeout: float) -> str | None:
     if not Path(BWRAP).exists():
         return f"bubblewrap is not installed ({BWRAP} missing; `make sandbox-deps` installs Debian's)"
+    if why := limits_shortfall(policy):
+        return why
     with tempfile.TemporaryDirectory(prefix="sandbox-probe-") as sock:
         uid = sandbox_uid()
         if os.geteuid() == 0:

@@ -10,7 +10,7 @@ is) comes from the state file `python -m autograder hub setup` wrote (LLM_COURSE
 import os
 from pathlib import Path
 
-from autograder.hub.classroom import COURSE_ID, DEFAULT_ROOT, load_roster
+from autograder.hub.classroom import COURSE_ID, DEFAULT_ROOT, HUB_PID, load_roster
 from autograder.paths import REPO_ROOT
 
 c = get_config()  # noqa: F821  (provided by traitlets when JupyterHub loads this file)
@@ -29,6 +29,7 @@ c.JupyterHub.db_url = f"sqlite:///{state / 'jupyterhub.sqlite'}"
 c.ConfigurableHTTPProxy.command = [str(REPO_ROOT / ".venv" / "hub-proxy" / "node_modules" / ".bin" /
                                        "configurable-http-proxy")]
 c.ConfigurableHTTPProxy.pid_file = str(state / "jupyterhub-proxy.pid")
+c.JupyterHub.pid_file = str(state / HUB_PID)              # `hub teardown` stops a running hub through it
 
 c.JupyterHub.authenticator_class = "pam"
 c.Authenticator.allowed_users = set(roster.users)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import os
 import pwd
+import re
 import secrets
 import shutil
 import socket
@@ -143,7 +144,15 @@ def klass():
         left += [f"process {pid}" for uid in uids
                  for pid in subprocess.run(["pgrep", "-U", str(uid)], capture_output=True, text=True).stdout.split()]
         left += [str(p) for p in (root, Path("/tmp/llm-course-hub-limit-test")) if p.exists()]
+        left += [str(p) for folder in classroom.TEMPORARY for p in folder.iterdir() if _owner(p) in uids]
         assert not left, f"the class left behind: {left}"
+
+
+def _owner(path: Path) -> int | None:
+    try:
+        return path.lstat().st_uid
+    except OSError:
+        return None
 
 
 def _wait_for(ready, seconds: float, what: str) -> None:
@@ -177,25 +186,15 @@ def _press_in_assignment_list(page, section: str, button: str) -> None:
     row.get_by_role("button", name=button, exact=True).click()
 
 
-def _press_in_formgrader(page, column: str) -> None:
-    """Press the lab's button in a column of the formgrader's Manage Assignments (collect, generate-feedback,
-    release-feedback) and close the success dialog; fail with the dialog's text otherwise."""
-    frame = page.frame_locator("#formgrader-iframe iframe")
-    frame.locator("tr", has_text=LAB).locator(f"td.{column} a").click()
-    dialog = frame.locator(".modal.in, .modal.show").first
-    dialog.wait_for(timeout=300_000)
-    assert dialog.get_attribute("id") == "success-modal", f"formgrader's {column}: {dialog.inner_text()[:1000]}"
-    dialog.get_by_role("button", name="Close").first.click()
-    frame.locator(".modal-backdrop").wait_for(state="detached")
-    frame.locator("tr", has_text=LAB).scroll_into_view_if_needed()
-
-
 def test_the_whole_cycle_on_the_hub(klass, tmp_path):
-    """Release; one student fetches, edits, submits and fetches feedback in the Assignments tab of a browser,
-    two through the same tab's server handlers (one submits twice, across the due date); the instructor collects
-    in the formgrader, autogrades with the course's sandboxed grader, changes a score by hand in the formgrader,
-    generates and releases feedback there; the export has every grade. Screenshots go to $HUB_SCREENSHOTS."""
+    """Every command README and docs/hub.md give the instructor, typed into the instructor's own terminal on the hub
+    (their server's shell, their account and limits: no root, no `su`): release, collect, a due date, `make
+    autograde`, `make feedback`, release of the feedback, `make export`; a score changed by hand in the formgrader
+    in a browser. One student fetches, edits, submits and fetches feedback in the Assignments tab of a browser, two
+    through the same tab's server handlers (one submits twice, across the due date). Screenshots go to
+    $HUB_SCREENSHOTS; the terminal's transcript, with each step's time, to the test's report."""
     from tests.browser.browser_support import CHROMIUM, CHROMIUM_ARGS, require_chromium
+    from tests.hub.hub_terminal import Terminal
     require_chromium()
     sync_api = pytest.importorskip("playwright.sync_api")
     roster, hub, root = klass
@@ -205,90 +204,107 @@ def test_the_whole_cycle_on_the_hub(klass, tmp_path):
     course = {"course_id": classroom.COURSE_ID, "assignment_id": LAB}
     solved = REPO_ROOT / "solutions" / LAB / f"{LAB}.ipynb"
     marker = f"# edited in the browser by {s1}"
+    timings: dict[str, float] = {}
 
     def hand_in(s: str) -> None:                   # the student's answers, as if written in their notebook
         target = Path(f"/home/{s}/{LAB}/{LAB}.ipynb")
         shutil.copy(solved, target)
         shutil.chown(target, s, s)
 
-    release(roster)
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            student = _browser_login(browser, hub, s1, roster.passwords[s1])
-            _open_nbgrader(student, "Assignment List")
-            _press_in_assignment_list(student, "released", "Fetch")
-            student.locator("#fetched_assignments_list .list_item", has_text=LAB).first.wait_for(timeout=60_000)
-            hand_in(s1)
-            student.goto(f"{hub.base}/user/{s1}/lab/tree/{LAB}/{LAB}.ipynb")
-            student.locator(".jp-Notebook .jp-Cell").first.click()
-            student.keyboard.press("Escape")
-            student.keyboard.press("b")                       # a new cell below the first, then the edit
-            student.keyboard.press("Enter")
-            student.keyboard.type(marker)
-            student.keyboard.press("Escape")
-            student.keyboard.press("Control+s")
-            _wait_for(lambda: marker in Path(f"/home/{s1}/{LAB}/{LAB}.ipynb").read_text(), 60, "the edit saved")
-            _open_nbgrader(student, "Assignment List")
-            _press_in_assignment_list(student, "fetched", "Submit")
-            student.locator("#submitted_assignments_list .list_item", has_text=LAB).first.wait_for(timeout=60_000)
+    def typed(step: str, command: str, timeout: float = 300) -> str:
+        started = time.monotonic()
+        output = term.must(command, timeout)
+        timings[step] = time.monotonic() - started
+        return output
 
-            sessions = {s: hub.login(s, roster.passwords[s]) for s in (s2, s3)}
-            for s, session in sessions.items():
-                assert hub.api(session, s, "POST", "assignments/fetch", data=course).status_code == 200
-            assert hub.api(sessions[s3], s3, "POST", "assignments/submit", data=course).status_code == 200
-            time.sleep(1.1)                          # s3 submits the stub, then the answers: nbgrader's timestamps
-            hand_in(s3)
-            for s in (s2, s3):
-                r = hub.api(sessions[s], s, "POST", "assignments/submit", data=course)
-                assert r.status_code == 200 and '"success": false' not in r.text, r.text[:300]
+    term = Terminal(hub, hub.login(instructor, roster.passwords[instructor]), instructor)
+    try:
+        where = typed("which", "cd ~/course && command -v nbgrader python make")
+        assert where.count(roster.venv) >= 2, f"the class's environment is not on the terminal's PATH:\n{where}"
+        typed("release", f"nbgrader release_assignment {LAB}")
+        with sync_api.sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                student = _browser_login(browser, hub, s1, roster.passwords[s1])
+                _open_nbgrader(student, "Assignment List")
+                _press_in_assignment_list(student, "released", "Fetch")
+                student.locator("#fetched_assignments_list .list_item", has_text=LAB).first.wait_for(timeout=60_000)
+                hand_in(s1)
+                student.goto(f"{hub.base}/user/{s1}/lab/tree/{LAB}/{LAB}.ipynb")
+                student.locator(".jp-Notebook .jp-Cell").first.click()
+                student.keyboard.press("Escape")
+                student.keyboard.press("b")                       # a new cell below the first, then the edit
+                student.keyboard.press("Enter")
+                student.keyboard.type(marker)
+                student.keyboard.press("Escape")
+                student.keyboard.press("Control+s")
+                _wait_for(lambda: marker in Path(f"/home/{s1}/{LAB}/{LAB}.ipynb").read_text(), 60, "the edit saved")
+                _open_nbgrader(student, "Assignment List")
+                _press_in_assignment_list(student, "fetched", "Submit")
+                student.locator("#submitted_assignments_list .list_item", has_text=LAB).first.wait_for(timeout=60_000)
 
-            teacher = _browser_login(browser, hub, instructor, roster.passwords[instructor])
-            _open_nbgrader(teacher, "Formgrader")
-            _press_in_formgrader(teacher, "collect")
-            stamps = {s: datetime.fromisoformat((Path(roster.course_dir) / "submitted" / s / LAB / "timestamp.txt")
-                                                .read_text().strip().replace(" UTC", "+00:00")) for s in (s1, s2, s3)}
-            due = stamps[s2] + (stamps[s3] - stamps[s2]) / 2          # s3's resubmission comes after the due date
-            as_user(instructor, f"cd ~/course && nbgrader db assignment add {LAB} --duedate='{due.isoformat()}' && "
-                                f"python -m autograder autograde --assignment {LAB} --jobs 2", roster, timeout=900)
+                sessions = {s: hub.login(s, roster.passwords[s]) for s in (s2, s3)}
+                for s, session in sessions.items():
+                    assert hub.api(session, s, "POST", "assignments/fetch", data=course).status_code == 200
+                assert hub.api(sessions[s3], s3, "POST", "assignments/submit", data=course).status_code == 200
+                time.sleep(1.1)                          # s3 submits the stub, then the answers: nbgrader's timestamps
+                hand_in(s3)
+                for s in (s2, s3):
+                    r = hub.api(sessions[s], s, "POST", "assignments/submit", data=course)
+                    assert r.status_code == 200 and '"success": false' not in r.text, r.text[:300]
 
-            from nbgrader.api import Gradebook
-            gradebook = f"sqlite:///{Path(roster.course_dir) / 'gradebook.db'}"
-            with Gradebook(gradebook) as gb:
-                notebook_id = gb.find_submission_notebook(LAB, LAB, s2).id
-            review = teacher.context.new_page()                        # the formgrader's page for s2's notebook
-            review.goto(f"{hub.base}/user/{instructor}/formgrader/submissions/{notebook_id}")
-            score = review.locator("input.score#ex1_check")
-            _wait_for(lambda: score.get_attribute("placeholder") not in (None, ""), 60,
-                      "the formgrader's grades loaded (the autograder's score as the field's placeholder)")
-            score.fill("1")
-            review.keyboard.press("Tab")
+                typed("collect", f"nbgrader collect {LAB}")
+                stamps = {s: datetime.fromisoformat((Path(roster.course_dir) / "submitted" / s / LAB / "timestamp.txt")
+                                                    .read_text().strip().replace(" UTC", "+00:00")) for s in (s1, s2, s3)}
+                due = stamps[s2] + (stamps[s3] - stamps[s2]) / 2          # s3's resubmission comes after the due date
+                typed("due date", f"nbgrader db assignment add {LAB} --duedate='{due.isoformat()}'")
+                graded = typed("make autograde", "make autograde JOBS=2", timeout=900)
+                assert "pip" not in graded and all(s in graded for s in (s1, s2, s3)), graded[-3000:]
 
-            def reviewed() -> bool:
+                from nbgrader.api import Gradebook
+                gradebook = f"sqlite:///{Path(roster.course_dir) / 'gradebook.db'}"
                 with Gradebook(gradebook) as gb:
-                    return gb.find_grade("ex1_check", LAB, LAB, s2).manual_score == 1
-            _wait_for(reviewed, 60, "the formgrader's manual score in the gradebook")
-            review.screenshot(path=str(shots / "instructor-manual-grade.png"))
-            review.close()
-            teacher.reload()
-            teacher.wait_for_selector(".jp-LabShell", timeout=120_000)
-            _open_nbgrader(teacher, "Formgrader")
-            _press_in_formgrader(teacher, "generate-feedback")
-            _press_in_formgrader(teacher, "release-feedback")
-            teacher.screenshot(path=str(shots / "instructor-formgrader.png"))
+                    notebook_id = gb.find_submission_notebook(LAB, LAB, s2).id
+                teacher = _browser_login(browser, hub, instructor, roster.passwords[instructor])
+                review = teacher.context.new_page()                        # the formgrader's page for s2's notebook
+                review.goto(f"{hub.base}/user/{instructor}/formgrader/submissions/{notebook_id}")
+                score = review.locator("input.score#ex1_check")
+                _wait_for(lambda: score.get_attribute("placeholder") not in (None, ""), 60,
+                          "the formgrader's grades loaded (the autograder's score as the field's placeholder)")
+                score.fill("1")
+                review.keyboard.press("Tab")
 
-            _open_nbgrader(student, "Assignment List")
-            _press_in_assignment_list(student, "submitted", "Fetch Feedback")
-            _wait_for(lambda: any(Path(f"/home/{s1}/{LAB}/feedback").rglob(f"{LAB}.html")), 60, f"{s1}'s feedback")
-            student.screenshot(path=str(shots / "student-assignments.png"))
-        finally:
-            browser.close()
-    for s in (s2, s3):
-        assert hub.api(sessions[s], s, "POST", "assignments/fetch_feedback", data=course).status_code == 200
-        assert list(Path(f"/home/{s}/{LAB}/feedback").rglob(f"{LAB}.html")), f"{s} has no feedback"
-    assert marker in (Path(roster.course_dir) / "submitted" / s1 / LAB / f"{LAB}.ipynb").read_text()
+                def reviewed() -> bool:
+                    with Gradebook(gradebook) as gb:
+                        return gb.find_grade("ex1_check", LAB, LAB, s2).manual_score == 1
+                _wait_for(reviewed, 60, "the formgrader's manual score in the gradebook")
+                review.screenshot(path=str(shots / "instructor-manual-grade.png"))
+                review.close()
 
-    as_user(instructor, "cd ~/course && python -m autograder export --csv grades.csv", roster)
+                typed("make feedback", "make feedback")
+                typed("release feedback", f"nbgrader release_feedback {LAB}")
+                _open_nbgrader(teacher, "Formgrader")
+                teacher.frame_locator("#formgrader-iframe iframe").locator("tr", has_text=LAB).wait_for()
+                teacher.screenshot(path=str(shots / "instructor-formgrader.png"))
+
+                _open_nbgrader(student, "Assignment List")
+                _press_in_assignment_list(student, "submitted", "Fetch Feedback")
+                _wait_for(lambda: any(Path(f"/home/{s1}/{LAB}/feedback").rglob(f"{LAB}.html")), 60,
+                          f"{s1}'s feedback")
+                student.screenshot(path=str(shots / "student-assignments.png"))
+            finally:
+                browser.close()
+        for s in (s2, s3):
+            assert hub.api(sessions[s], s, "POST", "assignments/fetch_feedback", data=course).status_code == 200
+            assert list(Path(f"/home/{s}/{LAB}/feedback").rglob(f"{LAB}.html")), f"{s} has no feedback"
+        assert marker in (Path(roster.course_dir) / "submitted" / s1 / LAB / f"{LAB}.ipynb").read_text()
+
+        typed("make export", "make export")
+    finally:
+        print("the instructor's steps, in their terminal (s): "
+              + ", ".join(f"{step} {seconds:.1f}" for step, seconds in timings.items()))
+        print("the instructor's terminal:\n" + term.transcript[-6000:])
+        term.close()
     grades = {row["student_id"]: row for row in csv.DictReader(open(Path(roster.course_dir) / "grades.csv"))}
     full = float(grades[s1]["max_score"])
     assert full > 0 and float(grades[s1]["score"]) == full
@@ -297,6 +313,8 @@ def test_the_whole_cycle_on_the_hub(klass, tmp_path):
     with Gradebook(gradebook) as gb:
         late = {s: gb.find_submission(LAB, s).total_seconds_late for s in (s1, s2, s3)}
     assert late[s1] == late[s2] == 0 < late[s3], f"nbgrader's lateness, from the submissions' timestamps: {late}"
+    owners = {p.lstat().st_uid for p in Path(roster.course_dir).rglob("*")}
+    assert owners == {pwd.getpwnam(instructor).pw_uid}, "every file of the course is the instructor's (nothing ran as root)"
 
 
 def test_a_student_cannot_reach_another_or_the_instructor(klass):
@@ -311,9 +329,49 @@ def test_a_student_cannot_reach_another_or_the_instructor(klass):
              "read the gradebook": f"cat {course / 'gradebook.db'}",
              "read the installation's hidden tests": f"ls {REPO_ROOT / 'solutions'}",
              "write into the released assignment": f"touch {exchange / 'outbound' / LAB / 'x.ipynb'}"}
+    tries["read the installation's git history"] = f"cat {REPO_ROOT / '.git' / 'HEAD'}"
     for what, command in tries.items():
         done = as_user(s2, command, roster, check=False)
         assert done.returncode != 0 and "ermission denied" in done.stderr, f"a student could {what}: {done.stdout}"
+
+
+def _answer_lines(repo: Path) -> list[str]:
+    """Lines of the model answers (between BEGIN and END SOLUTION in solutions/) that no other file of the
+    installation a student is meant to read holds: what a leak of the solutions would show."""
+    import json as json_
+
+    lines = set()
+    for nb in sorted((repo / "solutions").glob("*/*.ipynb")):
+        for cell in json_.loads(nb.read_text())["cells"]:
+            source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+            inside = source.split("### BEGIN SOLUTION")[1:]
+            for part in inside:
+                lines |= {line.strip() for line in part.split("### END SOLUTION")[0].splitlines()
+                          if len(line.strip()) >= 40}
+    elsewhere = subprocess.run(["grep", "-rhoF", "--exclude-dir=.git", "--exclude-dir=solutions", "--exclude-dir=.venv",
+                                "-f", "-", str(repo)], input="\n".join(sorted(lines)), capture_output=True,
+                               text=True).stdout
+    return sorted(lines - set(elsewhere.splitlines()))
+
+
+def test_closed_means_closed_no_file_a_student_can_read_holds_a_model_answer(klass):
+    """A student looks for the model answers everywhere they can read: the installation (its git history, a
+    workspace, gradebook backups, caches, build folders), the class's folder, the temporary folders, the homes; and
+    asks git for a solution by name. Nothing yields one."""
+    import base64
+
+    roster, _, root = klass
+    student = roster.students[1]
+    answers = _answer_lines(REPO_ROOT)
+    assert len(answers) > 20, "too few distinctive answer lines to look for"
+    patterns = base64.b64encode("\n".join(answers).encode()).decode()
+    places = " ".join(str(p) for p in (REPO_ROOT, root, "/tmp", "/var/tmp", "/dev/shm", "/home", "/srv"))
+    done = as_user(student, f"echo {patterns} | base64 -d | grep -rlF --exclude-dir=lib -f - {places}", roster,
+                   check=False, timeout=600)
+    assert done.stdout.strip() == "", f"a student can read model answers in:\n{done.stdout}"
+    asked = as_user(student, f"git -c safe.directory='*' -C {REPO_ROOT} show HEAD:solutions/{LAB}/{LAB}.ipynb",
+                    roster, check=False)
+    assert asked.returncode != 0 and not any(a in asked.stdout for a in answers), asked.stdout[:500]
 
 
 def test_a_hostile_student_in_the_exchange(klass):
@@ -368,7 +426,9 @@ def test_a_hostile_student_in_the_exchange(klass):
 
 
 def test_the_spawner_limits_hold_for_the_server_and_its_children(klass):
-    roster, _, _ = klass
+    roster, hub, _ = klass
+    for user in (roster.students[0], roster.instructor):           # their servers run (started here if need be)
+        hub.login(user, roster.passwords[user])
     from jupyterhub.spawner import set_user_setuid
 
     from autograder.hub.spawner import limits_preexec
@@ -392,3 +452,10 @@ def test_the_spawner_limits_hold_for_the_server_and_its_children(klass):
     assert servers, "the student's server is not running"
     limits = Path(f"/proc/{servers[0]}/limits").read_text()
     assert "Max processes             256" in limits and "Max address space         4294967296" in limits, limits
+    teachers = subprocess.run(["pgrep", "-u", roster.instructor, "-f", "jupyterhub-singleuser"],
+                              capture_output=True, text=True).stdout.split()
+    assert teachers, "the instructor's server is not running"
+    limits = Path(f"/proc/{teachers[0]}/limits").read_text()      # grading runs there: the sandbox sets its own
+    hard = re.search(r"Max processes +\S+ +(\S+)", limits).group(1)          # the machine's, not the students' 256
+    assert hard == "unlimited" or int(hard) > 4096, limits
+    assert re.search(r"Max address space +unlimited +unlimited", limits), limits
