@@ -545,11 +545,13 @@ def check_q3_mla_factor(answer: Any) -> None:
     """KV bytes per token: Llama-3-70B (80 layers, 8 KV heads of 128, bf16) over DeepSeek-V3 (61 layers, a 512-wide
     latent and a 64-wide RoPE key a layer, stored at 1 byte an element)."""
     check_answer(answer, _q3_ratio(), "Q3 (how many times less KV a token DeepSeek-V3's cache holds)",
-                 {_q3_ratio(rope=False): "the decoupled RoPE key (64 a token and layer) is cached too.",
-                  _q3_ratio(kv_factor=1): "the GQA cache holds keys AND values: 2 * kv_heads * head_dim a layer.",
-                  _q3_ratio(per_layer=True): "the two models have different depths (80 and 61 layers): compare "
-                                             "whole tokens, not one layer.",
-                  _q3_ratio(mla_bytes=2): "the latent cache is stored at 1 byte an element here, not bf16's 2."},
+                 # pairs, not a dict: forgetting V and storing the latent at 2 bytes give the same ratio
+                 # (163,840 / 35,136 = 327,680 / 70,272), and each must be named
+                 [(_q3_ratio(rope=False), "the decoupled RoPE key (64 a token and layer) is cached too."),
+                  (_q3_ratio(kv_factor=1), "the GQA cache holds keys AND values: 2 * kv_heads * head_dim a layer."),
+                  (_q3_ratio(per_layer=True), "the two models have different depths (80 and 61 layers): compare "
+                                              "whole tokens, not one layer."),
+                  (_q3_ratio(mla_bytes=2), "the latent cache is stored at 1 byte an element here, not bf16's 2.")],
                  unit="x (ratio)", rel=1e-3, hint="Per token: layers x (elements a layer) x bytes an element, for "
                                                   "each model; MLA caches kv_lora_rank + rope_dim a layer.")
 
@@ -560,8 +562,9 @@ def check_q4_ring_overlap(answer: Any) -> None:
     h100 = ACCELERATORS["H100-SXM"]
     want = 2 * 8 * 2 * h100.peak("bf16") / (4 * 32 * 450e9)
     check_answer(answer, want, "Q4 (smallest block that hides the ring transfer)",
-                 {want / 2: "the block holds K AND V.",
-                  want * 2: "attention of c queries over c keys is 4 * n_heads * head_dim * c^2 FLOPs per layer "
-                            "(QK^T and PV, 2 FLOPs per multiply-add)."},
+                 [(want / 2, "the block holds K AND V."),
+                  (want / 2, "the link carries 450 GB/s one way (900 GB/s is both directions together)."),
+                  (want * 2, "attention of c queries over c keys is 4 * n_heads * head_dim * c^2 FLOPs per layer "
+                             "(QK^T and PV, 2 FLOPs per multiply-add).")],
                  unit="tokens", rel=0.01,
                  hint="Per layer: time to send 2 * Hkv * c * D * 2 bytes = time for 4 * Hq * D * c^2 FLOPs; solve for c.")

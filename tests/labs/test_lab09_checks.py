@@ -564,3 +564,8 @@ def test_interview_answers() -> None:
         lab09.check_q3_mla_factor(80 * 2 * 8 * 128 * 2 / (61 * 512))
     with pytest.raises(AssertionError, match="different depths"):
         lab09.check_q3_mla_factor(2 * 8 * 128 * 2 / 576)
+    # keys without values and a 2-byte latent give one ratio: both diagnoses are named (a dict kept only the last)
+    with pytest.raises(AssertionError, match="keys AND values.* Or: .*not bf16's 2"):
+        lab09.check_q3_mla_factor(80 * 8 * 128 * 2 / (61 * 576))
+    with pytest.raises(AssertionError, match="K AND V.* Or: .*450 GB/s one way"):
+        lab09.check_q4_ring_overlap(2 * 8 * 2 * 989.5e12 / (4 * 32 * 900e9))
