@@ -314,8 +314,8 @@ CHOICE_QUESTIONS: tuple[ChoiceQuestion, ...] = (
         "(BGMV/SGMV, as Punica and S-LoRA do)."),
     ChoiceQuestion(
         16, "Serving a 128k context", "09",
-        "One request brings a 128k-token prompt to Llama-3-8B (bf16) on one H100. What dominates its cost, and what "
-        "do serving engines do about it?",
+        "One request brings a 128k-token prompt to Llama-3-8B (bf16) on one H100. What dominates its time to first "
+        "token, and what do serving engines do about it?",
         "Prefill compute, quadratic in length: engines chunk it, and split it across GPUs for longer contexts",
         (("Decode: each step re-reads the whole cache, so the first token comes quickly",
           f"the first token waits for the whole prefill: {_LONG_PREFILL / 1e15:.1f} PFLOP, at least "
