@@ -20,8 +20,9 @@ def check_q1_index_bytes(answer: Any) -> None:
     states = len(RegexAutomaton.compile(Q1_PATTERN).live_states)
     row = math.ceil(Q1_VOCAB / 8)
     check_answer(answer, states * row, "Q1 (bytes of a mask index)",
-                 {states * Q1_VOCAB: "one bit per token, not one byte (a bool tensor spends a byte; a bitmask 1/8)",
-                  states * Q1_VOCAB // 8 * 32: "bits, not bytes",
+                 {states * Q1_VOCAB: "one bit per token, not one byte (a bool tensor spends a byte; a bitmask 1/8); "
+                                     "or the answer is in bits, not bytes",
+                  states * Q1_VOCAB * 4: "one bit per token, not an int32 or a float32 (4 bytes) per token",
                   (states - 1) * row: "every live state needs its row, the start state and the accepting one included",
                   states * math.ceil(4096 / 8): "at Llama 3's vocabulary (128,256 tokens), not the course's"},
                  unit="bytes", hint="Rows = the automaton's live states (compile it and count); a row = one bit per "
@@ -52,10 +53,14 @@ def check_q2_tokenizations(answer: Any) -> None:
 def check_q3_hidden_batch(answer: Any) -> None:
     """Masks computed on CPU threads while the GPU runs the step: the largest batch whose masks still hide behind it."""
     q = Q3
-    right = math.floor(q["threads"] * q["step_s"] / q["mask_s"] + 1e-9)
-    check_answer(answer, right, "Q3 (largest batch whose masks hide behind the step)",
-                 {math.floor(q["step_s"] / q["mask_s"] + 1e-9): "the masks of a batch are independent: the 4 threads "
-                                                                 "share them",
-                  right + 1: "round down: one more sequence and the masks outlast the step"},
+    quotient = q["threads"] * q["step_s"] / q["mask_s"]
+    right = math.floor(quotient + 1e-9)
+    mistakes = {math.floor(q["step_s"] / q["mask_s"] + 1e-9): "the masks of a batch are independent: the 4 threads "
+                                                                "share them",
+                right + 1: "round down: one more sequence and the masks outlast the step"}
+    if math.floor(quotient) < right:        # the exact quotient is whole; its double falls just below it
+        mistakes[right - 1] = (f"floating point: {q['threads']} * {q['step_s']} / {q['mask_s']} is {quotient!r} in "
+                               "doubles, so a plain floor loses one; the exact quotient is a whole number")
+    check_answer(answer, right, "Q3 (largest batch whose masks hide behind the step)", mistakes,
                  unit="sequences", hint="Mask work per step = batch x time per mask, split over the threads; it hides "
                                         "while it is no longer than the GPU's step.")

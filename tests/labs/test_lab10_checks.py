@@ -162,6 +162,10 @@ def test_forced_tokens_in_passes_of_their_own_are_rejected() -> None:
     (lab10.check_q1_index_bytes, 17 * 16032, 17 * 128256, "one bit per token"),
     (lab10.check_q2_tokenizations, 288, 1, "canonical tokenization alone"),
     (lab10.check_q3_hidden_batch, 1000, 250, "share them"),
+    # each diagnosis its own (issue 59, L10-4, L10-8): bits, an int32 a token, a floor of 999.9999999999999
+    (lab10.check_q1_index_bytes, 17 * 16032, 17 * 128256, "in bits"),
+    (lab10.check_q1_index_bytes, 17 * 16032, 17 * 128256 * 4, "int32"),
+    (lab10.check_q3_hidden_batch, 1000, 999, "floating point"),
 ])
 def test_interview_questions(check, right, wrong, match) -> None:
     check(right)
