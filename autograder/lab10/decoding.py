@@ -4,7 +4,7 @@
                                             reference's (`generate_constrained`) for four schemas on two models, one
                                             of which always prefers the end-of-text token (so a decoder that allows
                                             it where the document is not finished stops early)
-    check_jump_forward(jump_forward_json)   the grammar's forced text taken as its canonical tokens, appended
+    check_jump_forward(jump_forward_json)   the grammar's forced text taken as its own tokens (encoded alone), appended
                                             without a forward pass of their own: the same tokens as the reference,
                                             in the same forward passes (each pass's token count compared)
 

@@ -72,7 +72,7 @@ def settings(quick: bool, threads: int = 1) -> dict[str, Any]:
 def trace(model: GPT, tokenizer: Any, automaton: Any, masks: Callable[[Any], torch.Tensor], trie: TokenTrie,
           prompt: str, *, max_new_tokens: int, temperature: float, seed: int, forced: bool) -> dict[str, Any]:
     """One document under constrained decoding: its token ids, text and why it stopped; `forced` (grammars only):
-    the grammar's forced text taken as its canonical tokens."""
+    the grammar's forced text taken as its own tokens (encoded alone)."""
     out = generate_constrained(model, tokenizer.encode(prompt), automaton, trie, max_new_tokens=max_new_tokens,
                                sampling=SamplingParams(temperature=temperature, seed=seed), masks=masks,
                                forced=tokenizer.encode if forced else None)

@@ -49,7 +49,8 @@ def generate_constrained(model: GPT, prompt: Sequence[int], automaton: Automaton
 
     `forced` (a tokenizer's encode; grammars only): where the grammar admits one continuation
     (`Grammar.forced_text`), take the tokens of that text as `forced` tokenizes it, alone, instead of sampling them
-    (the canonical tokenization of the forced text, as llguidance does; no merge with the token before it). Without
+    (no token spans the boundary, so the whole output need not be canonically tokenized: llguidance trims the last
+    forced tokens a boundary-spanning token could replace, and this does not). Without
     `jump_forward` they still go through the model one a pass; with it (SGLang's jump-forward decoding) they all go
     into the next forward pass together, so the output is the same tokens in fewer passes."""
     masks = masks or (lambda state: mask_by_trie(automaton, state, trie))
