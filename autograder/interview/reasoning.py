@@ -334,8 +334,8 @@ CHOICE_QUESTIONS: tuple[ChoiceQuestion, ...] = (
         17, "Guaranteed JSON", "10",
         "A caller sends a JSON Schema and expects every reply to validate. How does a serving engine guarantee it, "
         "and why does it not slow decoding down?",
-        "A grammar compiled from the schema masks the logits each step; most tokens' verdicts are cached per grammar "
-        "position, so a step checks only a few tokens against the stack",
+        "A grammar compiled from the schema masks the logits each step, computed on CPU threads while the GPU runs "
+        "the step: verdicts cached per grammar position, or a lexer and a token-trie walk fast enough to need no cache",
         (("Ask for JSON in the prompt, then validate the reply and retry until it passes",
           "a retry costs a whole generation and nothing bounds how many are needed; the reply is not valid by "
           "construction."),
@@ -345,12 +345,14 @@ CHOICE_QUESTIONS: tuple[ChoiceQuestion, ...] = (
          ("Generate freely, then repair the output into the nearest valid document",
           "a repaired document is not what the model wrote (values get invented or dropped), and repairing a "
           "schema's constraints in general is as hard as generating under them.")),
-        "The schema becomes a grammar run by a pushdown automaton; at each step the tokens it refuses get logit "
-        "-inf, so the output is valid by construction. The mask is cheap because, for most tokens, the verdict "
-        "depends only on the position inside the current rule, not on the stack below: XGrammar computes those "
-        "once per position at compile time and checks the few context-dependent tokens at run time, on CPU "
-        "threads while the GPU runs the step; where the grammar forces text, jump-forward appends it without "
-        "sampling."),
+        "The schema becomes a grammar run by a parser; at each step the tokens it refuses get logit -inf, so the "
+        "output is valid by construction (unless the token limit cuts it short). Two ways keep the mask cheap, on CPU "
+        "threads while the GPU runs the step. XGrammar: for most tokens the verdict depends only on the parser's "
+        "position inside the current rule, so it computes those once per position at compile time (a cost that grows with "
+        "the schema) and checks the few context-dependent tokens at run time. llguidance "
+        "(behind OpenAI's structured outputs for JSON Schema): no precomputation; a lexer over regular expressions "
+        "and an Earley parser walk the token trie each step, about 50 us a token for a 128k vocabulary by its "
+        "README."),
     ChoiceQuestion(
         18, "Disaggregated prefill and decode", "11",
         "An 8B model serves 4k-token prompts on four GPUs, and under load users see the token stream stutter. "
