@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from autograder.interview.questions import Verdict
 from minigpt.teaching.calculators import GiB, PRESETS, attention_flops, kv_cache_bytes, prefill_flops
 from minigpt.teaching.hardware import ACCELERATORS
+from minigpt.moe.arithmetic import DEEPSEEK_V3, dispatch_combine_bytes_per_token
 
 # Question 16's figures, computed: one 128k-token request of Llama-3-8B in bf16 on one H100 SXM.
 _L3, _H100, _LONG = PRESETS["Llama-3-8B"], ACCELERATORS["H100-SXM"], 131072
@@ -25,6 +26,8 @@ _LONG_KV_GIB = kv_cache_bytes(_L3, _LONG, 1, 2) / GiB
 _LONG_PREFILL = prefill_flops(_L3, _LONG)
 _LONG_ATTENTION_SHARE = attention_flops(_L3, _LONG * (_LONG + 1) // 2) / _LONG_PREFILL
 _LONG_PREFILL_S = _LONG_PREFILL / _H100.peak("bf16")
+# Question 19's wire bytes: DeepSeek-V3 (256 experts, 8 a token) over 64 ranks, FP8 out and BF16 back.
+_EP64 = dispatch_combine_bytes_per_token(DEEPSEEK_V3, 64)
 
 
 @dataclass(frozen=True)
@@ -384,7 +387,9 @@ CHOICE_QUESTIONS: tuple[ChoiceQuestion, ...] = (
         "GPU: the layer waits for the rank whose experts drew the most tokens, so hot experts get replicas",
         (("Nothing beyond the active parameters: it runs like a dense model of that size",
           "the experts are spread over 64 GPUs, so every token's hidden vector crosses the network to up to 8 other "
-          "ranks and back, tens of kB per token per layer, and the ranks wait for each other."),
+          f"ranks and back, about {_EP64.total / 1e3:.0f} kB per token per layer for DeepSeek-V3 "
+          f"({_EP64.dispatch / 1e3:.0f} kB out in FP8, {_EP64.combine / 1e3:.0f} kB back in BF16), and the ranks "
+          "wait for each other."),
          ("Each GPU runs its 4 experts on every token of the batch",
           "a GPU runs its experts only on the tokens routed to them; that is the dispatch: running every expert on "
           "every token is the dense reference, E / k times the work."),
