@@ -227,8 +227,9 @@ def dispatch_combine_bytes_per_token(shape: MoEShape, ep_size: int, dispatch_byt
     dispatch = expected_remote_ranks(ep, k) * d_model * dispatch_bytes_per_element
     combine  = expected_remote_ranks(ep, k) * d_model * combine_bytes_per_element
 
-    A rank holding several of the token's experts receives the token once and returns one summed vector (DeepEP
-    deduplicates this way). The defaults are DeepEP's DeepSeek-V3 setting, "FP8 dispatching and BF16 combining"
+    A rank holding several of the token's experts receives the token once and returns one summed vector (DeepEP's
+    normal kernels deduplicate this way; its low-latency kernels send a copy per expert: the upper bound below).
+    The defaults are DeepEP's DeepSeek-V3 setting, "FP8 dispatching and BF16 combining"
     (its README); the FP8 scales that travel with the vector (one per 128 elements in DeepSeek-V3) are left out,
     and so are the shared expert (every rank holds a copy: no traffic) and the routing metadata.
     """
