@@ -31,11 +31,16 @@ TOY_VOCAB = 6
 # token (a target distribution that ignores top-k shows; top_k=4 at T = 0.4 dropped 0.0%).
 TOY_SAMPLING = SamplingParams(temperature=3.0, top_k=3)
 
-# The learner's speedup over generate_kv_cache (prompt lookup drafting) must exceed 1 and reach a fraction of the
-# reference's speedup measured in the same run, calibrated per device class by `make calibrate`
-# (autograder/gpu_tier/calibrate.py) between the reference's ratio and that of a generator that re-runs the whole context
-# every step (no cache).
+# The learner's speedup over generate_kv_cache (prompt lookup drafting) must reach a fraction of the reference's
+# speedup measured in the same run, calibrated per device class by `make calibrate` (autograder/gpu_tier/calibrate.py)
+# between the reference's ratio and that of a generator that re-runs the whole context every step (no cache)...
 SPEED_CHECK = "lab06_speculative_speedup"
+# ...and be at least MIN_OVER_PLAIN: plain decoding is only 1.8x from the reference here, too near for a fraction of
+# the reference to tell apart. Judged (the learner's call in a second process, the baseline in the judge), 2-core
+# machine, 2026-11-29, load 1-2 with a busy loop beside it: plain decoding handed in measured 0.87x to 1.19x in 36
+# checks (a 1.0 bar let it through at random: CI, stop 64), the reference's source pasted into a cell 1.64x to 2.11x
+# in 9; 1.35x sits between, and a round below it is measured again (harness.SPEED_ROUNDS).
+MIN_OVER_PLAIN = 1.35
 
 
 # ---------------------------------------------------------------------------------------------------

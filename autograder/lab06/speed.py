@@ -7,8 +7,8 @@ Two grades, greedy, on prompts of repetitive code drawn for each call (prompts.d
     check_target_calls          deterministic: target forward calls per generated token, with prompt lookup (k =
                                 LOOKUP_K) and with the trained draft model (k = DRAFT_K), below plain decoding's 1, at
                                 most the reference's + 1 and at least what the tokens need (k + 1 a call)
-    check_speculative_speedup   wall clock: speedup over generate_kv_cache > 1 (medians, interleaved, one process) and at
-                                least the calibrated fraction of the reference's speedup (harness.check_speedup)
+    check_speculative_speedup   wall clock: speedup over generate_kv_cache at least MIN_OVER_PLAIN (1.35x; medians,
+                                interleaved) and the calibrated fraction of the reference's (harness.check_speedup)
 
 Judged (the learner's function is a `Remote` in the judge process), the counted target is the judge's: each forward
 the learner's loop makes is a request to the judge, counted there, and it is the trained target with a secret
@@ -25,7 +25,7 @@ import math
 from typing import Any, Callable, Iterator
 
 from autograder.harness import EachCallItsOwnInput, check_speedup, quiet
-from autograder.lab06.common import (SPEED_CHECK, _watched, drawn_seeds, watch_forward, where_it_runs,
+from autograder.lab06.common import (MIN_OVER_PLAIN, SPEED_CHECK, _watched, drawn_seeds, watch_forward, where_it_runs,
                                      with_reference_pieces)
 from autograder.lab06.generator import _gen, trained_pair
 from autograder.lab06.judge_target import secret_target
@@ -196,7 +196,7 @@ def check_speculative_speedup(generate_fn: Callable, *, new_tokens: int = NEW_TO
                               repeats: int = 5, require_real_speedup: bool = True,
                               allow_reference: bool = False) -> dict[str, float]:
     """Greedy speculative generation drafting by prompt lookup (PromptLookupModel) must beat lab 01's
-    generate_kv_cache: a speedup above 1 and at least the calibrated fraction (SPEED_CHECK) of the reference's
+    generate_kv_cache: a speedup of at least MIN_OVER_PLAIN and the calibrated fraction (SPEED_CHECK) of the reference's
     speedup, timed interleaved in this process. Calibration only: `require_real_speedup=False` drops the first bar,
     `allow_reference=True` measures the reference itself.
 
@@ -231,18 +231,18 @@ def check_speculative_speedup(generate_fn: Callable, *, new_tokens: int = NEW_TO
                                    prompts)
     reference = EachCallItsOwnInput(one_thread_call(lambda p: generate_speculative(target, lookup, p, new_tokens,
                                                                                    SamplingParams(), k=k, **kw)), prompts)
-    with quiet():
-        result = check_speedup(candidate, baseline, reference, what=label, check=SPEED_CHECK, repeats=repeats,
-                               warmup=1, device="cpu")
+    try:
+        with quiet():
+            result = check_speedup(candidate, baseline, reference, what=label, check=SPEED_CHECK, repeats=repeats,
+                                   warmup=1, device="cpu", min_speedup=MIN_OVER_PLAIN if require_real_speedup else 0.0)
+    except AssertionError as err:
+        raise AssertionError(f"{err} Speculation must beat plain decoding clearly, not only approach the reference: "
+                             "look for per-round work that grows with the context (re-feeding tokens a cache already "
+                             "holds, copying caches) or extra target calls.") from None
     with fixed_threads(1):
         wrong = candidate.first_difference(baseline, lambda got, want: isinstance(got, Generation) and same_greedy(
             target, want[0], got.tokens, want[1].tokens))
     if wrong is not None:
         raise AssertionError(f"{label}: on timed call #{wrong} (a prompt of its own) your generator's greedy output "
                              "differs from generate_kv_cache's, so its speed does not count")
-    if require_real_speedup and not result["speedup"] > 1.0:
-        raise AssertionError(f"{label}: your generator is {result['speedup']:.2f}x plain decoding (medians of {repeats} "
-                             f"interleaved runs; the reference reaches {result['reference_speedup']:.2f}x): speculation must "
-                             "beat plain decoding, not only approach the reference. Look for per-round work that grows with "
-                             "the context (re-feeding tokens a cache already holds, copying caches) or extra target calls.")
     return result

@@ -101,6 +101,17 @@ def test_check_speedup_threshold_is_relative_to_reference(costs_as_time):
         harness.check_speedup(*args, what="x", min_fraction={"cpu": 2.0}, repeats=3)
 
 
+def test_check_speedup_floor_of_its_own(costs_as_time):
+    """`min_speedup` is a bar beside the fraction: a candidate no faster than the baseline reaches 30% of a 4x
+    reference, yet fails a floor of 1.35x, in every round."""
+    args = (_sleeper(4 * UNIT), _sleeper(4 * UNIT), _sleeper(UNIT))
+    harness.check_speedup(*args, what="x", min_fraction={"cpu": 0.2}, repeats=3)
+    with pytest.raises(AssertionError, match="and at least 1.35x is needed"):
+        harness.check_speedup(*args, what="x", min_fraction={"cpu": 0.2}, repeats=3, min_speedup=1.35)
+    harness.check_speedup(_sleeper(2 * UNIT), *args[1:], what="x", min_fraction={"cpu": 0.2}, repeats=3,
+                          min_speedup=1.35)
+
+
 def test_check_speedup_measures_again_before_failing(costs_as_time):
     """A round below the threshold is measured again (a busy machine gets more tries); the best round counts, and a
     candidate that is slow in every round fails after `rounds` rounds."""
