@@ -21,4 +21,4 @@ SHARED_DIR = REPO_ROOT / "shared"                         # the minigpt package 
 CALIBRATION_DIR = AUTOGRADER_DIR / "calibration"          # speed thresholds, one file per check and device class
 EXERCISE_MAP = AUTOGRADER_DIR / "exercise_map.json"       # check and learner names -> exercise labels
 SANDBOX_BOOT = AUTOGRADER_DIR / "judging" / "sandbox_boot.py"     # the first process inside every grading sandbox
-MUTATION_KNOWN = AUTOGRADER_DIR / "mutation" / "known.json"     # equivalent and surviving mutants, per lab
+MUTATION_KNOWN = AUTOGRADER_DIR / "mutation" / "known"      # per lab: equivalent, surviving and GPU-only mutants

@@ -17,6 +17,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--exercise", action="append", help="only this exercise cell's mutants (grade id, repeatable)")
     p.add_argument("--timeout", type=float, default=120, help="seconds per mutant (nbgrader's cell limit scores a "
                    "mutant that outruns it as killed)")
+    p.add_argument("--equivalence-only", action="store_true", help="only the differential tests of the mutants "
+                   "known/ lists as equivalent: which are shown, which are split (autograder/mutation/equivalence.py)")
     p.add_argument("--json", type=Path, help="also write the results here")
 
 
@@ -30,9 +32,10 @@ def run(args: argparse.Namespace, course: Path) -> int:
             print(f"mutation: no single lab matches {lab!r} (solutions/: {matches})")
             return 2
         results.append(run_lab(matches[0], sample=args.sample, seed=args.seed, timeout_s=args.timeout,
-                               exercises=args.exercise))
+                               exercises=args.exercise, equivalence_only=args.equivalence_only))
     print(markdown(results))
     if args.json:
         args.json.write_text(json.dumps([r.__dict__ for r in results], indent=1) + "\n")
-    failed = any(r.baseline_failures for r in results) or (args.sample is not None and any(r.survived for r in results))
+    failed = any(r.baseline_failures for r in results) or (
+        args.sample is not None and any(r.ids("survived") or r.ids("broken") for r in results))
     return 1 if failed else 0

@@ -2,19 +2,28 @@
 
 The solution notebook runs once, top to bottom, in an IPython shell in this process. Before each exercise cell
 (an nbgrader solution cell), one child process is forked per mutant of that cell: it runs the mutant instead of the
-cell, then every cell up to the last check cell before the next exercise cell, and reports which graded check
-cells failed. A mutant is killed
-when one of them fails (or the child outruns its time limit, as nbgrader's cell timeout would score it); it survives
-when all pass. The unmutated notebook must pass every graded cell, or the run says so and scores nothing.
+cell, then every cell up to the last check cell before the next exercise cell, and reports how each graded check
+cell that failed failed (outcome.py). A mutant is
+
+* killed by a check:  a check's AssertionError (the check told it apart and said so, naming the exercise);
+* killed by a crash:  its own code raised, or it outran its time limit (a hang; nbgrader's cell timeout scores 0);
+* broken:             a check cell failed for another reason (the check or the harness broke): not a kill;
+* survived:           every check passed.
+
+The unmutated notebook must pass every graded cell, or the run says so and scores nothing.
 
 The check cells run here, in one process, as `tests/labs` runs the checks, not through the judge and the sandbox:
 what is measured is whether the checks can tell a wrong implementation, not whether grading is safe (which
 `tests/autograder/test_judge*.py` and `test_witness.py` cover).
 
-Known mutants are listed in autograder/mutation/known.json: "equivalent" (the same behaviour as the solution, each
-with its reason) and "survivors" (wrong, and not yet caught: the next check to write); "gpu_only" names exercises
-whose checks run on a GPU only: without one their mutants are not run and are reported apart. The score is
-killed / (mutants run - equivalent).
+Known mutants are listed per lab in autograder/mutation/known/<lab>.json: "equivalent" (the same behaviour as the
+solution, each with its reason), "survivors" (wrong, and not yet caught: the next check to write) and "gpu_only"
+(an exercise whose checks run on a GPU only, or one mutant only a GPU tells apart): those are not run without a GPU
+and are reported apart. An "equivalent" entry counts only when it is shown: a differential test on drawn valid
+inputs (equivalence.py, the exercise's contract in contracts/) finds no difference, in a child of its own; one
+without a contract, or one the test splits, is graded by the checks like any mutant and reported as "not shown".
+Scores, exercise cells and interview-answer cells apart: (killed by a check + by a crash) / (mutants run - shown
+equivalent).
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import contextlib
 import faulthandler
 import io
 import json
+import linecache
 import os
 import random
 import signal
@@ -30,14 +40,18 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
+from autograder.mutation import outcome
+from autograder.mutation.contracts import contract_for
+from autograder.mutation.equivalence import answers, differential
 from autograder.mutation.mutants import Mutant, mutants_of
 from autograder.paths import MUTATION_KNOWN, REPO_ROOT
 
-__all__ = ["Cell", "LabResult", "notebook_cells", "run_lab", "load_known", "markdown"]
+__all__ = ["Cell", "LabResult", "notebook_cells", "run_lab", "load_known", "stale_entries", "markdown"]
 
 SOLUTIONS = REPO_ROOT / "solutions"
+KINDS = ("check", "crash", "hang", "broken", "survived")
 
 
 @dataclass(frozen=True)
@@ -49,21 +63,39 @@ class Cell:
     graded: bool         # an nbgrader grade cell (a check)
 
 
+def is_interview(cell_id: str) -> bool:
+    """An interview answer cell (q1_code), scored apart from the exercises (ex1_code, warmup1_code)."""
+    return cell_id.startswith("q")
+
+
 @dataclass
 class LabResult:
     assignment: str
     baseline_failures: list[str] = field(default_factory=list)
-    killed: dict[str, str] = field(default_factory=dict)         # id -> the first check cell that failed, or timeout
-    survived: dict[str, str] = field(default_factory=dict)       # id -> diff line
-    equivalent: dict[str, str] = field(default_factory=dict)     # id -> reason (from known.json)
-    not_run: dict[str, int] = field(default_factory=dict)        # GPU-only exercise -> its mutants (no GPU here)
+    outcome: dict[str, tuple[str, str]] = field(default_factory=dict)   # id -> (one of KINDS, what: check cell, diff)
+    equivalent: dict[str, str] = field(default_factory=dict)    # id -> reason: shown by its differential test
+    not_shown: dict[str, str] = field(default_factory=dict)     # id -> why a listed-equivalent mutant is not shown
+    not_run: dict[str, int] = field(default_factory=dict)       # GPU-only exercise or mutant -> mutants not run here
     mutants: int = 0
     seconds: float = 0.0
 
+    def ids(self, kind: str, interview: bool | None = None) -> list[str]:
+        return [mid for mid, (k, _) in self.outcome.items()
+                if k == kind and (interview is None or is_interview(mid) == interview)]
+
     @property
-    def score(self) -> float:
-        judged = len(self.killed) + len(self.survived)
-        return len(self.killed) / judged if judged else float("nan")
+    def killed(self) -> dict[str, str]:
+        """Killed by a check or by a crash or hang: {id: what}."""
+        return {mid: what for mid, (k, what) in self.outcome.items() if k in ("check", "crash", "hang")}
+
+    @property
+    def survived(self) -> dict[str, str]:
+        return {mid: what for mid, (k, what) in self.outcome.items() if k == "survived"}
+
+    def score(self, interview: bool | None = None) -> float:
+        """(killed by a check + by a crash or hang) / mutants run (shown-equivalent ones are not run)."""
+        run = [k for mid, (k, _) in self.outcome.items() if interview is None or is_interview(mid) == interview]
+        return sum(k in ("check", "crash", "hang") for k in run) / len(run) if run else float("nan")
 
 
 def notebook_cells(assignment: str) -> list[Cell]:
@@ -79,20 +111,35 @@ def notebook_cells(assignment: str) -> list[Cell]:
     return cells
 
 
-def load_known(assignment: str, path: Path = MUTATION_KNOWN) -> dict[str, dict[str, str]]:
-    data = json.loads(path.read_text()) if path.exists() else {}
-    entry = data.get(assignment, {})
+def load_known(assignment: str, folder: Path = MUTATION_KNOWN) -> dict[str, dict[str, str]]:
+    """known/<assignment>.json's "equivalent", "survivors" and "gpu_only" ({} each when absent)."""
+    path = folder / f"{assignment}.json"
+    entry = json.loads(path.read_text()) if path.exists() else {}
     return {key: dict(entry.get(key, {})) for key in ("equivalent", "survivors", "gpu_only")}
 
 
-def _run_cells(shell: Any, cells: list[Cell]) -> list[str]:
-    """Run the cells in order; the grade ids of graded cells that raised, with the first line of their error."""
+def stale_entries(assignment: str, folder: Path = MUTATION_KNOWN) -> list[str]:
+    """known/'s entries for this lab that name no mutant of its solution cells (the cell changed): each must be
+    looked at again, or removed."""
+    cells = {c.grade_id: c for c in notebook_cells(assignment) if c.exercise}
+    ids = {mu.id for c in cells.values() for mu in mutants_of(c.source, c.grade_id)}
+    known = load_known(assignment, folder)
+    stale = [f"equivalent {mid}" for mid in known["equivalent"] if mid not in ids]
+    stale += [f"survivors {mid}" for mid in known["survivors"] if mid not in ids]
+    stale += [f"gpu_only {key}" for key in known["gpu_only"] if key not in cells and key not in ids]
+    return stale
+
+
+def _run_cells(shell: Any, cells: list[Cell], mutant_files: set[str] = frozenset()) -> list[tuple[str, str, str]]:
+    """Run the cells in order; (grade id, outcome kind, first line of the error) of each graded cell that raised."""
     failed = []
     for cell in cells:
         result = shell.run_cell(cell.source, store_history=False, silent=False)
         if cell.graded and not result.success:
             err = result.error_in_exec or result.error_before_exec
-            failed.append(f"{cell.grade_id}: {type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}")
+            first = str(err).splitlines()[0][:160] if str(err) else ""
+            failed.append((cell.grade_id, outcome.classify(err, set(mutant_files)),
+                           f"{cell.grade_id}: {type(err).__name__}: {first}"))
     return failed
 
 
@@ -127,8 +174,8 @@ def _one_thread() -> Iterator[None]:
         set_threads(before)
 
 
-def _in_child(shell: Any, mutant: Mutant, following: list[Cell], timeout_s: float) -> tuple[str, str]:
-    """Fork; the child runs the mutant and the following cells and writes its failures to a pipe."""
+def _in_child(work: Callable[[], Any], timeout_s: float) -> tuple[bool, Any, str]:
+    """Fork; the child runs work() quietly and writes its JSON result to a pipe. (finished, result, where it stuck)."""
     read, write = os.pipe()
     stacks = tempfile.TemporaryFile()
     pid = os.fork()
@@ -140,9 +187,8 @@ def _in_child(shell: Any, mutant: Mutant, following: list[Cell], timeout_s: floa
             os.dup2(null, 2)
             faulthandler.dump_traceback_later(timeout_s, exit=True, file=stacks)   # where it stuck, then out
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                mutated = Cell(-1, mutant.cell, mutant.source, True, False)
-                failed = _run_cells(shell, [mutated] + following)
-            os.write(write, json.dumps(failed).encode())
+                result = work()
+            os.write(write, json.dumps(result).encode())
         finally:
             os._exit(0)
     os.close(write)
@@ -157,19 +203,61 @@ def _in_child(shell: Any, mutant: Mutant, following: list[Cell], timeout_s: floa
         os.waitpid(pid, 0)
     with os.fdopen(read, "rb") as f:
         data = f.read()
-    if not data:
-        stacks.seek(0)
-        where = [line.strip() for line in stacks.read().decode(errors="replace").splitlines() if "File" in line][:3]
-        return "killed", f"timeout or crash (no verdict within {timeout_s:.0f} s){': ' if where else ''}{' | '.join(where)}"
-    failed = json.loads(data)
-    return ("killed", failed[0]) if failed else ("survived", "")
+    if data:
+        return True, json.loads(data), ""
+    stacks.seek(0)
+    where = [line.strip() for line in stacks.read().decode(errors="replace").splitlines() if "File" in line][:3]
+    return False, None, " | ".join(where)
+
+
+def _grade(shell: Any, mutant: Mutant, following: list[Cell], timeout_s: float) -> tuple[str, str]:
+    """(kind, what) of one mutant graded by the check cells after it (KINDS; see the module docstring)."""
+    def work() -> dict:
+        before = set(linecache.cache)
+        first = shell.run_cell(mutant.source, store_history=False, silent=False)
+        files = set(linecache.cache) - before
+        raised = None if first.success else (first.error_in_exec or first.error_before_exec)
+        failed = _run_cells(shell, following, files)
+        return {"raised": None if raised is None else f"{type(raised).__name__}: {str(raised)[:120]}",
+                "failed": failed}
+
+    finished, result, where = _in_child(work, timeout_s)
+    if not finished:
+        return "hang", f"no verdict within {timeout_s:.0f} s{': ' if where else ''}{where}"
+    failed = result["failed"]
+    if result["raised"] and failed:                   # its own cell raised: what fails after it follows from that
+        return "crash", f"its own cell raised {result['raised']}"
+    for kind in ("check", "crash", "broken"):         # a check's verdict first, then a crash
+        found = [what for _, k, what in failed if k == kind]
+        if found:
+            return kind, found[0]
+    return "survived", ""
+
+
+def _shown_equivalent(shell: Any, cell: Cell, mutant: Mutant, assignment: str, timeout_s: float) -> str | None:
+    """None when a differential test shows the mutant equivalent; else why not (no contract, or the input that
+    splits it)."""
+    contract = contract_for(assignment, cell.grade_id)
+    if contract is None and not is_interview(cell.grade_id):
+        return f"no contract for {cell.grade_id} (autograder/mutation/contracts/)"
+
+    def work() -> dict:
+        if contract is None:
+            return {"differs": answers(shell.user_ns, cell.source, mutant.source)}
+        return {"differs": differential(contract, shell.user_ns, cell.source, mutant.source)}
+
+    finished, result, where = _in_child(work, timeout_s)
+    if not finished:
+        return f"the differential test did not finish within {timeout_s:.0f} s{': ' if where else ''}{where}"
+    return None if result["differs"] is None else f"split: {result['differs']}"
 
 
 def run_lab(assignment: str, *, sample: int | None = None, seed: int = 0, timeout_s: float = 120,
-            exercises: list[str] | None = None, known_path: Path = MUTATION_KNOWN,
+            exercises: list[str] | None = None, known_path: Path = MUTATION_KNOWN, equivalence_only: bool = False,
             log: Any = print) -> LabResult:
     """Mutation-test one lab (see the module docstring). `sample`: only that many mutants, drawn with `seed` from
-    those known.json lists neither as equivalent nor as a survivor (so every one must be killed)."""
+    those known/ lists neither as equivalent nor as a survivor (so every one must be killed). `equivalence_only`:
+    only the differential tests of the listed-equivalent mutants (what shows them, or splits them)."""
     from IPython.core.interactiveshell import InteractiveShell
 
     backend = os.environ.get("MPLBACKEND")
@@ -181,42 +269,56 @@ def run_lab(assignment: str, *, sample: int | None = None, seed: int = 0, timeou
     chosen: dict[int, list[Mutant]] = {}
     import torch
 
+    gpu = torch.cuda.is_available()
     for pos, cell in enumerate(cells):
         if cell.exercise and (exercises is None or cell.grade_id in exercises):
-            if cell.grade_id in known["gpu_only"] and not torch.cuda.is_available():
-                result.not_run[cell.grade_id] = len(mutants_of(cell.source, cell.grade_id))
+            every = mutants_of(cell.source, cell.grade_id)
+            if cell.grade_id in known["gpu_only"] and not gpu:
+                result.not_run[cell.grade_id] = len(every)
                 continue
-            chosen[pos] = mutants_of(cell.source, cell.grade_id)
-    every = [mu for ms in chosen.values() for mu in ms]
-    result.mutants = len(every)
-    result.equivalent = {mu.id: known["equivalent"][mu.id] for mu in every if mu.id in known["equivalent"]}
+            gpu_only = [mu for mu in every if mu.id in known["gpu_only"] and not gpu]
+            if gpu_only:
+                result.not_run[f"{cell.grade_id} (mutants only a GPU tells apart)"] = len(gpu_only)
+            chosen[pos] = [mu for mu in every if mu not in gpu_only]
+    result.mutants = sum(len(ms) for ms in chosen.values()) + sum(result.not_run.values())
     if sample is not None:
-        pool = [mu for mu in every if mu.id not in known["equivalent"] and mu.id not in known["survivors"]]
+        pool = [mu for ms in chosen.values() for mu in ms
+                if mu.id not in known["equivalent"] and mu.id not in known["survivors"]]
         keep = {mu.id for mu in random.Random(seed).sample(pool, min(sample, len(pool)))}
         chosen = {pos: [mu for mu in ms if mu.id in keep] for pos, ms in chosen.items()}
-        chosen = {pos: ms for pos, ms in chosen.items() if ms}
+    if equivalence_only:
+        chosen = {pos: [mu for mu in ms if mu.id in known["equivalent"]] for pos, ms in chosen.items()}
+    chosen = {pos: ms for pos, ms in chosen.items() if ms}
     last = max(chosen, default=-1)
     shell = InteractiveShell.instance()
     cwd = os.getcwd()
     os.chdir(SOLUTIONS / assignment)
     try:
         with _one_thread():
-            for pos, cell in enumerate(cells[: last + 1 if sample is not None else len(cells)]):
+            for pos, cell in enumerate(cells[: last + 1 if (sample is not None or equivalence_only) else len(cells)]):
                 following = _checks_after(cells, pos) if chosen.get(pos) else []
                 for mu in chosen.get(pos, []):
-                    if mu.id in result.equivalent:
-                        continue
-                    verdict, why = _in_child(shell, mu, following, timeout_s)
-                    if verdict == "killed":
-                        result.killed[mu.id] = why
-                    else:
-                        result.survived[mu.id] = f"[{mu.kind}] {mu.diff_line(cell.source)}"
-                        log(f"  survived {mu.id}: {result.survived[mu.id]}")
+                    if mu.id in known["equivalent"]:
+                        why_not = _shown_equivalent(shell, cell, mu, assignment, timeout_s)
+                        if why_not is None:
+                            result.equivalent[mu.id] = known["equivalent"][mu.id]
+                            continue
+                        result.not_shown[mu.id] = why_not
+                        log(f"  not shown equivalent {mu.id}: {why_not}")
+                        if equivalence_only:
+                            continue
+                    kind, what = _grade(shell, mu, following, timeout_s)
+                    result.outcome[mu.id] = (kind, what if kind != "survived" else
+                                             f"[{mu.kind}] {mu.diff_line(cell.source)}")
+                    if kind in ("survived", "broken"):
+                        log(f"  {kind} {mu.id}: {result.outcome[mu.id][1]}")
                 with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                    result.baseline_failures += _run_cells(shell, [cell])
+                    result.baseline_failures += [what for _, _, what in _run_cells(shell, [cell])]
                 if cell.exercise and chosen.get(pos):
-                    log(f"{assignment} {cell.grade_id}: {len(chosen[pos])} mutants, "
-                        f"{sum(1 for mu in chosen[pos] if mu.id in result.killed)} killed")
+                    ms = [mu.id for mu in chosen[pos]]
+                    log(f"{assignment} {cell.grade_id}: {len(ms)} mutants, "
+                        f"{sum(1 for m in ms if m in result.killed)} killed, "
+                        f"{sum(1 for m in ms if m in result.equivalent)} shown equivalent")
     finally:
         os.chdir(cwd)
         InteractiveShell.clear_instance()
@@ -228,18 +330,33 @@ def run_lab(assignment: str, *, sample: int | None = None, seed: int = 0, timeou
     return result
 
 
+def _row(r: LabResult, interview: bool) -> str:
+    counts = [len(r.ids(kind, interview)) for kind in KINDS]
+    equivalent = sum(is_interview(mid) == interview for mid in r.equivalent)
+    not_shown = sum(is_interview(mid) == interview for mid in r.not_shown)
+    score = r.score(interview)
+    return (f"| {r.assignment} | {'interview' if interview else 'exercises'} | {sum(counts) + equivalent} | "
+            f"{equivalent} | {not_shown} | " + " | ".join(map(str, counts)) +
+            f" | {'-' if score != score else f'{score:.1%}'} |")
+
+
 def markdown(results: list[LabResult]) -> str:
-    rows = ["| lab | mutants | equivalent | killed | survived | score | seconds |", "|---|---|---|---|---|---|---|"]
+    rows = ["| lab | cells | mutants run or shown | shown equivalent | listed, not shown | killed by a check | "
+            "crash | hang | broken | survived | score |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
-        rows.append(f"| {r.assignment} | {r.mutants} | {len(r.equivalent)} | {len(r.killed)} | {len(r.survived)} | "
-                    f"{r.score:.0%} | {r.seconds:.0f} |")
+        rows += [_row(r, False), _row(r, True)]
     for r in results:
+        rows.append(f"\n{r.assignment}: {r.mutants} mutants, {r.seconds:.0f} s")
         if r.not_run:
-            rows.append(f"\n{r.assignment}: not run without a GPU (their checks run on a GPU only): "
+            rows.append(f"{r.assignment}: not run without a GPU (only a GPU tells them apart): "
                         + ", ".join(f"{ex} ({n} mutants)" for ex, n in r.not_run.items()))
         if r.baseline_failures:
-            rows.append(f"\n{r.assignment}: the solution itself failed {r.baseline_failures}: no score")
-        if r.survived:
-            rows.append(f"\n{r.assignment} survivors (wrong implementations its checks pass):")
-            rows += [f"- `{mid}` {diff}" for mid, diff in r.survived.items()]
+            rows.append(f"{r.assignment}: the solution itself failed {r.baseline_failures}: no score")
+        for kind, title in (("survived", "survivors (wrong implementations its checks pass)"),
+                            ("broken", "broken runs (a check or the harness failed on its own)")):
+            found = r.ids(kind)
+            if found:
+                rows.append(f"{r.assignment} {title}:")
+                rows += [f"- `{mid}` {r.outcome[mid][1]}" + (f" (listed equivalent: {r.not_shown[mid]})"
+                                                             if mid in r.not_shown else "") for mid in found]
     return "\n".join(rows)

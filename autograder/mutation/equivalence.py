@@ -1,0 +1,146 @@
+"""Equivalence shown, not asserted: a differential test of a mutant against the solution on drawn valid inputs.
+
+A `Contract` says how one exercise may be used: what object of the cell to compare (`subject`), a hypothesis strategy
+of valid inputs (every shape, dtype, size and device the exercise's contract allows; the meta device stands for "not
+the CPU"), how to use the object on one input (`run`, by default a call) and when two results are the same
+(`same`, by default: equal values, dtypes, shapes and devices; the same exception type when both raise).
+
+    differential(contract, namespace, solution_source, mutant_source, seed=0) -> None | "the first input that differs"
+
+`namespace` is the notebook's, as it is before the exercise cell runs (models and helpers of earlier cells). The
+solution and the mutant are each run in a copy of it; the drawn inputs are copied for each, so neither sees what the
+other wrote. A mutant listed as equivalent in autograder/mutation/known/ counts as equivalent only when its
+exercise has a contract and this finds no difference (run.py); otherwise it is graded like any other mutant.
+
+Interview answer cells (q*_code) need no contract: `answers` compares every value the cell defines.
+"""
+
+from __future__ import annotations
+
+import copy
+import linecache
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+__all__ = ["Contract", "Raised", "call_with", "same_result", "differential", "answers"]
+
+
+@dataclass(frozen=True)
+class Raised:
+    """What a call that raised returns in a contract's results: the exception's type name."""
+    kind: str
+
+
+def call_with(subject: Any, value: Any) -> Any:
+    """The default `run`: value is (args, kwargs) or a tuple of args; the call's result, or Raised(type)."""
+    args, kwargs = value if (isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], dict)) else (value, {})
+    try:
+        return subject(*args, **kwargs)
+    except Exception as err:                        # noqa: BLE001  (both versions raising the same kind is the same)
+        return Raised(type(err).__name__)
+
+
+def same_result(a: Any, b: Any, *, rtol: float = 0.0, atol: float = 0.0) -> bool:
+    """Equal all the way down: tensors by dtype, shape, device and values (NaN equal to NaN; meta tensors by the
+    first three), floats within rtol/atol (exact by default), containers item by item, objects by their attributes."""
+    import torch
+
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return False
+        if (a.dtype, a.shape, a.device) != (b.dtype, b.shape, b.device):
+            return False
+        if a.device.type == "meta":
+            return True
+        if rtol or atol:
+            return bool(torch.allclose(a.double(), b.double(), rtol=rtol, atol=atol, equal_nan=True))
+        if not a.is_floating_point():
+            return bool(torch.equal(a, b))
+        nan_a, nan_b = a.isnan(), b.isnan()
+        return bool(torch.equal(nan_a, nan_b) and torch.equal(a[~nan_a], b[~nan_b]))
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=rtol, abs_tol=atol) or a == b
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same_result(x, y, rtol=rtol, atol=atol) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_result(a[k], b[k], rtol=rtol, atol=atol) for k in a)
+    if hasattr(a, "__dict__") and not callable(a):
+        return same_result(vars(a), vars(b), rtol=rtol, atol=atol)
+    return bool(a == b)
+
+
+@dataclass(frozen=True)
+class Contract:
+    """How to use one exercise's object and tell two versions apart (see the module docstring).
+
+    inputs(namespace) -> a hypothesis strategy of one valid input; corners(namespace) -> inputs always tried first
+    (the contract's smallest and largest sizes, its boundaries: hypothesis's draws may miss a single value);
+    run(subject, input) -> what is compared."""
+    subject: str
+    inputs: Callable[[dict], Any]
+    run: Callable[[Any, Any], Any] = call_with
+    same: Callable[[Any, Any], bool] = same_result
+    corners: Callable[[dict], list] = lambda namespace: []
+    examples: int = 100
+
+
+def _run_cell(source: str, namespace: dict, filename: str) -> dict:
+    """A copy of `namespace` after running `source` in it, compiled under `filename` (registered in linecache, as
+    IPython does: Triton's interpreter reads a kernel's source)."""
+    ns = dict(namespace)
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), ns)
+    return ns
+
+
+class _Differs(Exception):
+    pass
+
+
+def differential(contract: Contract, namespace: dict, solution: str, mutant: str, *, seed: int = 0) -> str | None:
+    """None when no drawn input tells `mutant` from `solution` (cell sources); else what differed, on which input."""
+    from hypothesis import HealthCheck, Phase, example, given, settings
+    from hypothesis import seed as hypothesis_seed
+
+    ours = _run_cell(solution, namespace, "<solution cell>")[contract.subject]
+    theirs = _run_cell(mutant, namespace, "<mutant cell>")[contract.subject]
+
+    @hypothesis_seed(seed)
+    @settings(max_examples=contract.examples, database=None, deadline=None, phases=[Phase.explicit, Phase.generate],
+              suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
+    @given(contract.inputs(namespace))
+    def same_everywhere(value: Any) -> None:
+        want = contract.run(ours, copy.deepcopy(value))
+        got = contract.run(theirs, copy.deepcopy(value))
+        if not contract.same(got, want):
+            raise _Differs(f"on {_short(value)}: the solution gives {_short(want)}, the mutant {_short(got)}")
+
+    for corner in contract.corners(namespace):
+        same_everywhere = example(corner)(same_everywhere)
+    try:
+        same_everywhere()
+    except _Differs as differs:
+        return str(differs)
+    return None
+
+
+def answers(namespace: dict, solution: str, mutant: str, *, rel_tol: float = 1e-12) -> str | None:
+    """An interview answer cell: None when the mutant defines every value the solution's cell defines, equal (floats
+    within rel_tol); else the first that differs."""
+    ours = _run_cell(solution, namespace, "<solution cell>")
+    theirs = _run_cell(mutant, namespace, "<mutant cell>")
+    for name, want in ours.items():
+        if name.startswith("_") or (name in namespace and namespace[name] is want) or callable(want):
+            continue
+        got = theirs.get(name, Raised("missing"))
+        if not same_result(got, want, rtol=rel_tol):
+            return f"{name}: the solution gives {_short(want)}, the mutant {_short(got)}"
+    return None
+
+
+def _short(value: Any, limit: int = 160) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
