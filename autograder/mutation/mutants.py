@@ -1,6 +1,6 @@
 """Mutants of one solution cell: mutmut's operators (numbers, strings, names, operators, comparisons, removed call
-arguments, ...) and the course's own kinds (issue 34), applied one at a time to the lines between
-`### BEGIN SOLUTION` and `### END SOLUTION`.
+arguments, ...) and the course's own kinds (operators.py: the bugs students write), applied one at a time to the
+lines between `### BEGIN SOLUTION` and `### END SOLUTION`.
 
     mutants_of(source, cell="ex1_code") -> [Mutant(id, cell, line, kind, source), ...]
 
@@ -11,16 +11,15 @@ known equivalent mutants can name it.
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 import libcst as cst
-import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 from mutmut.mutation.file_mutation import MutationVisitor, deep_replace
 from mutmut.mutation.mutators import mutation_operators
 from mutmut.mutation.pragma_handling import IgnoredCode
+
+from autograder.mutation.operators import COURSE_OPERATORS, TILE_NAME, tile_swap
 
 __all__ = ["Mutant", "mutants_of", "solution_lines", "COURSE_OPERATORS"]
 
@@ -57,74 +56,6 @@ def solution_lines(source: str) -> set[int]:
     return chosen if any(t.strip() == BEGIN for t in lines) else set(range(1, len(lines) + 1))
 
 
-# ----------------------------------------------------------------------------------------------------------
-# The course's operators: the kinds of wrong implementation issue 34 found escaping the checks
-# ----------------------------------------------------------------------------------------------------------
-
-def _drop_method(name: str) -> Callable[[cst.CSTNode], Iterable[cst.CSTNode]]:
-    """x.name() -> x (a dropped .contiguous(), .float(), .clone(), ...)."""
-    def operator(node: cst.CSTNode) -> Iterable[cst.CSTNode]:
-        if m.matches(node, m.Call(func=m.Attribute(attr=m.Name(name)), args=[])):
-            yield node.func.value
-    return operator
-
-
-def _minus_inf_to_large_negative(node: cst.CSTNode) -> Iterable[cst.CSTNode]:
-    """float("-inf"), -math.inf, -torch.inf, -float("inf") -> -1e4 (a mask that is only very negative)."""
-    minus_inf = m.Call(func=m.Name("float"), args=[m.Arg(m.SimpleString(value=m.MatchIfTrue(
-        lambda v: v.strip("'\"").lower() == "-inf")))])
-    negated = m.UnaryOperation(operator=m.Minus(), expression=m.Attribute(attr=m.Name("inf"))
-                               | m.Call(func=m.Name("float"), args=[m.Arg(m.SimpleString(value=m.MatchIfTrue(
-                                   lambda v: v.strip("'\"").lower() == "inf")))]))
-    if m.matches(node, minus_inf | negated):
-        yield cst.parse_expression("-1e4")
-
-
-def _dtype_swap(node: cst.CSTNode) -> Iterable[cst.CSTNode]:
-    """torch.float32 <-> torch.float16, torch.float16 -> torch.bfloat16: a result in the wrong precision."""
-    swaps = {"float32": "float16", "float": "half", "float16": "bfloat16", "bfloat16": "float16", "half": "float"}
-    if m.matches(node, m.Attribute(value=m.Name("torch"), attr=m.Name(m.MatchIfTrue(lambda n: n in swaps)))):
-        yield node.with_changes(attr=cst.Name(swaps[node.attr.value]))
-
-
-def _broad_except(node: cst.CSTNode) -> Iterable[cst.CSTNode]:
-    """except Exception -> except BaseException (swallows KeyboardInterrupt and SystemExit too)."""
-    if m.matches(node, m.ExceptHandler(type=m.Name("Exception"))):
-        yield node.with_changes(type=cst.Name("BaseException"))
-
-
-def _narrow_except(node: cst.CSTNode) -> Iterable[cst.CSTNode]:
-    """except BaseException -> except Exception (a cancelled request, a CancelledError or KeyboardInterrupt, skips
-    the cleanup: the slot is never freed)."""
-    if m.matches(node, m.ExceptHandler(type=m.Name("BaseException"))):
-        yield node.with_changes(type=cst.Name("Exception"))
-
-
-TILE_NAME = re.compile(r"\b(?:BLOCK_(?:[A-Z]|SIZE)|PAGE_SIZE|block_(?:[a-z]|size)|page_size)\b")
-
-
-def _tile_swap(names: set[str]) -> Callable[[cst.CSTNode], Iterable[cst.CSTNode]]:
-    """BLOCK_M -> BLOCK_N (each tile-size name for each other one of the same cell, same case): a loop bound or an
-    offset written with the wrong block size, invisible while the tiles are equal."""
-    def operator(node: cst.CSTNode) -> Iterable[cst.CSTNode]:
-        if isinstance(node, cst.Name) and node.value in names:
-            for other in sorted(names - {node.value}):
-                if other.isupper() == node.value.isupper():
-                    yield node.with_changes(value=other)
-    return operator
-
-
-COURSE_OPERATORS: list[tuple[str, type, Callable[[cst.CSTNode], Iterable[cst.CSTNode]]]] = [
-    ("drop .contiguous()", cst.Call, _drop_method("contiguous")),
-    ("drop .float()", cst.Call, _drop_method("float")),
-    ("drop .clone()", cst.Call, _drop_method("clone")),
-    ("-inf -> -1e4", cst.BaseExpression, _minus_inf_to_large_negative),
-    ("dtype swap", cst.Attribute, _dtype_swap),
-    ("Exception -> BaseException", cst.ExceptHandler, _broad_except),
-    ("BaseException -> Exception", cst.ExceptHandler, _narrow_except),
-]
-
-
 class _Visitor(MutationVisitor):
     """mutmut's visitor, decorated functions included: mutmut skips them because it swaps functions through
     trampolines; here each mutant is a whole cell, so @torch.inference_mode() and @triton.jit bodies are mutated too
@@ -151,10 +82,11 @@ class _CourseVisitor(cst.CSTVisitor):
         return True
 
 
-def mutants_of(source: str, cell: str) -> list[Mutant]:
-    """Every single-point mutant of the cell's solution lines, mutmut's first, then the course's; duplicates (two
-    operators giving the same source) and mutants that do not compile are left out."""
-    lines = solution_lines(source)
+def mutants_of(source: str, cell: str, only_lines: set[int] | None = None) -> list[Mutant]:
+    """Every single-point mutant of the cell's solution lines (or of those of them in `only_lines`), mutmut's first,
+    then the course's; duplicates (two operators giving the same source) and mutants that do not compile are left
+    out."""
+    lines = solution_lines(source) if only_lines is None else solution_lines(source) & only_lines
     module = cst.parse_module(source)
     wrapper = MetadataWrapper(module)
     mutmut_visitor = _Visitor(mutation_operators, IgnoredCode(set(), set(), set()), lines)
@@ -163,7 +95,7 @@ def mutants_of(source: str, cell: str) -> list[Mutant]:
     found = [("mutmut", mut.original_node, mut.mutated_node, positions[mut.original_node].start.line)
              for mut in mutmut_visitor.mutations]
     tiles = set(TILE_NAME.findall(source))
-    course = _CourseVisitor(lines, COURSE_OPERATORS + ([("tile size swap", cst.Name, _tile_swap(tiles))]
+    course = _CourseVisitor(lines, COURSE_OPERATORS + ([("tile size swap", cst.Name, tile_swap(tiles))]
                                                        if len(tiles) > 1 else []))
     wrapper.visit(course)
     found += course.found

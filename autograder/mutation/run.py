@@ -122,8 +122,14 @@ def stale_entries(assignment: str, folder: Path = MUTATION_KNOWN) -> list[str]:
     """known/'s entries for this lab that name no mutant of its solution cells (the cell changed): each must be
     looked at again, or removed."""
     cells = {c.grade_id: c for c in notebook_cells(assignment) if c.exercise}
-    ids = {mu.id for c in cells.values() for mu in mutants_of(c.source, c.grade_id)}
     known = load_known(assignment, folder)
+    named = [key for group in known.values() for key in group if key.count(":") == 2]
+    lines: dict[str, set[int]] = {}
+    for key in named:                                  # only the lines named: a whole lab's mutants take minutes
+        cell, line, _ = key.split(":")
+        lines.setdefault(cell, set()).add(int(line))
+    ids = {mu.id for gid, wanted in lines.items() if gid in cells
+           for mu in mutants_of(cells[gid].source, gid, only_lines=wanted)}
     stale = [f"equivalent {mid}" for mid in known["equivalent"] if mid not in ids]
     stale += [f"survivors {mid}" for mid in known["survivors"] if mid not in ids]
     stale += [f"gpu_only {key}" for key in known["gpu_only"] if key not in cells and key not in ids]

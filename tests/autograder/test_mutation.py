@@ -83,7 +83,7 @@ def _run_in_a_fresh_process(code: str, repo_root) -> dict:
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-c", "import json, sys\nfrom autograder.mutation import run\n" + code +
-                           "\nprint(json.dumps({'killed': r.killed, 'survived': r.survived, "
+                           "\nprint(json.dumps({'killed': r.killed, 'survived': r.survived, 'outcome': r.outcome, "
                            "'baseline': r.baseline_failures}))"],
                           cwd=repo_root, env=env, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -98,6 +98,7 @@ def test_a_seeded_sample_of_lab00_mutants_is_killed(repo_root):
                                 "exercises=['ex2_code', 'ex3_code', 'ex5_code', 'ex8_code', 'ex9_code'])", repo_root)
     assert r["baseline"] == []
     assert len(r["killed"]) == 4 and r["survived"] == {}, r["survived"]
+    assert {kind for kind, _ in r["outcome"].values()} <= {"check", "crash"}, r["outcome"]
 
 
 @pytest.mark.timeout(600)
@@ -127,13 +128,82 @@ def test_the_run_keeps_torch_on_one_thread():
 
 
 def test_gpu_only_exercises_are_reported_apart(tmp_path):
-    """known.json's gpu_only exercises are not run without a GPU, and the report says how many mutants that leaves."""
+    """known/'s gpu_only exercises are not run without a GPU, and the report says how many mutants that leaves."""
     import json
 
     from autograder.mutation.run import LabResult, load_known, markdown
 
-    known = tmp_path / "known.json"
-    known.write_text(json.dumps({"01_kv_cache": {"gpu_only": {"ex4_code": "a CUDA graph"}}}))
-    assert load_known("01_kv_cache", known)["gpu_only"] == {"ex4_code": "a CUDA graph"}
+    (tmp_path / "01_kv_cache.json").write_text(json.dumps({"gpu_only": {"ex4_code": "a CUDA graph"}}))
+    assert load_known("01_kv_cache", tmp_path)["gpu_only"] == {"ex4_code": "a CUDA graph"}
     report = markdown([LabResult("01_kv_cache", not_run={"ex4_code": 30})])
     assert "not run without a GPU" in report and "ex4_code (30 mutants)" in report
+
+
+def test_scores_count_checks_and_crashes_and_keep_interview_cells_apart():
+    """A broken run (the check failed on its own) is no kill; exercises and interview answers are scored apart."""
+    from autograder.mutation.run import LabResult, markdown
+
+    r = LabResult("00_token_factory", outcome={"ex1_code:1:a": ("check", "ex1_check: AssertionError"),
+                                               "ex1_code:2:b": ("crash", "ex1_check: TypeError"),
+                                               "ex1_code:3:c": ("broken", "ex1_check: NameError"),
+                                               "ex1_code:4:d": ("survived", "[mutmut] 4: a -> b"),
+                                               "q1_code:1:e": ("check", "q1_check: AssertionError")},
+                  equivalent={"ex1_code:5:f": "shown"})
+    assert r.score(interview=False) == 0.5 and r.score(interview=True) == 1.0
+    table = markdown([r])
+    assert "| 00_token_factory | exercises | 5 | 1 | 0 | 1 | 1 | 0 | 1 | 1 | 50.0% |" in table
+    assert "broken runs" in table and "ex1_code:3:c" in table
+
+
+def test_no_known_entry_is_stale():
+    """Every entry of known/ names a mutant of today's solution cells (or a GPU-only exercise): an entry left behind
+    by a changed cell would be taken for a shown or known one."""
+    from autograder.mutation.run import SOLUTIONS, stale_entries
+
+    stale = {lab.name: stale_entries(lab.name) for lab in sorted(SOLUTIONS.iterdir()) if lab.is_dir()}
+    assert not any(stale.values()), {lab: found for lab, found in stale.items() if found}
+
+
+def test_every_listed_equivalent_exercise_mutant_has_a_contract():
+    """An exercise mutant listed as equivalent is shown so by a differential test, which needs the exercise's
+    contract (autograder/mutation/contracts/); interview answer cells are compared value by value."""
+    from autograder.mutation.contracts import contract_for
+    from autograder.mutation.run import SOLUTIONS, is_interview, load_known
+
+    missing = [f"{lab.name} {mid}" for lab in sorted(SOLUTIONS.iterdir()) if lab.is_dir()
+               for mid in load_known(lab.name)["equivalent"]
+               if not is_interview(mid) and contract_for(lab.name, mid.split(":")[0]) is None]
+    assert not missing, missing
+
+
+STUDENT_CELL = '''def step(q, k, v, out, n, d):
+    ### BEGIN SOLUTION
+    s = q @ k.transpose(-2, -1)
+    keep = torch.zeros(n, device=q.device)
+    for i in range(n):
+        out[i] += s[i].sum(dim=d)
+    out.add_(1)
+    return torch.cat([out[: n - 1], v.T], 0)
+    ### END SOLUTION
+'''
+
+
+def test_the_operators_write_students_bugs():
+    """Issue 57's kinds, each on a line of its own: a statement left out, two arguments swapped, a bound that is
+    not a literal moved by one, a shape op dropped, a reduction dim held in a variable moved, in place <-> copy,
+    a tensor made on the CPU; modules' functions are never made `_` methods (math.sqrt_ does not exist)."""
+    diffs = {(mu.kind, mu.diff_line(STUDENT_CELL)) for mu in mutants_of(STUDENT_CELL, "ex1_code")}
+    for kind, line in [
+            ("statement deleted", "7: out.add_(1)  ->  pass"),
+            ("arguments swapped", "3: s = q @ k.transpose(-2, -1)  ->  s = q @ k.transpose(-1, -2)"),
+            ("off by one", "5: for i in range(n):  ->  for i in range(n - 1):"),
+            ("off by one", "8: return torch.cat([out[: n - 1], v.T], 0)  ->  return torch.cat([out[: (n - 1) + 1], v.T], 0)"),
+            ("off by one", "6: out[i] += s[i].sum(dim=d)  ->  out[i + 1] += s[i].sum(dim=d)"),
+            ("shape op dropped", "3: s = q @ k.transpose(-2, -1)  ->  s = q @ k"),
+            ("shape op dropped", "8: return torch.cat([out[: n - 1], v.T], 0)  ->  return torch.cat([out[: n - 1], v], 0)"),
+            ("reduction dim moved", "6: out[i] += s[i].sum(dim=d)  ->  out[i] += s[i].sum(dim=-1)"),
+            ("in place <-> copy", "6: out[i] += s[i].sum(dim=d)  ->  out[i] = out[i] + s[i].sum(dim=d)"),
+            ("in place <-> copy", "7: out.add_(1)  ->  out.add(1)"),
+            ("device -> cpu", '4: keep = torch.zeros(n, device=q.device)  ->  keep = torch.zeros(n, device="cpu")')]:
+        assert (kind, line) in diffs, (kind, line)
+    assert not any("cat_" in line or "zeros_" in line for _, line in diffs)
