@@ -8,7 +8,7 @@
 # Speed:      make bench [BENCH_ARGS=--quick]  (decode, batching, serving, speculative: data/bench/ledger.json)
 # Practice:   make interview [INTERVIEW_ARGS="--seed 7 -n 5"]  (interview questions with fresh numbers)
 # Serving:    make serve [SERVE_ARGS="--checkpoint draft --engine naive --port 8001"]  (OpenAI-compatible, loopback)
-# Checks:     make mutation LAB=00 [MUTATION_ARGS="--sample 10"]  (wrong implementations the checks let through)
+# Checks:     make mutation LAB=00 [MUTATION_ARGS="--sample 10"]  (wrong implementations the checks let through; LAB=all)
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -54,7 +54,7 @@ CPYTHON_LIB ?=
 LAB ?=
 MUTATION_ARGS ?=
 mutation: setup
-	@test -n "$(LAB)" || { echo "make mutation LAB=NN (00-11)"; exit 2; }
+	@test -n "$(LAB)" || { echo "make mutation LAB=NN (00-11, or all)"; exit 2; }
 	OMP_NUM_THREADS=1 MPLBACKEND=Agg $(PY) -m autograder mutation --lab $(LAB) $(MUTATION_ARGS)
 
 .PHONY: bench hub hub-deps mutation serve interview progress help setup lab test browser-deps sandbox-deps release grade autograde feedback export similarity doctor calibrate gpu-check models data normalize check-normalized

@@ -10,7 +10,7 @@ HELP = "mutants of a lab's solution cells graded by its checks: score and surviv
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--lab", action="append", required=True, help="lab number or folder (repeatable): 00, 02_paged_kv_cache")
+    p.add_argument("--lab", action="append", default=[], help="lab number or folder (repeatable): 00, 02_paged_kv_cache; all: every lab")
     p.add_argument("--sample", type=int, help="only N mutants, seeded, drawn from those not known as equivalent or "
                    "surviving (each must be killed)")
     p.add_argument("--seed", type=int, default=0)
@@ -20,13 +20,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--equivalence-only", action="store_true", help="only the differential tests of the mutants "
                    "known/ lists as equivalent: which are shown, which are split (autograder/mutation/equivalence.py)")
     p.add_argument("--json", type=Path, help="also write the results here")
+    p.add_argument("--write-docs", action="store_true", help="only remake docs/instructors.md's table from the full "
+                   "runs recorded in autograder/mutation/results/ (a full run records itself there)")
 
 
 def run(args: argparse.Namespace, course: Path) -> int:
-    from autograder.mutation.run import markdown, run_lab
+    from autograder.mutation.report import markdown, record, summary, write_docs
+    from autograder.mutation.run import run_lab
 
+    if args.write_docs:
+        write_docs()
+        return 0
+    if not args.lab:
+        print("mutation: --lab NN (repeatable), or --write-docs")
+        return 2
+    full = args.sample is None and not args.exercise and not args.equivalence_only
     results = []
-    for lab in args.lab:
+    labs = ([p.name[:2] for p in sorted((course / "solutions").iterdir()) if p.is_dir()] if args.lab == ["all"]
+            else args.lab)
+    for lab in labs:
         matches = sorted(p.name for p in (course / "solutions").iterdir() if p.name.startswith(lab.zfill(2)[:2]))
         if len(matches) != 1:
             print(f"mutation: no single lab matches {lab!r} (solutions/: {matches})")
@@ -34,8 +46,11 @@ def run(args: argparse.Namespace, course: Path) -> int:
         results.append(run_lab(matches[0], sample=args.sample, seed=args.seed, timeout_s=args.timeout,
                                exercises=args.exercise, equivalence_only=args.equivalence_only))
     print(markdown(results))
+    for r in results:
+        if full and not r.baseline_failures:
+            print(f"recorded in {record(r)} (python -m autograder mutation --write-docs puts it in docs/instructors.md)")
     if args.json:
-        args.json.write_text(json.dumps([r.__dict__ for r in results], indent=1) + "\n")
+        args.json.write_text(json.dumps([summary(r) for r in results], indent=1) + "\n")
     failed = any(r.baseline_failures for r in results) or (
         args.sample is not None and any(r.ids("survived") or r.ids("broken") for r in results))
     return 1 if failed else 0

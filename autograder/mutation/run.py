@@ -48,7 +48,7 @@ from autograder.mutation.equivalence import answers, differential
 from autograder.mutation.mutants import Mutant, mutants_of
 from autograder.paths import MUTATION_KNOWN, REPO_ROOT
 
-__all__ = ["Cell", "LabResult", "notebook_cells", "run_lab", "load_known", "stale_entries", "markdown"]
+__all__ = ["Cell", "LabResult", "KINDS", "is_interview", "notebook_cells", "run_lab", "load_known", "stale_entries"]
 
 SOLUTIONS = REPO_ROOT / "solutions"
 KINDS = ("check", "crash", "hang", "broken", "survived")
@@ -334,35 +334,3 @@ def run_lab(assignment: str, *, sample: int | None = None, seed: int = 0, timeou
             os.environ["MPLBACKEND"] = backend
     result.seconds = round(time.perf_counter() - started, 1)
     return result
-
-
-def _row(r: LabResult, interview: bool) -> str:
-    counts = [len(r.ids(kind, interview)) for kind in KINDS]
-    equivalent = sum(is_interview(mid) == interview for mid in r.equivalent)
-    not_shown = sum(is_interview(mid) == interview for mid in r.not_shown)
-    score = r.score(interview)
-    return (f"| {r.assignment} | {'interview' if interview else 'exercises'} | {sum(counts) + equivalent} | "
-            f"{equivalent} | {not_shown} | " + " | ".join(map(str, counts)) +
-            f" | {'-' if score != score else f'{score:.1%}'} |")
-
-
-def markdown(results: list[LabResult]) -> str:
-    rows = ["| lab | cells | mutants run or shown | shown equivalent | listed, not shown | killed by a check | "
-            "crash | hang | broken | survived | score |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        rows += [_row(r, False), _row(r, True)]
-    for r in results:
-        rows.append(f"\n{r.assignment}: {r.mutants} mutants, {r.seconds:.0f} s")
-        if r.not_run:
-            rows.append(f"{r.assignment}: not run without a GPU (only a GPU tells them apart): "
-                        + ", ".join(f"{ex} ({n} mutants)" for ex, n in r.not_run.items()))
-        if r.baseline_failures:
-            rows.append(f"{r.assignment}: the solution itself failed {r.baseline_failures}: no score")
-        for kind, title in (("survived", "survivors (wrong implementations its checks pass)"),
-                            ("broken", "broken runs (a check or the harness failed on its own)")):
-            found = r.ids(kind)
-            if found:
-                rows.append(f"{r.assignment} {title}:")
-                rows += [f"- `{mid}` {r.outcome[mid][1]}" + (f" (listed equivalent: {r.not_shown[mid]})"
-                                                             if mid in r.not_shown else "") for mid in found]
-    return "\n".join(rows)

@@ -131,7 +131,8 @@ def test_gpu_only_exercises_are_reported_apart(tmp_path):
     """known/'s gpu_only exercises are not run without a GPU, and the report says how many mutants that leaves."""
     import json
 
-    from autograder.mutation.run import LabResult, load_known, markdown
+    from autograder.mutation.report import markdown
+    from autograder.mutation.run import LabResult, load_known
 
     (tmp_path / "01_kv_cache.json").write_text(json.dumps({"gpu_only": {"ex4_code": "a CUDA graph"}}))
     assert load_known("01_kv_cache", tmp_path)["gpu_only"] == {"ex4_code": "a CUDA graph"}
@@ -141,7 +142,8 @@ def test_gpu_only_exercises_are_reported_apart(tmp_path):
 
 def test_scores_count_checks_and_crashes_and_keep_interview_cells_apart():
     """A broken run (the check failed on its own) is no kill; exercises and interview answers are scored apart."""
-    from autograder.mutation.run import LabResult, markdown
+    from autograder.mutation.report import markdown
+    from autograder.mutation.run import LabResult
 
     r = LabResult("00_token_factory", outcome={"ex1_code:1:a": ("check", "ex1_check: AssertionError"),
                                                "ex1_code:2:b": ("crash", "ex1_check: TypeError"),
@@ -151,7 +153,7 @@ def test_scores_count_checks_and_crashes_and_keep_interview_cells_apart():
                   equivalent={"ex1_code:5:f": "shown"})
     assert r.score(interview=False) == 0.5 and r.score(interview=True) == 1.0
     table = markdown([r])
-    assert "| 00_token_factory | exercises | 5 | 1 | 0 | 1 | 1 | 0 | 1 | 1 | 50.0% |" in table
+    assert "| 00_token_factory | exercises | 4 | 1 | 0 | 1 | 1 | 0 | 1 | 1 | 50.0% |" in table
     assert "broken runs" in table and "ex1_code:3:c" in table
 
 
@@ -207,3 +209,21 @@ def test_the_operators_write_students_bugs():
             ("device -> cpu", '4: keep = torch.zeros(n, device=q.device)  ->  keep = torch.zeros(n, device="cpu")')]:
         assert (kind, line) in diffs, (kind, line)
     assert not any("cat_" in line or "zeros_" in line for _, line in diffs)
+
+
+def test_the_instructors_table_is_made_from_the_recorded_runs(tmp_path):
+    """docs/instructors.md's table is the one `--write-docs` makes from autograder/mutation/results/ (a full run
+    records itself there), and a record's figures reach it."""
+    from autograder.mutation import report
+    from autograder.mutation.run import LabResult
+
+    assert report.docs_block(report.records()) in report.DOCS.read_text()
+    r = LabResult("07_tensor_parallel", outcome={"ex1_code:1:a": ("check", "ex1_check: AssertionError"),
+                                                 "ex1_code:2:b": ("survived", "[off by one] 2: ...")}, seconds=12.0)
+    report.record(r, tmp_path)
+    docs = tmp_path / "instructors.md"
+    docs.write_text(f"before\n{report.BEGIN}\nold\n{report.END}\nafter\n")
+    report.write_docs(tmp_path, docs)
+    text = docs.read_text()
+    assert "| 07_tensor_parallel | exercises | 2 | 0 | 0 | 1 | 0 | 0 | 0 | 1 | 50.0% | 12 s |" in text
+    assert text.startswith("before\n") and text.endswith("after\n") and "old" not in text
