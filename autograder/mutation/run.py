@@ -260,10 +260,11 @@ def _shown_equivalent(shell: Any, cell: Cell, mutant: Mutant, assignment: str, t
 
 def run_lab(assignment: str, *, sample: int | None = None, seed: int = 0, timeout_s: float = 120,
             exercises: list[str] | None = None, known_path: Path = MUTATION_KNOWN, equivalence_only: bool = False,
-            log: Any = print) -> LabResult:
+            gpu_only: bool = False, log: Any = print) -> LabResult:
     """Mutation-test one lab (see the module docstring). `sample`: only that many mutants, drawn with `seed` from
     those known/ lists neither as equivalent nor as a survivor (so every one must be killed). `equivalence_only`:
-    only the differential tests of the listed-equivalent mutants (what shows them, or splits them)."""
+    only the differential tests of the listed-equivalent mutants (what shows them, or splits them). `gpu_only`:
+    only the mutants known/ lists as GPU-only, exercise or mutant (`make gpu-check` runs them where a GPU is)."""
     from IPython.core.interactiveshell import InteractiveShell
 
     backend = os.environ.get("MPLBACKEND")
@@ -279,13 +280,15 @@ def run_lab(assignment: str, *, sample: int | None = None, seed: int = 0, timeou
     for pos, cell in enumerate(cells):
         if cell.exercise and (exercises is None or cell.grade_id in exercises):
             every = mutants_of(cell.source, cell.grade_id)
+            if gpu_only and cell.grade_id not in known["gpu_only"]:
+                every = [mu for mu in every if mu.id in known["gpu_only"]]
             if cell.grade_id in known["gpu_only"] and not gpu:
                 result.not_run[cell.grade_id] = len(every)
                 continue
-            gpu_only = [mu for mu in every if mu.id in known["gpu_only"] and not gpu]
-            if gpu_only:
-                result.not_run[f"{cell.grade_id} (mutants only a GPU tells apart)"] = len(gpu_only)
-            chosen[pos] = [mu for mu in every if mu not in gpu_only]
+            waiting = [mu for mu in every if mu.id in known["gpu_only"] and not gpu]
+            if waiting:
+                result.not_run[f"{cell.grade_id} (mutants only a GPU tells apart)"] = len(waiting)
+            chosen[pos] = [mu for mu in every if mu not in waiting]
     result.mutants = sum(len(ms) for ms in chosen.values()) + sum(result.not_run.values())
     if sample is not None:
         pool = [mu for ms in chosen.values() for mu in ms
@@ -294,6 +297,7 @@ def run_lab(assignment: str, *, sample: int | None = None, seed: int = 0, timeou
         chosen = {pos: [mu for mu in ms if mu.id in keep] for pos, ms in chosen.items()}
     if equivalence_only:
         chosen = {pos: [mu for mu in ms if mu.id in known["equivalent"]] for pos, ms in chosen.items()}
+    partial = sample is not None or equivalence_only or gpu_only
     chosen = {pos: ms for pos, ms in chosen.items() if ms}
     last = max(chosen, default=-1)
     shell = InteractiveShell.instance()
@@ -301,7 +305,7 @@ def run_lab(assignment: str, *, sample: int | None = None, seed: int = 0, timeou
     os.chdir(SOLUTIONS / assignment)
     try:
         with _one_thread():
-            for pos, cell in enumerate(cells[: last + 1 if (sample is not None or equivalence_only) else len(cells)]):
+            for pos, cell in enumerate(cells[: last + 1 if partial else len(cells)]):
                 following = _checks_after(cells, pos) if chosen.get(pos) else []
                 for mu in chosen.get(pos, []):
                     if mu.id in known["equivalent"]:

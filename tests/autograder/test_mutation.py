@@ -227,3 +227,22 @@ def test_the_instructors_table_is_made_from_the_recorded_runs(tmp_path):
     text = docs.read_text()
     assert "| 07_tensor_parallel | exercises | 2 | 0 | 0 | 1 | 0 | 0 | 0 | 1 | 50.0% | 12 s |" in text
     assert text.startswith("before\n") and text.endswith("after\n") and "old" not in text
+
+
+def test_gpu_only_mutants_wait_for_a_gpu(tmp_path):
+    """`run_lab(gpu_only=True)` (what `make gpu-check` runs) picks only the mutants known/ lists as GPU-only; without
+    a GPU it runs none of them and says how many wait."""
+    import json
+
+    import torch
+
+    from autograder.mutation.mutants import mutants_of
+    from autograder.mutation.run import notebook_cells, run_lab
+
+    if torch.cuda.is_available():
+        pytest.skip("with a GPU these mutants run: make gpu-check")
+    cell = next(c for c in notebook_cells("07_tensor_parallel") if c.grade_id == "ex1_code")
+    picked = [mu.id for mu in mutants_of(cell.source, cell.grade_id)][:2]
+    (tmp_path / "07_tensor_parallel.json").write_text(json.dumps({"gpu_only": {mid: "tf32" for mid in picked}}))
+    r = run_lab("07_tensor_parallel", gpu_only=True, known_path=tmp_path, log=lambda *a: None)
+    assert r.outcome == {} and r.not_run == {"ex1_code (mutants only a GPU tells apart)": 2}
