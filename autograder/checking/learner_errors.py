@@ -188,7 +188,7 @@ def explain(etype: type[BaseException], value: BaseException, tb: TracebackType 
                 "Run the cells above in order; a cell that needs an exercise you have not done says which."]
     cell_frames = [f for f in frames if _is_cell(f.filename)]
     check = _check_label(frames)
-    message = str(value)
+    message = re.sub(rf"^(?:{re.escape(etype.__name__)}:\s*)+", "", str(value))    # never "AssertionError: " twice
     if check is not None:
         label, name = check
         if isinstance(value, NotImplementedError) or "is not implemented yet" in message:
@@ -198,7 +198,8 @@ def explain(etype: type[BaseException], value: BaseException, tb: TracebackType 
                     "it still raises NotImplementedError")
             return [f"{label} is not implemented yet: {what}. Write it in its cell above, run that cell, then "
                     "this check."]
-        return _short(cell_frames, f"{etype.__name__}: {label} ({name}): {message}", cell_names)
+        said = message if message.startswith(label) else f"{label} ({name}): {message}"   # a label once
+        return _short(cell_frames, f"{etype.__name__}: {said}", cell_names)
     wrapped = None if isinstance(value, NotImplementedError) else _stub_inside(value)
     if wrapped is not None:                        # the stub ran inside a kernel: its own frames say which one
         frames = frames + [f for f in traceback.extract_tb(wrapped.__traceback__) if _is_cell(f.filename)]

@@ -28,7 +28,7 @@ class CheckFailed(AssertionError):
     named after the check's own error, so the cell's error reads `AssertionError`, `NotImplementedError`, ...)."""
 
     def __init__(self, ename: str, evalue: str, lines: list[str] | None = None) -> None:
-        super().__init__(f"{ename}: {evalue}")
+        super().__init__(evalue)              # shown as "AssertionError: <evalue>": the class carries the name
         self.ename, self.evalue, self.lines = ename, evalue, lines or [f"{ename}: {evalue}"]
 
     def _render_traceback_(self) -> list[str]:       # IPython shows this instead of a traceback

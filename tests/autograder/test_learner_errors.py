@@ -30,6 +30,9 @@ CELLS = {
     "wrong_in_package": "def truncate_cache(cache, length):\n    cache[0].length = length",
     "check_wrong_in_package": "from autograder.lab06 import check_truncate_cache; check_truncate_cache(truncate_cache)",
     "check_unanswered_answer_q": "from autograder.lab03 import check_q3_attention_crossover; check_q3_attention_crossover(answer_q3)",
+    # a check whose message already names its exercise (lab 10's): the label once
+    "wrong_labelled": "import torch\ndef mask_by_scan(dfa, state, vocab):\n    return torch.ones(len(vocab.texts), dtype=torch.bool)",
+    "check_wrong_labelled": "from autograder.lab10 import check_mask_by_scan; check_mask_by_scan(mask_by_scan)",
 }
 
 
@@ -143,3 +146,21 @@ def test_every_package_check_of_the_map_has_a_lab():
         if fn is None or not callable(fn):
             continue                       # a check the notebook imports from elsewhere (none today)
         assert _lab_of(inspect.getsourcefile(inspect.unwrap(fn))) == lab, key
+
+
+def test_a_message_that_names_its_exercise_is_not_labelled_twice(outputs):
+    """Issue 60, item 4: `Exercise 1 (check_mask_by_scan): Exercise 1 (mask_by_scan)` said the label twice."""
+    ename, text = outputs["check_wrong_labelled"]
+    last = text.splitlines()[-1]
+    assert ename == "AssertionError" and last.startswith("AssertionError: Exercise 1 (mask_by_scan)"), last
+    assert last.count("Exercise 1") == 1 and "AssertionError: AssertionError" not in text
+
+
+def test_a_judged_verdict_says_its_error_name_once():
+    """A verdict from the judge (autograder/judging/interactive.py) is raised as a class named after the check's
+    error: its message is the check's, not "AssertionError: AssertionError: ..." under nbgrader or Run All."""
+    from autograder.judging.interactive import CheckFailed
+
+    named = type("AssertionError", (CheckFailed,), {"__module__": "builtins"})
+    err = named("AssertionError", "Exercise 2 (slot_of): position 4 is outside")
+    assert str(err) == "Exercise 2 (slot_of): position 4 is outside" and type(err).__name__ == "AssertionError"
