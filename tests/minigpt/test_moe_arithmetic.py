@@ -82,3 +82,27 @@ def test_bad_arguments_raise_value_error() -> None:
         dataclasses.replace(V3, n_dense_layers=62)
     with pytest.raises(ValueError, match="d_model"):
         MoEShape("bad", 2, 0, 0, 10, 8, 8, 4, 0, 2, 2, 0, 4, 4, 2, 4)
+
+
+def test_nodes_reached_by_uniform_and_group_limited_routing():
+    """A token's experts over 8 nodes (one expert group a node): uniform top-8 routing reaches
+    8 * (1 - C(224, 8) / C(256, 8)) nodes on average, as counted over drawn routings, and more than 4; DeepSeek-V3's group-limited routing (the best 4 of
+    8 groups by the sum of each group's two best scores, then the top 8 experts inside them, as its
+    `noaux_tc` router does) never reaches more than max_nodes_reached = 4."""
+    import torch
+
+    from minigpt.moe.arithmetic import DEEPSEEK_V3 as v3
+    from minigpt.moe.arithmetic import expected_nodes_reached, max_nodes_reached
+
+    g = torch.Generator().manual_seed(0)
+    scores = torch.rand(20000, v3.n_routed_experts, generator=g)
+    per_group = v3.n_routed_experts // v3.n_group
+    uniform = scores.topk(v3.top_k, dim=-1).indices // per_group
+    reached = torch.tensor([len(set(row.tolist())) for row in uniform], dtype=torch.float64)
+    assert abs(reached.mean().item() - expected_nodes_reached(v3, v3.n_group)) < 0.02
+    assert reached.max().item() > max_nodes_reached(v3, v3.n_group)
+    group_score = scores.view(-1, v3.n_group, per_group).topk(2, dim=-1).values.sum(-1)
+    keep = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, group_score.topk(v3.topk_group, -1).indices, True)
+    masked = scores.masked_fill(~keep.repeat_interleave(per_group, dim=1), float("-inf"))
+    limited = masked.topk(v3.top_k, dim=-1).indices // per_group
+    assert max(len(set(row.tolist())) for row in limited) == max_nodes_reached(v3, v3.n_group) == 4

@@ -29,9 +29,11 @@ One row per (mode, request), seconds from the request's arrival unless said othe
                            for the first token's message)
     first_decode_step_s    the decode step that makes token 2
     ttft_s                 prefill end - arrival: the first token exists on the PREFILL worker, which can
-                           stream it to the user at once
+                           stream it to the user at once (the prefill worker's clock)
     time_to_second_token_s arrival -> token 2, which needs the KV on the decode worker and one decode step:
-                           the transfer shows here, not in ttft_s
+                           the transfer shows here, not in ttft_s. A client behind vLLM's P/D proxy gets its
+                           FIRST token this way (the proxy asks the prefill worker for max_tokens=1, unstreamed,
+                           and streams the reply from the decode worker), and goodput_sim's TTFT counts so
     e2e_s                  arrival -> last token
     kv_bytes               k and v bytes the channel sent (0 colocated); kv_bytes_formula the cache's size,
                            transfer_cost.kv_bytes_per_request at the model's element size (4 for fp32)

@@ -16,11 +16,12 @@ layer: a gate (E x D), E routed experts and S shared experts, all SwiGLU MLPs of
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 __all__ = ["MoEShape", "DEEPSEEK_V3", "mla_attention_parameters", "expert_parameters", "moe_layer_parameters",
            "moe_parameters", "DEEPSEEK_V3_REPORTED_TOTAL", "DEEPSEEK_V3_REPORTED_ACTIVE",
-           "expected_remote_ranks", "max_remote_ranks", "DispatchCombineBytes",
+           "expected_remote_ranks", "max_remote_ranks", "expected_nodes_reached", "max_nodes_reached", "DispatchCombineBytes",
            "dispatch_combine_bytes_per_token", "dispatch_combine_bytes_per_token_upper_bound"]
 
 
@@ -45,6 +46,8 @@ class MoEShape:
     qk_rope_head_dim: int      # MLA: per-head query/key dims with RoPE (one shared RoPE key)
     v_head_dim: int            # MLA: per-head value dims
     tie_embeddings: bool = False
+    n_group: int = 1           # group-limited routing: the routed experts in n_group equal groups...
+    topk_group: int = 1        # ...and a token's top_k chosen inside its best topk_group groups (1, 1: no limit)
 
     def __post_init__(self) -> None:
         for f in ("n_layers", "d_model", "vocab_size", "dense_d_ff", "expert_d_ff", "n_routed_experts", "top_k",
@@ -60,6 +63,13 @@ class MoEShape:
             raise ValueError(f"n_dense_layers={self.n_dense_layers} exceeds n_layers={self.n_layers}")
         if self.top_k > self.n_routed_experts:
             raise ValueError(f"top_k={self.top_k} is larger than n_routed_experts={self.n_routed_experts}")
+        for f in ("n_group", "topk_group"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"MoEShape.{f} must be a positive int, got {v!r}")
+        if self.topk_group > self.n_group or self.n_routed_experts % self.n_group:
+            raise ValueError(f"topk_group={self.topk_group} must be at most n_group={self.n_group}, which must divide "
+                             f"n_routed_experts={self.n_routed_experts}")
 
     @property
     def n_moe_layers(self) -> int:
@@ -87,6 +97,8 @@ DEEPSEEK_V3 = MoEShape(
     qk_rope_head_dim=64,        # qk_rope_head_dim [qk_rope_head_dim]; 4.2: decoupled per-head dimension d_h^R = 64
     v_head_dim=128,             # v_head_dim [v_head_dim]
     tie_embeddings=False,       # tie_word_embeddings: false (inference/model.py: separate `embed` and `head`)
+    n_group=8,                  # n_group [n_expert_groups]
+    topk_group=4,               # topk_group [n_limited_groups]; 4.2: each token "sent to at most 4 nodes"
 )
 
 # What the report states (abstract, section 4.2 and Table 3; also the README of github.com/deepseek-ai/DeepSeek-V3):
@@ -192,6 +204,25 @@ def max_remote_ranks(ep_size: int, top_k: int) -> int:
     """
     _check_ep(ep_size, top_k)
     return min(top_k, ep_size - 1)
+
+
+def expected_nodes_reached(shape: MoEShape, n_nodes: int) -> float:
+    """Expected number of distinct nodes (the token's own included) a token's k distinct experts live on, routing
+    uniform and unlimited, the E experts spread evenly over the n nodes: a node holds none of them with probability
+    C(E - E/n, k) / C(E, k), so n * (1 - C(E - E/n, k) / C(E, k)) (8 nodes, DeepSeek-V3: 5.29 of 8)."""
+    _check_ep(n_nodes, shape.top_k)
+    e, k = shape.n_routed_experts, shape.top_k
+    if e % n_nodes:
+        raise ValueError(f"{n_nodes} nodes do not divide n_routed_experts={e} evenly")
+    return n_nodes * (1 - math.comb(e - e // n_nodes, k) / math.comb(e, k))
+
+
+def max_nodes_reached(shape: MoEShape, n_nodes: int) -> int:
+    """The most nodes one token's experts can live on. With one expert group a node (n_nodes == shape.n_group),
+    group-limited routing keeps them within topk_group nodes: min(k, topk_group); otherwise min(k, n_nodes)."""
+    _check_ep(n_nodes, shape.top_k)
+    limit = shape.topk_group if n_nodes == shape.n_group else n_nodes
+    return min(shape.top_k, limit, n_nodes)
 
 
 @dataclass(frozen=True)
