@@ -187,11 +187,22 @@ def test_a_plausible_wrong_version_is_rejected(cell: str, edit: dict[str, str], 
     assert caught.value.args[0].startswith("Exercise "), caught.value
 
 
+# Q1 by hand: 80 layers of 8 ms compute; each layer's K and V (32 MiB) take 20 us + 33,554,432 / 3.125e9 s on the
+# link, longer than a layer's compute, so the sends queue: the last ends at 8 ms + 80 sends.
+Q1_SEND = 20e-6 + 2 * 8 * 128 * 8192 * 2 / 3.125e9
+Q1_RIGHT = (0.008 + 80 * Q1_SEND - 0.64) * 1e3
+
+
 @pytest.mark.parametrize("check, right, wrong, match", [
-    (lab11.check_q1_transfer_ms, (20e-6 + 2 * 80 * 8 * 128 * 8192 * 2 / 12.5e9) * 1e3,
-     (20e-6 + 80 * 8 * 128 * 8192 * 2 / 12.5e9) * 1e3, "K AND V"),
+    (lab11.check_q1_transfer_ms, Q1_RIGHT, Q1_SEND * 1e3, "queue"),
+    (lab11.check_q1_transfer_ms, Q1_RIGHT, 80 * Q1_SEND * 1e3, "overlap the prefill"),
+    (lab11.check_q1_transfer_ms, Q1_RIGHT, (80 * Q1_SEND - 0.64) * 1e3, "first send cannot start"),
+    (lab11.check_q1_transfer_ms, Q1_RIGHT, (20e-6 + 8 * 128 * 8192 * 2 / 3.125e9) * 1e3, "K AND V"),
     (lab11.check_q2_placement_rate, 10.5, 8 * 5.2 * 2.1 / 7.3, "GPUs come whole"),
-    (lab11.check_q3_ep_bytes, 63 * (1 - (63 / 64) ** 8) * 7168 * 3, 7 * 7168 * 3 + 7168 * 3, "once"),
+    (lab11.check_q3_ep_bytes, 4 * 7168 * 3, 3 * 7168 * 3, "own node"),
+    (lab11.check_q3_ep_bytes, 4 * 7168 * 3, 7 * 7168 * 3, "inside 4 nodes"),
+    (lab11.check_q3_ep_bytes, 4 * 7168 * 3, 8 * 7168 * 3, "one copy per NODE"),
+    (lab11.check_q3_ep_bytes, 4 * 7168 * 3, 7 * (1 - (7 / 8) ** 8) * 7168 * 3, "the most"),
 ])
 def test_interview_questions(check, right, wrong, match) -> None:
     check(right)
@@ -200,8 +211,8 @@ def test_interview_questions(check, right, wrong, match) -> None:
 
 
 @pytest.mark.parametrize("check, near_miss", [
-    (lab11.check_q1_transfer_ms, (20e-6 + 2 * 80 * 8 * 128 * 8192 * 2 / 12.5e9) * 1001.0),    # 0.1% off
-    (lab11.check_q3_ep_bytes, 64 * (1 - (64 / 65) ** 8) * 7168 * 3),                         # EP 65, not 64
+    (lab11.check_q1_transfer_ms, Q1_RIGHT * 1.001),                                      # 0.1% off
+    (lab11.check_q3_ep_bytes, 4 * 7168 * 3 * 1.001),
 ])
 def test_an_interview_answer_a_tenth_of_a_percent_off_fails(check, near_miss) -> None:
     with pytest.raises(AssertionError, match="is not right"):
