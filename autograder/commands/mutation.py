@@ -20,6 +20,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--equivalence-only", action="store_true", help="only the differential tests of the mutants "
                    "known/ lists as equivalent: which are shown, which are split (autograder/mutation/equivalence.py)")
     p.add_argument("--json", type=Path, help="also write the results here")
+    p.add_argument("--check-known", action="store_true", help="only check known/<lab>.json's entries against "
+                   "today's cells and, when none is stale, record the cells' fingerprints (make test compares them)")
     p.add_argument("--write-docs", action="store_true", help="only remake docs/instructors.md's table from the full "
                    "runs recorded in autograder/mutation/results/ (a full run records itself there)")
 
@@ -35,6 +37,15 @@ def run(args: argparse.Namespace, course: Path) -> int:
         print("mutation: --lab NN (repeatable), or --write-docs")
         return 2
     full = args.sample is None and not args.exercise and not args.equivalence_only
+    if args.check_known:
+        from autograder.mutation.run import record_cells
+
+        labs = [p.name for p in sorted((course / "solutions").iterdir()) if p.is_dir()
+                and (args.lab == ["all"] or any(p.name.startswith(lab.zfill(2)[:2]) for lab in args.lab))]
+        stale = {lab: record_cells(lab) for lab in labs}
+        for lab, found in stale.items():
+            print(f"{lab}: " + ("recorded" if not found else "stale entries, nothing recorded: " + ", ".join(found)))
+        return 1 if any(stale.values()) else 0
     results = []
     labs = ([p.name[:2] for p in sorted((course / "solutions").iterdir()) if p.is_dir()] if args.lab == ["all"]
             else args.lab)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import hashlib
 import io
 import json
 import linecache
@@ -48,7 +49,8 @@ from autograder.mutation.equivalence import answers, differential
 from autograder.mutation.mutants import Mutant, mutants_of
 from autograder.paths import MUTATION_KNOWN, REPO_ROOT
 
-__all__ = ["Cell", "LabResult", "KINDS", "is_interview", "notebook_cells", "run_lab", "load_known", "stale_entries"]
+__all__ = ["Cell", "LabResult", "KINDS", "is_interview", "notebook_cells", "run_lab", "load_known", "stale_entries",
+           "changed_cells", "record_cells"]
 
 SOLUTIONS = REPO_ROOT / "solutions"
 KINDS = ("check", "crash", "hang", "broken", "survived")
@@ -118,11 +120,43 @@ def load_known(assignment: str, folder: Path = MUTATION_KNOWN) -> dict[str, dict
     return {key: dict(entry.get(key, {})) for key in ("equivalent", "survivors", "gpu_only")}
 
 
-def stale_entries(assignment: str, folder: Path = MUTATION_KNOWN) -> list[str]:
-    """known/'s entries for this lab that name no mutant of its solution cells (the cell changed): each must be
-    looked at again, or removed."""
+def fingerprint(source: str) -> str:
+    return hashlib.sha1(source.encode()).hexdigest()[:12]
+
+
+def changed_cells(assignment: str, folder: Path = MUTATION_KNOWN) -> list[str]:
+    """The cells named by known/'s entries whose source is not the one the entries were last checked against
+    (known/<lab>.json's "cells" fingerprints, written by `--check-known`): fast, no mutant made."""
+    path = folder / f"{assignment}.json"
+    recorded = json.loads(path.read_text()).get("cells", {}) if path.exists() else {}
     cells = {c.grade_id: c for c in notebook_cells(assignment) if c.exercise}
     known = load_known(assignment, folder)
+    named = {key.split(":")[0] for group in known.values() for key in group}
+    return sorted(gid for gid in named if gid not in cells or recorded.get(gid) != fingerprint(cells[gid].source))
+
+
+def record_cells(assignment: str, folder: Path = MUTATION_KNOWN) -> list[str]:
+    """Check every entry of known/<lab>.json against today's cells (stale_entries) and, when none is stale, record
+    the cells' fingerprints there; returns the stale entries (nothing recorded then)."""
+    stale = stale_entries(assignment, folder)
+    if not stale:
+        path = folder / f"{assignment}.json"
+        data = json.loads(path.read_text()) if path.exists() else {}
+        cells = {c.grade_id: c for c in notebook_cells(assignment) if c.exercise}
+        named = {key.split(":")[0] for key in data.get("equivalent", {}) | data.get("survivors", {})
+                 | data.get("gpu_only", {})}
+        data["cells"] = {gid: fingerprint(cells[gid].source) for gid in sorted(named) if gid in cells}
+        path.write_text(json.dumps(data, indent=1) + "\n")
+    return stale
+
+
+def stale_entries(assignment: str, folder: Path = MUTATION_KNOWN, only: list[str] | None = None) -> list[str]:
+    """known/'s entries for this lab (of the cells in `only`, if given) that name no mutant of its solution cells (the
+    cell changed): each must be looked at again, or removed."""
+    cells = {c.grade_id: c for c in notebook_cells(assignment) if c.exercise}
+    known = load_known(assignment, folder)
+    known = {group: {k: v for k, v in entries.items() if only is None or k.split(":")[0] in only}
+             for group, entries in known.items()}
     named = [key for group in known.values() for key in group if key.count(":") == 2]
     lines: dict[str, set[int]] = {}
     for key in named:                                  # only the lines named: a whole lab's mutants take minutes

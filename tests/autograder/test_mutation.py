@@ -159,11 +159,16 @@ def test_scores_count_checks_and_crashes_and_keep_interview_cells_apart():
 
 def test_no_known_entry_is_stale():
     """Every entry of known/ names a mutant of today's solution cells (or a GPU-only exercise): an entry left behind
-    by a changed cell would be taken for a shown or known one."""
-    from autograder.mutation.run import SOLUTIONS, stale_entries
+    by a changed cell would be taken for a shown or known one. The cells the entries were checked against are
+    fingerprinted in known/ (`python -m autograder mutation --lab NN --check-known`); a changed cell's entries are
+    checked here, mutant by mutant, and the fingerprint must then be recorded again."""
+    from autograder.mutation.run import SOLUTIONS, changed_cells, stale_entries
 
-    stale = {lab.name: stale_entries(lab.name) for lab in sorted(SOLUTIONS.iterdir()) if lab.is_dir()}
+    changed = {lab.name: changed_cells(lab.name) for lab in sorted(SOLUTIONS.iterdir()) if lab.is_dir()}
+    stale = {lab: stale_entries(lab, only=cells) for lab, cells in changed.items() if cells}
     assert not any(stale.values()), {lab: found for lab, found in stale.items() if found}
+    assert not any(changed.values()), ("cells changed since known/ was checked; no entry is stale, so record them: "
+                                       f"python -m autograder mutation --check-known --lab ...: {changed}")
 
 
 def test_every_listed_equivalent_exercise_mutant_has_a_contract():
