@@ -1,0 +1,88 @@
+"""Tensors whose storage ends exactly at a page boundary, followed by a page nothing may read or write.
+
+A Triton kernel run in the interpreter (TRITON_INTERPRET=1, the CPU tier) reads and writes its tensors through raw
+host pointers. A load or store the kernel does not mask, one element past the end of a tensor, usually lands in
+memory the process owns (the allocator's slack, or the NaN padding of a check's buffer) and goes unseen; on a GPU the
+same access is undefined behaviour (an illegal address when it crosses the allocation). Here the page after the
+tensor is mapped PROT_NONE (an anonymous mmap whose last page is mprotect-ed), so that access faults at once.
+
+    guarded(shape, dtype, values=None) -> a contiguous tensor whose last byte is the last byte before the guard page
+    in_fork(work) -> work()'s result, computed in a forked child; Raised("OutOfBoundsAccess") when the child faulted
+
+A fault is a SIGSEGV, which kills the process: run the code that may touch a guard page through `in_fork`, which
+turns the fault into a result a differential test can compare (the solution never faults, a mutant that reads past
+the end does). Linux only (mmap, mprotect, fork).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import pickle
+import signal
+from typing import Any, Callable
+
+import torch
+
+from autograder.mutation.equivalence import Raised
+
+__all__ = ["guarded", "in_fork", "OUT_OF_BOUNDS"]
+
+PAGE = mmap.PAGESIZE
+OUT_OF_BOUNDS = "OutOfBoundsAccess"
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+_KEEP: list[mmap.mmap] = []        # the mappings must outlive their tensors (torch.frombuffer does not own them)
+
+
+def guarded(shape: tuple[int, ...], dtype: torch.dtype, values: torch.Tensor | None = None) -> torch.Tensor:
+    """A contiguous tensor of `shape` and `dtype` (zeros, or `values`) that ends where an unreadable page begins."""
+    count = 1
+    for size in shape:
+        count *= size
+    nbytes = count * torch.empty((), dtype=dtype).element_size()
+    pages = max(1, -(-nbytes // PAGE))
+    buf = mmap.mmap(-1, (pages + 1) * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
+                    prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    if _libc.mprotect(ctypes.c_void_p(base + pages * PAGE), PAGE, 0) != 0:  # 0 is PROT_NONE
+        raise OSError(ctypes.get_errno(), "mprotect of the guard page failed")
+    _KEEP.append(buf)
+    if count == 0:
+        return torch.empty(shape, dtype=dtype)
+    flat = torch.frombuffer(buf, dtype=dtype, count=count, offset=pages * PAGE - nbytes)
+    tensor = flat.view(shape)
+    if values is not None:
+        tensor.copy_(values.to(dtype))
+    else:
+        tensor.zero_()
+    return tensor
+
+
+def in_fork(work: Callable[[], Any]) -> Any:
+    """work() run in a forked child, its result pickled back; Raised(OUT_OF_BOUNDS) when the child died of a fault
+    (SIGSEGV, SIGBUS), Raised(type) when it raised."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read)
+            try:
+                result = work()
+            except Exception as err:               # noqa: BLE001  (the same kind of error is the same result)
+                result = Raised(type(err).__name__)
+            data = pickle.dumps(result)
+            with os.fdopen(write, "wb") as out:
+                out.write(data)
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as inp:
+        data = inp.read()
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status) and os.WTERMSIG(status) in (signal.SIGSEGV, signal.SIGBUS):
+        return Raised(OUT_OF_BOUNDS)
+    if not data:
+        return Raised(f"ChildDied(status={status})")
+    return pickle.loads(data)
