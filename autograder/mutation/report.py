@@ -40,7 +40,8 @@ def summary(r: LabResult) -> dict:
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f} at the end",
             "seconds": r.seconds, "mutants": r.mutants, "not_run": r.not_run,
             "exercises": _counts(r, False), "interview": _counts(r, True),
-            "survived": r.survived, "broken": {i: what for i, (k, what) in r.outcome.items() if k == "broken"}}
+            "survived": r.survived, "broken": {i: what for i, (k, what) in r.outcome.items() if k == "broken"},
+            "found_equivalent": {i: r.equivalent[i] for i in r.found_equivalent}}
 
 
 def record(r: LabResult, folder: Path = RESULTS) -> Path:
@@ -76,6 +77,10 @@ def markdown(results: list[LabResult]) -> str:
                         + ", ".join(f"{ex} ({n} mutants)" for ex, n in r.not_run.items()))
         if r.baseline_failures:
             rows.append(f"{r.assignment}: the solution itself failed {r.baseline_failures}: no score")
+        if r.found_equivalent:
+            rows.append(f"{r.assignment}: survivors a differential test showed equivalent (list them in known/ with "
+                        "why):")
+            rows += [f"- `{mid}` {r.equivalent[mid]}" for mid in r.found_equivalent]
         for kind, title in (("survived", "survivors (wrong implementations its checks pass)"),
                             ("broken", "broken runs (a check or the harness failed on its own)")):
             found = r.ids(kind)

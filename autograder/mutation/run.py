@@ -22,6 +22,8 @@ solution, each with its reason), "survivors" (wrong, and not yet caught: the nex
 and are reported apart. An "equivalent" entry counts only when it is shown: a differential test on drawn valid
 inputs (equivalence.py, the exercise's contract in contracts/) finds no difference, in a child of its own; one
 without a contract, or one the test splits, is graded by the checks like any mutant and reported as "not shown".
+A survivor known/ does not list gets the same differential test: shown equivalent, it counts as equivalent and the
+report lists it for known/ (with the reason a reader needs); split, it stays a survivor.
 Scores, exercise cells and interview-answer cells apart: (killed by a check + by a crash) / (mutants run - shown
 equivalent).
 """
@@ -78,6 +80,7 @@ class LabResult:
     equivalent: dict[str, str] = field(default_factory=dict)    # id -> reason: shown by its differential test
     not_shown: dict[str, str] = field(default_factory=dict)     # id -> why a listed-equivalent mutant is not shown
     not_run: dict[str, int] = field(default_factory=dict)       # GPU-only exercise or mutant -> mutants not run here
+    found_equivalent: list[str] = field(default_factory=list)   # survivors a differential test showed equivalent
     mutants: int = 0
     seconds: float = 0.0
 
@@ -352,6 +355,11 @@ def run_lab(assignment: str, *, sample: int | None = None, seed: int = 0, timeou
                         if equivalence_only:
                             continue
                     kind, what = _grade(shell, mu, following, timeout_s)
+                    if kind == "survived" and mu.id not in known["equivalent"] | known["survivors"] and \
+                            _shown_equivalent(shell, cell, mu, assignment, timeout_s) is None:
+                        result.equivalent[mu.id] = f"[{mu.kind}] {mu.diff_line(cell.source)}"
+                        result.found_equivalent.append(mu.id)     # shown here: known/ can list it with a reason
+                        continue
                     result.outcome[mu.id] = (kind, what if kind != "survived" else
                                              f"[{mu.kind}] {mu.diff_line(cell.source)}")
                     if kind in ("survived", "broken"):
