@@ -92,7 +92,7 @@ def _run_in_a_fresh_process(code: str, repo_root) -> dict:
 
 @pytest.mark.timeout(600)
 def test_a_seeded_sample_of_lab00_mutants_is_killed(repo_root):
-    """Four mutants of lab 00, drawn from those known.json lists neither as equivalent nor as surviving: its checks
+    """Four mutants of lab 00, drawn from those known/ lists neither as equivalent nor as surviving: its checks
     kill each one, and the solution itself passes every check."""
     r = _run_in_a_fresh_process("r = run.run_lab('00_token_factory', sample=4, seed=1, timeout_s=120, log=print, "
                                 "exercises=['ex2_code', 'ex3_code', 'ex5_code', 'ex8_code', 'ex9_code'])", repo_root)
