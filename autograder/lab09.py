@@ -19,7 +19,7 @@ CPU tier (correctness):
                                      answers and counts: equal to one process, K and V passed n - 1 times a rank, and
                                      in every round the attention over the blocks ring_pass handed the rank
     check_ring_bytes(fn)             the bytes-per-rank formula, exact against the ring passes counted on such ranks
-Interview questions: check_q1_yarn_pairs ... check_q4_ring_overlap (the numbers are in the notebook's cells).
+Interview questions: check_q1_yarn_turns ... check_q4_ring_overlap (the numbers are in the notebook's cells).
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ from minigpt.parallel.comm import CountingComm
 from minigpt.teaching.hardware import ACCELERATORS
 
 __all__ = ["check_scaled_inv_freq", "check_ring_cache", "check_sink_cache", "check_kv_bytes", "check_snapkv_keep",
-           "check_ring_attention", "check_ring_bytes", "check_q1_yarn_pairs", "check_q2_window_streams",
-           "check_q3_mla_factor", "check_q4_ring_overlap", "TINY"]
+           "check_ring_attention", "check_ring_bytes", "check_q1_yarn_turns", "check_q2_window_streams",
+           "check_q3_mla_requests", "check_q4_ring_overlap", "TINY"]
 
 TINY = ModelConfig(vocab_size=64, max_seq_len=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48)
 ATOL = 1e-4
@@ -504,16 +504,39 @@ def check_ring_bytes(fn: Callable) -> None:
 # Interview questions
 # ---------------------------------------------------------------------------------------------------
 
-def check_q1_yarn_pairs(answer: Any) -> None:
-    """Llama-2-7B (head_dim 128, theta 10000, trained 4096): pairs YaRN (alpha 1, beta 32) leaves unchanged. (Not
-    Llama-3's shape: Exercise 1's check names the kept pairs of that one in its hint.)"""
-    turns = rotations_in_context(base_inv_freq(128, 10_000.0), 4096)
-    want = int((turns >= 32).sum())
-    check_answer(answer, want, "Q1 (frequency pairs YaRN keeps unchanged)",
-                 {int((turns <= 1).sum()): "that is the number of pairs fully interpolated (<= 1 turn).",
-                  64 - want: "that counts the pairs that are changed, not kept."},
-                 unit="pairs", hint="A pair is kept when it turns at least beta = 32 times in the trained context: "
-                                    "trained length * f_i / (2 pi) >= 32.")
+# Q1: Llama-2-7B's pair 40 under YaRN (the paper's ramp over turns) at 8x: its full turns over the 32,768 tokens.
+Q1 = dict(head_dim=128, theta=10_000.0, trained=4096, factor=8.0, pair=40)
+
+
+def _q1_turns(ramp: str | None = "turns", over: int | None = None, radians: bool = False) -> float:
+    """Pair 40's turns over `over` tokens (the extended context) with YaRN's `ramp` (None: no scaling)."""
+    q = Q1
+    base = base_inv_freq(q["head_dim"], q["theta"])
+    freq = base if ramp is None else scaled_inv_freq(q["head_dim"], q["theta"], q["factor"], "yarn", q["trained"],
+                                                     ramp=ramp)
+    angle = float(freq[q["pair"]]) * (over or int(q["trained"] * q["factor"]))
+    return angle if radians else angle / (2 * math.pi)
+
+
+def check_q1_yarn_turns(answer: Any) -> None:
+    """Llama-2-7B (head_dim 128, theta 10000, trained 4096) extended 8x with YaRN (alpha 1, beta 32, the paper's ramp
+    over turns): the full turns pair 40 makes over 32,768 tokens. Its 2.06 turns in the trained context put it inside
+    the ramp: neither kept nor fully interpolated."""
+    q = Q1
+    full = float(base_inv_freq(q["head_dim"], q["theta"])[q["pair"]]) * q["trained"] / (2 * math.pi)
+    check_answer(answer, _q1_turns(), "Q1 (turns of pair 40 over the extended context)",
+                 [(_q1_turns(None), "YaRN changes this pair: it turns only about 2 times in the trained 4,096 tokens, "
+                                    "well under beta = 32."),
+                  (full, "the pair is inside the ramp (between alpha = 1 and beta = 32 turns), so it keeps a share "
+                         "gamma of its frequency: not divided by the whole factor."),
+                  (_q1_turns(over=q["trained"]), "count the turns over the extended 32,768 tokens, not the trained "
+                                                 "4,096."),
+                  (_q1_turns("index"), "the question's ramp is the paper's, linear in the pair's turns (Transformers' "
+                                       "and vLLM's ramp over the pair index gives this)."),
+                  (_q1_turns(radians=True), "a turn is 2 pi radians.")],
+                 unit="turns", rel=1e-3,
+                 hint="r = 4096 * f_40 / (2 pi); gamma = clamp((r - 1) / 31, 0, 1); the new frequency is f_40 * "
+                      "((1 - gamma) / 8 + gamma); turns = 32768 * new frequency / (2 pi).")
 
 
 def check_q2_window_streams(answer: Any) -> None:
@@ -528,32 +551,34 @@ def check_q2_window_streams(answer: Any) -> None:
                  unit="streams", hint="Bytes per stream = 2 * layers * kv_heads * head_dim * 2 bytes * (window + sinks).")
 
 
-# Q3: DeepSeek-V3's latent cache at 1 byte an element against Llama-3-70B's GQA cache in bf16, per token.
-Q3_MLA = dict(layers=61, latent=512, rope=64, bytes=1)
-Q3_GQA = dict(layers=80, kv_heads=8, head_dim=128, bytes=2)
+# Q3: DeepSeek-V3 in FP8 on one 8-GPU H200 node: how many 32k-token requests' latent caches fit beside the weights.
+Q3 = dict(gpus=8, gpu_bytes=141e9, params=671e9, param_bytes=1, layers=61, latent=512, rope=64, cache_bytes=1,
+          tokens=32_768)
 
 
-def _q3_ratio(*, kv_factor: int = 2, rope: bool = True, mla_bytes: int | None = None, per_layer: bool = False) -> float:
-    """GQA bytes per token over MLA bytes per token; the keywords swap in the values the mistakes use."""
-    m, g = Q3_MLA, Q3_GQA
-    mla = (m["latent"] + (m["rope"] if rope else 0)) * (m["bytes"] if mla_bytes is None else mla_bytes)
-    gqa = kv_factor * g["kv_heads"] * g["head_dim"] * g["bytes"]
-    return gqa / mla if per_layer else gqa * g["layers"] / (mla * m["layers"])
+def _q3_requests(*, memory: float | None = None, weights: bool = True, rope: bool = True, cache_bytes: int | None = None,
+                 per_layer: bool = False) -> int:
+    """Whole requests whose caches fit; the keywords swap in the values the mistakes use."""
+    q = Q3
+    free = q["gpus"] * (q["gpu_bytes"] if memory is None else memory) - (q["params"] * q["param_bytes"] if weights
+                                                                          else 0)
+    per_token = (q["latent"] + (q["rope"] if rope else 0)) * (q["cache_bytes"] if cache_bytes is None else cache_bytes)
+    return int(free // (per_token * (1 if per_layer else q["layers"]) * q["tokens"]))
 
 
-def check_q3_mla_factor(answer: Any) -> None:
-    """KV bytes per token: Llama-3-70B (80 layers, 8 KV heads of 128, bf16) over DeepSeek-V3 (61 layers, a 512-wide
-    latent and a 64-wide RoPE key a layer, stored at 1 byte an element)."""
-    check_answer(answer, _q3_ratio(), "Q3 (how many times less KV a token DeepSeek-V3's cache holds)",
-                 # pairs, not a dict: forgetting V and storing the latent at 2 bytes give the same ratio
-                 # (163,840 / 35,136 = 327,680 / 70,272), and each must be named
-                 [(_q3_ratio(rope=False), "the decoupled RoPE key (64 a token and layer) is cached too."),
-                  (_q3_ratio(kv_factor=1), "the GQA cache holds keys AND values: 2 * kv_heads * head_dim a layer."),
-                  (_q3_ratio(per_layer=True), "the two models have different depths (80 and 61 layers): compare "
-                                              "whole tokens, not one layer."),
-                  (_q3_ratio(mla_bytes=2), "the latent cache is stored at 1 byte an element here, not bf16's 2.")],
-                 unit="x (ratio)", rel=1e-3, hint="Per token: layers x (elements a layer) x bytes an element, for "
-                                                  "each model; MLA caches kv_lora_rank + rope_dim a layer.")
+def check_q3_mla_requests(answer: Any) -> None:
+    """DeepSeek-V3 (671B parameters at 1 byte) on 8 H200s of 141 GB: 32,768-token requests whose latent caches (61
+    layers x (512 + 64) elements, 1 byte each) fit in what the weights leave."""
+    check_answer(answer, _q3_requests(), "Q3 (32k-token requests whose MLA caches fit beside DeepSeek-V3's weights)",
+                 [(_q3_requests(weights=False), "the weights take their share of the node first: 671 GB at one byte "
+                                                "a parameter."),
+                  (_q3_requests(rope=False), "the decoupled RoPE key (64 a token and layer) is cached too."),
+                  (_q3_requests(cache_bytes=2), "the cache is stored at 1 byte an element here, not bf16's 2."),
+                  (_q3_requests(memory=141 * 2**30), "141 GB is 141e9 bytes (GB, not GiB)."),
+                  (_q3_requests(per_layer=True), "every one of the 61 layers caches its own latent.")],
+                 unit="requests",
+                 hint="Free bytes = 8 x 141e9 - 671e9; a token's cache = 61 x (512 + 64) bytes; requests = free / "
+                      "(per-token bytes x 32,768), rounded down.")
 
 
 def check_q4_ring_overlap(answer: Any) -> None:

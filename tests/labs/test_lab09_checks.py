@@ -553,19 +553,26 @@ def test_ring_bytes_with_n_steps_fails() -> None:
 # --- interview questions -----------------------------------------------------------------------------------
 
 def test_interview_answers() -> None:
-    turns = rotations_in_context(base_inv_freq(128, 10_000.0), 4096)
-    lab09.check_q1_yarn_pairs(int((turns >= 32).sum()))
+    f40 = 10_000.0 ** (-80 / 128)
+    r = 4096 * f40 / (2 * math.pi)                           # 2.06 turns in the trained context: inside the ramp
+    gamma = (r - 1) / 31
+    lab09.check_q1_yarn_turns(32768 * f40 * ((1 - gamma) / 8 + gamma) / (2 * math.pi))
+    for wrong, why in [(32768 * f40 / (2 * math.pi), "YaRN changes this pair"), (r, "inside the ramp"),
+                       (4096 * f40 * ((1 - gamma) / 8 + gamma) / (2 * math.pi), "extended 32,768"),
+                       (32768 * f40 * ((1 - gamma) / 8 + gamma), "2 pi radians")]:
+        with pytest.raises(AssertionError, match=why):
+            lab09.check_q1_yarn_turns(wrong)
     lab09.check_q2_window_streams(40 * 2**30 // (2 * 32 * 8 * 128 * 2 * 4100))
-    lab09.check_q3_mla_factor(80 * 2 * 8 * 128 * 2 / (61 * 576))
+    lab09.check_q3_mla_requests(int((8 * 141e9 - 671e9) // (61 * 576 * 32768)))
     lab09.check_q4_ring_overlap(2 * 8 * 2 * 989.5e12 / (4 * 32 * 450e9))
     with pytest.raises(AssertionError, match="full caches"):
         lab09.check_q2_window_streams(2)
-    with pytest.raises(AssertionError, match="decoupled RoPE"):
-        lab09.check_q3_mla_factor(80 * 2 * 8 * 128 * 2 / (61 * 512))
-    with pytest.raises(AssertionError, match="different depths"):
-        lab09.check_q3_mla_factor(2 * 8 * 128 * 2 / 576)
-    # keys without values and a 2-byte latent give one ratio: both diagnoses are named (a dict kept only the last)
-    with pytest.raises(AssertionError, match="keys AND values.* Or: .*not bf16's 2"):
-        lab09.check_q3_mla_factor(80 * 8 * 128 * 2 / (61 * 576))
+    for wrong, why in [(int(8 * 141e9 // (61 * 576 * 32768)), "weights take their share"),
+                       (int((8 * 141e9 - 671e9) // (61 * 512 * 32768)), "decoupled RoPE"),
+                       (int((8 * 141e9 - 671e9) // (61 * 576 * 2 * 32768)), "not bf16's 2"),
+                       (int((8 * 141 * 2**30 - 671e9) // (61 * 576 * 32768)), "GB, not GiB"),
+                       (397, "is not right")]:
+        with pytest.raises(AssertionError, match=why):
+            lab09.check_q3_mla_requests(wrong)
     with pytest.raises(AssertionError, match="K AND V.* Or: .*450 GB/s one way"):
         lab09.check_q4_ring_overlap(2 * 8 * 2 * 989.5e12 / (4 * 32 * 900e9))
