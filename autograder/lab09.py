@@ -266,12 +266,24 @@ def _update_refused(cache: Any, chunk: torch.Tensor) -> bool:
     return False
 
 
+def _slot_check(cache: Any, window: int, n_sinks: int, what: str, exercise: str) -> None:
+    """slot(p) as the exercise fixes it: p for a sink, n_sinks + (p - n_sinks) mod window after (a ring turned the
+    other way streams the same logits, but another slot than the one the text gives)."""
+    for position in range(3 * (n_sinks + window)):
+        want = position if position < n_sinks else n_sinks + (position - n_sinks) % window
+        got = call_learner(exercise, cache.slot, position, context=f"{what}, slot({position})")
+        if got != want:
+            raise AssertionError(f"{what}: slot({position}) is {got!r}, expected {want}: the sinks sit in slots "
+                                 f"0..n_sinks-1, and token p >= n_sinks in slot n_sinks + (p - n_sinks) mod window")
+
+
 def check_ring_cache(cls: type) -> None:
     """cls(batch, n_kv_heads, head_dim, window, n_sinks, inv_freq) with n_sinks=0: a sliding-window cache."""
     own_work(cls, CACHE_REFERENCES, what=EX2, methods=CACHE_METHODS)
     for window, T, prefill in ((8, 40, 5), (5, 23, 1), (16, 16, 16)):
-        _stream_check(cls, window, 0, T, prefill, f"{EX2}, window={window}, no sinks, {T} tokens, prefill {prefill}",
-                      EX2)
+        what = f"{EX2}, window={window}, no sinks, {T} tokens, prefill {prefill}"
+        caches = _stream_check(cls, window, 0, T, prefill, what, EX2)
+        _slot_check(caches[0], window, 0, what, EX2)
     _refuses_big_update(cls, f"{EX2}, window=4")
 
 
@@ -279,8 +291,9 @@ def check_sink_cache(cls: type) -> None:
     """The same class with n_sinks > 0: sinks never evicted, rotated to sit just before the window."""
     own_work(cls, CACHE_REFERENCES, what=EX3, methods=CACHE_METHODS)
     for window, sinks, T, prefill in ((8, 2, 40, 6), (5, 4, 30, 1), (6, 1, 25, 7)):
-        _stream_check(cls, window, sinks, T, prefill,
-                      f"{EX3}, window={window}, n_sinks={sinks}, {T} tokens, prefill {prefill}", EX3)
+        what = f"{EX3}, window={window}, n_sinks={sinks}, {T} tokens, prefill {prefill}"
+        caches = _stream_check(cls, window, sinks, T, prefill, what, EX3)
+        _slot_check(caches[0], window, sinks, what, EX3)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -64,7 +64,7 @@ import math
 import torch
 from minigpt.longctx import sliding_window as sw
 """, {"ex1_code": (("scaled_inv_freq",), lab09.check_scaled_inv_freq),
-          "ex2_code": (("RingKVCache",), lab09.check_ring_cache),
+          "ex2_code": (("RingKVCache",), lambda cls: (lab09.check_ring_cache(cls), lab09.check_sink_cache(cls))),
           "ex4_code": (("kv_bytes_per_token",), lab09.check_kv_bytes)}),
 }
 
@@ -153,6 +153,10 @@ EDITS: dict[str, list[tuple[str, dict[str, str], str]]] = {
         ("ex1_code", {'raise ValueError(f"unknown method {method!r}")': "raise ValueError(None)"}, "should name rope2"),
         ("ex2_code", {"if T > 1 and self.length + T > self.capacity:": "if T > 2 and self.length + T > self.capacity:"},
          "2 tokens at once"),
+        # the ring turned the other way: the same logits stream, but slot() is not the one the exercise fixes
+        # (found by the differential test of issue 57)
+        ("ex2_code", {"return self.n_sinks + (position - self.n_sinks) % self.window":
+                      "return self.n_sinks + (position + self.n_sinks) % self.window"}, "slot\\(\\d+\\) is"),
         ("ex2_code", {"if T > 1 and self.length + T > self.capacity:":
                       "if T > 1 and self.length + T >= self.capacity:"},
          "16 tokens at once"),          # a prefill that fills the window exactly, refused
