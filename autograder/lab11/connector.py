@@ -178,9 +178,15 @@ class _DecodeSide:
 
 def _call_consumer(fn: Callable, channel: ScriptedChannel, request_id: str, n_layers: int, n_tokens: int, s: Any,
                    where: str, *, expect_error: bool = False) -> Any:
-    with no_calls_into(*RECV_REFERENCES, what=RECV_WHAT):
-        return call_learner(RECV_WHAT, fn, channel, request_id, n_layers, n_tokens, s, context=where,
-                            passthrough=(TransferError,) if expect_error else ())
+    try:
+        with no_calls_into(*RECV_REFERENCES, what=RECV_WHAT):
+            return call_learner(RECV_WHAT, fn, channel, request_id, n_layers, n_tokens, s, context=where,
+                                passthrough=(TransferError,) if expect_error else ())
+    finally:
+        if channel.untimed:            # the judge's channel counted it: no report of the learner's is read
+            raise AssertionError(f"{where}: {channel.untimed} recv call(s) with timeout_s=None. On a real link a "
+                                 "message that is lost never arrives, and that recv waits for ever, holding the "
+                                 "request's blocks: give every recv a timeout")
 
 
 def _check_one_receive(fn: Callable, name: str, length: int, seed: int, order: str) -> None:

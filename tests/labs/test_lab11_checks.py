@@ -123,6 +123,8 @@ WRONG = [
     ("ex3_code", {"    return blocks\n": "    return list(message.src_blocks)\n"}, "PRODUCER's block ids"),
     ("ex3_code", {"while len(arrived) < n_layers:": "while len(arrived) < n_layers - 1:"}, "wait until the last layer"),
     ("ex3_code", {"        store.free(blocks)\n        raise": "        raise"}, "stay allocated"),
+    # a receive that would wait for ever on a lost message (found by the differential test of issue 57)
+    ("ex3_code", {"channel.recv(timeout_s=10.0)": "channel.recv(timeout_s=None)"}, "timeout_s=None"),
     ("ex3_code", {"        store.free(blocks)\n        raise": "        store.free(blocks)\n        return blocks"},
      "returned a table although the transfer failed"),
     ("ex3_code", {"store.write(message.layer, blocks, message.k, message.v)":

@@ -141,7 +141,8 @@ class ScriptedChannel:
     `fail_at` = j: the j-th recv (from 0) raises TransferError (`timeout=True`: TransferTimeout), as a dropped
     connection or a peer that stopped sending would; after the messages run out, recv raises TransferTimeout.
     `received` counts the recv calls (each is logged, "recv i" or "recv" when none was handed out); `delivered`
-    the messages actually handed out.
+    the messages actually handed out; `untimed` the recv calls made with timeout_s=None (on a real link, a recv
+    that waits for a lost message for ever: here it raises TransferTimeout like the others, and the count says so).
     """
 
     def __init__(self, messages: Sequence[KVMessage], *, fail_at: int | None = None, timeout: bool = False,
@@ -150,10 +151,12 @@ class ScriptedChannel:
         self.log = log if log is not None else Timeline()
         self.received = 0
         self.delivered = 0
+        self.untimed = 0
 
     def recv(self, timeout_s: float = 10.0) -> KVMessage:
         if timeout_s is not None and type(timeout_s) not in (int, float):
             raise TypeError(f"timeout_s must be a number of seconds, got {type(timeout_s).__name__}")
+        self.untimed += timeout_s is None
         index = self.received
         self.received += 1
         self.log.add("recv", self._messages[index].layer if index < len(self._messages) else None)
