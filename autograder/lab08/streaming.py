@@ -46,7 +46,11 @@ def _parse_events(events: list[Any], what: str) -> list[Any]:
             raise AssertionError(f"{what}: event {i} is {e!r}; every server-sent event is the string "
                                  "'data: <payload>\\n\\n' (the blank line ends the event)")
         payload = e[len("data: "):-2]
-        parsed.append("[DONE]" if payload == "[DONE]" else json.loads(payload))
+        try:
+            parsed.append("[DONE]" if payload == "[DONE]" else json.loads(payload))
+        except json.JSONDecodeError as err:
+            raise AssertionError(f"{what}: event {i} carries {payload!r}, which is not JSON ({err.msg}); the "
+                                 "payload is json.dumps(chunk, separators=(',', ':'))") from None
         if payload != "[DONE]" and payload != json.dumps(parsed[-1], separators=(",", ":")):
             raise AssertionError(f"{what}: event {i} carries {payload!r}; send compact JSON, "
                                  "json.dumps(chunk, separators=(',', ':')): no spaces, every byte of a stream counts")

@@ -141,6 +141,9 @@ EDITS: dict[str, list[tuple[str, dict[str, str], str]]] = {
     ],
     "08": [
         ("ex1_code", {"json.dumps(chunk, separators=(',', ':'))": "json.dumps(chunk)"}, "compact JSON"),
+        # the check itself raised JSONDecodeError on these (a broken run, issue 57): now its own verdict
+        ("ex1_code", {"json.dumps(chunk, separators=(',', ':'))": "json.dumps(chunk, separators=(':', ','))"},
+         "not JSON"),
         ("ex3_code", {"duration = max(r.end_time for r in records) - min(r.send_time for r in records)":
                       "duration = max(r.end_time for r in records) + min(r.send_time for r in records)"}, "100 s"),
         ("ex3_code", {"if duration > 0 else 0.0": "if duration >= 0 else 0.0"}, "0 s"),
