@@ -45,6 +45,7 @@ import math
 import torch
 from hypothesis import strategies as st
 
+from autograder.lab05.gemv_cases import _placed      # the layouts the check lays tensors out in
 from autograder.mutation.equivalence import Contract, Raised
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
@@ -408,25 +409,6 @@ def _gemv_spec(draw):
     s_dtype = draw(st.sampled_from(("float32", "float32", "float16", "bfloat16")))
     device = draw(st.sampled_from(("cpu",) * 7 + ("meta",)))
     return (bits, N, K, group, block_n, block_k, x_dtype, s_dtype, layouts, draw(st.integers(0, 2**16)), device)
-
-
-def _placed(t: torch.Tensor, layout: str, fence) -> torch.Tensor:
-    """`t` laid out as the check lays it (autograder/lab05/gemv_cases.py): a view's buffer holds `fence` around it."""
-    if layout == "contiguous":
-        return t.clone()
-    if layout == "slice of a fenced buffer":
-        flat = torch.full((t.numel() + 16,), fence, dtype=t.dtype)
-        flat[8:8 + t.numel()] = t.reshape(-1)
-        return flat[8:8 + t.numel()].view(t.shape)
-    if t.ndim == 1:
-        buffer = torch.full((2 * t.numel(),), fence, dtype=t.dtype)
-        buffer[::2] = t
-        return buffer[::2]
-    if t.dtype.is_floating_point:
-        return t.T.contiguous().T
-    buffer = torch.full((t.shape[0], t.shape[1] + 8), fence, dtype=t.dtype)
-    buffer[:, 4:4 + t.shape[1]] = t
-    return buffer[:, 4:4 + t.shape[1]]
 
 
 def _gemv_inputs(spec):
