@@ -28,6 +28,7 @@ from autograder.paths import REPO_ROOT
 
 PROXY = REPO_ROOT / ".venv" / "hub-proxy" / "node_modules" / ".bin" / "configurable-http-proxy"
 LAB = "00_token_factory"
+STARTED = ".class-started"          # made first in the class's folder
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="the class's users are system users: only root can create them"),
     pytest.mark.skipif(not PROXY.exists(), reason="configurable-http-proxy is not installed (`make hub-deps`)"),
@@ -122,6 +123,7 @@ class Hub:
 def klass():
     root = Path(tempfile.mkdtemp(prefix="llm-course-hub-"))
     root.chmod(0o755)
+    (root / STARTED).touch()          # the shared folders are searched for what changed after it
     prefix = "lt" + secrets.token_hex(2)
     try:
         roster = classroom.create_class(root, 5, prefix=prefix, repo=REPO_ROOT)    # 3 in the cycle, 2 hostile
@@ -356,8 +358,10 @@ def _answer_lines(repo: Path) -> list[str]:
 
 def test_closed_means_closed_no_file_a_student_can_read_holds_a_model_answer(klass):
     """A student looks for the model answers everywhere they can read: the installation (its git history, a
-    workspace, gradebook backups, caches, build folders), the class's folder, the temporary folders, the homes; and
-    asks git for a solution by name. Nothing yields one."""
+    workspace, gradebook backups, caches, build folders) and the class's folder in full; in the folders every user
+    shares (the temporary folders, the homes), each file the class could have written (changed since it started:
+    another checkout the machine's owner left in /tmp is not the class's doing); and asks git for a solution by
+    name. Nothing yields one."""
     import base64
 
     roster, _, root = klass
@@ -365,9 +369,12 @@ def test_closed_means_closed_no_file_a_student_can_read_holds_a_model_answer(kla
     answers = _answer_lines(REPO_ROOT)
     assert len(answers) > 20, "too few distinctive answer lines to look for"
     patterns = base64.b64encode("\n".join(answers).encode()).decode()
-    places = " ".join(str(p) for p in (REPO_ROOT, root, "/tmp", "/var/tmp", "/dev/shm", "/home", "/srv"))
-    done = as_user(student, f"echo {patterns} | base64 -d | grep -rlF --exclude-dir=lib -f - {places}", roster,
-                   check=False, timeout=600)
+    shared = " ".join(("/tmp", "/var/tmp", "/dev/shm", "/home", "/srv"))
+    search = (f"echo {patterns} | base64 -d > ~/.answers; "
+              f"{{ grep -rlF --exclude-dir=lib -f ~/.answers {REPO_ROOT} {root}; "
+              f"find {shared} -path '*/lib' -prune -o -type f -readable -cnewer {root / STARTED} ! -path ~/.answers -print0 "
+              f"| xargs -0 -r grep -lF -f ~/.answers; }}; rm -f ~/.answers")
+    done = as_user(student, search, roster, check=False, timeout=600)
     assert done.stdout.strip() == "", f"a student can read model answers in:\n{done.stdout}"
     asked = as_user(student, f"git -c safe.directory='*' -C {REPO_ROOT} show HEAD:solutions/{LAB}/{LAB}.ipynb",
                     roster, check=False)
