@@ -76,8 +76,9 @@ class JobOutcome:
     seconds: float = 0.0
 
 
-def run_job(job: GradingJob) -> JobOutcome:
-    """Grade one submission in a scratch course folder (on this machine or a Dask worker)."""
+def run_job(job: GradingJob, on_progress: Callable[[str], None] | None = None) -> JobOutcome:
+    """Grade one submission in a scratch course folder (on this machine or a Dask worker); on_progress gets each
+    graded cell's line as it finishes (run_nbgrader)."""
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="grade-job-") as tmp:
         course = Path(tmp) / "course"
@@ -92,7 +93,8 @@ def run_job(job: GradingJob) -> JobOutcome:
                 (base / rel).write_bytes(data)
         env = nbgrader_env({**(job.env or {}), sandbox.ENV_VAR: sandbox.SandboxPolicy(**job.policy).to_env()})
         rc, out = run_nbgrader(["autograde", job.assignment, f"--student={job.student}", "--force",
-                                f"--db={db_url_for(course / 'gradebook.db')}"], course, timeout=job.timeout, env=env)
+                                f"--db={db_url_for(course / 'gradebook.db')}"], course, timeout=job.timeout, env=env,
+                               on_progress=on_progress)
         done = course / "autograded" / job.student / job.assignment
         notebooks = {p.name: p.read_text(encoding="utf-8") for p in sorted(done.glob("*.ipynb"))} if rc == 0 else {}
     return JobOutcome(job.student, job.assignment, rc, out[-4000:], notebooks, time.perf_counter() - start)
@@ -124,10 +126,13 @@ class _DaskPool:
             raise GradingError("Dask is not installed: pip install '.[cluster]' (dask, distributed, "
                                "dask-jobqueue)") from exc
         self._cluster = None
+        self._scratch: tempfile.TemporaryDirectory | None = None
         if scheduler in ("local", "local-threads"):
+            self._scratch = tempfile.TemporaryDirectory(prefix="dask-")     # its spill folder, removed at close
             self._cluster = LocalCluster(n_workers=1 if scheduler == "local-threads" else jobs,
                                          threads_per_worker=jobs if scheduler == "local-threads" else 1,
-                                         processes=scheduler == "local", dashboard_address=None)
+                                         processes=scheduler == "local", dashboard_address=None,
+                                         local_directory=self._scratch.name)
             self._client = Client(self._cluster)
         else:
             self._client = Client(scheduler)
@@ -143,6 +148,8 @@ class _DaskPool:
         self._client.close()
         if self._cluster is not None:
             self._cluster.close()
+        if self._scratch is not None:
+            self._scratch.cleanup()
 
 
 def default_jobs() -> int:
@@ -243,9 +250,10 @@ def autograde(course_root: Path = REPO_ROOT, assignment_ids: list[str] | None = 
               timeout: float = SUBMISSION_TIMEOUT_S, env: dict[str, str] | None = None,
               log: Callable[[str], None] = tqdm.write, progress: bool = True, jobs: int | None = None,
               unsafe: bool = False, scheduler: str | None = None, policy: sandbox.SandboxPolicy | None = None,
-              backup: bool = True) -> list[SubmissionResult]:
+              backup: bool = True, cell_log: Callable[[str], None] | None = None) -> list[SubmissionResult]:
     """Grade every submission under submitted/ (or the chosen ones); one status line each, in the order
-    they finish; returns the results sorted by assignment and student."""
+    they finish; returns the results sorted by assignment and student. cell_log, where the jobs run on this
+    machine (not on Dask), gets a line per graded cell as it finishes ("student: ex1_check: passed (3.2 s)")."""
     course_root = Path(course_root).resolve()
     bindir = str(Path(sys.executable).parent)        # nbgrader's Gradebook, used here too, runs `alembic`
     if bindir not in os.environ.get("PATH", "").split(os.pathsep):
@@ -288,10 +296,15 @@ def autograde(course_root: Path = REPO_ROOT, assignment_ids: list[str] | None = 
                         early.append(JobOutcome(s, a, 0, "", {}))
                     else:
                         pending.append((GradingJob(student=s, files=_files_of(staged), **base), s))
+                def grade(job: GradingJob) -> JobOutcome:
+                    said = None if cell_log is None else (lambda line, s=job.student: cell_log(f"{s}: {line}"))
+                    return run_job(job, said)
+
+                task = run_job if scheduler or cell_log is None else grade
                 if unsafe:      # strictly one after the other: a change to the gradebook names its submission
-                    finished = (_safe_result(pool.submit(run_job, job), a, s) for job, s in pending)
+                    finished = (_safe_result(pool.submit(task, job), a, s) for job, s in pending)
                 else:
-                    futures = {pool.submit(run_job, job): s for job, s in pending}
+                    futures = {pool.submit(task, job): s for job, s in pending}
                     finished = (_safe_result(f, a, futures[f]) for f in pool.as_completed(list(futures)))
                 for outcome in itertools.chain(early, finished):     # recorded as each one finishes
                     results.append(_finish_or_error(outcome, api, guard, db_url, work, meta, log, bar))
@@ -448,12 +461,13 @@ def _finish(outcome: JobOutcome, api, guard: gradebook_guard.Guard, db_url: str,
 def grade_notebook(path: Path, *, assignment: str | None = None, course_root: Path = REPO_ROOT,
                    student: str = DEFAULT_STUDENT, timeout: float = SUBMISSION_TIMEOUT_S,
                    env: dict[str, str] | None = None, keep: Path | None = None, sandboxed: bool | None = None,
-                   log=None) -> SubmissionResult:
+                   log=None, cell_log: Callable[[str], None] | None = None) -> SubmissionResult:
     """Grade one notebook as `nbgrader autograde` would, in a temporary course folder (its own gradebook).
 
     sandboxed: True requires the bubblewrap sandbox, False runs the kernel without it, None (default) uses it
     where it can start (a learner grading their own notebook on a laptop without one still gets a grade).
     keep: if given, the temporary course folder is copied there (autograded notebook, gradebook).
+    cell_log: gets a line per graded cell as it finishes ("ex1_check: passed (3.2 s)").
     """
     path = Path(path).resolve()
     if not path.exists():
@@ -471,7 +485,8 @@ def grade_notebook(path: Path, *, assignment: str | None = None, course_root: Pa
         shutil.copy(path, sub_dir / name)
         results = autograde(course, [assignment], [student], db=Path(tmp) / "gradebook.db", timeout=timeout,
                             env=env, log=log or (lambda line: None), progress=False, jobs=1,
-                            unsafe=not sandboxed, backup=False)
+                            unsafe=not sandboxed, backup=False,
+                            cell_log=None if cell_log is None else (lambda line: cell_log(line.split(": ", 1)[1])))
         if keep is not None:
             shutil.copytree(tmp, keep, dirs_exist_ok=True)
     return results[0]

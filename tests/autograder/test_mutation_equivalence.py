@@ -63,3 +63,30 @@ def test_a_failed_check_cell_is_a_check_a_crash_or_broken():
     assert classify(verdict, {"<mutant>"}) == CHECK
     assert classify(_raised(lambda: ns["bad"](0)), {"<mutant>"}) == CRASH            # its own code raised
     assert classify(_raised(lambda: sorted([1, "a"])), {"<mutant>"}) == BROKEN       # neither
+
+
+def test_a_forked_contract_run_sends_plain_data_back_and_a_fault_is_a_result():
+    """guard_page.in_fork: the child's result crosses as JSON and safetensors (no pickle), structure and dtypes kept;
+    an exception is Raised(its type); a read of the guard page after a tensor is Raised("OutOfBoundsAccess")."""
+    import ctypes
+    import math
+
+    import torch
+
+    from autograder.mutation.contracts.guard_page import OUT_OF_BOUNDS, guarded, in_fork
+    from autograder.mutation.equivalence import Raised
+
+    sent = (torch.arange(6.0).view(2, 3).t(), [1, 2.5, float("nan"), None, "x", True], {"a": Raised("ValueError")},
+            torch.zeros(0, dtype=torch.int64))
+    got = in_fork(lambda: sent)
+    assert isinstance(got, tuple) and torch.equal(got[0], sent[0]) and got[1][:2] == [1, 2.5]
+    assert math.isnan(got[1][2]) and got[1][3:] == [None, "x", True] and got[2] == {"a": Raised("ValueError")}
+    assert got[3].dtype == torch.int64 and got[3].shape == (0,)
+
+    def raises():
+        raise KeyError("x")
+
+    assert in_fork(raises) == Raised("KeyError")
+    tensor = guarded((16,), torch.float32)
+    assert in_fork(lambda: float(tensor.sum())) == 0.0
+    assert in_fork(lambda: ctypes.string_at(tensor.data_ptr() + tensor.numel() * 4, 4)) == Raised(OUT_OF_BOUNDS)

@@ -208,7 +208,7 @@ def torchrun(module: str, nproc: int, args: Sequence[str] = (), *, timeout_s: fl
         out = Path(tmp) / "rank0.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--nnodes", "1",
                "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", module, *args, "--out", str(out)]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TMPDIR": tmp}   # its logs too
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                 start_new_session=True)
         try:
