@@ -69,25 +69,30 @@ MAX_NEW_TOKENS = 32
 DECODING_CASES = [(name, MAX_NEW_TOKENS) for name in SCHEMAS] + [("flags", 7), ("shirt", 5)]
 
 
-def decoding_model(seed: int, *, eager_to_end: bool = False) -> GPT:
-    """A small random model on the course vocabulary. `eager_to_end`: the end-of-text token has the largest logit
-    at every step (one residual channel is constant and only the end token's head row reads it), so a decoder
-    that allows it anywhere the grammar does not accept stops there."""
-    cfg = ModelConfig(vocab_size=len(vocabulary()), max_seq_len=96, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
-                      d_ff=128, tie_embeddings=False)
+def decoding_model(seed: int, *, eager_to_end: bool = False, logit_shift: float = 0.0, d_model: int = 64,
+                   n_layers: int = 2, n_kv_heads: int = 2, d_ff: int = 128, max_seq_len: int = 96) -> GPT:
+    """A small random model on the course vocabulary (4 heads; the checks use the default shape, the mutation
+    contract draws others). `eager_to_end`: the end-of-text token has the largest logit at every step (one
+    residual channel is constant and only the end token's head row reads it), so a decoder that allows it anywhere
+    the grammar does not accept stops there. `logit_shift` < 0 moves every logit down by about |logit_shift|
+    (every head row reads that channel)."""
+    cfg = ModelConfig(vocab_size=len(vocabulary()), max_seq_len=max_seq_len, d_model=d_model, n_layers=n_layers,
+                      n_heads=4, n_kv_heads=n_kv_heads, d_ff=d_ff, tie_embeddings=False)
     g = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng():
         model = GPT(cfg).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * (0.3 if p.ndim == 2 else 0.1) + (1.0 if p.ndim == 1 else 0.0))
-        if eager_to_end:
+        if eager_to_end or logit_shift:
             model.tok_emb.weight[:, 0] = 4.0
             for block in model.layers:
                 block.attn.wo.weight[0] = 0.0
                 block.mlp.w_down.weight[0] = 0.0
-            model.lm_head.weight[vocabulary().eos_id] = 0.0
-            model.lm_head.weight[vocabulary().eos_id, 0] = 50.0
+            model.lm_head.weight[:, 0] += logit_shift / 4.0
+            if eager_to_end:
+                model.lm_head.weight[vocabulary().eos_id] = 0.0
+                model.lm_head.weight[vocabulary().eos_id, 0] = 50.0
     return model
 
 

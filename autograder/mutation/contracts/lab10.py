@@ -13,7 +13,6 @@ ex5_code  jump_forward_json(...): the same inputs; compared: the tokens and the 
 
 from __future__ import annotations
 
-import torch
 from hypothesis import strategies as st
 
 from autograder.mutation.equivalence import Contract, Raised
@@ -54,31 +53,13 @@ SCHEMAS = [
 
 
 def _model(ns: dict, spec: tuple):
-    """A small GPT on the course vocabulary: (seed, n_layers, n_kv_heads, context, logit shift, eager to end).
-    `shift` < 0 moves every logit down by about |shift| (a residual channel held constant, read by every head row)."""
-    from minigpt.config import ModelConfig
-    from minigpt.model import GPT
+    """The checks' small GPT (autograder/lab10/common.decoding_model) in a drawn shape: (seed, n_layers,
+    n_kv_heads, context, logit shift, eager to end)."""
+    from autograder.lab10.common import decoding_model
 
     seed, n_layers, n_kv_heads, context, shift, eager = spec
-    vocab = ns["vocab"]
-    cfg = ModelConfig(vocab_size=len(vocab), max_seq_len=context, d_model=32, n_layers=n_layers, n_heads=4,
-                      n_kv_heads=n_kv_heads, d_ff=64, tie_embeddings=False)
-    g = torch.Generator().manual_seed(seed)
-    with torch.random.fork_rng():
-        model = GPT(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * (0.3 if p.ndim == 2 else 0.1) + (1.0 if p.ndim == 1 else 0.0))
-        if shift or eager:
-            model.tok_emb.weight[:, 0] = 4.0
-            for block in model.layers:
-                block.attn.wo.weight[0] = 0.0
-                block.mlp.w_down.weight[0] = 0.0
-            model.lm_head.weight[:, 0] += shift / 4.0
-            if eager:
-                model.lm_head.weight[vocab.eos_id] = 0.0
-                model.lm_head.weight[vocab.eos_id, 0] = 50.0
-    return model
+    return decoding_model(seed, eager_to_end=eager, logit_shift=shift, d_model=32, n_layers=n_layers,
+                          n_kv_heads=n_kv_heads, d_ff=64, max_seq_len=context)
 
 
 def _decoding_inputs(ns: dict):
