@@ -37,6 +37,22 @@ def _reports_failure(fn: Callable) -> Callable:
     return run
 
 
+def _reservation(result: Any, what: str, method: str) -> Any:
+    """`result` when it reads as a reservation (slots of ints, copies of (src, dst) pairs, add_sequence's
+    num_cached an int); an AssertionError saying what it returned otherwise (a None from a missing `return`)."""
+    needs = ("slots", "copies", "num_cached") if method == "add_sequence" else ("slots", "copies")
+    try:
+        fine = (all(hasattr(result, name) for name in needs) and all(isinstance(int(s), int) for s in result.slots)
+                and all(len(tuple(c)) == 2 for c in result.copies)
+                and (method != "add_sequence" or isinstance(result.num_cached, int)))
+    except (TypeError, ValueError):
+        fine = False
+    if not fine:
+        raise AssertionError(f"{what}: {method} returned {result!r:.120}; it should return its reservation: "
+                             f"{', '.join(needs)} (Reservation in minigpt.cache.block_manager)")
+    return result
+
+
 class PagedCacheMachine(RuleBasedStateMachine):
     """A manager built by make_manager(num_blocks, block_size, prefix) against a shadow of the K/V pools; the three
     class attributes are set by `machine_for` (each graded run gets a subclass of its own)."""
@@ -79,12 +95,15 @@ class PagedCacheMachine(RuleBasedStateMachine):
             self.shadow[int(slot)] = tuple(full[:start + i + 1])
 
     def _attempt(self, what: str, method: str, *args: Any) -> Any:
-        """Call a manager method; None if it raised OutOfBlocks, after checking that it changed nothing."""
+        """Call a manager method; None if it raised OutOfBlocks, after checking that it changed nothing; otherwise
+        its reservation, which must have `slots` (ints), `copies` ((src, dst) pairs) and, from add_sequence,
+        `num_cached` (an int)."""
         before = self._snapshot()
         try:
             with quiet():
                 with self.watch():
-                    return getattr(self.m, method)(*args)
+                    result = getattr(self.m, method)(*args)
+            return _reservation(result, what, method)
         except OutOfBlocks as err:
             needed, free = getattr(err, "needed", None), getattr(err, "free", None)
             if hasattr(err, "needed") and not (isinstance(needed, int) and isinstance(free, int) and 0 <= free <= len(before[1]) and needed > free):
@@ -194,6 +213,32 @@ class PagedCacheMachine(RuleBasedStateMachine):
         self.next_id += 1
         self.expected[child] = list(self.expected[parent])
         return parent, child
+
+    @precondition(lambda self: bool(self.expected))
+    @rule(data=st.data())
+    @_reports_failure
+    def fork_into_a_live_sequence(self, data: Any) -> None:
+        """Forking into a sequence that exists must raise ValueError and change nothing (it would leak that
+        sequence's blocks)."""
+        parent = data.draw(st.sampled_from(sorted(self.expected)))
+        child = data.draw(st.sampled_from(sorted(self.expected)))
+        what = f"fork({parent}, {child}) into sequence {child}, which exists"
+        before = self._snapshot()
+        try:
+            with quiet():
+                with self.watch():
+                    self.m.fork(parent, child)
+        except ValueError:
+            pass
+        except NotImplementedError:
+            raise AssertionError("fork is not implemented yet (NotImplementedError)") from None
+        except Exception as err:
+            raise AssertionError(f"{what}: should raise ValueError, raised {type(err).__name__}: {err}") from None
+        else:
+            raise AssertionError(f"{what}: should raise ValueError (that sequence already exists), raised nothing")
+        if self._snapshot() != before:
+            raise AssertionError(f"{what}: raised ValueError but changed the state (ref counts, free list, tables or "
+                                 "prefix cache): check that the child is new BEFORE changing anything")
 
     @precondition(lambda self: bool(self.expected))
     @rule(data=st.data())

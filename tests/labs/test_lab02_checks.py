@@ -206,7 +206,25 @@ class StaleHashManager(LearnerBlockManager):
         self.pool.on_reuse = None
 
 
+class ForkOverwritesManager(LearnerBlockManager):
+    """Forks into any id: a child that already exists loses its table and leaks its blocks (issue 57)."""
+
+    def fork(self, parent, child):
+        self.tables.pop(child, None)
+        super().fork(parent, child)
+
+
+class NoReturnManager(LearnerBlockManager):
+    """add_sequence does its work but its `return` was left out: the caller gets None, no reservation (issue 57:
+    the state machine read a None as OutOfBlocks and went on)."""
+
+    def add_sequence(self, seq_id, prompt):
+        super().add_sequence(seq_id, prompt)
+
+
 WRONG_MANAGERS = {
+    "fork into a sequence that exists": factory(ForkOverwritesManager),
+    "add_sequence without its return": factory(NoReturnManager),
     "free that does not decrement": factory(with_pool(NoDecrementPool)),
     "free that returns a still-shared block": factory(with_pool(FreeSharedPool)),
     "fork without copy-on-write": factory(NoCopyOnWriteManager),
