@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from autograder.interview.questions import Verdict
 from minigpt.teaching.calculators import GiB, PRESETS, attention_flops, kv_cache_bytes, prefill_flops
 from minigpt.teaching.hardware import ACCELERATORS
+from minigpt.disagg.goodput_sim import SimConfig, costs_for
 from minigpt.moe.arithmetic import DEEPSEEK_V3, dispatch_combine_bytes_per_token
 
 # Question 16's figures, computed: one 128k-token request of Llama-3-8B in bf16 on one H100 SXM.
@@ -26,6 +27,13 @@ _LONG_KV_GIB = kv_cache_bytes(_L3, _LONG, 1, 2) / GiB
 _LONG_PREFILL = prefill_flops(_L3, _LONG)
 _LONG_ATTENTION_SHARE = attention_flops(_L3, _LONG * (_LONG + 1) // 2) / _LONG_PREFILL
 _LONG_PREFILL_S = _LONG_PREFILL / _H100.peak("bf16")
+# Question 18's step times (lab 11's simulator, Llama-3-8B on an H100): 32 decodes at 4k context, alone, with a
+# prompt chunk filling a 512-token budget, and a whole 4k-token prefill.
+_STEP = costs_for(SimConfig())
+_CHUNK = 512 - 32
+_DECODE_MS = _STEP.decode_step_s(32, 32 * 4096) * 1e3
+_MIXED_MS = _STEP.mixed_step_s(32, 32 * 4096, [(0, _CHUNK)]) * 1e3
+_WHOLE_MS = _STEP.prefill_s([4096]) * 1e3
 # Question 19's wire bytes: DeepSeek-V3 (256 experts, 8 a token) over 64 ranks, FP8 out and BF16 back.
 _EP64 = dispatch_combine_bytes_per_token(DEEPSEEK_V3, 64)
 
@@ -358,27 +366,34 @@ CHOICE_QUESTIONS: tuple[ChoiceQuestion, ...] = (
         "README."),
     ChoiceQuestion(
         18, "Disaggregated prefill and decode", "11",
-        "An 8B model serves 4k-token prompts on four GPUs, and under load users see the token stream stutter. "
-        "Someone proposes splitting the GPUs into prefill workers and decode workers. When does that help, and does "
-        "it raise throughput?",
-        "It helps when long prefills stall the running decodes past the inter-token target: decode GPUs then never "
-        "wait on a prefill. Throughput does not rise: the same work is done, only placed apart",
-        (("Always: separating the two phases raises what the same GPUs can serve",
+        "An 8B model serves 4k-token prompts on four identical GPUs, each running continuous batching, and under load "
+        "users see the token stream stutter. Someone proposes splitting the GPUs into prefill workers and decode "
+        "workers. What do you do first, and when does a split pay?",
+        "Chunk the prefill first, with a step budget small enough that chunks ride in the decode steps; split for "
+        "what that cannot give (a parallelism or GPU type per phase, decode isolated from prefill load), never for "
+        "throughput",
+        (("Split them: decode GPUs then never wait on a prefill, which ends the stutter at the same throughput",
+          "that is the answer against an engine that prefills whole prompts (the vLLM DistServe measured against). "
+          "With chunked prefill, which vLLM's V1 engine always runs, a step carries a slice of the prompt beside the "
+          "decodes, and on identical GPUs the chunked engine ties or beats every split (lab 11, section 4): the "
+          "split is not the first fix, and its reasons lie elsewhere."),
+         ("Always split: separating the two phases raises what the same GPUs can serve",
           "every request still needs the same prefill FLOPs and decode steps wherever they run; vLLM's documentation "
           "says disaggregated prefill does not improve throughput, and a fixed split leaves one pool idle when the mix "
           "of work changes."),
-         ("Only if moving the KV cache is free, so it needs NVLink between every prefill and decode GPU",
-          "sent layer by layer while the prefill computes, a 4k-token Llama-3-8B cache over one InfiniBand port "
-          "leaves well under one decode step exposed: the transfer hides behind the prefill."),
-         ("Most with short prompts at light load, where the GPUs have room",
-          "there both layouts meet the targets and the split only adds a transfer; with few GPUs and a loose target "
-          "it even loses, one prefill GPU saturating while its decode partner idles.")),
-        "Colocated, a step that prefills a long prompt makes every running decode wait for it, so the mean gap "
-        "between tokens grows with the share of time spent prefilling. Giving decodes GPUs that no prefill interrupts "
-        "fixes the gap, and lets TTFT and inter-token latency be tuned apart (how many GPUs and which parallelism each "
-        "phase gets): DistServe picks the split that maximises goodput per GPU under both targets. The cost is the KV "
-        "cache's bytes on the wire, mostly hidden when sent layer by layer; the split pays with long prompts and tight "
-        "inter-token targets, ties with short ones, and loses when it matches the work's ratio badly."),
+         ("Raise --max-num-batched-tokens so that each prompt is prefilled in a single step",
+          "a budget that admits a whole 4k-token prompt beside the decodes brings the stall back (vLLM's default of "
+          "8192 on an H100 already does); a stuttering stream asks for a smaller budget, so that each step carries "
+          "only a slice of a prompt.")),
+        f"A decode step reads every weight to make one token per request and leaves most of the GPU's FLOPs idle. On "
+        f"an H100, a step of 32 Llama-3-8B requests at 4k context takes {_DECODE_MS:.1f} ms; the same step carrying a "
+        f"{_CHUNK}-token prompt chunk {_MIXED_MS:.1f} ms; a whole 4k-token prefill stalls every decode for "
+        f"{_WHOLE_MS:.0f} ms. So chunked prefill (vLLM's budget is --max-num-batched-tokens) hides most of the "
+        "interference that disaggregation was invented to remove. A split still pays where one engine cannot do "
+        "what two pools can: a different tensor or expert parallelism per phase (DistServe, DeepSeek's prefill at EP "
+        "32 and decode at EP 144), different GPUs per phase (Splitwise), decode steps no prefill load lengthens, and "
+        "a KV cache pool shared across the cluster (Mooncake). It costs the KV cache's bytes on the wire, mostly "
+        "hidden when sent layer by layer, and it never raises throughput: the same work is done, only placed apart."),
     ChoiceQuestion(
         19, "Expert parallelism", "11",
         "A mixture-of-experts model with 256 routed experts, 8 per token, is served with expert parallelism over 64 "

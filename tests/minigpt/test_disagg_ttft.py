@@ -46,6 +46,18 @@ def test_every_mode_reports_every_field_and_the_same_greedy_tokens(target) -> No
     assert multiprocessing.active_children() == [], "a rank outlived ttft_breakdown"
 
 
+def test_ttft_is_the_clients_first_token_its_parts_summed(target) -> None:
+    """One TTFT in lab 11: colocated, queue + prefill; split, the client streams from the decode worker, so the
+    exposed transfer and the wait for the decode worker count too, and the second token is one decode step later."""
+    rows = ttft_breakdown(target, [24], MODES, max_new_tokens=3, link_bandwidth=20e6, warmup=False)
+    assert [r["mode"] for r in rows] == list(MODES)
+    for r in rows:
+        parts = r["queueing_s"] + r["prefill_s"] + r["transfer_s"] + r["decode_wait_s"]
+        assert r["ttft_s"] == pytest.approx(parts, abs=1e-9), f"{r['mode']}: ttft {r['ttft_s']} s, parts {parts} s"
+        second = r["ttft_s"] + r["first_decode_step_s"]
+        assert r["time_to_second_token_s"] == pytest.approx(second, abs=1e-9), r["mode"]
+
+
 def test_given_arrivals_and_an_emulated_link_are_reported_as_such(target) -> None:
     rows = ttft_breakdown(target, [8, 8], ["whole"], max_new_tokens=2, arrivals_s=[0.0, 0.001],
                           link_bandwidth=1e9, warmup=False)

@@ -228,3 +228,65 @@ def test_a_bad_config_is_refused(kwargs, message):
 def test_a_bad_workload_is_refused(kwargs):
     with pytest.raises(ValueError):
         make_workload(**kwargs)
+
+
+# ---------------------------------------------------------------- the client's TTFT when split
+
+def test_a_split_request_gets_its_first_token_when_a_busy_decode_worker_takes_it_in():
+    """TTFT is the client's: the decode worker streams the first token at the step boundary where the request joins,
+    so on a busy decode worker it is at least prefill + exposed transfer and less than that plus one decode step."""
+    prompt, output = 4096, 64
+    both = simulate_disaggregated(two_requests(prompt, output, second_at=0.2), 1, 1)
+    report = layerwise_overlap(SHAPE, prompt, GPU, LINK)
+    ready = 0.2 + report.prefill_s + report.exposed_layerwise_s
+    step = decode_step_time(SHAPE, prompt + output, 1, PEAK, BW)
+    assert ready <= both.first_token[1] < ready + step, (
+        f"first token at {both.first_token[1]} s; cache ready at {ready} s, a decode step is {step} s")
+
+
+# ---------------------------------------------------------------- bursty arrivals
+
+def test_burstiness_one_is_the_poisson_stream_and_more_spreads_the_gaps_at_the_same_mean():
+    poisson = make_workload(4000, 10.0, seed=2)
+    np.testing.assert_array_equal(poisson.arrival, make_workload(4000, 10.0, seed=2, burstiness=1.0).arrival)
+    for b in (1.0, 3.0):
+        gaps = np.diff(make_workload(4000, 10.0, seed=2, burstiness=b).arrival)
+        assert gaps.mean() == pytest.approx(0.1, rel=0.1), f"burstiness {b}: mean gap {gaps.mean()} s, want 0.1"
+        assert gaps.std() / gaps.mean() == pytest.approx(b, rel=0.15), f"burstiness {b}: cv {gaps.std() / gaps.mean()}"
+    with pytest.raises(ValueError, match="burstiness"):
+        make_workload(10, 1.0, burstiness=0.5)
+
+
+# ---------------------------------------------------------------- against chunked colocation
+
+def test_sweep_with_chunks_reports_each_budget_and_the_best_colocated():
+    rows = sweep([40.0], [4096], n_gpus=4, n_requests=200, chunks=(8192, 512))
+    r = rows[0]
+    wl = make_workload(200, 40.0, prompt_len=4096, seed=0)
+    for c in (8192, 512):
+        want = goodput(simulate_colocated(wl, 4, SimConfig(chunked_prefill=c)), per_gpu=True)
+        assert r["chunked"][c] == want, (c, r["chunked"][c], want)
+    assert r["best_colocated"] == max(r["colocated"], *r["chunked"].values())
+    assert r["winner_vs_best"] in ("disaggregated", "colocated", "tie")
+
+
+@pytest.mark.parametrize("rate", [40.0, 48.0])
+def test_chunked_colocation_matches_or_beats_every_split_where_the_unchunked_baseline_loses(rate):
+    """The lab's 4096-token rows: against colocation WITHOUT chunking the split wins; with a 512-token budget
+    colocation ties (10 req/s per GPU) or wins (12): decode steps leave compute idle for the chunks to use."""
+    wl = make_workload(500, rate, prompt_len=4096, seed=0)
+    unchunked = goodput(simulate_colocated(wl, 4), per_gpu=True)
+    chunked = goodput(simulate_colocated(wl, 4, SimConfig(chunked_prefill=512)), per_gpu=True)
+    split = best_placement(rate, 4, prompt_len=4096)
+    assert split.goodput_per_gpu > unchunked, (split, unchunked)
+    assert chunked >= split.goodput_per_gpu, f"chunked colocated {chunked:.2f} req/s per GPU, best split {split}"
+
+
+def test_bursty_long_prompts_with_strict_targets_still_favour_chunked_colocation():
+    """Bursts (gaps 3x as spread as Poisson), TTFT <= 0.3 s and TPOT <= 12 ms: no split of identical GPUs beats the
+    best chunk budget on this roofline."""
+    wl = make_workload(300, 32.0, prompt_len=4096, seed=0, burstiness=3.0)
+    chunked = max(goodput(simulate_colocated(wl, 4, SimConfig(chunked_prefill=c)), 0.3, 0.012, per_gpu=True)
+                  for c in (512, 2048))
+    split = max(goodput(simulate_disaggregated(wl, p, 4 - p), 0.3, 0.012, per_gpu=True) for p in (1, 2, 3))
+    assert chunked > split, f"best chunk {chunked:.2f}, best split {split:.2f} req/s per GPU"

@@ -47,6 +47,7 @@ def test_the_view_starts_on_its_arguments(view):
     ("ttft_limit", 0.5, "TTFT &le; 0.5 s"),
     ("itl_limit", 50, "TPOT &le; 50 ms"),
     ("n_gpus", 6, "on 6 x H100-SXM"),
+    ("chunk", 512, "colocated with chunked prefill, 512 tokens a step"),
 ])
 def test_every_control_changes_the_readout_and_the_figure(view, control, value, expect):
     before_text, before_png = view.readout.value, view.image.value
@@ -70,3 +71,11 @@ def test_fewer_gpus_clamp_the_split():
 def test_an_impossible_split_is_refused():
     with pytest.raises(ValueError, match="1 <= prefill GPUs < GPUs"):
         goodput_readout(4.0, 1024, 128, 4, 4)
+
+
+def test_the_chunk_control_sets_the_colocated_baseline():
+    view = GoodputView(rate=10.0, prompt_len=4096, chunked_prefill=512)
+    assert view.chunk.value == 512 and "colocated with chunked prefill, 512 tokens a step" in view.readout.value
+    wl = gs.make_workload(requests_for(4), 40.0, prompt_len=4096, output_len=128, seed=0)
+    chunked = gs.goodput(gs.simulate_colocated(wl, 4, gs.SimConfig(chunked_prefill=512)), per_gpu=True)
+    assert f"{chunked:.2f}" in view.readout.value, view.readout.value

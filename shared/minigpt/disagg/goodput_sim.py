@@ -7,6 +7,8 @@
     goodput(dis, ttft_limit=1.0, itl_limit=0.02, per_gpu=True)      # 10.0: all of the offered 10 per GPU
     best_placement(40.0, 4, prompt_len=4096)                        # Placement(prefill_gpus=3, decode_gpus=1, ...)
     rows = sweep([16, 24, 32, 40], [1024, 2048, 4096], n_gpus=4)    # a table: one row per (prompt, rate)
+    rows = sweep([40, 48], [4096], n_gpus=4, chunks=(8192, 512))     # ... and colocated with chunked prefill too
+    bursty = make_workload(500, 40.0, prompt_len=4096, burstiness=3.0)   # gaps with 3x a Poisson stream's spread
 
 What is modelled. Every worker is one GPU (`SimConfig.gpu`, an H100 SXM by default) holding the whole model
 (Llama-3-8B by default, bf16 weights and KV cache). Steps are priced by lab 00's rule, `calculators.forward_kernels`
@@ -16,8 +18,9 @@ and `kernels_time`, so no model runs:
 * a decode step of B requests with contexts summing to S: forward_kernels(B, S, S) = a[B] + b * S, the weights read
   once (4.5 ms at B = 1) plus 0.039 us per cached token (0.16 ms per 4K-token request): memory-bound;
 * a chunked-prefill step (only when `SimConfig.chunked_prefill` is set): the decodes and the prompt chunks in one pass.
-Requests arrive as a Poisson process (`make_workload`, seeded numpy generator); each has a prompt and an output length,
-fixed or uniform in a range. Request i goes to worker i % n (round robin; no load-aware router).
+Requests arrive as a Poisson process (`make_workload`, seeded numpy generator), or in bursts (`burstiness` > 1: gamma
+gaps whose coefficient of variation is `burstiness`, the same mean); each has a prompt and an output length, fixed
+or uniform in a range. Request i goes to worker i % n (round robin; no load-aware router).
 
 Colocated: n identical workers, each one vLLM engine with continuous batching and V0's default policy without chunked
 prefill: whenever waiting prompts can be admitted, the next step prefills them (first come first served, up to
@@ -29,11 +32,18 @@ spends prefilling, and the worst gap is a whole prefill.
 Disaggregated: P prefill workers (a queue each, prompts batched up to `token_budget`, or one at a time) and D decode
 workers (continuous batching of decodes only). A request's KV cache moves over `SimConfig.link` (one InfiniBand NDR
 port by default) as `transfer_cost` prices it: layer by layer while the prefill computes, so only the exposed tail
-delays it (0.34 ms for 4096 tokens; the whole 512 MiB after the prefill would take 10.7 ms). Its first token reaches the
-user when the cache has arrived (TTFT = queue + prefill + exposed transfer); it joins its decode worker's batch at the
-next step boundary, or waits there for room, which shows up as a longer gap before its second token.
+delays it (0.34 ms for 4096 tokens; the whole 512 MiB after the prefill would take 10.7 ms). The first token, made by
+the prefill, travels with the cache; the decode worker streams it when it takes the request into its batch, at its
+next step boundary once the cache has arrived (or later, when it waits for room).
 
-Per request: TTFT, TPOT = (t_n - t_1) / (n - 1) (the mean inter-token latency, DistServe's decode SLO and
+TTFT is the client's, in both modes: arrival to the first token the client receives. Colocated: queue + prefill (the
+worker that prefilled streams it). Disaggregated: queue + prefill + exposed transfer + the wait for the decode
+worker's step boundary (the client streams from the decode worker, as behind vLLM's and SGLang's P/D proxies).
+SGLang's decode worker, like this simulator's, streams the token the prefill made; vLLM's recomputes the last prompt
+position in its first decode step, so a vLLM client waits one decode step more (lab 11's `ttft` module measures
+that path as `time_to_second_token_s`).
+
+Per request: TTFT (above), TPOT = (t_n - t_1) / (n - 1) (the mean inter-token latency, DistServe's decode SLO and
 `engine.metrics.goodput`'s), the largest gap, and every gap (`SimResult.itls`). Goodput = offered rate x the share
 of requests with TTFT <= ttft_limit AND TPOT <= itl_limit, per GPU when divided by the GPUs it took.
 
@@ -43,8 +53,15 @@ ms floor of one decode step of an 8B model on an H100; 50 ms, a common figure fo
 one: both modes meet it until the GPUs saturate, so it only shows where the raw throughput ends.
 
 Where disaggregation wins and where it loses (defaults, 4 GPUs, 128 output tokens, 500 requests, seed 0):
-* long prompts, tight ITL: 4096-token prompts at 10 req/s per GPU, colocated serves 6.4 req/s per GPU within both
-  SLOs (its prefills push TPOT past 20 ms), the best split (3 prefill + 1 decode) all 10;
+* long prompts, tight ITL, AGAINST COLOCATION WITHOUT CHUNKED PREFILL (vLLM's V0 default): 4096-token prompts at 10
+  req/s per GPU, colocated serves 6.4 req/s per GPU within both SLOs (its prefills push TPOT past 20 ms), the best
+  split (3 prefill + 1 decode) all 10;
+* the same against colocation WITH chunked prefill at a small budget (`SimConfig(chunked_prefill=512)`; vLLM's V1
+  always chunks, its budget is `--max-num-batched-tokens`): a tie at 10 req/s per GPU, and colocation serves all 12
+  at 12 req/s per GPU where the best split serves 3.4. On this roofline a decode step is memory-bound and leaves
+  most of the GPU's FLOPs idle; a prompt chunk of a few hundred tokens rides in it almost free, which no split of
+  identical one-GPU workers can match. Bursty arrivals, tighter targets and longer prompts do not change that here
+  (lab 11, section 4); where splits do pay is outside this model (see Not modelled);
 * short prompts or light load: both meet every SLO, a tie; disaggregation only adds a transfer and a queue;
 * loose ITL and too few GPUs to split: 2048-token prompts on 2 GPUs at 20 req/s per GPU with TPOT <= 50 ms,
   colocated serves all 20, one prefill + one decode GPU only 8: a single prefill GPU saturates at 31 prompts/s while
@@ -56,7 +73,10 @@ split matches the work's ratio only by luck, so one pool saturates while the oth
 control: decode steps are never stalled by a prefill (TPOT and tail ITL set by the decode pool alone), and TTFT and
 ITL can be tuned separately (how many GPUs, or which parallelism, each phase gets): the two reasons vLLM's page gives.
 
-Not modelled: chunked prefill unless asked (`SimConfig.chunked_prefill`), preemption (a request reserves KV for its
+Not modelled: chunked prefill unless asked (`SimConfig.chunked_prefill`); what makes production splits pay against
+chunked colocation: a different parallelism per phase (DistServe sizes TP and PP per phase; DeepSeek serves prefill
+and decode at different expert-parallel widths), different hardware per phase (Splitwise), a cluster-wide KV cache
+pool (Mooncake), and the cost of mixed batches in real kernels; preemption (a request reserves KV for its
 prompt and whole output when admitted, vLLM allocates as it goes and preempts when out), prefix caching, tensor or
 pipeline parallelism (every worker is one GPU), a load-aware router, contention on the links (each prefill-decode
 pair has its own; one 4096-token cache keeps an NDR port busy 11 ms per 67 ms prefill), the prefill side's memory,
@@ -70,7 +90,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any, NamedTuple, Sequence, Union
 
@@ -158,15 +178,21 @@ def _lengths(spec: Lengths, n: int, rng: np.random.Generator, name: str) -> np.n
 
 
 def make_workload(n: int, rate: float, *, prompt_len: Lengths = 2048, output_len: Lengths = 128,
-                  seed: int = 0) -> Workload:
-    """n requests with Poisson arrivals at `rate` req/s; each length fixed (an int) or uniform in (lo, hi) inclusive.
+                  seed: int = 0, burstiness: float = 1.0) -> Workload:
+    """n requests arriving at `rate` req/s on average; each length fixed (an int) or uniform in (lo, hi) inclusive.
 
-    The gaps are unit exponentials divided by `rate`, so one seed gives the same pattern at every rate, only
-    compressed in time: a sweep over rates compares like with like."""
+    The gaps are unit-mean draws divided by `rate`, so one seed gives the same pattern at every rate, only
+    compressed in time: a sweep over rates compares like with like. burstiness 1: exponential gaps (Poisson
+    arrivals); b > 1: gamma gaps of shape 1 / b^2, whose standard deviation is b times their mean (requests come in
+    clumps separated by long quiet stretches)."""
     if not isinstance(n, int) or n < 1 or not rate > 0:
         raise ValueError(f"need n >= 1 requests and rate > 0, got n={n!r}, rate={rate!r}")
+    if not burstiness >= 1.0:
+        raise ValueError(f"burstiness must be >= 1 (1 is a Poisson stream), got {burstiness!r}")
     rng = np.random.default_rng(seed)
-    arrival = np.cumsum(rng.exponential(1.0, n)) / rate
+    shape = 1.0 / burstiness ** 2
+    gaps = rng.exponential(1.0, n) if burstiness == 1.0 else rng.gamma(shape, 1.0 / shape, n)
+    arrival = np.cumsum(gaps) / rate
     return Workload(float(rate), arrival, _lengths(prompt_len, n, rng, "prompt_len"),
                     _lengths(output_len, n, rng, "output_len"))
 
@@ -469,7 +495,8 @@ def _prefill_worker(costs: RooflineCosts, wl: Workload, ids: np.ndarray, ready: 
 
 
 def _decode_worker(worker: _Worker, ids: np.ndarray, ready: np.ndarray) -> None:
-    """Continuous batching of decodes only: a request whose cache has arrived joins at the next step if it fits."""
+    """Continuous batching of decodes only: a request whose cache has arrived joins at the next step if it fits,
+    and its first token (made by the prefill, carried with the cache) goes to the client then."""
     wl = worker.log.wl
     nxt = 0
     while nxt < len(ids) or worker.held:
@@ -478,6 +505,7 @@ def _decode_worker(worker: _Worker, ids: np.ndarray, ready: np.ndarray) -> None:
         while nxt < len(ids) and ready[ids[nxt]] <= worker.t and worker.fits(1, int(wl.prompt[ids[nxt]]
                                                                                     + wl.output[ids[nxt]])):
             worker.admit(int(ids[nxt]))
+            worker.log.first_token[ids[nxt]] = worker.t
             worker.start_decoding(int(ids[nxt]))
             nxt += 1
         if worker.decoding:
@@ -487,7 +515,8 @@ def _decode_worker(worker: _Worker, ids: np.ndarray, ready: np.ndarray) -> None:
 def simulate_disaggregated(workload: Workload, prefill_gpus: int, decode_gpus: int,
                            config: SimConfig = SimConfig()) -> SimResult:
     """Serve `workload` on `prefill_gpus` prefill workers and `decode_gpus` decode workers; request i is prefilled on
-    worker i % P and decoded on worker i % D, its first token delivered when its KV cache has arrived there."""
+    worker i % P and decoded on worker i % D, its first token streamed from there when the decode worker takes it in
+    (its KV cache arrived, at a step boundary, with room)."""
     _check_count("prefill_gpus", prefill_gpus)
     _check_count("decode_gpus", decode_gpus)
     costs = costs_for(config)
@@ -496,7 +525,6 @@ def simulate_disaggregated(workload: Workload, prefill_gpus: int, decode_gpus: i
     ready = np.full(len(workload), np.nan)
     for w in range(prefill_gpus):
         _prefill_worker(costs, workload, np.arange(w, len(workload), prefill_gpus), ready)
-    log.first_token[:] = ready
     for w in range(decode_gpus):
         ids = np.arange(w, len(workload), decode_gpus)
         ids = ids[np.argsort(ready[ids], kind="stable")]
@@ -515,7 +543,7 @@ def _check_count(name: str, value: Any) -> None:
 
 @dataclass(frozen=True)
 class SimResult:
-    """One run: per request (in workload order) when its first token reached the user, when it finished, its mean
+    """One run: per request (in workload order) when its first token reached the client, when it finished, its mean
     and largest gap between tokens; `itls` every gap of every request."""
 
     mode: str                           # "colocated" or "disaggregated"
@@ -535,6 +563,7 @@ class SimResult:
 
     @property
     def ttft(self) -> np.ndarray:
+        """The client's time to first token, per request (module docstring)."""
         return self.first_token - self.workload.arrival
 
     def meets(self, ttft_limit: float = DEFAULT_TTFT_S, itl_limit: float = DEFAULT_ITL_S) -> np.ndarray:
@@ -594,16 +623,21 @@ def _best_split(wl: Workload, n_gpus: int, ttft_limit: float, itl_limit: float,
 
 def sweep(rates: Sequence[float], prompt_lens: Sequence[Lengths], *, n_gpus: int = 4, output_len: Lengths = 128,
           placement: tuple[int, int] | None = None, n_requests: int = 500, seed: int = 0,
-          ttft_limit: float = DEFAULT_TTFT_S, itl_limit: float = DEFAULT_ITL_S,
-          config: SimConfig = SimConfig()) -> list[dict[str, Any]]:
+          ttft_limit: float = DEFAULT_TTFT_S, itl_limit: float = DEFAULT_ITL_S, config: SimConfig = SimConfig(),
+          chunks: Sequence[int] = (), burstiness: float = 1.0) -> list[dict[str, Any]]:
     """One row per (prompt length, offered rate in req/s for all n_gpus): goodput per GPU colocated and
-    disaggregated (at `placement`, or the best split when None), who wins, and the p90 latencies of both."""
+    disaggregated (at `placement`, or the best split when None), who wins, and the p90 latencies of both.
+
+    `config` is the colocated baseline's (and the split's). With `chunks`, each row also has "chunked": {budget:
+    colocated goodput per GPU with `chunked_prefill=budget`}, "best_colocated" (the best of the baseline and those)
+    and "winner_vs_best": the split against the best colocated configuration."""
     if placement is not None and sum(placement) != n_gpus:
         raise ValueError(f"placement {placement} does not add up to n_gpus={n_gpus}")
     rows = []
     for prompt_len in prompt_lens:
         for rate in rates:
-            wl = make_workload(n_requests, rate, prompt_len=prompt_len, output_len=output_len, seed=seed)
+            wl = make_workload(n_requests, rate, prompt_len=prompt_len, output_len=output_len, seed=seed,
+                               burstiness=burstiness)
             co = simulate_colocated(wl, n_gpus, config)
             if placement is None:
                 dis = _best_split(wl, n_gpus, ttft_limit, itl_limit, config)[1]
@@ -615,7 +649,16 @@ def sweep(rates: Sequence[float], prompt_lens: Sequence[Lengths], *, n_gpus: int
             rows.append({
                 "prompt_len": prompt_len, "rate": rate, "rate_per_gpu": rate / n_gpus,
                 "colocated": g_co, "disaggregated": g_dis, "P": p, "D": n_gpus - p,
-                "winner": "disaggregated" if g_dis > g_co else "colocated" if g_co > g_dis else "tie",
+                "winner": _winner(g_dis, g_co),
                 "colocated_p90_ttft": pc["ttft"][90], "colocated_p90_tpot": pc["tpot"][90],
                 "disaggregated_p90_ttft": pd["ttft"][90], "disaggregated_p90_tpot": pd["tpot"][90]})
+            if chunks:
+                chunked = {c: goodput(simulate_colocated(wl, n_gpus, replace(config, chunked_prefill=c)), ttft_limit,
+                                      itl_limit, per_gpu=True) for c in chunks}
+                best = max(g_co, *chunked.values())
+                rows[-1].update(chunked=chunked, best_colocated=best, winner_vs_best=_winner(g_dis, best))
     return rows
+
+
+def _winner(split: float, colocated: float) -> str:
+    return "disaggregated" if split > colocated else "colocated" if colocated > split else "tie"

@@ -25,10 +25,11 @@ so only the placement differs. No batching cap: the pools hold every request at 
 rate, each mode) serves the same requests; only the arrival times change with the rate.
 
 Per request (seconds from the run's shared start, the first request arriving at 0):
-    first token   the time the first generated token exists: the end of its prefill, in both modes (on the
-                  prefill worker when split: it can stream it at once)
-    later tokens  the end of the decode step that made each; the second one needs the transfer when split, so
-                  the transfer and the wait to join a batch land in the first gap, hence in TPOT
+    first token   when the client gets it (lab 11's one TTFT, as in `ttft` and `goodput_sim`): colocated, the end
+                  of its prefill; split, when the decode worker takes the request into its batch (its last layer
+                  and the first token, made by the prefill, have arrived): the client streams from the decode
+                  worker, so the transfer and the wait to join a batch count in TTFT
+    later tokens  the end of the decode step that made each
     TTFT, TPOT    lab 08's `request_metrics`: first token - arrival; (last - first) / (n - 1)
 One row per (rate, mode):
     goodput_rps          offered rate x attainment (goodput_sim's definition); goodput_per_worker the same / 2
@@ -54,7 +55,9 @@ stalled, but it holds every request's batch and one prefill worker takes all the
 fails first as the rate rises.
 
 What it measured (2 vCPUs of a shared VM, 20 requests, prompts 200-400, outputs 16-32, seed 0, the default SLOs;
-goodput_rps colocated / split, one pair per call, only calls with others_cpu_share <= 0.02 in both modes):
+goodput_rps colocated / split, one pair per call, only calls with others_cpu_share <= 0.02 in both modes; measured
+before 2026-11-29, when the split's first token was read at the end of its prefill and the transfer and the wait
+to join a batch fell in its first gap, hence in TPOT, instead of TTFT):
      4 req/s   4.0/4.0  3.4/3.8  3.8/4.0  3.8/3.8  4.0/3.0  3.8/4.0  3.8/3.8  4.0/4.0    a tie
      7 req/s   4.9/7.0  4.2/4.9  6.3/6.3                                                the split ahead or a tie
     12 req/s   7.8/11.4  4.2/9.6  8.4/7.8  7.2/10.8  4.2/6.6  4.2/1.2                  the split ahead in 4 of 6
@@ -210,8 +213,8 @@ class _Timeline:
 
 
 def _merge(mode: str, work: list[WorkItem], rank0: dict[str, Any], rank1: dict[str, Any]) -> list[_Timeline]:
-    """Colocated: each request's record is on the rank that served it. Split: the first token on rank 0, the
-    rest on rank 1."""
+    """Colocated: each request's record is on the rank that served it. Split: on rank 1, which streams every token,
+    the first (made on rank 0) when it takes the request in."""
     out = []
     for w in work:
         if mode == "colocated":
@@ -219,8 +222,7 @@ def _merge(mode: str, work: list[WorkItem], rank0: dict[str, Any], rank1: dict[s
             out.append(_Timeline(w.index, w.arrival_s, f"rank {w.index % N_WORKERS}", rec["times"], rec["tokens"]))
         else:
             p, d = rank0["requests"][w.index], rank1["requests"][w.index]
-            out.append(_Timeline(w.index, w.arrival_s, "prefill 0 -> decode 1", [p["prefill_end"]] + d["times"],
-                                 [p["first_token"]] + d["tokens"]))
+            out.append(_Timeline(w.index, w.arrival_s, "prefill 0 -> decode 1", d["times"], d["tokens"]))
     return out
 
 
@@ -424,7 +426,8 @@ def _decode_worker(model: GPT, store: DecodeKVStore, channel: GlooChannel, work:
             table = receive_kv(channel, f"r{w.index}", n_layers, len(w.prompt), store, timeout_s=recv_timeout_s)
             first = torch.empty(1, dtype=torch.int64)
             dist.recv(first, 0, tag=_FIRST_TAG)
-            served.append(_Running(w.index, table, len(w.prompt), int(first), w.output_tokens - 1))
+            served.append(_Running(w.index, table, len(w.prompt), int(first), w.output_tokens - 1, [int(first)],
+                                   [now()]))                # the client gets the first token from here, now
             running.append(served[-1])
         _timed_decode_step(model, store, running, now, steps)
     return {"requests": _records(served), "steps": steps}

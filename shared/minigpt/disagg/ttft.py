@@ -28,12 +28,16 @@ One row per (mode, request), seconds from the request's arrival unless said othe
     decode_wait_s          from that arrival until the decode worker starts decoding (it was busy, or waited
                            for the first token's message)
     first_decode_step_s    the decode step that makes token 2
-    ttft_s                 prefill end - arrival: the first token exists on the PREFILL worker, which can
-                           stream it to the user at once (the prefill worker's clock)
-    time_to_second_token_s arrival -> token 2, which needs the KV on the decode worker and one decode step:
-                           the transfer shows here, not in ttft_s. A client behind vLLM's P/D proxy gets its
-                           FIRST token this way (the proxy asks the prefill worker for max_tokens=1, unstreamed,
-                           and streams the reply from the decode worker), and goodput_sim's TTFT counts so
+    ttft_s                 the CLIENT's time to first token, lab 11's one TTFT (goodput_sim and measured_goodput
+                           count it the same way): arrival -> the first token leaves the worker the client streams
+                           from. Colocated: the end of the prefill. Split: the client streams from the decode
+                           worker (as behind vLLM's and SGLang's P/D proxies), which has the token (made by the
+                           prefill, sent as a message of its own) once the last layer has arrived and it starts
+                           the request: queueing + prefill + transfer (exposed) + decode_wait, the four parts
+    time_to_second_token_s arrival -> token 2: ttft_s + first_decode_step_s. It is also a vLLM client's FIRST
+                           token: vLLM's decode worker recomputes the last prompt position in a decode step of
+                           its own (the proxy asks the prefill worker for max_tokens=1, unstreamed, and streams
+                           the reply from the decode worker), so its client waits one decode step more
     e2e_s                  arrival -> last token
     kv_bytes               k and v bytes the channel sent (0 colocated); kv_bytes_formula the cache's size,
                            transfer_cost.kv_bytes_per_request at the model's element size (4 for fp32)
@@ -148,7 +152,7 @@ def _timings(p: dict[str, Any], d: dict[str, Any] | None) -> dict[str, Any]:
         "transfer_s": max(0.0, kv_ready - p["prefill_end"]),
         "decode_wait_s": max(0.0, decode_start - max(kv_ready, p["prefill_end"])),
         "first_decode_step_s": None if second is None else second - decode_start,
-        "ttft_s": p["prefill_end"] - arrival,
+        "ttft_s": max(decode_start, p["prefill_end"]) - arrival,
         "time_to_second_token_s": None if second is None else second - arrival,
         "e2e_s": done - arrival,
         "kv_bytes": p["kv_bytes"], "kv_bytes_received": kv_received, "header_bytes": p["header_bytes"],

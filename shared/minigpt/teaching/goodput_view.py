@@ -2,10 +2,11 @@
 
     from minigpt.teaching.goodput_view import GoodputView
     GoodputView(rate=10, prompt_len=4096, output_len=128, n_gpus=4, prefill_gpus=3)
+    GoodputView(rate=10, prompt_len=4096, chunked_prefill=512)     # colocated GPUs chunk prompts, 512 tokens a step
 
 Every number comes from `goodput_readout`, a pure function over `minigpt.disagg.goodput_sim`: at each preset rate it
-serves the same seeded workload (Poisson arrivals, fixed lengths) on N colocated GPUs and on P prefill + (N - P) decode
-GPUs, and counts the requests meeting both SLOs (TTFT and TPOT, the mean gap between tokens). The figure: goodput per
+serves the same seeded workload (Poisson arrivals, fixed lengths) on N colocated GPUs (prompts prefilled whole, or
+in chunks of a step's token budget: the chunk control) and on P prefill + (N - P) decode GPUs, and counts the requests meeting both SLOs (TTFT and TPOT, the mean gap between tokens). The figure: goodput per
 GPU against the offered load per GPU (the dotted line is everything offered), then the p50/p90/p99 TTFT and gaps
 between tokens of both at the chosen rate (TPOT per request; ITL p99 over every gap, where a colocated prefill's stall
 shows), the SLOs dashed. The readout says who wins at that rate, by how much, and
@@ -31,6 +32,7 @@ PROMPTS = [512, 1024, 2048, 4096, 8192]
 OUTPUTS = [32, 64, 128, 256, 512]
 TTFT_LIMITS = [0.25, 0.5, 1.0, 2.0, 5.0]                              # seconds
 ITL_LIMITS_MS = [10, 15, 20, 30, 50, 100]
+CHUNKS = [("none: whole prompts", 0), ("8192 (vLLM's H100 default)", 8192), ("2048", 2048), ("512", 512)]
 PERCENTILES = (50, 90, 99)
 COLORS = {"colocated": "tab:purple", "disaggregated": "tab:green"}
 
@@ -118,8 +120,11 @@ def goodput_readout(rate: float, prompt_len: int, output_len: int, n_gpus: int, 
     data = simulate_curves(rate, prompt_len, output_len, n_gpus, prefill_gpus, ttft_limit, itl_limit, seed=seed,
                            config=config)
     slo = f"TTFT &le; {ttft_limit:g} s and TPOT &le; {1e3 * itl_limit:g} ms"
+    chunking = (f"with chunked prefill, {config.chunked_prefill} tokens a step" if config.chunked_prefill
+                else "without chunked prefill")
     text = (f"<div class='goodput-readout'><div>{config.model} on {n_gpus} x {config.gpu}, prompts of "
-            f"{prompt_len:,} tokens, {output_len} output tokens; goodput = requests/s meeting {slo}.</div>"
+            f"{prompt_len:,} tokens, {output_len} output tokens, colocated {chunking}; goodput = requests/s "
+            f"meeting {slo}.</div>"
             f"{_latency_rows(data, ttft_limit, itl_limit)}<div>{_verdict(data, rate, prefill_gpus, n_gpus)}</div>"
             "</div>")
 
@@ -157,7 +162,7 @@ class GoodputView(FigureView):
 
     def __init__(self, *, rate: float = 10.0, prompt_len: int = 4096, output_len: int = 128, n_gpus: int = 4,
                  prefill_gpus: int = 3, ttft_limit: float = gs.DEFAULT_TTFT_S,
-                 itl_limit_ms: int = round(1e3 * gs.DEFAULT_ITL_S)) -> None:
+                 itl_limit_ms: int = round(1e3 * gs.DEFAULT_ITL_S), chunked_prefill: int | None = None) -> None:
         super().__init__()
         self.rate = W.SelectionSlider(options=RATES, value=float(rate), description="rate (req/s per GPU)")
         self.prompt_len = W.SelectionSlider(options=PROMPTS, value=prompt_len, description="prompt tokens")
@@ -166,11 +171,13 @@ class GoodputView(FigureView):
         self.prefill_gpus = W.IntSlider(value=prefill_gpus, min=1, max=n_gpus - 1, description="prefill GPUs (P of N)")
         self.ttft_limit = W.SelectionSlider(options=TTFT_LIMITS, value=ttft_limit, description="TTFT SLO (s)")
         self.itl_limit = W.SelectionSlider(options=ITL_LIMITS_MS, value=itl_limit_ms, description="TPOT SLO (ms)")
+        self.chunk = W.Dropdown(options=CHUNKS, value=chunked_prefill or 0, description="colocated chunk")
         self.widget = W.VBox([W.HBox([self.rate, self.prompt_len, self.output_len]),
-                              W.HBox([self.n_gpus, self.prefill_gpus]), W.HBox([self.ttft_limit, self.itl_limit]),
+                              W.HBox([self.n_gpus, self.prefill_gpus, self.chunk]),
+                              W.HBox([self.ttft_limit, self.itl_limit]),
                               self.error, self.readout, self.image])
         self._watch(self.rate, self.prompt_len, self.output_len, self.n_gpus, self.prefill_gpus, self.ttft_limit,
-                    self.itl_limit)
+                    self.itl_limit, self.chunk)
         self.update()
 
     def _arrange(self) -> None:
@@ -180,5 +187,6 @@ class GoodputView(FigureView):
     def _compute(self) -> tuple[str, Figure]:
         text, fig, _ = goodput_readout(self.rate.value, self.prompt_len.value, self.output_len.value,
                                        self.n_gpus.value, self.prefill_gpus.value, ttft_limit=self.ttft_limit.value,
-                                       itl_limit=self.itl_limit.value / 1e3)
+                                       itl_limit=self.itl_limit.value / 1e3,
+                                       config=gs.SimConfig(chunked_prefill=self.chunk.value or None))
         return text, fig
