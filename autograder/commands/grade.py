@@ -32,8 +32,10 @@ def run(args: argparse.Namespace, course: Path) -> int:
     if sandboxed and (why := sandbox.probe()):
         print(f"note: no sandbox here ({why}); grading your notebook without one", file=sys.stderr)
         sandboxed = False
+    print(f"{args.path}: grading (a line per check as it finishes; the first waits for the cells before it)",
+          flush=True)
     res = batch.grade_notebook(args.path, assignment=args.assignment, course_root=course, timeout=args.timeout,
-                               keep=args.keep, sandboxed=sandboxed)
+                               keep=args.keep, sandboxed=sandboxed, cell_log=lambda line: print(f"  {line}", flush=True))
     print(f"{args.path}: assignment {res.assignment}, status {res.status}")
     for note in res.notes:
         print(f"  note: {note}")

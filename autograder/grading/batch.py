@@ -128,7 +128,10 @@ class _DaskPool:
         self._cluster = None
         self._scratch: tempfile.TemporaryDirectory | None = None
         if scheduler in ("local", "local-threads"):
-            self._scratch = tempfile.TemporaryDirectory(prefix="dask-")     # its spill folder, removed at close
+            import dask
+
+            self._scratch = tempfile.TemporaryDirectory(prefix="dask-")     # its work folders, removed at close
+            self._config = dask.config.set({"temporary-directory": self._scratch.name})   # the scheduler's locks too
             self._cluster = LocalCluster(n_workers=1 if scheduler == "local-threads" else jobs,
                                          threads_per_worker=jobs if scheduler == "local-threads" else 1,
                                          processes=scheduler == "local", dashboard_address=None,
@@ -149,6 +152,7 @@ class _DaskPool:
         if self._cluster is not None:
             self._cluster.close()
         if self._scratch is not None:
+            self._config.__exit__(None, None, None)
             self._scratch.cleanup()
 
 

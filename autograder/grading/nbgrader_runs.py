@@ -21,8 +21,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import nbformat
 
@@ -92,25 +94,42 @@ def nbgrader_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def run_nbgrader(args: list[str], course_root: Path, *, timeout: float | None = None,
-                 env: dict[str, str] | None = None) -> tuple[int | None, str]:
+                 env: dict[str, str] | None = None,
+                 on_progress: Callable[[str], None] | None = None) -> tuple[int | None, str]:
     """Run `nbgrader ARGS` in course_root. Returns (exit code or None on timeout, combined output).
 
-    The process gets its own session so that on timeout it and its kernels are killed together.
+    on_progress(text) is called, as they come, with each graded cell's progress line ("ex1_check: passed (3.2 s)",
+    preprocessors.PROGRESS_MARK). The process gets its own session so that on timeout it and its kernels are
+    killed together.
     """
     cmd = [sys.executable, "-m", "nbgrader", *args]
     proc = subprocess.Popen(cmd, cwd=course_root, env=env or nbgrader_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=_read_lines, args=(proc.stdout, lines, on_progress), daemon=True)
+    reader.start()
     try:
-        out, _ = proc.communicate(timeout=timeout)
-        return proc.returncode, out
+        proc.wait(timeout=timeout)
+        reader.join()
+        return proc.returncode, "".join(lines)
     except subprocess.TimeoutExpired:
         kill_group(proc)
-        out, _ = proc.communicate()
-        return None, out or ""
+        proc.wait()
+        reader.join(timeout=10)
+        return None, "".join(lines)
     except BaseException:          # interrupted (Ctrl-C, a test timeout): leave no kernel behind
         kill_group(proc)
         proc.wait()
         raise
+
+
+def _read_lines(stream, lines: list[str], on_progress: Callable[[str], None] | None) -> None:
+    """Keep every line of `stream`; hand progress lines (after the mark) to on_progress."""
+    for line in stream:
+        lines.append(line)
+        if on_progress is not None and preprocessors.PROGRESS_MARK in line:
+            on_progress(line.split(preprocessors.PROGRESS_MARK, 1)[1].strip())
+    stream.close()
 
 
 def db_url_for(path: Path) -> str:
@@ -293,8 +312,7 @@ def read_executed(text: str) -> Reading:
                                    "later cells not run")
                     msg = "kernel died"
                 else:
-                    first = evalue.strip().splitlines()
-                    msg = f"{out.ename}: {first[0][:160]}" if first else out.ename
+                    msg = preprocessors.said_to_learner(out)[:200]      # as the notebook says it
                 if gid:
                     r.errors.setdefault(gid, msg)
             if output_limits.is_limit_note(out) and label not in removed:

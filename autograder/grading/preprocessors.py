@@ -17,6 +17,9 @@
 
 from __future__ import annotations
 
+import re
+import time
+
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
@@ -32,10 +35,27 @@ DEAD_ENAME = "DeadKernelError"
 NOT_RUN_ENAME = "CellNotRun"
 WARM_UP_TIMEOUT_S = 300     # importing the judge's counterpart (and torch) in a fresh kernel, before the first test cell
 HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
+PROGRESS_MARK = "course-progress:"   # nbgrader's log line of a graded cell done (`make grade` shows them as they come)
 
 
 def error_output(ename: str, evalue: str, lines: list[str] | None = None) -> NotebookNode:
     return NotebookNode(output_type="error", ename=ename, evalue=evalue, traceback=lines or [f"{ename}: {evalue}"])
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def said_to_learner(out: NotebookNode) -> str:
+    """The message an error output shows the learner: the first line of its traceback's last entry, which is the
+    course's explanation where there is one ("Question 1 is not answered yet: ...", "Exercise 3 (check_x): ...";
+    autograder/checking/learner_errors.py) and IPython's "Name: message" otherwise; "ename: evalue" (first line)
+    when the output has no traceback."""
+    entries = [_ANSI.sub("", entry).strip() for entry in out.get("traceback") or []]
+    entries = [entry for entry in entries if entry]
+    if entries:
+        return entries[-1].splitlines()[0]
+    first = (out.get("evalue") or "").strip().splitlines()
+    return f"{out.ename}: {first[0]}" if first else out.ename
 
 
 class StoppingExecute(Execute):
@@ -62,6 +82,7 @@ class StoppingExecute(Execute):
         self._stopped = ""
         self._judge = None
         self._own_socket_dir = None     # made here when the kernel has no socket folder (no sandbox); removed after
+        self._kernel_socket_dir = None  # the sandboxed kernel's (its manager removes it; again here, in case not)
         self._kernel_ready = False
         self._judging = self.judge_test_cells and os.environ.get("COURSE_JUDGE", "1") != "0"
         self._witnessing = self.witness and os.environ.get("COURSE_WITNESS", "1") != "0"
@@ -72,10 +93,11 @@ class StoppingExecute(Execute):
             if self._judge is not None:
                 self._judge.close()
                 self._judge = None
-            if self._own_socket_dir is not None:
-                import shutil
+            import shutil
 
-                shutil.rmtree(self._own_socket_dir, ignore_errors=True)
+            for folder in (self._own_socket_dir, self._kernel_socket_dir):
+                if folder is not None:
+                    shutil.rmtree(folder, ignore_errors=True)
 
     def preprocess_cell(self, cell, resources, index):
         if self._stopped:
@@ -83,6 +105,7 @@ class StoppingExecute(Execute):
                 cell.outputs = [error_output(NOT_RUN_ENAME, f"not run: {self._stopped}")]
             return cell, resources
         judged = self._judging and cell.cell_type == "code" and _is_test_cell(cell) and cell.source.strip()
+        started = time.monotonic()
         try:
             if judged:
                 return self._judged_cell(cell, resources, index)
@@ -95,7 +118,18 @@ class StoppingExecute(Execute):
             self._stopped = f"the kernel died in cell {index + 1}"
             cell.outputs.append(error_output(DEAD_ENAME, "the kernel died while running this cell "
                                              "(os._exit, a crash, or a resource limit)"))
+        finally:
+            self._report_progress(cell, time.monotonic() - started)
         return cell, resources
+
+    def _report_progress(self, cell, seconds: float) -> None:
+        """One log line per graded cell as it finishes: its grade id, what it said, how long it took."""
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if cell.cell_type != "code" or not cell.metadata.get("nbgrader", {}).get("grade") or not grade_id:
+            return
+        errors = [out for out in cell.get("outputs", []) if out.get("output_type") == "error"]
+        said = said_to_learner(errors[0])[:200] if errors else "passed"
+        self.log.info("%s %s: %s (%.1f s)", PROGRESS_MARK, grade_id, said, seconds)
 
     def _judged_cell(self, cell, resources, index):
         """Run a test cell in the judge while the kernel serves it; the cell's outputs are the judge's."""
@@ -110,7 +144,7 @@ class StoppingExecute(Execute):
             self._judge.kill()
             self._judge = None
         if self._judge is None:
-            socket_dir = getattr(self.km, "_socket_dir", None)
+            socket_dir = self._kernel_socket_dir = getattr(self.km, "_socket_dir", None)
             if socket_dir is None:
                 self._own_socket_dir = self._own_socket_dir or socket_folder("judge-")
                 socket_dir = self._own_socket_dir
@@ -231,10 +265,9 @@ class HideTestSources(NbGraderPreprocessor):
         for out in cell.get("outputs", []):
             if out.output_type != "error":
                 continue
-            lines = (out.get("evalue") or "").strip().splitlines()
-            message = lines[0][: self.max_message] if lines else ""
+            message = said_to_learner(out)[: self.max_message]
             if any(h in message for h in hidden):
-                message = "(message withheld: it quotes a hidden test)"
-            shown.append(error_output(out.ename, message))
+                message = f"{out.ename}: (message withheld: it quotes a hidden test)"
+            shown.append(error_output(out.ename, out.get("evalue") or "", [message]))
         cell.outputs = shown
         return cell, resources

@@ -109,3 +109,29 @@ def test_grade_cli_released_stub_scores_zero_and_require_full_fails(released):
     assert lines[-1] == "score: 0 / 4"
     assert any("NotImplementedError" in l for l in lines)
     assert not (course / "submitted").exists() and not (course / "gradebook.db").exists()
+
+
+def _executed_with(output: dict) -> str:
+    """An executed notebook of one test cell (grade_id q1_check) whose only output is `output`."""
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("check_answer('q1', answer_q1)")
+    cell.metadata["nbgrader"] = {"grade_id": "q1_check", "grade": True, "solution": False, "points": 1}
+    cell.outputs = [nbformat.from_dict(output)]
+    nb.cells = [cell]
+    return nbformat.writes(nb)
+
+
+def test_the_report_says_what_the_notebook_says():
+    """A grade's note is the line the learner's notebook shows (the course's explanation, the traceback's last
+    entry), not the exception's raw value: "Question 1 is not answered yet", not "name 'answer_q1' is not defined"
+    (issue 60, item 4)."""
+    told = "Question 1 is not answered yet: give `answer_q1` a value in the answer cell above and run that cell."
+    out = {"output_type": "error", "ename": "NameError", "evalue": "name 'answer_q1' is not defined",
+           "traceback": ["  Cell In[3], line 1\n    check_answer('q1', answer_q1)", told]}
+    assert grading.read_executed(_executed_with(out)).errors["q1_check"] == told
+    coloured = dict(out, traceback=["\x1b[0;31mNameError\x1b[0m: name 'answer_q1' is not defined\n  more"])
+    assert grading.read_executed(_executed_with(coloured)).errors["q1_check"] == \
+        "NameError: name 'answer_q1' is not defined"
+    bare = dict(out, traceback=[])
+    assert grading.read_executed(_executed_with(bare)).errors["q1_check"] == \
+        "NameError: name 'answer_q1' is not defined"
