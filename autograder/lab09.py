@@ -13,6 +13,8 @@ CPU tier (correctness):
                                      to masked sliding-window attention, bad input refused with the cache unchanged
     check_sink_cache(cls)            sinks kept for ever and rotated next to the window: equal to the masked form
     check_kv_bytes(fn)               MHA/GQA/MQA/MLA bytes per token for published layouts; unknown kinds refused
+    check_mla_absorbed_decode(fn)    one MLA decode step over the latent cache equal to the materialised path, on
+                                     weights and inputs drawn from a secret seed; wrong folds diagnosed
     check_snapkv_keep(fn)            the kept positions per KV head, on random attention scores
     check_ring_attention(fn)         causal attention split over 1, 2, 3 and 4 ranks that the judge plays one after
                                      another (autograder/checking/replayed_ranks.py), every ring pass a request it
@@ -37,6 +39,7 @@ from minigpt.attention import naive_attention
 from minigpt.config import ModelConfig
 from minigpt.kernels.paged_decode import merge_partials
 from minigpt.longctx import kv_compression as kvc
+from minigpt.longctx import mla
 from minigpt.longctx.eviction import snapkv_keep
 from minigpt.longctx.long_forward import long_logits, position_nll
 from minigpt.longctx.ring_attention import block_attention, ring_attention, ring_bytes_per_rank, split_blocks
@@ -46,7 +49,8 @@ from minigpt.model import GPT
 from minigpt.parallel.comm import CountingComm
 from minigpt.teaching.hardware import ACCELERATORS
 
-__all__ = ["check_scaled_inv_freq", "check_ring_cache", "check_sink_cache", "check_kv_bytes", "check_snapkv_keep",
+__all__ = ["check_scaled_inv_freq", "check_ring_cache", "check_sink_cache", "check_kv_bytes",
+           "check_mla_absorbed_decode", "check_snapkv_keep",
            "check_ring_attention", "check_ring_bytes", "check_q1_yarn_turns", "check_q2_window_streams",
            "check_q3_mla_requests", "check_q4_ring_overlap", "TINY"]
 
@@ -57,9 +61,10 @@ EX1 = "Exercise 1 (scaled_inv_freq)"
 EX2 = "Exercise 2 (RingKVCache, the window)"
 EX3 = "Exercise 3 (RingKVCache with sinks)"
 EX4 = "Exercise 4 (kv_bytes_per_token)"
-EX5 = "Exercise 5 (snapkv_keep)"
-EX6 = "Exercise 6 (ring_attention)"
-EX7 = "Exercise 7 (ring_bytes_per_rank)"
+EX5 = "Exercise 5 (absorbed_decode, MLA)"
+EX6 = "Exercise 6 (snapkv_keep)"
+EX7 = "Exercise 7 (ring_attention)"
+EX8 = "Exercise 8 (ring_bytes_per_rank)"
 
 # Each exercise's reference in the package: handed in, or entered while the learner's code runs, it is refused. The
 # helpers the notebook imports (base_inv_freq, kept_positions, rotate_keys, block_attention, ring_pass,
@@ -68,6 +73,7 @@ FREQ_REFERENCES = (scaled_inv_freq,)
 CACHE_REFERENCES = (RingKVCache,)
 CACHE_METHODS = ("next_positions", "slot", "update", "read")
 KV_BYTES_REFERENCES = (kvc.kv_bytes_per_token, kvc.kv_elements_per_token_layer)
+MLA_REFERENCES = (mla.absorbed_decode, mla.naive_decode, mla.materialised_attention)
 SNAPKV_REFERENCES = (snapkv_keep,)
 RING_REFERENCES = (ring_attention,)
 RING_BYTES_REFERENCES = (ring_bytes_per_rank,)
@@ -323,18 +329,106 @@ def check_kv_bytes(fn: Callable) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
-# 5. SnapKV selection
+# 5. MLA: the absorbed decode step
+# ---------------------------------------------------------------------------------------------------
+
+# (B, H, kv_lora_rank, rope_dim, nope_dim, v_dim, cached tokens, d_model). The first has nope_dim == kv_lora_rank, so
+# W_UK folded without its transpose gives wrong numbers instead of a shape error; the last is a single cached token.
+MLA_CASES = ((2, 4, 16, 8, 16, 12, 37, 24), (1, 3, 24, 4, 8, 8, 65, 16), (3, 2, 8, 6, 12, 10, 9, 20),
+             (1, 5, 12, 2, 6, 4, 1, 8))
+MLA_ATOL = 1e-5
+
+
+def _mla_inputs(case: tuple[int, ...], seed: int) -> tuple[torch.Tensor, ...]:
+    """The judge's draw: weights of an MLA layer, a decode query at the position after the cache, and a cache made
+    by projecting drawn hidden states (RoPE applied to the rope parts), all float32."""
+    B, H, r, e, n, v, T, d = case
+    g = torch.Generator().manual_seed(seed)
+    w = mla.MLAWeights.draw(mla.MLAShape(d, H, r, e, n, v), g)
+    x = torch.randn(B, T + 1, d, generator=g)
+    q_nope, q_rope, c_kv, k_rope = mla.project(w, x, torch.arange(T + 1))
+    return q_nope[:, -1], q_rope[:, -1], c_kv[:, :T], k_rope[:, :T], w.w_uk, w.w_uv, w.w_o
+
+
+def check_mla_absorbed_decode(fn: Callable) -> None:
+    """fn(q_nope (B, H, nope), q_rope (B, H, rope), c_kv (B, T, r), k_rope (B, T, rope), w_uk (H, r, nope),
+    w_uv (H, r, v), w_o (H v, d_model)) -> (B, d_model): equal to the materialised path within MLA_ATOL on weights and
+    inputs the judge draws from a secret seed.
+
+    What it cannot observe: whether fn forms a (T, H, nope) key tensor of its own on the way (the package's
+    materialised path is refused as a reference; a hand-written one passes on outputs alone). The notebook's cost
+    cell and its text carry that part."""
+    import secrets
+
+    own_work(fn, MLA_REFERENCES, what=EX5)
+    fn = watched(fn, MLA_REFERENCES, EX5)
+    seed = secrets.randbelow(2**31)
+    for i, case in enumerate(MLA_CASES):
+        B, H, r, e, n, v, T, d = case
+        inputs = _mla_inputs(case, seed + i)
+        what = (f"{EX5}, batch {B}, {H} heads, kv_lora_rank {r}, rope_dim {e}, nope_dim {n}, v_dim {v}, "
+                f"{T} cached token{'s' * (T > 1)}, d_model {d}")
+        got = call_learner(EX5, fn, *(x.clone() for x in inputs), context=what)
+        want = mla.naive_decode(*inputs)
+        if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+            shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+            raise AssertionError(f"{what}: expected the layer's output of shape {tuple(want.shape)} (batch, d_model: "
+                                 f"after W_UV and W_O), got {shape}")
+        assert_finite(got, what, want)
+        err = (got.double() - want.double()).abs().max().item()
+        if not within(err, MLA_ATOL):
+            raise AssertionError(f"{what}: differs from the materialised path (K and V projected up for every cached "
+                                 f"token) by up to {err:.3g}. " + _mla_hint(got, inputs))
+
+
+def _mla_hint(got: torch.Tensor, inputs: tuple[torch.Tensor, ...]) -> str:
+    """Which plausible mistake the output matches, computed on the same inputs."""
+    q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o = (x.double() for x in inputs)
+    n, e = q_nope.shape[-1], q_rope.shape[-1]
+
+    def attend(q_latent, rope_scores, scale):
+        s = (torch.einsum("bhr,btr->bht", q_latent, c_kv) + rope_scores) * scale
+        o = torch.einsum("bhr,hrv->bhv", torch.einsum("bht,btr->bhr", s.softmax(-1), c_kv), w_uv)
+        return o.reshape(o.shape[0], -1) @ w_o
+    q_latent = torch.einsum("bhd,hrd->bhr", q_nope, w_uk)
+    rope = torch.einsum("bhe,bte->bht", q_rope, k_rope)
+    mistakes = [(lambda: attend(q_latent, 0.0, 1 / math.sqrt(n + e)),
+                 "the scores leave out the decoupled RoPE part: add q_rope . k_rope (the shared rope key "
+                 "of every cached token) to each head's scores before the softmax."),
+                (lambda: attend(q_latent, rope, 1 / math.sqrt(n)),
+                 "the softmax scale is 1/sqrt(nope_dim + rope_dim), the width of the whole query-key dot product, "
+                 "not 1/sqrt(nope_dim)."),
+                (lambda: attend(q_latent, rope, 1 / math.sqrt(c_kv.shape[-1])),
+                 "the softmax scale is 1/sqrt(nope_dim + rope_dim), the width of the dot product the scores stand "
+                 "for, not 1/sqrt(kv_lora_rank)."),
+                (lambda: attend(q_latent, rope, 1.0), "the scores must be scaled by 1/sqrt(nope_dim + rope_dim)."),
+                (lambda: attend(torch.einsum("bhd,hdr->bhr", q_nope, w_uk), rope, 1 / math.sqrt(n + e)),
+                 "W_UK is folded without its transpose: head h's key is c_KV W_UK[h] (w_uk[h] is (r, nope)), so "
+                 "q_nope . (c_KV W_UK[h]) = (q_nope W_UK[h]^T) . c_KV: the latent query is w_uk[h] @ q_nope.")]
+    for wrong, diagnosis in mistakes:
+        try:
+            if torch.allclose(got.double(), wrong(), atol=1e-4):
+                return "Your output matches this mistake: " + diagnosis
+        except RuntimeError:
+            continue
+    return ("Per head h: q_lat = w_uk[h] @ q_nope[h] (r wide); scores = (q_lat . c_kv[t] + q_rope[h] . k_rope[t]) / "
+            "sqrt(nope_dim + rope_dim) over the T cached tokens; p = softmax; o_h = (sum_t p[t] c_kv[t]) @ w_uv[h]; "
+            "output = concat(o_h) @ w_o.")
+
+
+# ---------------------------------------------------------------------------------------------------
+# 6. SnapKV selection
 # ---------------------------------------------------------------------------------------------------
 
 def check_snapkv_keep(fn: Callable) -> None:
     """fn(obs_scores (Hkv, w, N), budget, obs_window) -> (Hkv, budget) ascending kept positions."""
-    own_work(fn, SNAPKV_REFERENCES, what=EX5)
-    fn = watched(fn, SNAPKV_REFERENCES, EX5)
+    own_work(fn, SNAPKV_REFERENCES, what=EX6)
+    fn = watched(fn, SNAPKV_REFERENCES, EX6)
     g = torch.Generator().manual_seed(9)
     for H, w, N, budget in ((2, 4, 40, 12), (3, 8, 100, 8), (1, 2, 10, 10)):
         scores = torch.rand(H, w, N, generator=g).softmax(-1)
-        what = f"{EX5}, obs_scores {(H, w, N)}, budget={budget}, obs_window={w}"
-        got = call_learner(EX5, fn, scores.clone(), budget, w, context=what)
+        what = f"{EX6}, obs_scores {(H, w, N)}, budget={budget}, obs_window={w}"
+        got = call_learner(EX6, fn, scores.clone(), budget, w, context=what)
         want = snapkv_keep(scores, budget, w)
         if not isinstance(got, torch.Tensor) or got.shape != want.shape:
             shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
@@ -351,10 +445,10 @@ def check_snapkv_keep(fn: Callable) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
-# 6-7. Ring attention on ranks the judge plays
+# 7-8. Ring attention on ranks the judge plays
 # ---------------------------------------------------------------------------------------------------
 
-RING_CASES = ((2, 12), (4, 16), (3, 12), (1, 6))          # (ranks, sequence length) of Exercise 6
+RING_CASES = ((2, 12), (4, 16), (3, 12), (1, 6))          # (ranks, sequence length) of Exercise 7
 
 
 @dataclasses.dataclass(frozen=True)
@@ -389,8 +483,8 @@ def check_ring_attention(fn: Callable) -> None:
     attention, with exactly 2 (n - 1) ring passes a rank; every round's output must be the ring attention of the blocks
     ring_pass handed it (the first rounds hand wrong blocks on purpose), each pass handing on the block last
     received."""
-    own_work(fn, RING_REFERENCES, what=EX6)
-    with no_calls_into(*RING_REFERENCES, what=EX6):
+    own_work(fn, RING_REFERENCES, what=EX7)
+    with no_calls_into(*RING_REFERENCES, what=EX7):
         _check_ring_attention(fn)
 
 
@@ -400,7 +494,7 @@ def _check_ring_attention(fn: Callable) -> None:
         q = torch.randn(1, 4, T, 8, generator=g) * 2
         k, v = torch.randn(1, 2, T, 8, generator=g) * 2, torch.randn(1, 2, T, 8, generator=g)
         want = naive_attention(q, k, v)
-        what = f"{EX6}, {n} ranks, q {tuple(q.shape)}, k/v {tuple(k.shape)} (GQA)"
+        what = f"{EX7}, {n} ranks, q {tuple(q.shape)}, k/v {tuple(k.shape)} (GQA)"
         blocks = _rank_blocks(n, q, k, v)
         outs, played = _play_ring(fn, blocks, what)
         for rank, (out, calls, _) in enumerate(outs):
@@ -418,7 +512,7 @@ def _play_ring(fn: Callable, blocks: list[tuple[torch.Tensor, ...]],
     played: list[list[_RankRound]] = [[] for _ in range(n)]
 
     def run_rank(rank: int, comm: CountingComm) -> Any:
-        out = call_learner(EX6, fn, comm, *(x.clone() for x in blocks[rank]), context=f"rank {rank} of {n}")
+        out = call_learner(EX7, fn, comm, *(x.clone() for x in blocks[rank]), context=f"rank {rank} of {n}")
         played[rank].append(_RankRound(out, comm.backend.given, comm.backend.answered))
         return out
     outs, _ = replayed_ranks(run_rank, replay_comms(n), what, world="world_size")
@@ -489,22 +583,22 @@ def _ring_hint(rank: int, n: int, out, q, k, v) -> str:
 def _counted_ring_bytes(n: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
     """Bytes rank 0 sends in the package's ring attention on n ranks the judge plays, as its communicator counted."""
     blocks = _rank_blocks(n, q, k, v)
-    outs, _ = replayed_ranks(lambda rank, comm: ring_attention(comm, *blocks[rank]), replay_comms(n), EX7,
+    outs, _ = replayed_ranks(lambda rank, comm: ring_attention(comm, *blocks[rank]), replay_comms(n), EX8,
                              world="world_size")
     return outs[0][2]["ring_send"]
 
 
 def check_ring_bytes(fn: Callable) -> None:
     """fn(seq_len, world_size, batch, n_kv_heads, head_dim, bytes_per_element) -> bytes each rank sends."""
-    own_work(fn, RING_BYTES_REFERENCES, what=EX7)
-    fn = watched(fn, RING_BYTES_REFERENCES, EX7)
+    own_work(fn, RING_BYTES_REFERENCES, what=EX8)
+    fn = watched(fn, RING_BYTES_REFERENCES, EX8)
     g = torch.Generator().manual_seed(12)
     for n, T, B, Hkv, D in ((4, 16, 1, 2, 8), (3, 12, 2, 1, 4)):
         q, k, v = torch.randn(B, 4, T, D, generator=g), torch.randn(B, Hkv, T, D, generator=g), \
             torch.randn(B, Hkv, T, D, generator=g)
         counted = _counted_ring_bytes(n, q, k, v)
-        what = f"{EX7}, seq_len={T}, world_size={n}, batch={B}, n_kv_heads={Hkv}, head_dim={D}, float32"
-        got = call_learner(EX7, fn, T, n, B, Hkv, D, 4, context=what)
+        what = f"{EX8}, seq_len={T}, world_size={n}, batch={B}, n_kv_heads={Hkv}, head_dim={D}, float32"
+        got = call_learner(EX8, fn, T, n, B, Hkv, D, 4, context=what)
         per_pass = B * Hkv * (T // n) * D * 4
         check_answer(got, counted, what,
                      [(counted // 2, "K AND V travel: two blocks per step."),

@@ -62,9 +62,10 @@ CHEATS = {
     "09_long_context": {
         "ex1_code": _WRAP.format(module="rope_scaling", name="scaled_inv_freq"),
         "ex4_code": _WRAP.format(module="kv_compression", name="kv_bytes_per_token"),
-        "ex5_code": _WRAP.format(module="eviction", name="snapkv_keep"),
-        "ex6_code": "def ring_attention(comm, q, k, v):\n    return torch.full_like(q, float('nan'))\n",
-        "ex7_code": _WRAP.format(module="ring_attention", name="ring_bytes_per_rank"),
+        "ex5_code": _WRAP.format(module="mla", name="absorbed_decode"),
+        "ex6_code": _WRAP.format(module="eviction", name="snapkv_keep"),
+        "ex7_code": "def ring_attention(comm, q, k, v):\n    return torch.full_like(q, float('nan'))\n",
+        "ex8_code": _WRAP.format(module="ring_attention", name="ring_bytes_per_rank"),
     },
     "11_disaggregation_moe": {
         "ex1_code": "from minigpt.disagg import transfer_cost as _ref_ends\nlayer_send_ends = lambda c, s: _ref_ends.layer_send_ends(c, s)\n",

@@ -189,7 +189,7 @@ LAB05 = solution_cells("05_quantization", "ex1_code", "ex2_code", "ex3_code", "e
 import math
 import torch
 """)
-LAB09 = solution_cells("09_long_context", "ex1_code", "ex2_code", "ex6_code", preamble="""
+LAB09 = solution_cells("09_long_context", "ex1_code", "ex2_code", "ex7_code", preamble="""
 import math
 import torch
 from minigpt.kernels.paged_decode import merge_partials

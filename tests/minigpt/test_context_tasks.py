@@ -86,8 +86,11 @@ def test_retrieval_grid_shapes_and_policies():
     torch.manual_seed(0)
     model = GPT(TINY).eval()
     policies = context_policies(TINY, factor=4.0, window=32)
-    assert list(policies) == ["none", "pi", "ntk", "yarn", "yarn, no temperature", "window 32", "4 sinks + window 28"]
+    assert list(policies) == ["none", "pi", "ntk", "yarn", "yarn, no temperature", "yarn, index ramp", "window 32",
+                              "4 sinks + window 28"]
     assert policies["yarn"].logit_scale > 1.0 == policies["yarn, no temperature"].logit_scale
+    assert policies["yarn, index ramp"].logit_scale == policies["yarn"].logit_scale
+    assert not torch.equal(policies["yarn, index ramp"].inv_freq, policies["yarn"].inv_freq)
     grid = retrieval_grid(model, policies["window 32"], lengths=[64, 128], depths=[0.0, 1.0], n=2)
     assert len(grid.accuracy) == 2 and all(len(row) == 2 for row in grid.accuracy)
     assert grid.band_edges == [0, 64, 127]
@@ -113,6 +116,6 @@ def test_the_stored_grid_is_target_long_s_and_whole():
     assert stored["model"] == "target-long" and stored["model_sha256"] == load_card("target-long")["sha256"]
     assert stored["n_per_cell"] == GRID_N
     assert [g["policy"] for g in stored["grids"]] == ["none", "pi", "ntk", "yarn", "yarn, no temperature",
-                                                      "window 128", "4 sinks + window 124"]
+                                                      "yarn, index ramp", "window 128", "4 sinks + window 124"]
     for grid in stored["grids"]:
         assert grid["lengths"] == list(GRID_LENGTHS) and grid["depths"] == list(GRID_DEPTHS)

@@ -8,7 +8,11 @@ ex2_code  RingKVCache(batch, n_kv_heads, head_dim, window, n_sinks, inv_freq): d
           every public method and attribute shows: update's return (or the exception's type), read(), length,
           capacity, nbytes, next_positions(n) for n = 0..2, and slot(p) for every position seen so far and two
           more (the markdown fixes the slot of token p: p below the sinks, else n_s + (p - n_s) mod W).
-ex5_code  snapkv_keep(obs_scores (Hkv, w, N), budget, obs_window): 1 to 3 KV heads, an observation window of 0 to 4
+ex5_code  absorbed_decode(q_nope (B, H, d_n), q_rope (B, H, d_R), c_kv (B, T, r), k_rope (B, T, d_R), w_uk (H, r, d_n),
+          w_uv (H, r, d_v), w_o (H d_v, d_model)): batch 1 to 3, 1 to 4 heads, every width 1 to 8 (d_n = r included:
+          W_UK folded without its transpose still runs), 1 to 9 cached tokens, float32 or float64 inputs drawn from
+          a seed. Compared: the output, dtype and shape included.
+ex6_code  snapkv_keep(obs_scores (Hkv, w, N), budget, obs_window): 1 to 3 KV heads, an observation window of 0 to 4
           queries, N from w up, any budget from w to N, probabilities in float32, float64, float16, bfloat16 (ties
           included: uniform votes), the meta device. Compared: the kept positions, dtype and shape included.
 """
@@ -85,7 +89,35 @@ def _ring_run(cls, value):
     return trace
 
 
-# -- ex5: snapkv_keep -----------------------------------------------------------------------------------------------
+# -- ex5: absorbed_decode ------------------------------------------------------------------------------------------
+
+def _mla_inputs(ns: dict):
+    def build(draw):
+        sizes = [draw(st.integers(1, hi)) for hi in (3, 4, 8, 8, 8, 8, 9, 8)]     # B, H, r, d_R, d_n, d_v, T, d_model
+        return (*sizes, draw(st.sampled_from([torch.float32, torch.float64])), draw(st.integers(0, 2**16)))
+    return st.composite(lambda draw: build(draw))()
+
+
+def _mla_corners(ns: dict) -> list:
+    return [(1, 1, 1, 1, 1, 1, 1, 1, torch.float32, 0),             # every width 1, one cached token
+            (2, 4, 16, 8, 16, 12, 37, 24, torch.float32, 1),        # the check's first shape (d_n = r)
+            (3, 2, 8, 6, 12, 10, 9, 20, torch.float64, 2),
+            (1, 3, 5, 2, 5, 7, 9, 4, torch.float32, 3)]
+
+
+def _mla_run(fn, value):
+    from autograder.mutation.equivalence import call_with
+
+    B, H, r, e, n, v, T, d, dtype, seed = value
+    g = torch.Generator().manual_seed(seed)
+
+    def draw(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
+    return call_with(fn, (draw(B, H, n), draw(B, H, e), draw(B, T, r), draw(B, T, e), draw(H, r, n), draw(H, r, v),
+                          draw(H * v, d)))
+
+
+# -- ex6: snapkv_keep -----------------------------------------------------------------------------------------------
 
 def _snapkv_inputs(ns: dict):
     def build(draw):
@@ -120,5 +152,6 @@ def _snapkv_run(fn, value):
 
 CONTRACTS = {
     "ex2_code": Contract("RingKVCache", _ring_inputs, run=_ring_run, corners=_ring_corners, examples=150),
-    "ex5_code": Contract("snapkv_keep", _snapkv_inputs, run=_snapkv_run, corners=_snapkv_corners, examples=200),
+    "ex5_code": Contract("absorbed_decode", _mla_inputs, run=_mla_run, corners=_mla_corners, examples=150),
+    "ex6_code": Contract("snapkv_keep", _snapkv_inputs, run=_snapkv_run, corners=_snapkv_corners, examples=200),
 }

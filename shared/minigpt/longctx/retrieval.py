@@ -1,14 +1,15 @@
 """Retrieval at a distance: pass keys found (or not) against depth and total length, for every way of running a
 model past its trained context, beside the perplexity of the same texts.
 
-    policies = context_policies(model.config, factor=8)          # none, pi, ntk, yarn (+/- temperature), windows
+    policies = context_policies(model.config, factor=8)   # none, pi, ntk, yarn (+/- temperature, both ramps), windows
     grid = retrieval_grid(model, policies["yarn"], lengths=[512, 4096], depths=[0.1, 0.5, 0.9], n=2)
     grid.accuracy        # (len(lengths), len(depths)) fraction of pass keys greedy decoding would print
     grid.band_perplexity # perplexity per band of positions, over the longest texts
 
 Every instance is seeded by (kind, length, depth, index) alone, so a cell is the same texts whichever other cells
 are measured with it: `python -m minigpt.longctx.retrieval` measures the whole grid once and stores it in
-data/longctx/retrieval.json, and a notebook can re-measure any cell and compare.
+data/longctx/retrieval.json, and a notebook can re-measure any cell and compare (`--policy NAME` re-measures only
+that row and keeps the others).
 """
 
 from __future__ import annotations
@@ -52,15 +53,18 @@ class ContextPolicy:
 
 def context_policies(cfg: ModelConfig, factor: float = GRID_FACTOR, window: int = 128, n_sinks: int = 4
                      ) -> dict[str, ContextPolicy]:
-    """Unchanged RoPE, PI, NTK-aware, YaRN with and without its temperature (all at `factor`), and a sliding window
-    of `window` keys without and with `n_sinks` sinks (unchanged RoPE)."""
-    def freqs(method: str) -> Tensor:
-        return rs.scaled_inv_freq(cfg.head_dim, cfg.rope_theta, factor, method, cfg.max_seq_len)
+    """Unchanged RoPE, PI, NTK-aware, YaRN with and without its temperature (all at `factor`; the paper's ramp over
+    turns), YaRN with the engines' ramp over the pair index (Transformers, vLLM, DeepSeek: what `rope_type: "yarn"`
+    gives, temperature included), and a sliding window of `window` keys without and with `n_sinks` sinks (unchanged
+    RoPE)."""
+    def freqs(method: str, ramp: str = "turns") -> Tensor:
+        return rs.scaled_inv_freq(cfg.head_dim, cfg.rope_theta, factor, method, cfg.max_seq_len, ramp=ramp)
 
     f0 = freqs("none")
     out = {m: ContextPolicy(m, freqs(m)) for m in ("none", "pi", "ntk")}
     out["yarn"] = ContextPolicy("yarn", freqs("yarn"), rs.yarn_logit_scale(factor))
     out["yarn, no temperature"] = ContextPolicy("yarn, no temperature", freqs("yarn"))
+    out["yarn, index ramp"] = ContextPolicy("yarn, index ramp", freqs("yarn", "index"), rs.yarn_logit_scale(factor))
     out[f"window {window}"] = ContextPolicy(f"window {window}", f0, attention=streaming_attention(window))
     out[f"{n_sinks} sinks + window {window - n_sinks}"] = ContextPolicy(
         f"{n_sinks} sinks + window {window - n_sinks}", f0, attention=streaming_attention(window - n_sinks, n_sinks, f0))
@@ -130,18 +134,34 @@ def main() -> None:
     parser.add_argument("--model", default="target-long")
     parser.add_argument("--kind", default="passkey", choices=["passkey", "kv_recall"])
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--policy", action="append", help="only this policy's row (repeatable); the stored file's "
+                        "other rows are kept, in the order context_policies gives")
     args = parser.parse_args()
     from minigpt.checkpoint import load_model, load_card
     torch.set_num_threads(args.threads)
     model = load_model(args.model)
+    policies = context_policies(model.config)
+    unknown = set(args.policy or ()) - set(policies)
+    if unknown:
+        parser.error(f"unknown policies {sorted(unknown)}; choose from {list(policies)}")
+    kept = {}
+    if args.policy:
+        old = stored_grid()
+        if old["model_sha256"] != load_card(args.model)["sha256"] or old["kind"] != args.kind:
+            parser.error("the stored grid was measured on other weights or tasks: measure every row")
+        kept = {g["policy"]: g for g in old["grids"]}
     grids = []
-    for policy in context_policies(model.config).values():
+    for name, policy in policies.items():
+        if args.policy and name not in args.policy:
+            grids.append(kept[name])
+            continue
         grid = retrieval_grid(model, policy, kind=args.kind)
-        grids.append(grid.__dict__)
+        grids.append(grid.__dict__ | ({"threads": args.threads} if args.policy else {}))   # a row's own threads
         print(f"{policy.name:24s} " + " | ".join(" ".join(f"{a:.2f}" for a in row) for row in grid.accuracy)
               + f"  ppl {[round(p, 1) for p in grid.band_perplexity]}  ({grid.seconds:.0f} s)", flush=True)
     out = {"model": args.model, "model_sha256": load_card(args.model)["sha256"], "kind": args.kind,
-           "factor": GRID_FACTOR, "n_per_cell": GRID_N, "threads": args.threads, "grids": grids}
+           "factor": GRID_FACTOR, "n_per_cell": GRID_N, "threads": old["threads"] if args.policy else args.threads,
+           "grids": grids}
     path = data_dir() / "longctx" / "retrieval.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")

@@ -1,4 +1,4 @@
-"""Lab 09, Exercise 6: the ring-attention ranks' outputs and ring-pass counts forged in the kernel.
+"""Lab 09, Exercise 7: the ring-attention ranks' outputs and ring-pass counts forged in the kernel.
 
 The attack: a `ring_attention` that does no ring work (each rank attends to its own block only, and never passes a
 K/V block on), and, in the same cell, `autograder.lab09.ring_outputs` replaced in the kernel's `sys.modules` by a
