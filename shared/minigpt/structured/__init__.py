@@ -2,6 +2,8 @@ r"""Structured generation (lab 10): constrain decoding to a language, one token 
 
     automaton = RegexAutomaton.compile(r"[0-9]{1,3}(\.[0-9]+)?")      # regex_automaton.py: a DFA over characters
     grammar = compile_json_schema(schema)                               # json_schema.py -> grammar.py: a pushdown recognizer
+                                                                        # (json_text.py: how a character is spelled in JSON;
+                                                                        # schema_merge.py: keywords beside anyOf and $ref)
     trie = TokenTrie(Vocabulary.from_tokenizer(load_tokenizer()))       # token_masks.py: the tokens' texts in a trie
     mask = mask_by_trie(automaton, state, trie)                         # (V,) bool: what may come next from `state`
     cache = ContextCache(grammar, trie)                                 # token_cache.py: masks from cached rule positions

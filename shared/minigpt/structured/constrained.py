@@ -50,7 +50,8 @@ def generate_constrained(model: GPT, prompt: Sequence[int], automaton: Automaton
     `forced` (a tokenizer's encode; grammars only): where the grammar admits one continuation
     (`Grammar.forced_text`), take the tokens of that text as `forced` tokenizes it, alone, instead of sampling them
     (no token spans the boundary, so the whole output need not be canonically tokenized: llguidance trims the last
-    forced tokens a boundary-spanning token could replace, and this does not). Without
+    forced tokens a boundary-spanning token could replace, and this does not). The automaton reads the forced text
+    itself, not its tokens' texts: a non-ASCII character is several byte-piece tokens, none a character alone. Without
     `jump_forward` they still go through the model one a pass; with it (SGLang's jump-forward decoding) they all go
     into the next forward pass together, so the output is the same tokens in fewer passes."""
     masks = masks or (lambda state: mask_by_trie(automaton, state, trie))
@@ -66,15 +67,17 @@ def generate_constrained(model: GPT, prompt: Sequence[int], automaton: Automaton
     stopped = "length"
     passes = forced_count = 0
     plan: list[int] = []                     # forced tokens still to emit
+    plan_text = ""                           # the text they spell (read by the automaton once all are emitted)
     while len(tokens) < max_new_tokens:
         if constrain and forced is not None and not plan and state is not None:
             t0 = time.perf_counter()
             text = automaton.forced_text(state)
-            plan = forced(text)[:max_new_tokens - len(tokens)] if text else []
+            plan, plan_text = _forced_plan(forced, text, max_new_tokens - len(tokens)) if text else ([], "")
             mask_s += time.perf_counter() - t0
             if plan and jump_forward:            # no pass for them: they ride with the next one
                 forced_count += len(plan)
-                state = _append(plan, tokens, pieces, vocab, automaton, state)
+                tokens += plan
+                state = _read(plan_text, pieces, automaton, state)
                 x = torch.cat([x, torch.tensor([plan], device=model.device)], dim=1)
                 plan = []
                 continue
@@ -85,24 +88,46 @@ def generate_constrained(model: GPT, prompt: Sequence[int], automaton: Automaton
         if plan:                                  # forced, one token a pass: the logits are not used
             new, plan = plan[:1], plan[1:]
             forced_count += 1
-        else:
-            if constrain:
-                t1 = time.perf_counter()
-                allowed = masks(state).to(logits.device)
-                mask_s += time.perf_counter() - t1
-                if not allowed.any():
-                    stopped = "no token"
-                    break
-                logits = logits.masked_fill(~allowed, float("-inf"))
-            token = int(sample_next(logits, sampling, generator))
-            if token == vocab.eos_id:
-                stopped = "end"
+            tokens += new
+            if not plan:                          # a token may be part of a character: read the text at the end
+                state = _read(plan_text, pieces, automaton, state)
+            x = torch.tensor([new], device=model.device)
+            continue
+        if constrain:
+            t1 = time.perf_counter()
+            allowed = masks(state).to(logits.device)
+            mask_s += time.perf_counter() - t1
+            if not allowed.any():
+                stopped = "no token"
                 break
-            new = [token]
+            logits = logits.masked_fill(~allowed, float("-inf"))
+        token = int(sample_next(logits, sampling, generator))
+        if token == vocab.eos_id:
+            stopped = "end"
+            break
+        new = [token]
         state = _append(new, tokens, pieces, vocab, automaton, state)
         x = torch.tensor([new], device=model.device)
     return ConstrainedGeneration(tokens, "".join(pieces), automaton.accepting(state), stopped, mask_s, model_s,
                                  passes, forced_count)
+
+
+def _forced_plan(forced: Callable[[str], list[int]], text: str, budget: int) -> tuple[list[int], str]:
+    """The tokens of the forced `text` (`forced` tokenizes it alone) and the text they spell; where they are more than
+    `budget`, the longest prefix of the text whose tokens fit (whole characters: a multi-byte character's byte
+    pieces are all taken or none)."""
+    plan = forced(text)
+    cut = len(text)
+    while len(plan) > budget and cut > 0:
+        cut -= 1
+        plan = forced(text[:cut])
+    return plan, text[:cut]
+
+
+def _read(text: str, pieces: list[str], automaton: Automaton, state: Any) -> Any:
+    """Record forced `text` and return the automaton's state after it."""
+    pieces.append(text)
+    return automaton.walk(state, text) if state is not None else None
 
 
 def _append(new: list[int], tokens: list[int], pieces: list[str], vocab: Any, automaton: Automaton, state: Any) -> Any:

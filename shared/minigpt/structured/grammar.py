@@ -10,7 +10,10 @@ Symbols: a rule's name (a nonterminal, two characters or more), or a terminal: a
 still to match (top first), as a tuple: persistent, so stacks share nothing mutable and a state is a frozenset of
 them. Reading a character expands each stack's top nonterminal into its alternatives until a terminal is on top, and
 keeps the stacks whose terminal takes the character. Rules must not be left-recursive (a nonterminal that can
-expand to itself on top without reading a character): `check` finds such a rule and names it.
+expand to itself on top without reading a character): `check` finds such a rule and names it. A rule is productive
+when some alternative derives a finite string (every symbol a terminal that reads some character, or a productive
+rule; a least fixed point): `check` refuses a start rule that is not, and `prune` drops every alternative that uses
+an unproductive symbol, so that no prefix the recognizer takes is a dead end.
 """
 
 from __future__ import annotations
@@ -82,7 +85,8 @@ class Grammar:
         return isinstance(symbol, str) and len(symbol) > 1
 
     def check(self) -> None:
-        """Every rule used is defined, and none is left-recursive (the recognizer would expand it forever)."""
+        """Every rule used is defined, none is left-recursive (the recognizer would expand it forever), and the start
+        rule derives some finite string."""
         for name, alternatives in self.rules.items():
             for alt in alternatives:
                 for s in alt:
@@ -103,6 +107,52 @@ class Grammar:
                             todo.append(s)
                         if s not in nullable:
                             break
+        if self.start not in self.productive():
+            raise ValueError(f"rule {self.start!r} derives no finite string: no output can finish it")
+
+    def productive(self) -> set[str]:
+        """The rules that derive some finite string: the least fixed point of "some alternative's every symbol is a
+        terminal that reads a character or a productive rule", by counting down each alternative's rules not yet
+        known productive (linear in the grammar's size: a bounded repeat is a long chain of rules)."""
+        waiting: dict[tuple[str, int], int] = {}             # (rule, alternative) -> its rules not yet productive
+        users: dict[str, list[tuple[str, int]]] = {}
+        todo: list[str] = []
+        for name, alternatives in self.rules.items():
+            for i, alt in enumerate(alternatives):
+                if not all(self._yields(s, set()) for s in alt if not self._is_rule(s)):
+                    continue                                 # an empty character set: this alternative never ends
+                needed = {s for s in alt if self._is_rule(s)}
+                waiting[name, i] = len(needed)
+                for rule in needed:
+                    users.setdefault(rule, []).append((name, i))
+                if not needed:
+                    todo.append(name)
+        found: set[str] = set()
+        while todo:
+            name = todo.pop()
+            if name in found:
+                continue
+            found.add(name)
+            for user in users.get(name, []):
+                waiting[user] -= 1
+                if waiting[user] == 0:
+                    todo.append(user[0])
+        return found
+
+    def _yields(self, symbol: Symbol, productive: set[str]) -> bool:
+        if self._is_rule(symbol):
+            return symbol in productive
+        return not (isinstance(symbol, CharSet) and not symbol.negated and not symbol.chars)
+
+    def prune(self) -> None:
+        """Drop every alternative with a symbol that derives nothing (and the rules left without one): what is left
+        derives the same strings, and every stack the recognizer keeps can still be finished."""
+        productive = self.productive()
+        for name in list(self.rules):
+            if name not in productive:
+                del self.rules[name]
+            elif not all(self._yields(s, productive) for alt in self.rules[name] for s in alt):
+                self.rules[name] = [alt for alt in self.rules[name] if all(self._yields(s, productive) for s in alt)]
 
     def _nullable(self) -> set[str]:
         nullable: set[str] = set()
