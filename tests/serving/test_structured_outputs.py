@@ -1,7 +1,8 @@
 """Structured outputs on the lab 08 server: response_format json_object / json_schema on chat and completions,
 streamed and not, with the official openai client's `parse`; grammars compiled once per schema; a schema that cannot
-be compiled is a 400 naming the problem. One in-thread server over a tiny seeded model (its values are nonsense: the
-shape is what the grammar guarantees)."""
+be compiled is a 400 naming the problem. One in-thread server per backend (llguidance, the default, and the course's
+compiler) over a tiny seeded model (its values are nonsense: the shape is what the grammar guarantees); every
+behaviour is tested on both, what each refuses apart (the keyword coverage: test_structured_coverage.py)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,9 @@ import httpx
 import openai
 import pytest
 from pydantic import BaseModel, Field
-from serving_fixtures import tiny_model
+from serving_fixtures import structured_servers
 
-from minigpt.serving.api_server import create_app
-from minigpt.serving.async_engine import AsyncLLMEngine
-from minigpt.serving.engine import EngineConfig, LLMEngine
-from minigpt.serving.launch import serve_in_thread
-from minigpt.serving.structured_outputs import MAX_REPEAT
+from minigpt.serving.structured_outputs import BACKENDS, MAX_REPEAT
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Describe a cat in JSON."}], "max_tokens": 60,
         "temperature": 1.0, "seed": 1}
@@ -34,11 +31,15 @@ class Cat(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def server(tokenizer):
-    engine = LLMEngine(tiny_model(5), EngineConfig(num_blocks=128, block_size=8), tokenizer=tokenizer, model_name="tiny")
-    app = create_app(AsyncLLMEngine(engine, num_threads=1), max_queue=8)
-    with serve_in_thread(app) as url:
-        yield url, app
+def servers(tokenizer):
+    """backend -> (url, app): one server per structured-outputs backend."""
+    with structured_servers(tokenizer) as found:
+        yield found
+
+
+@pytest.fixture(params=BACKENDS)
+def server(request, servers):
+    return servers[request.param]
 
 
 def post(server, path: str, body: dict) -> httpx.Response:
@@ -103,14 +104,17 @@ def test_openai_parse_returns_the_pydantic_model(server):
     assert isinstance(cat, Cat), completion.choices[0].message
 
 
-@pytest.mark.parametrize("schema, words", [
-    ({"type": "object", "properties": {"a": {"type": "string", "format": "email"}}}, "format"),
-    ({"type": "string", "maxLength": MAX_REPEAT + 1}, "maxLength"),
-    ({"type": "integer", "maximum": 10**40}, "maximum"),
-    ({"$ref": "#/$defs/missing"}, "$ref"),
+@pytest.mark.parametrize("backend, schema, words", [
+    ("course", {"type": "object", "properties": {"a": {"type": "string", "format": "email"}}}, "format"),
+    ("course", {"type": "string", "maxLength": MAX_REPEAT + 1}, "maxLength"),
+    ("course", {"type": "integer", "maximum": 10**40}, "maximum"),
+    ("course", {"$ref": "#/$defs/missing"}, "$ref"),
+    ("llguidance", {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems"),
+    ("llguidance", {"$ref": "#/$defs/missing"}, "missing"),
+    ("llguidance", {"type": "string", "pattern": "(unclosed"}, "regex"),
 ])
-def test_a_schema_that_cannot_be_compiled_is_a_400_naming_it(server, schema, words):
-    r = post(server, "/v1/chat/completions", {**CHAT, "response_format": json_schema(schema)})
+def test_a_schema_that_cannot_be_compiled_is_a_400_naming_it(servers, backend, schema, words):
+    r = post(servers[backend], "/v1/chat/completions", {**CHAT, "response_format": json_schema(schema)})
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == "response_format" and words in error["message"], error
@@ -123,6 +127,13 @@ def test_grammars_are_compiled_once_per_schema(server):
     for seed in range(3):
         ok(server, "/v1/chat/completions", {**CHAT, "seed": seed, "response_format": json_schema(schema)})
     assert structured.num_compiled == before + 1, "the same schema was compiled again"
+
+
+def test_the_library_takes_what_only_the_course_budget_refuses(servers):
+    """The size budget guards the course's compiler (a rule per count, a pattern per digit); llguidance is lazy."""
+    for schema in ({"type": "string", "maxLength": MAX_REPEAT + 1}, {"type": "integer", "maximum": 10**40}):
+        body = {**CHAT, "max_tokens": 4, "response_format": json_schema(schema)}
+        ok(servers["llguidance"], "/v1/chat/completions", body)
 
 
 def test_a_text_format_changes_nothing(server):

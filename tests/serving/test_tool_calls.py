@@ -1,11 +1,13 @@
 """Tool calls on the lab 08 server (minigpt.serving.tool_calls): a named function, "required", "auto" and "none",
 whole and streamed as OpenAI streams them, through the official openai client; the chat template shows tools and
-calls given back. One in-thread server over a tiny seeded model: its arguments are nonsense of the right shape."""
+calls given back. One in-thread server per structured-outputs backend (llguidance, the default, and the course's
+compiler) over a tiny seeded model: its arguments are nonsense of the right shape."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from contextlib import ExitStack
 
 import httpx
 import openai
@@ -17,6 +19,7 @@ from minigpt.serving.async_engine import AsyncLLMEngine
 from minigpt.serving.chat_template import render_chat
 from minigpt.serving.engine import EngineConfig, LLMEngine
 from minigpt.serving.launch import serve_in_thread
+from minigpt.serving.structured_outputs import BACKENDS
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city.",
@@ -28,11 +31,22 @@ NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 
 @pytest.fixture(scope="module")
-def server(tokenizer):
-    model = tiny_model(6, dataclasses.replace(TINY_SERVING, max_seq_len=512))     # the tools paragraph is long
-    engine = LLMEngine(model, EngineConfig(num_blocks=128, block_size=8), tokenizer=tokenizer, model_name="tiny")
-    with serve_in_thread(create_app(AsyncLLMEngine(engine, num_threads=1), max_queue=8)) as url:
-        yield url
+def servers(tokenizer):
+    """backend -> url: a server per structured-outputs backend (every test below runs on both)."""
+    with ExitStack() as stack:
+        found = {}
+        for backend in BACKENDS:
+            model = tiny_model(6, dataclasses.replace(TINY_SERVING, max_seq_len=512))   # the tools paragraph is long
+            engine = LLMEngine(model, EngineConfig(num_blocks=128, block_size=8), tokenizer=tokenizer,
+                               model_name="tiny")
+            app = create_app(AsyncLLMEngine(engine, num_threads=1), max_queue=8, structured_outputs_backend=backend)
+            found[backend] = stack.enter_context(serve_in_thread(app))
+        yield found
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def server(request, servers):
+    return servers[request.param]
 
 
 @pytest.fixture(scope="module")
@@ -108,12 +122,18 @@ def test_a_cut_call_ends_with_length(client):
     assert choice.finish_reason == "length" and choice.message.tool_calls[0].function.arguments.startswith("{")
 
 
-def test_tool_parameters_that_cannot_be_compiled_are_a_400(server):
-    bad = {"type": "function", "function": {"name": "bad", "parameters": {"type": "object", "patternProperties": {}}}}
-    r = httpx.post(server + "/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES, "tools": [bad],
-                                                           "tool_choice": "required"}, timeout=60)
+@pytest.mark.parametrize("backend, parameters, keyword", [
+    ("llguidance", {"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}}, "uniqueItems"),
+    ("course", {"type": "object", "patternProperties": {}}, "patternProperties"),
+])
+@pytest.mark.parametrize("tool_choice", ["required", "auto", {"type": "function", "function": {"name": "bad"}}])
+def test_tool_parameters_that_cannot_be_compiled_are_a_400(servers, backend, parameters, keyword, tool_choice):
+    url = servers[backend]
+    bad = {"type": "function", "function": {"name": "bad", "parameters": parameters}}
+    r = httpx.post(url + "/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES, "tools": [bad, NOOP],
+                                                        "tool_choice": tool_choice}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
-    assert "'bad'" in r.json()["error"]["message"] and "patternProperties" in r.json()["error"]["message"], r.text
+    assert "'bad'" in r.json()["error"]["message"] and keyword in r.json()["error"]["message"], r.text
 
 
 def test_a_conversation_with_calls_given_back_is_accepted(client):

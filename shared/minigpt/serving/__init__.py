@@ -11,6 +11,9 @@ multi-LoRA batching, a prefix-aware router and a load generator.
   lists, disconnects; `errors`; `schema`: the exact /openapi.json); `protocol` (strict pydantic bodies),
   `chat_template`, `streaming` (the SSE handler, learner piece), `admission` (bounded queue, 429 + Retry-After,
   learner piece), `prometheus_metrics` (per-app registry).
+* `structured_outputs` (response_format and tool grammars, compiled once per schema off the engine's thread by a
+  backend: `llguidance_backend`, the default, or the course's compiler), `tool_calls` (tool_choice -> a grammar,
+  the reply -> OpenAI's tool_calls).
 * `launch` (free_port, serve_in_thread, serve_subprocess) and `python -m minigpt.serving` (`__main__`).
 * `client_metrics` (one request as the client saw it: TTFT, TPOT, ITL; goodput in requests/s meeting both
   latency objectives), `load_generator` (the course's `vllm bench serve`: Poisson arrivals, streaming,

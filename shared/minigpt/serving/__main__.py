@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--read-timeout", type=float, default=30.0,
                    help="seconds of silence allowed while a request's head or body is incomplete")
     p.add_argument("--keep-alive-timeout", type=int, default=5, help="seconds an idle keep-alive connection stays open")
+    p.add_argument("--structured-outputs-backend", choices=["llguidance", "course"], default="llguidance",
+                   help="what compiles response_format / tool grammars: llguidance (a production library) or the "
+                        "course's own compiler (lab 10)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--log-level", default="warning")
     return p
@@ -75,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             engine = LLMEngine.from_checkpoint(args.checkpoint, config, model_name=name, max_model_len=args.max_model_len)
     app = create_app(AsyncLLMEngine(engine, num_threads=args.threads), max_queue=args.max_queue,
-                     retry_after_s=args.retry_after)
+                     retry_after_s=args.retry_after, structured_outputs_backend=args.structured_outputs_backend)
     config = uvicorn_config(app, args.host, args.port, log_level=args.log_level, header_timeout_s=args.header_timeout,
                             read_timeout_s=args.read_timeout, keep_alive_timeout_s=args.keep_alive_timeout)
     uvicorn.Server(config).run()

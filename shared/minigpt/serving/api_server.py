@@ -36,22 +36,26 @@ from minigpt.serving.async_engine import AsyncLLMEngine
 from minigpt.serving.chat_template import chat_template_for
 from minigpt.serving.prometheus_metrics import ServingMetrics
 from minigpt.serving.streaming import sse_stream
+from minigpt.serving.structured_outputs import DEFAULT_BACKEND, Backend, StructuredOutputs
 
 __all__ = ["create_app", "DEFAULT_CHAT_MAX_TOKENS", "StreamHandler", "Admission"]
 
 
 def create_app(engine: AsyncLLMEngine, *, max_queue: int = 64, retry_after_s: float = 1.0,
                stream_handler: StreamHandler = sse_stream, admission: Admission = admitted,
-               shutdown_engine: bool = True, disconnect_poll_s: float = 0.2) -> FastAPI:
+               shutdown_engine: bool = True, disconnect_poll_s: float = 0.2,
+               structured_outputs_backend: Backend = DEFAULT_BACKEND) -> FastAPI:
     """The FastAPI app. It starts the engine loop on startup if needed (and stops it on shutdown when
     `shutdown_engine`). At most `max_queue` requests are held at once (queued or running); past it, 429.
-    A non-streaming request checks every `disconnect_poll_s` seconds that its client is still connected."""
+    A non-streaming request checks every `disconnect_poll_s` seconds that its client is still connected.
+    `structured_outputs_backend` compiles response_format and tool grammars: "llguidance" or "course"."""
     if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
         raise ValueError(f"max_queue must be a positive int, got {max_queue!r}")
     slots = AdmissionSlots(max_queue)
+    structured = StructuredOutputs(engine.engine.tokenizer, backend=structured_outputs_backend)
     state = ServerState(engine, slots, ServingMetrics(engine, in_flight=lambda: slots.in_use), stream_handler,
                         admission, retry_after_s, disconnect_poll_s,
-                        chat_template=chat_template_for(engine.engine.tokenizer))
+                        chat_template=chat_template_for(engine.engine.tokenizer), structured=structured)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

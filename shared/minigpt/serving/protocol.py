@@ -16,8 +16,8 @@ may be null, `tool_calls` given back) and tool. `top_k` is an extension, as in v
 draws a fresh one, so sampling differs from call to call.
 
 Structured outputs (`minigpt.serving.structured_outputs`, on chat and, as vLLM, completions): `response_format`
-text, json_object (any JSON object) or json_schema (the subset `minigpt.structured.json_schema` compiles; a schema
-it cannot compile is a 400 naming the problem). Tools (chat; `minigpt.serving.tool_calls`): `tools` with
+text, json_object (any JSON object) or json_schema (what the server's backend takes, llguidance or the course's
+compiler; a schema it refuses is a 400 naming the problem). Tools (chat; `minigpt.serving.tool_calls`): `tools` with
 `tool_choice` none, auto, required or a named function; at most one call per reply.
 
 Responses: `finish_reason` is "stop" or "length" (chat also "tool_calls"), OpenAI's values. A request the engine
@@ -93,8 +93,8 @@ class JSONSchemaFormat(_Strict):
     name: str = Field(pattern=FUNCTION_NAME)
     description: str | None = None
     schema_: dict[str, Any] | None = Field(None, alias="schema", description=(
-        "a JSON Schema of the subset minigpt.structured.json_schema compiles (one it cannot compile is a 400 naming "
-        "the keyword); absent: any JSON value"))
+        "a JSON Schema the server's structured-outputs backend takes (one it refuses is a 400 naming the keyword); "
+        "absent: any JSON value"))
     strict: bool | None = Field(None, description="outputs always follow the schema here, strict or not")
 
 
@@ -286,7 +286,7 @@ class FunctionDefinition(_Strict):
     name: str = Field(pattern=FUNCTION_NAME)
     description: str | None = None
     parameters: dict[str, Any] | None = Field(None, description=(
-        "its arguments' JSON Schema (the subset minigpt.structured.json_schema compiles; absent: no arguments)"))
+        "its arguments' JSON Schema (what the server's structured-outputs backend takes; absent: no arguments)"))
     strict: bool | None = Field(None, description="arguments always follow the schema here, strict or not")
 
 

@@ -27,11 +27,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
+from minigpt.serving.llguidance_backend import json_schema_grammar, lark_grammar, lark_json
 from minigpt.serving.structured_outputs import check_schema_budget
 from minigpt.structured.grammar import CharSet, Grammar, literal
 from minigpt.structured.json_schema import compile_json_schema
 
-__all__ = ["ToolMode", "tool_mode", "call_grammar", "call_prefix", "ToolCallReader", "new_call_id"]
+__all__ = ["ToolMode", "tool_mode", "call_grammar", "call_lark", "call_prefix", "ToolCallReader", "new_call_id"]
 
 NO_ARGUMENTS = {"type": "object", "properties": {}}       # a function without `parameters`
 
@@ -101,6 +102,36 @@ def call_grammar(mode: ToolMode) -> Grammar:
     grammar.rule("reply", *calls)
     grammar.check()
     return grammar
+
+
+def _parameters_json(name: str, schema: Any) -> str:
+    """llguidance's grammar of a tool's arguments (ValueError naming the tool if llguidance refuses its schema)."""
+    import llguidance
+
+    try:
+        grammar = json_schema_grammar(schema)
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+        if is_error:
+            raise ValueError("the llguidance backend refuses it: " + " ".join(" ".join(messages).split())[:400])
+    except ValueError as err:
+        raise ValueError(f"the parameters of tool {name!r} cannot be used: {err}") from None
+    return grammar
+
+
+def call_lark(mode: ToolMode) -> str:
+    """The same reply as `call_grammar`, for the llguidance backend: a JSON schema grammar for a named tool, else a
+    Lark grammar (each call's literal prefix, its arguments as `%json`, and for "auto" the free-text branch)."""
+    if mode.kind == "named":
+        return _parameters_json(*mode.tools[0])
+    rules = []
+    for i, (name, schema) in enumerate(mode.tools):
+        _parameters_json(name, schema)                   # refused: a 400 naming the tool
+        rules.append(f"call{i}: {json.dumps(call_prefix(name))} args{i} \"}}\"\nargs{i}: {lark_json(schema)}")
+    choices = [f"call{i}" for i in range(len(mode.tools))]
+    if mode.kind == "auto":                              # or free text that does not open with "{" (or nothing)
+        rules.append('text: /[^{][\\s\\S]*/ | ""')
+        choices.append("text")
+    return lark_grammar("\n".join(["start: " + " | ".join(choices), *rules]) + "\n")
 
 
 def new_call_id() -> str:

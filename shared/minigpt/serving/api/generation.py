@@ -31,7 +31,7 @@ from minigpt.serving.api.errors import BadRequest, EngineUnavailable, ModelNotFo
 from minigpt.serving.api.state import ServerState
 from minigpt.serving.outputs import RequestOutput, TokenLogprob
 from minigpt.serving.protocol import error_body
-from minigpt.serving.tool_calls import ToolMode, call_grammar
+from minigpt.serving.tool_calls import ToolMode, call_grammar, call_lark
 
 __all__ = ["Generation", "ChoiceResult", "ChoiceStream", "start_generation", "collect", "stream_response",
            "adapter_of", "usage_of", "constraint_of"]
@@ -51,10 +51,12 @@ def adapter_of(state: ServerState, model: str) -> int:
 
 async def constraint_of(state: ServerState, body: Any, mode: ToolMode | None = None) -> GrammarConstraint | None:
     """The grammar a request's output follows: its tool mode's, else its response_format's (None: free text).
-    Compiled off the event loop and cached (`StructuredOutputs`); a schema that cannot be compiled is a 400."""
+    Compiled off the event loop and the engine's thread, and cached (`StructuredOutputs`, by the server's backend);
+    a schema the backend refuses is a 400 naming what it refused."""
     try:
         if mode is not None:
-            return await state.structured.compiled("tools:" + mode.cache_key, lambda: call_grammar(mode))
+            return await state.structured.compiled("tools:" + mode.cache_key, course=lambda: call_grammar(mode),
+                                                   llguidance=lambda: call_lark(mode))
         return await state.structured.for_response_format(body.response_format)
     except ValueError as err:
         param = "tools" if mode is not None else "response_format"

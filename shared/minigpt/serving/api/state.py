@@ -28,7 +28,8 @@ class ServerState:
     """engine: the async engine (its `.engine` is the core one); slots: admission (at most `capacity` requests held);
     stream_handler / admission: the lab's two learner pieces; disconnect_poll_s: how often a non-streaming request
     checks that its client is still there; chat_template: the model's own (an imported HF model's) or the course's
-    plain transcript; structured: the grammars of response_format and tools, compiled once per schema."""
+    plain transcript; structured: the grammars of response_format and tools, compiled once per schema (by the
+    llguidance backend unless one is given)."""
 
     engine: AsyncLLMEngine
     slots: AdmissionSlots
