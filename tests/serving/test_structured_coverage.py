@@ -67,7 +67,8 @@ def outcome(server: tuple, keyword: str) -> str:
         return "400"
     choice = r.json()["choices"][0]
     if choice["finish_reason"] == "stop":
-        jsonschema.validate(json.loads(choice["message"]["content"]), schema)
+        jsonschema.validate(json.loads(choice["message"]["content"]), schema,
+                            format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)     # formats checked
     return "yes"
 
 
