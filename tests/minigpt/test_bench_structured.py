@@ -1,8 +1,11 @@
 """minigpt.bench.structured: the part runs end to end on a tiny configuration (one schema, a short trace, one pass)
-and its ledger rows have their shape and goals; a course engine whose masks differ fails loudly; a trace a library
+and its ledger rows have their shape and goals, the server's default backend (llguidance as its engine takes it)
+among them; a course engine whose masks differ fails loudly; a trace a library
 refuses is passed over for the next seed, and said so. No test here asserts a time."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 
@@ -23,13 +26,14 @@ def test_the_part_runs_on_a_tiny_configuration_and_its_rows_have_their_shape(tin
     assert set(sch["step_s"]) == set(structured.JSON_ENGINES) == set(sch["first_pass_s"])
     assert all(len(steps) == sch["steps"] for steps in sch["step_s"].values())
     assert sch["steps"] == len(sch["trace"]["tokens"]) + (sch["trace"]["stopped"] == "end")
-    assert set(sch["compile_s"]) == {"course", "XGrammar", "llguidance"}
+    assert set(sch["compile_s"]) == {"course", "XGrammar", "llguidance", structured.SERVER}
     assert set(sch["decode"]) == {"with masks", "without masks"}
     assert set(section["regex"]["step_s"]) == set(structured.REGEX_ENGINES)
     rows = structured.figures(section)
     assert all({"what", "value", "unit"} <= set(r) for r in rows)
-    assert [r.get("goal") for r in rows] == [structured.LIBRARY_GOAL, None, structured.SCAN_GOAL, None, None] * 2 + \
-        [None, None, None, None, round(structured.DECODE_GOAL, 3)]
+    assert [r.get("goal") for r in rows] == [structured.LIBRARY_GOAL, None, structured.SCAN_GOAL, None, None, None] + \
+        [structured.LIBRARY_GOAL, None, structured.SCAN_GOAL, None, None] + [None] * 5 + \
+        [round(structured.DECODE_GOAL, 3)]
     assert all("met" in r for r in rows if "goal" in r)
     assert all("ratio" in r and r["unit"] in ("µs", "ms") for r in rows)
     lines = structured.notes(section)
@@ -39,6 +43,11 @@ def test_the_part_runs_on_a_tiny_configuration_and_its_rows_have_their_shape(tin
                           "settings": {"threads": 1}, "versions": {"torch": "x", "transformers": "y"},
                           "figures": rows, "structured": {**section, "notes": lines}})
     assert table.count("| structured:") == len(rows) and "- structured, end to end:" in table
+    served = [r for r in rows if structured.SERVER in r["what"]]
+    assert [r["unit"] for r in served] == ["µs", "ms"], served                 # a mask per token, a compile per schema
+    assert all(math.isfinite(r["value"]) and r["value"] > 0 and math.isfinite(r["ratio"]) for r in served), served
+    assert "course" in served[0]["against"] and "course" in served[1]["against"]
+    assert "the course server's engine" in lines[1] and "the server's compile" in lines[2]
 
 
 @pytest.fixture

@@ -9,11 +9,15 @@ Course engines (`CourseEngine`) keep the automaton's state and call a mask funct
 `mask_by_trie`, `mask_by_scan` (a JSON schema's grammar), `MaskIndex.mask` (a regex's DFA); their mask is a (V,) bool
 tensor. `XGrammarEngine` fills XGrammar's packed int32 bitmask (`GrammarMatcher.fill_next_token_bitmask`),
 `LLGuidanceEngine` llguidance's (`llguidance.numpy.fill_next_token_bitmask`): each writes its own buffer, made once.
+`ConstraintEngine` is the course server's default backend as the engine calls it (`minigpt.serving.
+llguidance_backend`): llguidance's bits unpacked into a (V,) bool tensor, the form the engine's logits processor
+applies, a state a copy of the compiled matcher.
 
 The `compile_*` functions are what "compile" means for each, the thing timed per schema: the course's
 `compile_json_schema` plus the `ContextCache` built on it (its warm-up, the cache filling, comes at the first masks
 and is timed apart), XGrammar's `GrammarCompiler.compile_json_schema`, llguidance's grammar init (`LLMatcher` built
-from `grammar_from_json_schema`, which itself only writes the request down).
+from `grammar_from_json_schema`, which itself only writes the request down), and the server's `compile_grammar`
+(`json_schema_grammar`, its matcher and its first mask, as a request's compile runs before it joins the batch).
 """
 
 from __future__ import annotations
@@ -24,15 +28,16 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from minigpt.serving.llguidance_backend import compile_grammar, json_schema_grammar
 from minigpt.structured.evaluation import llguidance_json_options, xgrammar_json_options
 from minigpt.structured.json_schema import compile_json_schema
 from minigpt.structured.regex_automaton import RegexAutomaton
 from minigpt.structured.token_cache import ContextCache
 from minigpt.structured.token_masks import MaskIndex, TokenTrie
 
-__all__ = ["CourseEngine", "XGrammarEngine", "LLGuidanceEngine", "compile_course_json", "compile_course_regex",
-           "compile_xgrammar_json", "compile_xgrammar_regex", "compile_llguidance_json", "compile_llguidance_regex",
-           "unpack_bits"]
+__all__ = ["CourseEngine", "XGrammarEngine", "LLGuidanceEngine", "ConstraintEngine", "compile_course_json",
+           "compile_course_regex", "compile_xgrammar_json", "compile_xgrammar_regex", "compile_llguidance_json",
+           "compile_llguidance_regex", "compile_server_json", "unpack_bits"]
 
 
 def unpack_bits(words: np.ndarray, size: int) -> np.ndarray:
@@ -112,6 +117,28 @@ class LLGuidanceEngine:
         return unpack_bits(self.bitmask[0], self.size)
 
 
+class ConstraintEngine:
+    """A `GrammarConstraint` of the server's llguidance backend: states are matchers, masks (V,) bool tensors."""
+
+    def __init__(self, constraint: Any) -> None:
+        self.constraint = constraint
+        self.reset()
+
+    def reset(self) -> None:
+        self.state, self.last = self.constraint.grammar.start_state(), None
+
+    def mask(self) -> torch.Tensor:
+        self.last = self.constraint.mask(self.state)
+        return self.last
+
+    def advance(self, token: int) -> None:
+        if self.constraint.grammar.walk(self.state, self.constraint.texts[token]) is None:
+            raise RuntimeError(f"the server's llguidance backend refuses token {token}")
+
+    def allowed(self) -> np.ndarray:
+        return self.last.numpy()
+
+
 def compile_course_json(schema: dict[str, Any], trie: TokenTrie) -> CourseEngine:
     grammar = compile_json_schema(schema)
     return CourseEngine(grammar, ContextCache(grammar, trie).mask, trie)
@@ -142,6 +169,12 @@ def compile_llguidance_regex(tokenizer: Any, pattern: str, vocab_size: int) -> L
     import llguidance
 
     return _llguidance(llguidance.LLMatcher(tokenizer, llguidance.LLMatcher.grammar_from_regex(pattern)), vocab_size)
+
+
+def compile_server_json(tokenizer: Any, schema: dict[str, Any]) -> ConstraintEngine:
+    """What the course server does with a `response_format` schema by default (`tokenizer`:
+    `llguidance_tokenizer_of`)."""
+    return ConstraintEngine(compile_grammar(json_schema_grammar(schema), tokenizer))
 
 
 def _llguidance(matcher: Any, vocab_size: int) -> LLGuidanceEngine:

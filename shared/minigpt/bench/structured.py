@@ -14,14 +14,19 @@ time is its median over them; per engine, the mean over every step of every trac
 walked in passes of its own (a scan evicts the processor's caches, and interleaved with it the fast engines ran 2-4x
 slower):
 
-    JSON:  course ContextCache | XGrammar | llguidance          then  course ContextCache | mask_by_trie | mask_by_scan
+    JSON:  course ContextCache | XGrammar | llguidance | SERVER then  course ContextCache | mask_by_trie | mask_by_scan
     regex: course MaskIndex    | XGrammar | llguidance          then  course MaskIndex    | mask_by_trie | mask_by_scan
 
-(the second group's course masks only check that the three course engines give one mask at every step).
+(the second group's course masks only check that the three course engines give one mask at every step). SERVER is
+the course server's default backend as its engine calls it (`minigpt.serving.llguidance_backend`, llguidance behind a
+`GrammarConstraint`): the same library, its mask a (V,) bool tensor (the packed bits unpacked), the form the engine's
+logits processor applies, and each state a copy of the compiled matcher.
 
 Compile time per schema, interleaved, median over `compile_repeats`: the course's `compile_json_schema` + a
 `ContextCache` (plus its warm-up: pass 0's mask time, reported apart and added), XGrammar's
-`GrammarCompiler(max_threads=1, cache_enabled=False).compile_json_schema`, llguidance's `LLMatcher` init.
+`GrammarCompiler(max_threads=1, cache_enabled=False).compile_json_schema`, llguidance's `LLMatcher` init, and the
+server's `compile_grammar(json_schema_grammar(schema))` (its first mask included, as the server computes it before
+the request joins the batch).
 
 End to end: `generate_constrained` with the (warm) cache's masks against the same loop with `constrain=False`,
 greedy after the same prompt, interleaved by `minigpt.timing.compare`: seconds per decode step (forward pass).
@@ -44,15 +49,17 @@ from minigpt.bench import mask_engines as me
 from minigpt.bench.ledger import figure
 from minigpt.model import GPT
 from minigpt.sampling import SamplingParams
+from minigpt.serving.llguidance_backend import llguidance_tokenizer_of
 from minigpt.structured.constrained import generate_constrained
 from minigpt.structured.evaluation import SuiteSchema, llguidance_tokenizer, load_suite, xgrammar_tokenizer_info
 from minigpt.structured.token_masks import TokenTrie, Vocabulary, mask_by_scan, mask_by_trie
 from minigpt.timing import compare, fixed_threads
 
-__all__ = ["JSON_ENGINES", "REGEX_ENGINES", "settings", "trace", "time_masks", "side_by_side", "measure_structured",
-           "summarize", "figures", "notes"]
+__all__ = ["SERVER", "JSON_ENGINES", "REGEX_ENGINES", "settings", "trace", "time_masks", "side_by_side",
+           "measure_structured", "summarize", "figures", "notes"]
 
-JSON_ENGINES = ("course ContextCache", "XGrammar", "llguidance", "mask_by_trie", "mask_by_scan")
+SERVER = "the server's default: llguidance as (V,) bool"      # the course server's backend, as its engine calls it
+JSON_ENGINES = ("course ContextCache", "XGrammar", "llguidance", SERVER, "mask_by_trie", "mask_by_scan")
 REGEX_ENGINES = ("course MaskIndex", "XGrammar", "llguidance", "mask_by_trie", "mask_by_scan")
 LIBRARIES = ("XGrammar", "llguidance")
 LIBRARY_GOAL, SCAN_GOAL, DECODE_GOAL = 0.5, 20.0, 1 / 1.1     # floors on the ratios (see `figures`)
@@ -160,7 +167,7 @@ def side_by_side(built: dict[str, Any], course: str, found: dict[str, Any], trie
     """`time_masks` for the course engine and the libraries, then in passes of their own for the trie walk and the
     scan (with the course engine again as the reference they must equal); one record, per engine."""
     automaton, vocab = built["course"].automaton, trie.vocab
-    fast = {course: built["course"], "XGrammar": built["XGrammar"], "llguidance": built["llguidance"]}
+    fast = {course: built["course"], **{name: built[name] for name in (*LIBRARIES, SERVER) if name in built}}
     slow = {course: built["course"],
             "mask_by_trie": me.CourseEngine(automaton, lambda st: mask_by_trie(automaton, st, trie), trie),
             "mask_by_scan": me.CourseEngine(automaton, lambda st: mask_by_scan(automaton, st, vocab), trie)}
@@ -216,6 +223,7 @@ def measure_structured(model: GPT, *, quick: bool, threads: int = 1, tokenizer: 
     compiler = xgrammar.GrammarCompiler(xgrammar_tokenizer_info(tokenizer), max_threads=s["xgrammar_threads"],
                                         cache_enabled=False)
     lltok = llguidance_tokenizer(tokenizer)
+    served = llguidance_tokenizer_of(tokenizer)
     gen = {"max_new_tokens": s["max_new_tokens"], "temperature": s["temperature"]}
     section: dict[str, Any] = {"settings": s, "vocab_size": size, "schemas": {}}
     with fixed_threads(threads):
@@ -224,13 +232,14 @@ def measure_structured(model: GPT, *, quick: bool, threads: int = 1, tokenizer: 
             compile_s, built = _compile({
                 "course": lambda e=entry: me.compile_course_json(e.schema, trie),
                 "XGrammar": lambda e=entry: me.compile_xgrammar_json(compiler, e.schema, size),
-                "llguidance": lambda e=entry: me.compile_llguidance_json(lltok, e.schema, size)},
+                "llguidance": lambda e=entry: me.compile_llguidance_json(lltok, e.schema, size),
+                SERVER: lambda e=entry: me.compile_server_json(served, e.schema)},
                 s["compile_repeats"], threads)
             grammar = built["course"].automaton
             writing = me.compile_course_json(entry.schema, trie).masks          # a cache of its own: built's stays cold
             found = _common_trace(lambda seed: trace(model, tokenizer, grammar, writing, trie, entry.prompt,
                                                      forced=True, seed=seed, **gen),
-                                  [built["XGrammar"], built["llguidance"]], trie, s["seed"])
+                                  [built["XGrammar"], built["llguidance"], built[SERVER]], trie, s["seed"])
             masks = side_by_side(built, "course ContextCache", found, trie, passes=s["passes"])
             decode = _decode_overhead(model, tokenizer, grammar, built["course"].masks, trie, entry.prompt,
                                       max_new_tokens=s["max_new_tokens"], repeats=s["decode_repeats"], threads=threads)
@@ -269,14 +278,14 @@ def summarize(section: dict[str, Any]) -> dict[str, Any]:
     for name, sch in schemas.items():
         med = {engine: statistics.median(samples) for engine, samples in sch["compile_s"].items()}
         compile_ms[name] = {"course": med["course"], "course + warm-up": med["course"] + sch["warmup_s"],
-                            "XGrammar": med["XGrammar"], "llguidance": med["llguidance"]}
+                            "XGrammar": med["XGrammar"], "llguidance": med["llguidance"], SERVER: med[SERVER]}
     decode = {kind: sum(sch["decode"][kind]["seconds"] for sch in schemas.values()) /
               sum(sch["decode"][kind]["steps"] for sch in schemas.values()) for kind in ("with masks", "without masks")}
     constrained = [sch["decode"]["with masks"] for sch in schemas.values()]
     mask_s = sum(c["mask_seconds"] for c in constrained)
     return {"json": _pool(list(schemas.values()), JSON_ENGINES), "regex": _pool([section["regex"]], REGEX_ENGINES),
             "compile_s": {engine: statistics.median(c[engine] for c in compile_ms.values())
-                          for engine in ("course", "course + warm-up", "XGrammar", "llguidance")},
+                          for engine in ("course", "course + warm-up", "XGrammar", "llguidance", SERVER)},
             "compile_per_schema_s": compile_ms,
             "regex_compile_s": {e: statistics.median(v) for e, v in section["regex"]["compile_s"].items()},
             "decode_step_s": decode, "mask_s_per_step": mask_s / sum(c["steps"] for c in constrained),
@@ -305,6 +314,9 @@ def figures(section: dict[str, Any]) -> list[dict[str, Any]]:
         other = next(lib for lib in LIBRARIES if lib != fast)
         rows.append(figure(f"structured: mask per token, {label}: {other}, mean", t[other]["mean_s"] * us, "µs",
                            against=fast, baseline=t[fast]["mean_s"] * us, higher_is_better=False))
+        if SERVER in t:
+            rows.append(figure(f"structured: mask per token, {label}: {SERVER}, mean", t[SERVER]["mean_s"] * us, "µs",
+                               against=course, baseline=t[course]["mean_s"] * us, higher_is_better=False))
     c = sm["compile_s"]
     fast = min(LIBRARIES, key=lambda lib: c[lib])
     other = next(lib for lib in LIBRARIES if lib != fast)
@@ -312,6 +324,11 @@ def figures(section: dict[str, Any]) -> list[dict[str, Any]]:
                           ("course", "course: compile_json_schema + ContextCache"), (other, other)):
         rows.append(figure(f"structured: compile per schema (median of {len(sm['compile_per_schema_s'])}): {label}",
                            c[engine] * 1e3, "ms", against=fast, baseline=c[fast] * 1e3, higher_is_better=False))
+    if SERVER in c:
+        rows.append(figure(f"structured: compile per schema (median of {len(sm['compile_per_schema_s'])}): {SERVER} "
+                           "(grammar, matcher, first mask)", c[SERVER] * 1e3, "ms",
+                           against="course: compile_json_schema + ContextCache", baseline=c["course"] * 1e3,
+                           higher_is_better=False))
     rc = sm["regex_compile_s"]
     fast = min(LIBRARIES, key=lambda lib: rc[lib])
     rows.append(figure(f"structured: compile a regex: course RegexAutomaton + MaskIndex "
@@ -335,6 +352,21 @@ def _more_fewer(sch: dict[str, Any], engine: str) -> str:
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms"
+
+
+def _served(j: dict[str, Any]) -> str:
+    if SERVER not in j:
+        return ""
+    extra = j[SERVER]["mean_s"] - j["llguidance"]["mean_s"]
+    return (f", and as the course server's engine takes it (the same library behind a `GrammarConstraint`, its bits "
+            f"unpacked into a (V,) bool tensor) {_us(j[SERVER]['mean_s'])}, {_us(abs(extra))} "
+            f"{'more' if extra >= 0 else 'less'}")
+
+
+def _served_compile(sm: dict[str, Any]) -> str:
+    c = sm["compile_s"]
+    return (f"; the server's compile, its JSON options, the matcher and its first mask, {1e3 * c[SERVER]:.2f} ms"
+            if SERVER in c else "")
 
 
 def notes(section: dict[str, Any]) -> list[str]:
@@ -361,10 +393,10 @@ def notes(section: dict[str, Any]) -> list[str]:
         f"cached (V,) bool pair per stack of the state and walks the few uncertain tokens against the whole state "
         f"({_us(j['course ContextCache']['mean_s'])} mean, p99 {_us(j['course ContextCache']['p99_s'])}); XGrammar "
         f"(C++, token masks of every rule position made at compile time) {_us(j['XGrammar']['mean_s'])}, llguidance "
-        f"(Rust, a lexer DFA walked over a token trie at each step) {_us(j['llguidance']['mean_s'])}. The vocabulary "
-        f"is {section['vocab_size']:,} tokens, 1/32 of a 128k tokenizer's: what grows with it (the libraries' trie "
-        "walks and bitsets, the course's (V,) tensors) is small here, so fixed costs (a Python call, a state's "
-        "bookkeeping) weigh more than they would at 128k. The trie walk "
+        f"(Rust, a lexer DFA walked over a token trie at each step) {_us(j['llguidance']['mean_s'])}{_served(j)}. "
+        f"The vocabulary is {section['vocab_size']:,} tokens, 1/32 of a 128k tokenizer's: what grows with it (the "
+        "libraries' trie walks and bitsets, the course's (V,) tensors) is small here, so fixed costs (a Python call, "
+        "a state's bookkeeping) weigh more than they would at 128k. The trie walk "
         f"({_us(j['mask_by_trie']['mean_s'])}) and the scan ({_us(j['mask_by_scan']['mean_s'])}) run the pushdown "
         "recognizer per character in Python at every step. For a regex the course's MaskIndex is a row lookup "
         f"({_us(r['course MaskIndex']['mean_s'])}), its work done at compile time, one trie walk per live state "
@@ -373,11 +405,11 @@ def notes(section: dict[str, Any]) -> list[str]:
         f"({1e3 * sm['compile_s']['XGrammar']:.1f} ms median a schema; bounded strings make the most positions), "
         f"llguidance only builds its parser ({1e3 * sm['compile_s']['llguidance']:.2f} ms) and computes lazily "
         f"(first pass {_us(j['llguidance']['first_pass_mean_s'])} a mask against {_us(j['llguidance']['mean_s'])} "
-        f"warm); the course compiles in {1e3 * sm['compile_s']['course']:.1f} ms and fills its cache at the first "
-        f"masks, one trie walk per new rule position: {1e3 * sm['compile_s']['course + warm-up']:.0f} ms with the "
-        f"warm-up along one trace, and more where a later document reaches new positions (a string with maxLength n "
-        f"has a rule per count, so up to n positions; first pass {_us(j['course ContextCache']['first_pass_mean_s'])} "
-        f"a mask).",
+        f"warm{_served_compile(sm)}); the course compiles in {1e3 * sm['compile_s']['course']:.1f} ms and fills its "
+        f"cache at the first masks, one trie walk per new rule position: "
+        f"{1e3 * sm['compile_s']['course + warm-up']:.0f} ms with the warm-up along one trace, and more where a later "
+        f"document reaches new positions (a string with maxLength n has a rule per count, so up to n positions; "
+        f"first pass {_us(j['course ContextCache']['first_pass_mean_s'])} a mask).",
         "structured, agreement on the last pass (steps where a library's mask allows more / fewer tokens than the "
         "course's, tokens with a text): "
         + "; ".join(f"{name}: XGrammar {_more_fewer(sch, 'XGrammar')}, llguidance {_more_fewer(sch, 'llguidance')} "
