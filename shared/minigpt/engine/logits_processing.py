@@ -35,12 +35,14 @@ __all__ = ["GrammarConstraint", "LogitsProcessor"]
 @dataclass(frozen=True, eq=False)
 class GrammarConstraint:
     """A compiled grammar and what masks it: `mask(state)` -> (V_tokenizer,) bool (a `ContextCache.mask`), and
-    `texts[token]`, each token's text (None: a special token or part of a character, which no grammar reads).
-    Shared by every request with the same schema; the state lives in each sequence's `LogitsProcessor`."""
+    `texts[token]`, what `grammar.walk` reads for each token: the course's grammars its text (None: a special token or
+    part of a character, which no grammar reads), a library's matcher the token id itself
+    (minigpt.serving.llguidance_backend.TokenIds). Shared by every request with the same schema; the state lives in
+    each sequence's `LogitsProcessor`."""
 
-    grammar: Any                                   # minigpt.structured.grammar.Grammar (or a RegexAutomaton)
+    grammar: Any                                   # a course Grammar or RegexAutomaton, or llguidance's MatcherGrammar
     mask: Callable[[Any], Tensor]
-    texts: Sequence[str | None]
+    texts: Sequence[Any]
 
 
 class LogitsProcessor:
