@@ -16,7 +16,7 @@ from typing import Any, Callable
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from autograder.harness import call_learner, quiet
+from autograder.harness import call_learner, expect_value_error, quiet
 from minigpt.cache.block_pool import OutOfBlocks
 
 __all__ = ["PagedCacheMachine", "machine_for"]
@@ -224,18 +224,8 @@ class PagedCacheMachine(RuleBasedStateMachine):
         child = data.draw(st.sampled_from(sorted(self.expected)))
         what = f"fork({parent}, {child}) into sequence {child}, which exists"
         before = self._snapshot()
-        try:
-            with quiet():
-                with self.watch():
-                    self.m.fork(parent, child)
-        except ValueError:
-            pass
-        except NotImplementedError:
-            raise AssertionError("fork is not implemented yet (NotImplementedError)") from None
-        except Exception as err:
-            raise AssertionError(f"{what}: should raise ValueError, raised {type(err).__name__}: {err}") from None
-        else:
-            raise AssertionError(f"{what}: should raise ValueError (that sequence already exists), raised nothing")
+        with self.watch():
+            expect_value_error(what, self.m.fork, parent, child, hint=" (that sequence already exists)")
         if self._snapshot() != before:
             raise AssertionError(f"{what}: raised ValueError but changed the state (ref counts, free list, tables or "
                                  "prefix cache): check that the child is new BEFORE changing anything")
