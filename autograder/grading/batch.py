@@ -16,6 +16,7 @@ files never touched. The nbgrader calls themselves live in autograder/grading/nb
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import re
@@ -254,10 +255,10 @@ def autograde(course_root: Path = REPO_ROOT, assignment_ids: list[str] | None = 
               timeout: float = SUBMISSION_TIMEOUT_S, env: dict[str, str] | None = None,
               log: Callable[[str], None] = tqdm.write, progress: bool = True, jobs: int | None = None,
               unsafe: bool = False, scheduler: str | None = None, policy: sandbox.SandboxPolicy | None = None,
-              backup: bool = True, cell_log: Callable[[str], None] | None = None) -> list[SubmissionResult]:
+              backup: bool = True, cell_log: Callable[[str, str], None] | None = None) -> list[SubmissionResult]:
     """Grade every submission under submitted/ (or the chosen ones); one status line each, in the order
     they finish; returns the results sorted by assignment and student. cell_log, where the jobs run on this
-    machine (not on Dask), gets a line per graded cell as it finishes ("student: ex1_check: passed (3.2 s)")."""
+    machine (not on Dask), gets (student, line) per graded cell as it finishes (line: "ex1_check: passed (3.2 s)")."""
     course_root = Path(course_root).resolve()
     bindir = str(Path(sys.executable).parent)        # nbgrader's Gradebook, used here too, runs `alembic`
     if bindir not in os.environ.get("PATH", "").split(os.pathsep):
@@ -301,7 +302,7 @@ def autograde(course_root: Path = REPO_ROOT, assignment_ids: list[str] | None = 
                     else:
                         pending.append((GradingJob(student=s, files=_files_of(staged), **base), s))
                 def grade(job: GradingJob) -> JobOutcome:
-                    said = None if cell_log is None else (lambda line, s=job.student: cell_log(f"{s}: {line}"))
+                    said = None if cell_log is None else functools.partial(cell_log, job.student)
                     return run_job(job, said)
 
                 task = run_job if scheduler or cell_log is None else grade
@@ -490,7 +491,7 @@ def grade_notebook(path: Path, *, assignment: str | None = None, course_root: Pa
         results = autograde(course, [assignment], [student], db=Path(tmp) / "gradebook.db", timeout=timeout,
                             env=env, log=log or (lambda line: None), progress=False, jobs=1,
                             unsafe=not sandboxed, backup=False,
-                            cell_log=None if cell_log is None else (lambda line: cell_log(line.split(": ", 1)[1])))
+                            cell_log=None if cell_log is None else (lambda _student, line: cell_log(line)))
         if keep is not None:
             shutil.copytree(tmp, keep, dirs_exist_ok=True)
     return results[0]
