@@ -1,7 +1,7 @@
 """Checks for Lab 00, the token factory: parameters, KV cache, FLOPs, bytes, roofline, interview answers.
 
 Each check calls the learner's function on a few cases (more with `extra=N`, used by the hidden
-tests), compares with the reference in `minigpt.teaching.calculators`, and raises AssertionError naming the
+tests), compares with the reference in `minigpt.costmodel.calculators`, and raises AssertionError naming the
 case, the expected and the received value, and, when the received value matches a known mistake,
 what that mistake probably was. Byte and FLOP counts must be exact ints; times are floats compared
 with a relative tolerance.
@@ -25,9 +25,9 @@ from typing import Any, Callable
 
 from autograder.harness import check_answer, quiet
 from autograder.checking.reference_guard import no_calls_into, own_work
-from minigpt.teaching import calculators as ref
-from minigpt.teaching.calculators import PRESETS, ModelShape
-from minigpt.teaching.hardware import ACCELERATORS
+from minigpt.costmodel import calculators as ref
+from minigpt.costmodel.calculators import PRESETS, ModelShape
+from minigpt.costmodel.hardware import ACCELERATORS
 
 __all__ = [
     "check_greedy_generate", "check_count_parameters", "check_kv_cache_bytes", "check_flops", "check_bytes",

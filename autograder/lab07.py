@@ -47,7 +47,7 @@ from minigpt.parallel.launch import RankError, run_ranks
 from minigpt.parallel.linears import ColumnParallelLinear, RowParallelLinear, tp_linear_factory
 from minigpt.parallel.tp_model import build_tp_model, tp_kv_cache
 from minigpt.parallel.vocab_parallel import vocab_parallel_logits
-from minigpt.teaching.parallel_cost import INTERCONNECTS, pipeline_bubble_fraction, tp_allreduce_bytes_per_token
+from minigpt.costmodel.parallel_cost import INTERCONNECTS, pipeline_bubble_fraction, tp_allreduce_bytes_per_token
 from minigpt.timing import fixed_threads
 
 __all__ = ["check_shard_weight", "check_parallel_linears", "check_vocab_parallel_logits", "check_tp_kv_cache",

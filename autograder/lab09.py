@@ -47,7 +47,7 @@ from minigpt.longctx.rope_scaling import METHODS, base_inv_freq, rotations_in_co
 from minigpt.longctx.sliding_window import RingKVCache, cached_logits, streaming_attention
 from minigpt.model import GPT
 from minigpt.parallel.comm import CountingComm
-from minigpt.teaching.hardware import ACCELERATORS
+from minigpt.costmodel.hardware import ACCELERATORS
 
 __all__ = ["check_scaled_inv_freq", "check_ring_cache", "check_sink_cache", "check_kv_bytes",
            "check_mla_absorbed_decode", "check_snapkv_keep",

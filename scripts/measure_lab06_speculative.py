@@ -18,7 +18,7 @@ from minigpt.checkpoint import load_model
 from minigpt.engine.cached_generation import generate_kv_cache
 from minigpt.engine.ngram_draft import PromptLookupDrafter
 from minigpt.engine.speculative import generate_speculative, measured_alpha, verify_draft
-from minigpt.teaching.speculative_calculator import expected_tokens_per_round
+from minigpt.costmodel.speculative_calculator import expected_tokens_per_round
 from minigpt.timing import compare
 from minigpt.training.data import load_tokens
 

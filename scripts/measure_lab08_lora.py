@@ -19,7 +19,7 @@ import torch
 
 from minigpt.checkpoint import load_model
 from minigpt.serving.lora_bench import hundred_adapters, lora_serving_figures
-from minigpt.teaching.calculators import PRESETS
+from minigpt.costmodel.calculators import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -5,7 +5,7 @@
     verdict = q.grade("2.5")          # Verdict(correct=False, message="... Likely mistake: ...")
     print(q.solution)                 # the worked solution with the numbers
 
-Every expected value comes from the course's own calculators (`minigpt.teaching.*`), the functions the labs
+Every expected value comes from the course's own calculators (`minigpt.costmodel.*`), the functions the labs
 grade, so a question and the lab that teaches it can never disagree. Each family lists the wrong answers a
 candidate is likely to give, with a diagnosis; `harness.check_answer` matches them, as in the labs' checks.
 """
@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 from autograder.harness import check_answer
-from minigpt.teaching.calculators import (GB, GiB, ModelShape, PRESETS, count_parameters, critical_batch_size,
+from minigpt.costmodel.calculators import (GB, GiB, ModelShape, PRESETS, count_parameters, critical_batch_size,
                                           decode_bytes, decode_flops, decode_tokens_per_second, kv_bytes_per_token,
                                           kv_cache_bytes, weight_bytes, weight_bytes_read)
-from minigpt.teaching.hardware import ACCELERATORS, Accelerator
-from minigpt.teaching.parallel_cost import tp_allreduce_bytes_per_token
-from minigpt.teaching.speculative_calculator import expected_tokens_per_round
+from minigpt.costmodel.hardware import ACCELERATORS, Accelerator
+from minigpt.costmodel.parallel_cost import tp_allreduce_bytes_per_token
+from minigpt.costmodel.speculative_calculator import expected_tokens_per_round
 
 # Published shapes (each model's config.json on its Hugging Face card). The course's PRESETS hold Llama-3-8B,
 # Llama-3-70B and Llama-2-7B; the interview adds three more so the numbers vary.

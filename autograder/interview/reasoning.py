@@ -16,8 +16,8 @@ import string
 from dataclasses import dataclass
 
 from autograder.interview.questions import Verdict
-from minigpt.teaching.calculators import GiB, PRESETS, attention_flops, kv_cache_bytes, prefill_flops
-from minigpt.teaching.hardware import ACCELERATORS
+from minigpt.costmodel.calculators import GiB, PRESETS, attention_flops, kv_cache_bytes, prefill_flops
+from minigpt.costmodel.hardware import ACCELERATORS
 from minigpt.disagg.goodput_sim import SimConfig, costs_for
 from minigpt.moe.arithmetic import DEEPSEEK_V3, dispatch_combine_bytes_per_token
 

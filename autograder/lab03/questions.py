@@ -8,9 +8,9 @@ import math
 from typing import Any
 
 from autograder.harness import check_answer
-from minigpt.teaching.calculators import (PRESETS, critical_batch_size, forward_kernels, kernels_time, kv_bytes_per_token,
+from minigpt.costmodel.calculators import (PRESETS, critical_batch_size, forward_kernels, kernels_time, kv_bytes_per_token,
                                           matmul_parameters, weight_bytes, weight_bytes_read)
-from minigpt.teaching.hardware import ACCELERATORS
+from minigpt.costmodel.hardware import ACCELERATORS
 
 
 Q1_STEP_COST = (2.0, 0.5)        # a decode step of B sequences costs a + b*B milliseconds (a CPU-like step)

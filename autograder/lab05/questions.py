@@ -10,8 +10,8 @@ import json
 from autograder.harness import check_answer
 from minigpt.config import TARGET_CONFIG
 from minigpt.paths import data_dir
-from minigpt.teaching import calculators as calc
-from minigpt.teaching.hardware import ACCELERATORS
+from minigpt.costmodel import calculators as calc
+from minigpt.costmodel.hardware import ACCELERATORS
 
 
 def check_q1_e3m2_max(answer: Any) -> None:

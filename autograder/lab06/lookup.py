@@ -10,7 +10,7 @@ from autograder.harness import call_learner, check_answer
 from autograder.lab06.common import _watched
 from autograder.checking.reference_guard import own_work
 from minigpt.engine.ngram_draft import ngram_propose
-from minigpt.teaching.speculative_calculator import acceptance_rate, expected_tokens_per_round
+from minigpt.costmodel.speculative_calculator import acceptance_rate, expected_tokens_per_round
 
 
 # ---------------------------------------------------------------------------------------------------

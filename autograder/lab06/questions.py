@@ -1,5 +1,5 @@
 """Lab 06, interview questions. Every key is computed here from first principles, not with
-minigpt.teaching.speculative_calculator (which the notebook imports: a learner could call it)."""
+minigpt.costmodel.speculative_calculator (which the notebook imports: a learner could call it)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from autograder.harness import check_answer
 from minigpt.serving.lora_bench import adapter_bytes
-from minigpt.teaching.calculators import PRESETS, weight_bytes
+from minigpt.costmodel.calculators import PRESETS, weight_bytes
 
 
 Q_PRESET, Q_RANK = "Llama-3-8B", 16          # the interview questions' model and adapter rank (bf16)

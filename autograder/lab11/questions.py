@@ -7,7 +7,7 @@ from typing import Any
 from autograder.harness import check_answer
 from minigpt.disagg.transfer_cost import LINKS, exposed_after_compute, kv_bytes_per_request, transfer_time
 from minigpt.moe.arithmetic import DEEPSEEK_V3, expected_remote_ranks, max_nodes_reached
-from minigpt.teaching.calculators import PRESETS
+from minigpt.costmodel.calculators import PRESETS
 
 Q1 = dict(model="Llama-3-70B", prompt_tokens=8192, bytes_per_element=2, link="25 GbE", prefill_s=0.64)
 Q2 = dict(gpus=8, prefill_rate=5.2, decode_rate=2.1)       # requests/s one GPU sustains within its SLO

@@ -16,7 +16,7 @@ from autograder.interview import draw_questions, run_session
 from autograder.interview.questions import FAMILIES, MODELS, kv_cache_question, parse_number
 from autograder.interview.reasoning import CHOICE_QUESTIONS, DealtChoice
 from autograder.interview.session import TOPICS, history_summary, read_history
-from minigpt.teaching.calculators import GiB, kv_cache_bytes
+from minigpt.costmodel.calculators import GiB, kv_cache_bytes
 
 SEEDS = range(150)
 

@@ -9,8 +9,8 @@ import pytest
 
 from autograder.checking.reference_guard import ReferenceHandedIn, no_calls_into, own_work
 from minigpt.cache.block_pool import BlockPool
-from minigpt.teaching import calculators
-from minigpt.teaching.calculators import PRESETS, kv_cache_bytes
+from minigpt.costmodel import calculators
+from minigpt.costmodel.calculators import PRESETS, kv_cache_bytes
 
 SHAPE = PRESETS["Llama-3-8B"]
 

@@ -133,7 +133,7 @@ def test_what_the_guard_allows_stays_with_what_it_calls():
 
 
 def test_what_a_module_runs_on_import_stays():
-    from minigpt.teaching import parallel_cost
+    from minigpt.costmodel import parallel_cost
 
     on_import = reference_removal._run_on_import({parallel_cost.tp_allreduce_bytes_per_token.__code__})
     assert parallel_cost.pcie_bandwidth.__code__ in on_import       # INTERCONNECTS is built with it

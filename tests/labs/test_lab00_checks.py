@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from autograder import lab00
-from minigpt.teaching.calculators import PRESETS
-from minigpt.teaching.hardware import ACCELERATORS
+from minigpt.costmodel.calculators import PRESETS
+from minigpt.costmodel.hardware import ACCELERATORS
 
 GiB = 2**30
 
@@ -376,7 +376,7 @@ def test_interview_wrong_units_and_mistakes():
 # ---------------------------------------------------------------- the package's reference is not an answer
 
 from minigpt.generate import generate_naive  # noqa: E402
-from minigpt.teaching import calculators  # noqa: E402
+from minigpt.costmodel import calculators  # noqa: E402
 from autograder.checking.reference_guard import ReferenceHandedIn  # noqa: E402
 
 CALCULATOR_CHECKS = [

@@ -18,8 +18,8 @@ from minigpt.engine.packed_batch import pack_chunks
 from minigpt.engine.scheduler import Scheduler, SchedulerOutput
 from minigpt.cache.block_table import blocks_needed
 from minigpt.engine.request import SequenceStatus
-from minigpt.teaching.calculators import PRESETS, matmul_parameters, weight_bytes_read
-from minigpt.teaching.hardware import ACCELERATORS
+from minigpt.costmodel.calculators import PRESETS, matmul_parameters, weight_bytes_read
+from minigpt.costmodel.hardware import ACCELERATORS
 from tests.labs.notebook_solutions import solution_cells
 
 EXAMPLES = 40
@@ -29,8 +29,8 @@ from minigpt.cache.block_table import blocks_needed
 from minigpt.engine.packed_batch import PackedBatch
 from minigpt.engine.paged_generation import generate_paged_batch
 from minigpt.engine.request import SequenceStatus
-from minigpt.teaching.calculators import PRESETS, matmul_parameters, weight_bytes_read
-from minigpt.teaching.hardware import ACCELERATORS
+from minigpt.costmodel.calculators import PRESETS, matmul_parameters, weight_bytes_read
+from minigpt.costmodel.hardware import ACCELERATORS
 from minigpt.engine.scheduler import Scheduler, SchedulerOutput
 from minigpt.engine import metrics as ref_metrics
 """

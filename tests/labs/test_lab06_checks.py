@@ -25,7 +25,7 @@ from minigpt.generate import Generation, StopRule, check_request
 from minigpt.model import GPT
 from minigpt.sampling import SamplingParams, make_generator
 from minigpt.teaching.goodness_of_fit import chi2_sf
-from minigpt.teaching.speculative_calculator import acceptance_rate, expected_tokens_per_round
+from minigpt.costmodel.speculative_calculator import acceptance_rate, expected_tokens_per_round
 from minigpt.tokenizer import EOT_ID
 
 
@@ -423,7 +423,7 @@ def test_q2_mistakes_are_distinct_and_the_answer_is_not_close():
 
 def test_q2_is_not_one_call_to_the_notebooks_calculator():
     """calc.best_k with the first draft's alpha (the shortcut the notebook's import offers) gives a diagnosed wrong k."""
-    from minigpt.teaching.speculative_calculator import best_k
+    from minigpt.costmodel.speculative_calculator import best_k
     k, _ = best_k(0.9, target_step_s=1.0, draft_step_s=0.15, verify_s=lambda k: 1 + 0.02 * k)
     assert k != 3
     with pytest.raises(AssertionError, match="constant-alpha"):
@@ -487,7 +487,7 @@ def test_q4_each_mistake_is_diagnosed(wrong, note):
 
 def test_q4_roofline_shortcut_is_a_diagnosed_mistake():
     """calc.break_even_batch (the max() roofline the notebook imports) gives 153, not the key."""
-    from minigpt.teaching.speculative_calculator import break_even_batch
+    from minigpt.costmodel.speculative_calculator import break_even_batch
     assert break_even_batch(0.75, 3, memory_s=10.0, per_token_s=0.04, draft_fraction=0.1) == 153
 
 

@@ -17,8 +17,8 @@ from minigpt.parallel.comm import CountingComm
 from minigpt.parallel.linears import ColumnParallelLinear, RowParallelLinear
 from minigpt.parallel.tp_model import tp_kv_cache
 from minigpt.parallel.vocab_parallel import vocab_parallel_logits
-from minigpt.teaching.calculators import PRESETS
-from minigpt.teaching.parallel_cost import (INTERCONNECTS, pipeline_bubble_fraction, ring_allreduce_time,
+from minigpt.costmodel.calculators import PRESETS
+from minigpt.costmodel.parallel_cost import (INTERCONNECTS, pipeline_bubble_fraction, ring_allreduce_time,
                                             tp_allreduce_bytes_per_token)
 
 

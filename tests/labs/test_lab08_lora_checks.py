@@ -12,7 +12,7 @@ from autograder import lab08
 from autograder.checking.reference_guard import ReferenceHandedIn
 from minigpt.serving.lora import lora_delta
 from minigpt.serving.lora_bench import hundred_adapters
-from minigpt.teaching.calculators import PRESETS
+from minigpt.costmodel.calculators import PRESETS
 
 
 def stub(x, A, B, adapter_idx, scaling):

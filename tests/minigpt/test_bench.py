@@ -13,7 +13,7 @@ import torch
 from minigpt.bench import decode, ledger
 from minigpt.bench.__main__ import figures
 from minigpt.paths import REPO_ROOT, data_dir
-from minigpt.teaching.calculators import ModelShape, weight_bytes_read
+from minigpt.costmodel.calculators import ModelShape, weight_bytes_read
 from minigpt.timing import Timing
 
 

@@ -1,4 +1,4 @@
-"""minigpt.teaching.calculators (and the pure functions behind minigpt.teaching.widgets): exact arithmetic over whole input ranges."""
+"""minigpt.costmodel.calculators (and the pure functions behind minigpt.teaching.widgets): exact arithmetic over whole input ranges."""
 
 import dataclasses
 import math
@@ -8,10 +8,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minigpt.teaching import calculators as calc
-from minigpt.teaching.calculators import PRESETS, GiB, ModelShape
+from minigpt.costmodel import calculators as calc
+from minigpt.costmodel.calculators import PRESETS, GiB, ModelShape
 from minigpt.config import DRAFT_CONFIG, TARGET_CONFIG, ModelConfig
-from minigpt.teaching.hardware import ACCELERATORS
+from minigpt.costmodel.hardware import ACCELERATORS
 from minigpt.model import GPT
 
 LLAMA8B = PRESETS["Llama-3-8B"]

@@ -19,9 +19,9 @@ from minigpt.engine.runner import ModelRunner, rows_computed
 from minigpt.engine.scheduler import Scheduler, SchedulerConfig
 from minigpt.engine.serving_loop import serve
 from minigpt.sampling import SamplingParams
-from minigpt.teaching.calculators import PRESETS, weight_bytes_read
-from minigpt.teaching.hardware import ACCELERATORS
-from minigpt.teaching.serving_simulator import goodput_curve, knee, poisson_workload, simulate, step_cost
+from minigpt.costmodel.calculators import PRESETS, weight_bytes_read
+from minigpt.costmodel.hardware import ACCELERATORS
+from minigpt.costmodel.serving_simulator import goodput_curve, knee, poisson_workload, simulate, step_cost
 from minigpt.timing import fixed_threads
 
 

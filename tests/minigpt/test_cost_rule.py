@@ -9,10 +9,10 @@ import pytest
 from minigpt.engine.request import Request, Sequence
 from minigpt.engine.scheduler import ScheduledChunk, SchedulerOutput
 from minigpt.longctx.serving_cost import chunked_prefill
-from minigpt.teaching import calculators as calc
-from minigpt.teaching.hardware import ACCELERATORS
-from minigpt.teaching.parallel_cost import INTERCONNECTS, parallel_plan, stage_kernels
-from minigpt.teaching.serving_simulator import step_cost
+from minigpt.costmodel import calculators as calc
+from minigpt.costmodel.hardware import ACCELERATORS
+from minigpt.costmodel.parallel_cost import INTERCONNECTS, parallel_plan, stage_kernels
+from minigpt.costmodel.serving_simulator import step_cost
 
 GPU = ACCELERATORS["H100-SXM"]
 PEAK, BW = GPU.peak("bf16"), GPU.memory_bandwidth

@@ -25,7 +25,7 @@ from minigpt.disagg.transfer_cost import kv_bytes_per_request
 from minigpt.engine.cached_generation import generate_kv_cache
 from minigpt.model import GPT
 from minigpt.parallel.launch import run_ranks
-from minigpt.teaching.calculators import ModelShape
+from minigpt.costmodel.calculators import ModelShape
 
 CFG = ModelConfig(vocab_size=64, max_seq_len=64, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, d_ff=48)
 

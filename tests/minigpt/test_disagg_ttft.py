@@ -12,7 +12,7 @@ from minigpt.disagg import MODES, ttft_breakdown
 from minigpt.disagg.transfer_cost import kv_bytes_per_request
 from minigpt.disagg.ttft import random_prompts
 from minigpt.engine.cached_generation import generate_kv_cache
-from minigpt.teaching.calculators import ModelShape
+from minigpt.costmodel.calculators import ModelShape
 
 FIELDS = {"mode", "request", "prompt_tokens", "arrival_s", "closed_loop", "queueing_s", "prefill_s", "transfer_s",
           "decode_wait_s", "first_decode_step_s", "ttft_s", "time_to_second_token_s", "e2e_s", "kv_bytes",

@@ -11,8 +11,8 @@ from minigpt.disagg import goodput_sim as gs
 from minigpt.disagg.goodput_sim import (SimConfig, Workload, best_placement, costs_for, goodput, make_workload,
                                         simulate_colocated, simulate_disaggregated, sweep)
 from minigpt.disagg.transfer_cost import LINKS, layerwise_overlap
-from minigpt.teaching.calculators import PRESETS, decode_step_time, forward_kernels, kernels_time
-from minigpt.teaching.hardware import ACCELERATORS
+from minigpt.costmodel.calculators import PRESETS, decode_step_time, forward_kernels, kernels_time
+from minigpt.costmodel.hardware import ACCELERATORS
 
 SHAPE, GPU, LINK = PRESETS["Llama-3-8B"], ACCELERATORS["H100-SXM"], LINKS["InfiniBand NDR (1 port)"]
 PEAK, BW = GPU.peak("bf16"), GPU.memory_bandwidth

@@ -1,11 +1,11 @@
-"""minigpt.teaching.hardware: the accelerator table is consistent, the measurements return sane numbers (small sizes)."""
+"""minigpt.costmodel.hardware: the accelerator table is consistent, the measurements return sane numbers (small sizes)."""
 
 import math
 
 import pytest
 import torch
 
-from minigpt.teaching.hardware import (ACCELERATORS, THIS_MACHINE, Accelerator, get_accelerator, measure_copy_bandwidth,
+from minigpt.costmodel.hardware import (ACCELERATORS, THIS_MACHINE, Accelerator, get_accelerator, measure_copy_bandwidth,
                               measure_matmul_rate, this_machine)
 
 EXPECTED = {"A100-SXM-80GB", "H100-SXM", "H100-PCIe", "H200", "L4", "T4", "RTX-4090"}
@@ -94,5 +94,5 @@ def test_this_machine_is_an_accelerator():
     ("NVIDIA A100-SXM4-40GB", None), ("NVIDIA L4", "L4"), ("Tesla T4", "T4"), ("NVIDIA GeForce RTX 4090", "RTX-4090"),
     ("NVIDIA L40S", None), ("NVIDIA B200", None)])
 def test_a_device_name_finds_its_own_datasheet_column(device_name, entry):
-    from minigpt.teaching.hardware import ACCELERATORS, device_accelerator
+    from minigpt.costmodel.hardware import ACCELERATORS, device_accelerator
     assert device_accelerator(device_name) is (ACCELERATORS[entry] if entry else None)

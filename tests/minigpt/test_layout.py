@@ -10,7 +10,11 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "shared" / "minigpt"
-FOLDERS = ("cache", "engine", "kernels", "quant", "parallel", "longctx", "serving", "teaching", "training", "moe", "disagg")
+FOLDERS = ("cache", "engine", "kernels", "quant", "parallel", "longctx", "serving", "teaching", "training", "moe", "disagg",
+           "costmodel")
+# Engine code: it may price its work with minigpt.costmodel, never import the teaching aids.
+ENGINE_SIDE = ("disagg", "longctx", "bench", "serving", "engine", "cache", "quant", "parallel", "kernels", "structured",
+               "moe", "hf", "costmodel")
 
 
 def _module_name(path: Path) -> str:
@@ -67,6 +71,20 @@ def test_model_core_imports_no_folder():
     for m in core:
         bad = sorted(d for d in graph[m] if d.count(".") >= 1 and d.split(".")[1] in FOLDERS)
         assert not bad, f"{m} is model core but imports {bad}; the folders build on the core, not the reverse"
+
+
+def _folder(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def test_engine_side_imports_no_teaching_aid():
+    """The cost model sits below the engine folders and the teaching aids; engine code never imports the aids."""
+    graph = _imports()
+    assert any(_folder(d) == "costmodel" for m in graph if _folder(m) == "disagg" for d in graph[m])
+    bad = sorted(f"{m} -> {d}" for m, deps in graph.items() if _folder(m) in ENGINE_SIDE
+                 for d in deps if _folder(d) == "teaching")
+    assert not bad, f"engine code imports minigpt.teaching (the cost model is minigpt.costmodel): {bad}"
 
 
 @pytest.mark.parametrize("module", sorted(_imports()))

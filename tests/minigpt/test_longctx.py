@@ -22,8 +22,8 @@ from minigpt.longctx.serving_cost import chunked_prefill
 from minigpt.longctx.sliding_window import RingKVCache, cached_logits, kept_positions, streaming_attention
 from minigpt.model import GPT
 from minigpt.parallel.launch import run_ranks
-from minigpt.teaching.calculators import PRESETS, prefill_flops
-from minigpt.teaching.hardware import ACCELERATORS
+from minigpt.costmodel.calculators import PRESETS, prefill_flops
+from minigpt.costmodel.hardware import ACCELERATORS
 
 CFG = ModelConfig(vocab_size=64, max_seq_len=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48)
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from minigpt.teaching import calculators as calc
-from minigpt.teaching.calculators import PRESETS
-from minigpt.teaching.hardware import ACCELERATORS
-from minigpt.teaching.parallel_cost import (INTERCONNECTS, gpu_kv_bytes, gpu_weight_bytes, parallel_plan, pcie_bandwidth,
+from minigpt.costmodel import calculators as calc
+from minigpt.costmodel.calculators import PRESETS
+from minigpt.costmodel.hardware import ACCELERATORS
+from minigpt.costmodel.parallel_cost import (INTERCONNECTS, gpu_kv_bytes, gpu_weight_bytes, parallel_plan, pcie_bandwidth,
                                             pipeline_bubble_fraction, ring_allreduce_time, tp_allreduce_bytes_per_token)
 
 L70 = PRESETS["Llama-3-70B"]

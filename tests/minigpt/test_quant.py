@@ -236,8 +236,8 @@ def test_triton_dequant_gemv_matches_reference(bits):
 
 
 def test_explorer_readout_counts_bits_and_memory():
-    from minigpt.teaching.calculators import PRESETS, count_parameters, kv_cache_bytes
-    from minigpt.teaching.hardware import ACCELERATORS
+    from minigpt.costmodel.calculators import PRESETS, count_parameters, kv_cache_bytes
+    from minigpt.costmodel.hardware import ACCELERATORS
     from minigpt.teaching.quant_explorer import QuantizationExplorer, explorer_readout
     shape, gpu = PRESETS["Llama-3-8B"], ACCELERATORS["H100-SXM"]
     w = _w(16, 256)

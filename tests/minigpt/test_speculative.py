@@ -19,7 +19,7 @@ from minigpt.engine.speculative import (acceptance_by_position, generate_specula
 from minigpt.model import GPT
 from minigpt.sampling import SamplingParams, filter_logits
 from minigpt.teaching.goodness_of_fit import chi2_sf, chi_square_test
-from minigpt.teaching.speculative_calculator import (acceptance_rate, best_k, break_even_alpha, break_even_batch,
+from minigpt.costmodel.speculative_calculator import (acceptance_rate, best_k, break_even_alpha, break_even_batch,
                                                      expected_tokens_per_round, speculative_speedup)
 
 

@@ -8,9 +8,9 @@ from minigpt.disagg.transfer_cost import (DEEPSEEK_V3_MLA, LINKS, RDMA_LATENCY_S
                                           exposed_after_compute, gbit_per_s, kv_bytes_per_request, layer_send_ends,
                                           layerwise_overlap, transfer_table, transfer_time)
 from minigpt.longctx.kv_compression import LAYOUTS
-from minigpt.teaching import calculators as calc
-from minigpt.teaching.calculators import PRESETS, ModelShape
-from minigpt.teaching.hardware import ACCELERATORS
+from minigpt.costmodel import calculators as calc
+from minigpt.costmodel.calculators import PRESETS, ModelShape
+from minigpt.costmodel.hardware import ACCELERATORS
 
 L8, L70 = PRESETS["Llama-3-8B"], PRESETS["Llama-3-70B"]
 H100 = ACCELERATORS["H100-SXM"]

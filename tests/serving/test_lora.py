@@ -18,7 +18,7 @@ from minigpt.serving.lora import (LoRAAdapters, LoRALinear, lora_delta, merge_ad
                                   with_lora)
 from minigpt.serving.lora_bench import adapter_bytes, hundred_adapters
 from minigpt.serving.lora_runner import LoRAModelRunner, step_adapter_indices
-from minigpt.teaching.calculators import PRESETS
+from minigpt.costmodel.calculators import PRESETS
 from minigpt.timing import fixed_threads
 
 
@@ -192,7 +192,7 @@ def test_adapter_memory_arithmetic(model, adapters):
     assert adapter_bytes(shape, 16) == 32 * per_layer * 2 == 80 * 2**20
     h = hundred_adapters(shape, 16)
     assert h["total_bytes"] == 100 * 80 * 2**20 and 50 < h["percent_of_base"] < 55
-    from minigpt.teaching.calculators import ModelShape
+    from minigpt.costmodel.calculators import ModelShape
     small = ModelShape.from_config(SMALL_CONFIG, "small")
     assert adapter_bytes(small, 4, 4) == adapters.nbytes_per_adapter()         # fp32 factors
 

@@ -30,7 +30,7 @@ from autograder.mutation.equivalence import Contract, call_with
 
 
 def _shape(n_layers, d_model, n_kv, group, head_dim, d_ff, vocab, tied):
-    from minigpt.teaching.calculators import ModelShape
+    from minigpt.costmodel.calculators import ModelShape
 
     return ModelShape("drawn", n_layers=n_layers, d_model=d_model, n_heads=n_kv * group, n_kv_heads=n_kv,
                       head_dim=head_dim, d_ff=d_ff, vocab_size=vocab, tie_embeddings=tied)
@@ -45,7 +45,7 @@ KV_BPE = st.sampled_from([1, 2, 4])
 
 
 def _presets() -> list:
-    from minigpt.teaching.calculators import PRESETS
+    from minigpt.costmodel.calculators import PRESETS
 
     return list(PRESETS.values())
 
@@ -171,7 +171,7 @@ def _ulps(x: float, n: int) -> float:
 
 
 def _critical_corners(ns):
-    from minigpt.teaching.calculators import PRESETS
+    from minigpt.costmodel.calculators import PRESETS
 
     corners = []
     for name, ctx in (("minigpt-target", 128), ("Llama-3-8B", 0), ("Llama-2-7B (MHA)", 16)):

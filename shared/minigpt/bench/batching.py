@@ -59,7 +59,7 @@ def settings(quick: bool, threads: int = 1) -> dict[str, Any]:
 def workload(kind: str, n: int, *, mean_output: int = 32, max_output: int = 256, prompt_lens: tuple[int, int] = (8, 32),
              seed: int = 0) -> list[Request]:
     """n corpus requests, all arrived at once, outputs long-tailed or uniform (see the module docstring)."""
-    from minigpt.teaching.serving_simulator import corpus_workload
+    from minigpt.costmodel.serving_simulator import corpus_workload
 
     if kind not in WORKLOADS:
         raise ValueError(f"workload must be one of {sorted(WORKLOADS)}, got {kind!r}")

@@ -6,7 +6,7 @@ timed in one interleaved `compare`, and
     seconds per token = (median(long) - median(short)) / (long - short)
 
 so the prompt's prefill, the set-up and anything else paid once per call cancel out. Bytes per token follow lab 00's
-rule (`minigpt.teaching.calculators.decode_kernels`, float32: every weight once, the tied embedding's whole matrix by
+rule (`minigpt.costmodel.calculators.decode_kernels`, float32: every weight once, the tied embedding's whole matrix by
 the LM head, plus the K/V read at the mean context of the timed tokens), and
 
     MBU = bytes per token / seconds per token / the copy bandwidth measured in the same run.
@@ -30,7 +30,7 @@ from minigpt.engine.cached_generation import generate_kv_cache
 from minigpt.engine.fused_decode import FusedModel, generate_fused
 from minigpt.model import GPT
 from minigpt.sampling import SamplingParams
-from minigpt.teaching.calculators import ModelShape, decode_kernels
+from minigpt.costmodel.calculators import ModelShape, decode_kernels
 from minigpt.timing import compare
 
 __all__ = ["BATCH1", "decode_runs", "matmul_passes", "model_steps", "profile_steps", "per_token_seconds", "step_cost", "transformers_peer"]

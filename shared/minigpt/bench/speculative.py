@@ -36,7 +36,7 @@ from minigpt.engine.cached_generation import generate_kv_cache
 from minigpt.engine.fused_decode import FusedModel, generate_fused
 from minigpt.engine.speculative import ModelDrafter, generate_speculative, measured_alpha
 from minigpt.model import GPT
-from minigpt.teaching.speculative_calculator import expected_tokens_per_round
+from minigpt.costmodel.speculative_calculator import expected_tokens_per_round
 from minigpt.timing import compare, fixed_threads
 
 __all__ = ["CANDIDATES", "FusedLM", "Clocked", "settings", "natural_prompts", "step_costs", "cost_model",

@@ -97,8 +97,8 @@ from typing import Any, NamedTuple, Sequence, Union
 import numpy as np
 
 from minigpt.disagg.transfer_cost import LINKS, exposed_after_compute, kv_bytes_per_request, transfer_time
-from minigpt.teaching.calculators import PRESETS, forward_kernels, kernels_time, kv_bytes_per_token, weight_bytes
-from minigpt.teaching.hardware import ACCELERATORS
+from minigpt.costmodel.calculators import PRESETS, forward_kernels, kernels_time, kv_bytes_per_token, weight_bytes
+from minigpt.costmodel.hardware import ACCELERATORS
 
 __all__ = ["SimConfig", "Workload", "make_workload", "RooflineCosts", "costs_for", "SimResult", "simulate_colocated",
            "simulate_disaggregated", "goodput", "Placement", "best_placement", "sweep", "DEFAULT_TTFT_S",

@@ -43,10 +43,10 @@ from typing import Any, Union
 
 from minigpt.longctx import kv_compression
 from minigpt.longctx.kv_compression import KVLayout
-from minigpt.teaching import calculators as calc
-from minigpt.teaching.calculators import ModelShape
-from minigpt.teaching.hardware import Accelerator
-from minigpt.teaching.parallel_cost import INTERCONNECTS
+from minigpt.costmodel import calculators as calc
+from minigpt.costmodel.calculators import ModelShape
+from minigpt.costmodel.hardware import Accelerator
+from minigpt.costmodel.parallel_cost import INTERCONNECTS
 
 __all__ = ["Link", "LINKS", "RDMA_LATENCY_S", "TCP_LATENCY_S", "gbit_per_s", "DEEPSEEK_V3_MLA", "kv_bytes_per_request",
            "transfer_time", "layer_send_ends", "exposed_after_compute", "OverlapReport", "layerwise_overlap",

@@ -67,7 +67,7 @@ from minigpt.disagg.transfer_cost import kv_bytes_per_request
 from minigpt.model import GPT
 from minigpt.parallel.comm import CountingComm
 from minigpt.parallel.launch import run_ranks
-from minigpt.teaching.calculators import ModelShape
+from minigpt.costmodel.calculators import ModelShape
 
 __all__ = ["MODES", "ttft_breakdown", "random_prompts"]
 

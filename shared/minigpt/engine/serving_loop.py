@@ -3,7 +3,7 @@
     result = serve(requests, scheduler, runner.execute, WallClock())
 
 The loop is the same for a real model (`ModelRunner.execute`, `WallClock`) and for a simulated one
-(`minigpt.teaching.serving_simulator`: synthetic tokens and a clock whose step cost comes from the
+(`minigpt.costmodel.serving_simulator`: synthetic tokens and a clock whose step cost comes from the
 roofline). A request that can never run is rejected at arrival (`result.rejected`, with the error);
 the others are served. Each step is recorded for the Gantt chart, batch size and KV-pool use over time.
 """

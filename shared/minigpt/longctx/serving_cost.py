@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minigpt.teaching import calculators as calc
-from minigpt.teaching.calculators import ModelShape
-from minigpt.teaching.hardware import Accelerator
+from minigpt.costmodel import calculators as calc
+from minigpt.costmodel.calculators import ModelShape
+from minigpt.costmodel.hardware import Accelerator
 
 __all__ = ["ChunkCost", "PrefillPlan", "chunked_prefill"]
 

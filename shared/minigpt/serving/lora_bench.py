@@ -33,7 +33,7 @@ from minigpt.engine.serving_loop import serve
 from minigpt.model import GPT
 from minigpt.serving.lora import PROJECTIONS, LoRAAdapters, lora_delta, merge_adapter, using_adapters, with_lora
 from minigpt.serving.lora_runner import LoRAModelRunner
-from minigpt.teaching.calculators import ModelShape, weight_bytes
+from minigpt.costmodel.calculators import ModelShape, weight_bytes
 from minigpt.timing import compare
 
 __all__ = ["projection_dims", "adapter_bytes", "hundred_adapters", "lora_delta_grouped", "lora_serving_figures",

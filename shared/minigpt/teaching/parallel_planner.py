@@ -4,7 +4,7 @@ memory per GPU, bytes communicated per token, estimated time per token, and whet
     from minigpt.teaching.parallel_planner import ParallelismPlanner
     ParallelismPlanner()                      # shows itself as the last expression of a cell
 
-All numbers come from `minigpt.teaching.parallel_cost.parallel_plan`; `planner_readout` turns a plan
+All numbers come from `minigpt.costmodel.parallel_cost.parallel_plan`; `planner_readout` turns a plan
 into the HTML table, and the figure shows time per token against TP for the chosen link and PP.
 """
 
@@ -15,9 +15,9 @@ import html
 import ipywidgets as W
 from matplotlib.figure import Figure
 
-from minigpt.teaching.calculators import GiB, PRESETS, ModelShape
-from minigpt.teaching.hardware import ACCELERATORS, Accelerator
-from minigpt.teaching.parallel_cost import INTERCONNECTS, Interconnect, ParallelPlan, parallel_plan
+from minigpt.costmodel.calculators import GiB, PRESETS, ModelShape
+from minigpt.costmodel.hardware import ACCELERATORS, Accelerator
+from minigpt.costmodel.parallel_cost import INTERCONNECTS, Interconnect, ParallelPlan, parallel_plan
 from minigpt.teaching.figure_view import FigureView
 
 __all__ = ["ParallelismPlanner", "planner_readout", "GPU_COUNTS", "SIZES"]

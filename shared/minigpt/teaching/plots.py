@@ -17,7 +17,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from minigpt.teaching.calculators import GiB, MemoryPlan
+from minigpt.costmodel.calculators import GiB, MemoryPlan
 
 PHASE_COLORS = {"prefill": "tab:orange", "decode": "tab:blue"}
 

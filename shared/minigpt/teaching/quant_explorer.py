@@ -21,8 +21,8 @@ from torch import Tensor
 from minigpt.model import GPT
 from minigpt.quant.formats import FP8_DTYPES, dequantize_fp8, fake_quantize, quantize, quantize_fp8
 from minigpt.quant.linear import projection_names
-from minigpt.teaching.calculators import PRESETS, ModelShape, count_parameters, kv_cache_bytes
-from minigpt.teaching.hardware import ACCELERATORS, Accelerator
+from minigpt.costmodel.calculators import PRESETS, ModelShape, count_parameters, kv_cache_bytes
+from minigpt.costmodel.hardware import ACCELERATORS, Accelerator
 from minigpt.teaching.figure_view import FigureView
 
 METHODS = ["RTN symmetric", "RTN asymmetric", "FP8 E4M3", "FP8 E5M2"]

@@ -3,7 +3,7 @@
     from minigpt.teaching.serving_widget import ServingSimulator
     ServingSimulator()        # policy, request rates, output-length spread, token budget -> goodput curve
 
-All numbers come from `serving_readout` (a pure function over `minigpt.teaching.serving_simulator`);
+All numbers come from `serving_readout` (a pure function over `minigpt.costmodel.serving_simulator`);
 the view reads its controls, calls it, and shows the text and the PNG of the figure.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipywidgets as W
 from matplotlib.figure import Figure
 
-from minigpt.teaching import serving_simulator as sim
+from minigpt.costmodel import serving_simulator as sim
 from minigpt.teaching.figure_view import FigureView
 
 __all__ = ["POLICIES", "BUDGETS", "serving_readout", "ServingSimulator"]

@@ -1,4 +1,4 @@
-"""Interactive calculators (ipywidgets + matplotlib): a thin layer over `minigpt.teaching.calculators`.
+"""Interactive calculators (ipywidgets + matplotlib): a thin layer over `minigpt.costmodel.calculators`.
 
     from minigpt.teaching.widgets import KVCacheCalculator, RooflineCalculator
     KVCacheCalculator()                       # shows itself as the last expression of a cell
@@ -18,9 +18,9 @@ from typing import Mapping
 import ipywidgets as W
 from matplotlib.figure import Figure
 
-from minigpt.teaching import calculators as calc
-from minigpt.teaching.calculators import GiB, PRESETS, MemoryPlan, ModelShape, RooflinePoint
-from minigpt.teaching.hardware import ACCELERATORS, Accelerator
+from minigpt.costmodel import calculators as calc
+from minigpt.costmodel.calculators import GiB, PRESETS, MemoryPlan, ModelShape, RooflinePoint
+from minigpt.costmodel.hardware import ACCELERATORS, Accelerator
 from minigpt.teaching.figure_view import FigureView
 from minigpt.teaching.plots import plot_memory_plan, plot_requests_vs_context, plot_roofline
 

@@ -236,5 +236,5 @@ def this_machine(*, device: str | torch.device | None = None, copy_bytes: int = 
     bandwidth = measure_copy_bandwidth(copy_bytes, device=dev, repeats=repeats)
     threads = f", {CPU_THREADS} threads" if dev.type == "cpu" else ""
     return Accelerator(THIS_MACHINE, rates, memory_bandwidth=bandwidth, memory_bytes=_memory_bytes(dev),
-                       source=f"measured on {dev.type} ({what}{threads}) with minigpt.teaching.hardware",
+                       source=f"measured on {dev.type} ({what}{threads}) with minigpt.costmodel.hardware",
                        notes="measured: large-tensor copy and square matmul, medians", measured=True)

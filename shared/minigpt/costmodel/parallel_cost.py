@@ -28,9 +28,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from minigpt.teaching import calculators as calc
-from minigpt.teaching.calculators import ModelShape
-from minigpt.teaching.hardware import Accelerator
+from minigpt.costmodel import calculators as calc
+from minigpt.costmodel.calculators import ModelShape
+from minigpt.costmodel.hardware import Accelerator
 
 __all__ = ["Interconnect", "INTERCONNECTS", "pcie_bandwidth", "ring_allreduce_time", "tp_allreduce_bytes_per_token",
            "pipeline_bubble_fraction", "gpu_weight_bytes", "gpu_kv_bytes", "stage_kernels", "ParallelPlan", "parallel_plan"]

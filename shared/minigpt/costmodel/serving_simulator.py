@@ -30,8 +30,8 @@ from minigpt.engine.metrics import goodput, request_metrics
 from minigpt.engine.request import Request
 from minigpt.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from minigpt.engine.serving_loop import ServeResult, serve
-from minigpt.teaching.calculators import PRESETS, ModelShape, forward_kernels, kernels_time, kv_bytes_per_token, weight_bytes
-from minigpt.teaching.hardware import ACCELERATORS, Accelerator
+from minigpt.costmodel.calculators import PRESETS, ModelShape, forward_kernels, kernels_time, kv_bytes_per_token, weight_bytes
+from minigpt.costmodel.hardware import ACCELERATORS, Accelerator
 
 __all__ = ["RooflineClock", "step_cost", "pool_blocks", "poisson_workload", "corpus_workload", "simulate", "GoodputPoint",
            "goodput_curve", "knee"]
