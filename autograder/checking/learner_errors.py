@@ -4,7 +4,8 @@ Importing `autograder` inside a Jupyter kernel installs `explain` as IPython's h
 (`InteractiveShell.set_custom_exc`). What a learner then sees instead of a long traceback:
 
 * a check that fails:        the check line of their cell, their own frames, and
-                             "AssertionError: Exercise 3 (check_kv_cache_bytes): <what is wrong>"
+                             "AssertionError: Exercise 3 (check_kv_cache_bytes): <what is wrong>", or the check's
+                             message as it is when it names its exercise already ("Exercise 1 (mask_by_scan), ...")
 * a stub not written yet:    "Exercise 3 is not implemented yet: ..." (in a check cell) or, in a demo cell,
                              "This cell needs exercise 3 (kv_cache_bytes) ... continue with the reference: ..."
 * an answer not given yet:   "Question 1 is not answered yet: ..." (a NameError on q1_... in a check cell,
@@ -31,6 +32,11 @@ from types import TracebackType
 from autograder.paths import AUTOGRADER_DIR, EXERCISE_MAP, REPO_ROOT, SHARED_DIR
 
 _QUESTION_NAME = re.compile(r"q(\d+)_\w+|answer_q(\d+)\w*")      # lab 00's q1_kv_gib, the other labs' answer_q1
+# a message that opens with an exercise's label, as many checks' messages do: "Exercise 1 (mask_by_scan): ...",
+# "Exercise 2 (the scheduler), three requests ...", "Q1 (KV bytes per token) [answer in bytes]: ..."
+_OPENING_LABEL = re.compile(r"(?:(?P<label>(?:Exercise|Question|Warm-up) \d+)|Q(?P<q>\d+)(?=\s*[(:]))(?![\w-])"
+                            r"(?:\s*\((?P<name>[^()]*)\))?[\s,:]*")
+_OWN_OPENING = r"(?P<label>)(?P<q>){}(?:\s*\((?P<name>[^()]*)\))?[\s,:]*"    # a message opening with its check's label
 
 
 # ------------------------------------------------------------------------------------- the map from solutions/
@@ -188,18 +194,23 @@ def explain(etype: type[BaseException], value: BaseException, tb: TracebackType 
                 "Run the cells above in order; a cell that needs an exercise you have not done says which."]
     cell_frames = [f for f in frames if _is_cell(f.filename)]
     check = _check_label(frames)
-    message = re.sub(rf"^(?:{re.escape(etype.__name__)}:\s*)+", "", str(value))    # never "AssertionError: " twice
+    message = _said_once(etype.__name__, str(value))
     if check is not None:
         label, name = check
         if isinstance(value, NotImplementedError) or "is not implemented yet" in message:
             learner = _learner_function(frames)
+            core = re.sub(r"\s*(is not implemented yet|\(NotImplementedError\))", "", message).strip(" .:")
+            opening = _OPENING_LABEL.match(core) or re.match(_OWN_OPENING.format(_own_label(label)), core)
+            if opening:                # the check's message names the exercise the stub belongs to: say it once
+                if opening["label"] or opening["q"]:
+                    label = opening["label"] or f"Question {int(opening['q'])}"
+                core = ", ".join(dict.fromkeys(part for part in (opening["name"], core[opening.end():].strip(" .:"))
+                                               if part))
             what = (f"`{learner[0]}` still raises NotImplementedError" if learner else
-                    re.sub(r"\s*(is not implemented yet|\(NotImplementedError\))", "", message).strip(" .:") or
-                    "it still raises NotImplementedError")
+                    core or "it still raises NotImplementedError")
             return [f"{label} is not implemented yet: {what}. Write it in its cell above, run that cell, then "
                     "this check."]
-        said = message if message.startswith(label) else f"{label} ({name}): {message}"   # a label once
-        return _short(cell_frames, f"{etype.__name__}: {said}", cell_names)
+        return _short(cell_frames, f"{etype.__name__}: {_labelled(message, label, name)}", cell_names)
     wrapped = None if isinstance(value, NotImplementedError) else _stub_inside(value)
     if wrapped is not None:                        # the stub ran inside a kernel: its own frames say which one
         frames = frames + [f for f in traceback.extract_tb(wrapped.__traceback__) if _is_cell(f.filename)]
@@ -216,6 +227,35 @@ def explain(etype: type[BaseException], value: BaseException, tb: TracebackType 
     if any(_is_course(f.filename) for f in frames[1:]):
         return _short(cell_frames, f"{etype.__name__}: {message}", cell_names)
     return None
+
+
+def _said_once(ename: str, message: str) -> str:
+    """The message without a leading copy of its own error's name ("AssertionError: AssertionError: x" is shown
+    "AssertionError: x"), and with an error name said twice in a row inside it ("raised ValueError: ValueError:")
+    said once."""
+    message = re.sub(rf"^(?:{re.escape(ename)}:\s*)+", "", message)
+    return re.sub(r"\b(\w+(?:Error|Exception|Exit)):(?:\s+\1:)+", r"\1:", message)
+
+
+def _own_label(label: str) -> str:
+    """A pattern for the check's label as a message may say it: "Question 2" or "Q2"; "the target calls check" or
+    "the target-calls check" (a label made from a grade id has spaces where the id has underscores)."""
+    own = [re.escape(label).replace(r"\ ", "[ _-]")]
+    if m := re.fullmatch(r"Question (\d+)", label):
+        own.append(f"Q{m[1]}")
+    return rf"(?<![\w-])(?:{'|'.join(own)})(?![\w-])"
+
+
+def _labelled(message: str, label: str, name: str) -> str:
+    """A failed check's message with its exercise named once: "Exercise 2 (check_count_parameters): <message>", or
+    the message as it is when it names its exercise already (opens with an exercise's label, as "Exercise 1
+    (mask_by_scan): ..." or "Q1 (...): ...", or says the check's own label somewhere); a message that opens with
+    the check's name gets the label alone ("Exercise 6: check_graphed_decode needs a CUDA GPU")."""
+    if _OPENING_LABEL.match(message) or re.search(_own_label(label), message):
+        return message
+    if re.match(rf"{re.escape(name)}\b", message):
+        return f"{label}: {message}"
+    return f"{label} ({name}): {message}"
 
 
 def _short(cell_frames: list[traceback.FrameSummary], last: str, cell_names: dict[str, int] | None) -> list[str]:

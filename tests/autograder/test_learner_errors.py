@@ -12,7 +12,7 @@ from nbclient import NotebookClient
 pytestmark = pytest.mark.slow
 
 CELLS = {
-    "setup": "from minigpt.teaching.calculators import PRESETS, ModelShape\nimport autograder",
+    "setup": "from minigpt.costmodel.calculators import PRESETS, ModelShape\nimport autograder",
     "stub": "def kv_cache_bytes(shape, context_len, batch, bytes_per_element=2):\n    raise NotImplementedError()",
     "check_stub": "from autograder.lab00 import check_kv_cache_bytes; check_kv_cache_bytes(kv_cache_bytes)",
     "demo_stub": "kv_cache_bytes(PRESETS['Llama-3-8B'], 8192, 1, 2)",
@@ -63,7 +63,7 @@ def test_stub_in_a_check_cell_names_the_exercise(outputs):
 def test_stub_in_a_demo_cell_says_which_exercise_and_how_to_go_on(outputs):
     _, text = outputs["demo_stub"]
     assert text.startswith("This cell needs exercise 3: `kv_cache_bytes` is not implemented yet.")
-    assert "from minigpt.teaching.calculators import kv_cache_bytes" in text
+    assert "from minigpt.costmodel.calculators import kv_cache_bytes" in text
 
 
 def test_a_demo_figure_stopped_by_a_stub_is_not_shown_half_drawn(outputs):
@@ -164,3 +164,49 @@ def test_a_judged_verdict_says_its_error_name_once():
     named = type("AssertionError", (CheckFailed,), {"__module__": "builtins"})
     err = named("AssertionError", "Exercise 2 (slot_of): position 4 is outside")
     assert str(err) == "Exercise 2 (slot_of): position 4 is outside" and type(err).__name__ == "AssertionError"
+
+
+def test_a_stub_whose_check_names_its_exercise_is_labelled_once():
+    """Issue 60, item 4: a stub under lab 10's check read "Exercise 1 is not implemented yet: Exercise 1
+    (mask_by_scan)" (the check's own message names the exercise, and the stub's frame is not in the traceback)."""
+    from autograder.checking.learner_errors import explain
+    from autograder.lab10 import check_mask_by_scan
+
+    def mask_by_scan(dfa, state, vocab):
+        raise NotImplementedError()
+
+    with pytest.raises(AssertionError) as info:
+        check_mask_by_scan(mask_by_scan)
+    lines = explain(info.type, info.value, info.tb)
+    assert lines[-1].startswith("Exercise 1 is not implemented yet: mask_by_scan."), lines
+    assert lines[-1].count("Exercise 1") == 1, lines
+
+
+@pytest.mark.parametrize("message, said", [
+    # the check's message names no exercise: the label and the check's name, once
+    ("count_parameters(...): expected 8, got 7", "Exercise 2 (check_x): count_parameters(...): expected 8, got 7"),
+    # it opens with the exercise's label already (lab 10's), or with any exercise's (a speed check of Exercise 2)
+    ("Exercise 2 (mask_by_trie), state 0: wrong mask", "Exercise 2 (mask_by_trie), state 0: wrong mask"),
+    ("Exercise 1 (the scheduler), three requests: no add_request()", "Exercise 1 (the scheduler), three requests: "
+                                                                      "no add_request()"),
+    # its label elsewhere in it, a label spelled from the grade id with a hyphen, the check's name first
+    ("needs a GPU: Exercise 2 (the kernel); none here", "needs a GPU: Exercise 2 (the kernel); none here"),
+    ("check_x needs a CUDA GPU", "Exercise 2: check_x needs a CUDA GPU"),
+    # Exercise 12 is not Exercise 2 (so is labelled), and an error's name is said once
+    ("see Exercise 12 first", "Exercise 2 (check_x): see Exercise 12 first"),
+    ("AssertionError: AssertionError: Exercise 2 (slot_of): off by one", "Exercise 2 (slot_of): off by one"),
+    ("pool raised ValueError: ValueError: no blocks", "Exercise 2 (check_x): pool raised ValueError: no blocks"),
+])
+def test_a_failed_checks_message_names_its_exercise_and_its_error_once(message, said):
+    from autograder.checking.learner_errors import _labelled, _said_once
+
+    assert _labelled(_said_once("AssertionError", message), "Exercise 2", "check_x") == said
+
+
+def test_a_question_and_a_named_check_are_not_labelled_twice():
+    from autograder.checking.learner_errors import _labelled
+
+    assert _labelled("Q2 (sequences that fit) [answer in sequences]: answer with a finite int", "Question 2",
+                     "check_q2") == "Q2 (sequences that fit) [answer in sequences]: answer with a finite int"
+    assert (_labelled("the target-calls check (generate_speculative), k=4: wrong", "the target calls check",
+                      "check_target_calls") == "the target-calls check (generate_speculative), k=4: wrong")
