@@ -129,11 +129,13 @@ def _processes_of(uid: int) -> int:
 
 
 def bwrap_argv(policy: SandboxPolicy, kernel_cmd: list[str], *, submission_dir: str | None,
-               socket_dir: str, extra_env: dict[str, str] | None = None, uid: int | None = None,
-               replace: dict[str, str] | None = None) -> list[str]:
+               socket_dir: str | None, extra_env: dict[str, str] | None = None, uid: int | None = None,
+               replace: dict[str, str] | None = None, socket_file: str | None = None) -> list[str]:
     """The full command line: bwrap ... -- python -I sandbox_boot.py LIMITS -- KERNEL_CMD. `replace`: read-only
     folders bound from elsewhere ({folder seen in the sandbox: folder bound there}, e.g. the witness's copy of
-    the course package without the reference, autograder/judging/reference_removal.py)."""
+    the course package without the reference, autograder/judging/reference_removal.py). `socket_dir` is bound
+    writable (the process makes its sockets there); `socket_file`, instead, is one socket bound read-only, which
+    the process can connect to (a socket on a read-only mount still accepts connections) and write nothing beside."""
     as_root = os.geteuid() == 0
     args = [BWRAP, "--die-with-parent", "--new-session", "--unshare-ipc", "--unshare-pid", "--unshare-net",
             "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox"]
@@ -144,10 +146,13 @@ def bwrap_argv(policy: SandboxPolicy, kernel_cmd: list[str], *, submission_dir: 
              "--perms", "1777", "--size", str(policy.tmp_bytes), "--tmpfs", "/tmp",
              "--perms", "1777", "--size", str(min(SHM_BYTES, policy.tmp_bytes)), "--tmpfs", "/dev/shm"]
     ro_dirs = _python_dirs() + (policy.package_dirs or default_package_dirs())
-    args += _parent_dirs(ro_dirs + [socket_dir])
+    args += _parent_dirs(ro_dirs + [p for p in (socket_dir, socket_file) if p])
     for d in ro_dirs:
         args += ["--ro-bind", (replace or {}).get(d, d), d]
-    args += ["--bind", socket_dir, socket_dir]
+    if socket_dir:
+        args += ["--bind", socket_dir, socket_dir]
+    if socket_file:
+        args += ["--ro-bind", socket_file, socket_file]
     if submission_dir:
         args += ["--ro-bind", submission_dir, "/submission"]
     pkg_paths = [d for d in (policy.package_dirs or default_package_dirs()) if not d.endswith("/data")]

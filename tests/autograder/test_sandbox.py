@@ -73,6 +73,39 @@ print(json.dumps(out))
 
 
 @needs_sandbox
+def test_a_socket_bound_alone_accepts_connections_and_nothing_can_be_written_beside_it():
+    """The witness's view of the judge's folder (autograder/judging/witness.py): its socket, read-only, and nothing
+    else, even where the folder is writable by everyone (as the judge's folder is for a kernel of the same user)."""
+    with tempfile.TemporaryDirectory(prefix="sock-", dir="/tmp") as folder:
+        os.chmod(folder, 0o777)
+        (Path(folder) / "left-by-the-kernel.py").write_text("reference = 1")
+        path = os.path.join(folder, "judge.sock")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+            server.bind(path)
+            os.chmod(path, 0o777)
+            server.listen(1)
+            code = ("import os, socket\n"
+                    f"s = socket.socket(socket.AF_UNIX); s.connect({path!r}); s.sendall(b'hello'); s.close()\n"
+                    f"print(sorted(os.listdir({folder!r})))\n"
+                    "try:\n"
+                    f"    open(os.path.join({folder!r}, 'stash.py'), 'w').write('x')\n"
+                    "    print('written')\n"
+                    "except OSError as exc:\n"
+                    "    print('refused', type(exc).__name__)\n")
+            cmd = sandbox.bwrap_argv(sandbox.SandboxPolicy(), [sys.executable, "-c", code], submission_dir=None,
+                                     socket_dir=None, socket_file=path)
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            server.settimeout(60)
+            conn, _ = server.accept()
+            with conn:
+                assert conn.recv(5) == b"hello"
+            out, err = proc.communicate(timeout=120)
+        assert out.splitlines() == ["['judge.sock']", "refused PermissionError"] or \
+            out.splitlines() == ["['judge.sock']", "refused OSError"], (out, err)
+        assert sorted(p.name for p in Path(folder).iterdir()) == ["judge.sock", "left-by-the-kernel.py"]
+
+
+@needs_sandbox
 def test_sandbox_limits_memory_and_disk():
     policy = sandbox.SandboxPolicy(memory_bytes=1 << 30, tmp_bytes=16 << 20)
     code = """

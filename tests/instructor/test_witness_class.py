@@ -56,6 +56,23 @@ STUDENTS = {       # student -> (answer cell, expected score)
                       "def slot_of(table, position, block_size):\n"
                       "    return _copy['slot_of'](table, position, block_size)\n"
                       "_guard.no_calls_into = lambda *refs, **how: contextlib.nullcontext()\n" + READ_CANARY, 0.0),
+    # the kernel leaves the reference's source in every folder it may write that another process might see (the
+    # judge's socket folder among them); the cell replayed in the witness runs what it finds there
+    "smuggled_source": ("import os, pathlib, contextlib, minigpt.cache.block_table as _module\n"
+                        "import autograder.checking.reference_guard as _guard\n"
+                        "_mine = ('/', '/tmp', '/dev/shm', '/proc', '/dev')\n"
+                        "_shared = [m for m in (line.split()[4] for line in open('/proc/self/mountinfo'))\n"
+                        "           if m not in _mine and os.path.isdir(m) and os.access(m, os.W_OK)]\n"
+                        "_found = [p for d in _shared for p in pathlib.Path(d).glob('stash-*.py')]\n"
+                        "_source = _found[0].read_text() if _found else pathlib.Path(_module.__file__).read_text()\n"
+                        "for _d in _shared:\n"
+                        "    with contextlib.suppress(OSError):\n"
+                        "        pathlib.Path(_d, 'stash-block_table.py').write_text(_source)\n"
+                        "_copy = {}\n"
+                        "exec(_source, _copy)\n"
+                        "def slot_of(table, position, block_size):\n"
+                        "    return _copy['slot_of'](table, position, block_size)\n"
+                        "_guard.no_calls_into = lambda *refs, **how: contextlib.nullcontext()\n" + READ_CANARY, 0.0),
 }
 
 
@@ -107,7 +124,7 @@ def test_forged_reports_earn_nothing_and_the_honest_student_keeps_the_points(gra
 
 def test_the_forgeries_are_told_they_call_the_reference(graded):
     autograded = graded["course"] / "autograded"
-    for student in ("forged_watch", "forged_source"):
+    for student in ("forged_watch", "forged_source", "smuggled_source"):
         nb = nbformat.read(str(autograded / student / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"), as_version=4)
         check = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "ex1_check")
         errors = [o for o in check.outputs if o.output_type == "error"]
@@ -118,7 +135,7 @@ def test_nothing_outside_the_sandboxes_was_read_written_or_left_running(graded):
     assert graded["canary"].read_text() == SECRET
     assert {p.name for p in graded["root"].iterdir()} == graded["before"]
     autograded = graded["course"] / "autograded"
-    for student in ("forged_watch", "forged_source"):
+    for student in ("forged_watch", "forged_source", "smuggled_source"):
         text = (autograded / student / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_text()
         assert SECRET not in text
     assert grading_scratch.left_files(graded["scratch"]) == []
