@@ -76,8 +76,12 @@ def _assigns(cell: nbformat.NotebookNode, name: str) -> bool:
                                                   re.M) is not None
 
 
-def leaks(nb: nbformat.NotebookNode) -> list[Leak]:
-    """Every (answer, earlier output) pair where an answer's key is printed before its question."""
+def leaks(nb: nbformat.NotebookNode, also: tuple[nbformat.NotebookNode, ...] = ()) -> list[Leak]:
+    """Every (answer, earlier output) pair where an answer's key is printed before its question. `also`: other runs
+    of the same notebook (the same cells), whose outputs above the question are searched too (grading leaves out
+    cells no grade depends on; the released notebook's full run prints them, its demos running the reference)."""
+    assert all(len(other.cells) == len(nb.cells) for other in also), "the other runs must hold the same cells"
+    runs = [nb, *also]
     found = []
     for i, cell in enumerate(nb.cells):
         match = CHECK.search(cell.source) if cell.cell_type == "code" and "def " not in cell.source else None
@@ -91,7 +95,7 @@ def leaks(nb: nbformat.NotebookNode) -> list[Leak]:
             for j in range(question):
                 if nb.cells[j].cell_type != "code" or MEASURED in nb.cells[j].metadata.get("tags", []):
                     continue
-                for text in NUMBER.findall(_outputs_text(nb.cells[j])):
+                for text in (t for run in runs for t in NUMBER.findall(_outputs_text(run.cells[j]))):
                     value, digits = float(text.replace(",", "")), _significant_digits(text)
                     if digits >= MIN_DIGITS and math.isclose(value, _round_sig(key, digits), rel_tol=1e-9, abs_tol=0):
                         found.append(Leak(match.group(1), key, j, text))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from answer_leaks import leaks
-from attacks import CHEATS, with_attacks
+from attacks import ATTACKS, CHEATS, with_attacks
 
 from autograder.grading import nbgrader_runs as grading, notebooks
 
@@ -66,7 +66,10 @@ def graded_lab(released_lab):
                 with_attacks(nb, d / nb.name, answers=CHEATS.get(a))     # and, where listed, answers that cheat
             else:
                 shutil.copy(nb, d / nb.name)
-    return {s: grading.autograde_one(course, a, s, db=db, released=folder, timeout=LAB_TIMEOUT_S)
+    # The solution as an instructor's autograde runs it (only the cells a grade depends on); the release with every
+    # cell run, so that its execution is also Run All's (test_released_runs_to_the_last_cell)
+    every_cell = {"solution": None, "released": grading.nbgrader_env({"COURSE_ALL_CELLS": "1"})}
+    return {s: grading.autograde_one(course, a, s, db=db, released=folder, timeout=LAB_TIMEOUT_S, env=every_cell[s])
             for s in ("solution", "released")}
 
 
@@ -138,14 +141,18 @@ class LabNotebook:
     @pytest.mark.slow
     def test_no_answer_is_printed_before_its_question(self, graded_lab, released_lab):
         """An interview question needs the method applied, not an earlier output read off: the solution's key
-        (what its answer cell prints) appears in no output above the question (tests/answer_leaks.py)."""
+        (what its answer cell prints) appears in no output above the question (tests/answer_leaks.py), neither in
+        the solution's graded run nor in the released notebook's full run (the cells grading leaves out)."""
         import nbformat
 
         a, course, _, _ = released_lab
         executed = sorted((course / "autograded" / "solution" / a).glob("*.ipynb"))
         assert executed, "the solution notebook was not executed"
         for path in executed:
-            found = leaks(nbformat.read(str(path), as_version=4))
+            released = course / "autograded" / "released" / a / path.name
+            full_run = nbformat.read(str(released), as_version=4)
+            full_run.cells = full_run.cells[len(ATTACKS):]        # the attack cells with_attacks put first
+            found = leaks(nbformat.read(str(path), as_version=4), also=(full_run,))
             assert not found, f"solutions/{a}/{path.name}: " + "; ".join(map(str, found))
 
     @pytest.mark.slow

@@ -65,6 +65,7 @@ class GradingJob:
     timeout: float
     policy: dict                          # SandboxPolicy fields (enabled=False: --unsafe)
     env: dict[str, str] | None = None     # extra environment for nbgrader (e.g. COURSE_CELL_TIMEOUT)
+    released: dict[str, bytes] = field(default_factory=dict)   # the released notebooks (which cells are the course's)
 
 
 @dataclass
@@ -87,6 +88,7 @@ def run_job(job: GradingJob, on_progress: Callable[[str], None] | None = None) -
         (course / CONFIG_NAME).write_text(job.config)
         (course / "gradebook.db").write_bytes(job.gradebook)
         for base, files in ((course / "solutions" / job.assignment, job.source_files),
+                            (course / "released" / job.assignment, job.released),
                             (course / "submitted" / job.student / job.assignment, job.files)):
             base.mkdir(parents=True, exist_ok=True)
             for rel, data in files.items():
@@ -94,7 +96,9 @@ def run_job(job: GradingJob, on_progress: Callable[[str], None] | None = None) -
                 (base / rel).write_bytes(data)
         env = nbgrader_env({**(job.env or {}), sandbox.ENV_VAR: sandbox.SandboxPolicy(**job.policy).to_env()})
         rc, out = run_nbgrader(["autograde", job.assignment, f"--student={job.student}", "--force",
-                                f"--db={db_url_for(course / 'gradebook.db')}"], course, timeout=job.timeout, env=env,
+                                f"--db={db_url_for(course / 'gradebook.db')}",
+                                f"--CourseDirectory.release_directory={course / 'released'}"],
+                               course, timeout=job.timeout, env=env,
                                on_progress=on_progress)
         done = course / "autograded" / job.student / job.assignment
         notebooks = {p.name: p.read_text(encoding="utf-8") for p in sorted(done.glob("*.ipynb"))} if rc == 0 else {}
@@ -290,7 +294,8 @@ def autograde(course_root: Path = REPO_ROOT, assignment_ids: list[str] | None = 
                 released_nbs = {p.name: nbformat.read(str(p), as_version=4) for p in released.glob("*.ipynb")}
                 base = dict(assignment=a, gradebook=template.read_bytes(), config=config,
                             source_files=_source_files(course_root, a), timeout=timeout,
-                            policy=asdict(policy), env=_job_env(env))
+                            policy=asdict(policy), env=_job_env(env),
+                            released={p.name: p.read_bytes() for p in sorted(released.glob("*.ipynb"))})
                 guard = gradebook_guard.Guard(db_path)
                 api = _record_api(course_root, db_url, work / "record")
                 pending, early, meta = [], [], {}   # pending: (job, student)

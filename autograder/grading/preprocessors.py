@@ -11,6 +11,10 @@
   refuse the reference is graded again in a witness whose package lacks it (autograder/judging/witness.py); COURSE_WITNESS=0
   turns that off (for measuring what it costs). A judged cell that runs
   past its limit is a timeout (CellTimeoutError, no points), whatever the judge saw of the interrupted kernel.
+  Only the cells a grade depends on run: every cell the learner wrote or may have changed, every test cell, and
+  the course's locked cells that bind a name one of those reads (autograder/judging/witness.py's `cells_to_run`);
+  the course's measurements, plots and views are left out, each with a note saying so. COURSE_ALL_CELLS=1 runs
+  every cell (Run All, as the course's own tests check it).
 * `HideTestSources`  for feedback: a test cell shows its grade and failure message, not its source, its
   traceback (whose frames quote hidden test lines) or what learner code printed from inside it.
 """
@@ -33,9 +37,11 @@ TIMED_OUT_NOTE = ("this check ran past its time limit of {limit:g} s and was sto
                   "(the points of the cells before it stand)")
 DEAD_ENAME = "DeadKernelError"
 NOT_RUN_ENAME = "CellNotRun"
+LEFT_OUT_NOTE = "not run when grading: no graded cell depends on this cell (Run All runs it)\n"
 WARM_UP_TIMEOUT_S = 300     # importing the judge's counterpart (and torch) in a fresh kernel, before the first test cell
 HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 PROGRESS_MARK = "course-progress:"   # nbgrader's log line of a graded cell done (`make grade` shows them as they come)
+TIME_MARK = "course-cell-time:"      # nbgrader's log line of every code cell run: index, kind, seconds (grading profile)
 
 
 def error_output(ename: str, evalue: str, lines: list[str] | None = None) -> NotebookNode:
@@ -87,6 +93,7 @@ class StoppingExecute(Execute):
         self._judging = self.judge_test_cells and os.environ.get("COURSE_JUDGE", "1") != "0"
         self._witnessing = self.witness and os.environ.get("COURSE_WITNESS", "1") != "0"
         self._cwd = ((resources or {}).get("metadata") or {}).get("path") or None
+        self._left_out = set() if os.environ.get("COURSE_ALL_CELLS") == "1" else left_out(nb, self._course_cells(resources))
         try:
             return super().preprocess(nb, resources, km)
         finally:
@@ -99,10 +106,32 @@ class StoppingExecute(Execute):
                 if folder is not None:
                     shutil.rmtree(folder, ignore_errors=True)
 
+    def _course_cells(self, resources) -> set[str]:
+        """The sources of the course's own code cells (neither solution nor test) in this notebook as released,
+        under the course's release folder (labs/); none where it cannot be read (then every cell runs)."""
+        import nbformat
+        from nbgrader.coursedir import CourseDirectory
+
+        meta = (resources or {}).get("nbgrader") or {}
+        try:
+            coursedir = CourseDirectory(config=self.config)
+            folder = coursedir.format_path(coursedir.release_directory, ".", meta["assignment"])
+            released = nbformat.read(f"{folder}/{meta['notebook']}.ipynb", as_version=4)
+        except (KeyError, OSError, ValueError) as exc:
+            self.log.info("every cell runs (the released notebook could not be read: %s)", exc)
+            return set()
+        return {c.source for c in released.cells if c.cell_type == "code" and not _is_test_cell(c)
+                and not c.metadata.get("nbgrader", {}).get("solution")}
+
     def preprocess_cell(self, cell, resources, index):
         if self._stopped:
             if cell.cell_type == "code" and cell.source.strip():
                 cell.outputs = [error_output(NOT_RUN_ENAME, f"not run: {self._stopped}")]
+            return cell, resources
+        if index in self._left_out:
+            from nbformat.v4 import new_output
+
+            cell.outputs = [new_output("stream", name="stdout", text=LEFT_OUT_NOTE)]
             return cell, resources
         judged = self._judging and cell.cell_type == "code" and _is_test_cell(cell) and cell.source.strip()
         started = time.monotonic()
@@ -120,6 +149,8 @@ class StoppingExecute(Execute):
                                              "(os._exit, a crash, or a resource limit)"))
         finally:
             self._report_progress(cell, time.monotonic() - started)
+            if cell.cell_type == "code" and cell.source.strip():
+                self.log.info("%s %d %s %.2f", TIME_MARK, index, _kind(cell), time.monotonic() - started)
         return cell, resources
 
     def _report_progress(self, cell, seconds: float) -> None:
@@ -212,7 +243,8 @@ class StoppingExecute(Execute):
         from autograder.judging.witness import WitnessProcess
 
         def start(request: dict) -> WitnessProcess:
-            cells = [c.source for c in self.nb.cells[:index] if c.cell_type == "code" and not _is_test_cell(c)]
+            cells = [c.source for i, c in enumerate(self.nb.cells[:index])
+                     if c.cell_type == "code" and not _is_test_cell(c) and i not in self._left_out]
             return WitnessProcess(request, cells, judge_socket, self._cwd)
         judge_socket = self._judge.path
         return start
@@ -230,6 +262,40 @@ class StoppingExecute(Execute):
             run_sync(self.km.shutdown_kernel)(now=True)
         except Exception as exc:   # already gone
             self.log.warning("could not stop the kernel: %s", exc)
+
+
+def left_out(nb: NotebookNode, course_cells: set[str]) -> set[int]:
+    """Indices of the code cells grading leaves out: the course's own cells (a source in `course_cells`, neither
+    solution nor test) that bind no name a cell which runs after them reads. Every other cell runs: the learner's
+    (solution cells, a course cell changed, a cell added), the test cells, and what they need, found on the source
+    IPython would run."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    from autograder.judging.witness import cells_to_run
+
+    code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    transform = TransformerManager().transform_cell
+    sources = []
+    for i in code:
+        try:
+            sources.append(transform(nb.cells[i].source))
+        except Exception:        # a source IPython cannot transform: read as it is (a syntax error runs anyway)
+            sources.append(nb.cells[i].source)
+    kept = [n for n, i in enumerate(code) if not _course_cell(nb.cells[i], course_cells)]
+    running = {code[n] for n in cells_to_run(sources, kept)}
+    return {i for i in code if i not in running and nb.cells[i].source.strip()}
+
+
+def _course_cell(cell: NotebookNode, course_cells: set[str]) -> bool:
+    """A cell of the course's, as the course wrote it: not a solution cell, not a test cell."""
+    meta = cell.metadata.get("nbgrader", {})
+    return cell.source in course_cells and not meta.get("solution") and not meta.get("grade")
+
+
+def _kind(cell: NotebookNode) -> str:
+    """'test', 'solution' or 'course' (a code cell the learner does not write), for the grading profile."""
+    meta = cell.metadata.get("nbgrader", {})
+    return "solution" if meta.get("solution") else "test" if meta.get("grade") else "course"
 
 
 def _is_test_cell(cell: NotebookNode) -> bool:

@@ -39,7 +39,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterable
 
-__all__ = ["cells_needed", "WitnessProcess"]
+__all__ = ["cells_needed", "cells_to_run", "WitnessProcess"]
 
 ANY_NAME = "*"      # `from m import *` defines names no parser can list
 
@@ -105,6 +105,66 @@ def cells_needed(sources: list[str], names: Iterable[str]) -> list[int]:
     return sorted(chosen)
 
 
+def _read_before_bound(source: str) -> set[str]:
+    """The names a cell reads from what cells before it bound: statement by statement, those a statement reads
+    that no statement before it in the cell bound (a `for` or `with` target counts as bound before its body).
+    A cell that does not parse: none (it fails whatever runs before it)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    bound: set[str] = set()
+    live: set[str] = set()
+    for statement in tree.body:
+        module = ast.Module(body=[statement], type_ignores=[])
+        first: set[str] = set()
+        if isinstance(statement, (ast.For, ast.AsyncFor)):
+            first = {n.id for n in ast.walk(statement.target) if isinstance(n, ast.Name)}
+        elif isinstance(statement, (ast.With, ast.AsyncWith)):
+            first = {n.id for item in statement.items if item.optional_vars is not None
+                     for n in ast.walk(item.optional_vars) if isinstance(n, ast.Name)}
+        live |= _notebook_reads(ast.unparse(module), module) - set(dir(builtins)) - bound - first
+        bound |= _defined_and_read(ast.unparse(module))[0]
+    return live
+
+
+def _read_when_called(source: str) -> set[str]:
+    """The globals a cell's functions, classes, lambdas and comprehensions read: read whenever they are called,
+    so a cell anywhere in the notebook may be the one that bound them."""
+    import symtable
+
+    try:
+        todo = list(symtable.symtable(source, "<cell>", "exec").get_children())
+    except SyntaxError:
+        return set()
+    reads: set[str] = set()
+    while todo:
+        table = todo.pop()
+        reads |= {sym.get_name() for sym in table.get_symbols() if sym.is_referenced() and sym.is_global()}
+        todo.extend(table.get_children())
+    return reads - set(dir(builtins))
+
+
+def cells_to_run(sources: list[str], kept: Iterable[int]) -> list[int]:
+    """Indices of the cells a grade depends on: the `kept` cells (the learner's, the test cells) and, going back
+    from the last cell, each cell that binds a name that a cell after it which runs reads before binding it
+    (`_read_before_bound`), or that a function of a cell which runs reads as a global (`_read_when_called`: a
+    cell anywhere may bind it; found again until nothing new is needed). A cell that binds `*` runs whenever a
+    name is needed."""
+    kept, anywhere = set(kept), set()
+    while True:
+        needed, chosen, called = set(anywhere), [], set()
+        for index in range(len(sources) - 1, -1, -1):
+            defined, _ = _defined_and_read(sources[index])
+            if index in kept or defined & needed or (ANY_NAME in defined and needed):
+                chosen.append(index)
+                needed |= _read_before_bound(sources[index])
+                called |= _read_when_called(sources[index])
+        if called <= anywhere:
+            return sorted(chosen)
+        anywhere |= called
+
+
 # ----------------------------------------------------------------------------- the witness process
 
 def main(argv: list[str]) -> int:
@@ -163,7 +223,9 @@ class WitnessProcess:
     references in `request["removals"]`, connecting to the judge's socket with `request["token"]`.
 
     Sandboxed like the kernel wherever the kernel is (COURSE_SANDBOX): its own uid, the same limits, the
-    submission's folder read-only, the package copy bound over the course package's folder. Unsandboxed (a local
+    submission's folder read-only, the package copy bound over the course package's folder, and of the kernel's
+    socket folder only the judge's socket, read-only: nothing the kernel wrote there (the reference's source, when
+    grading runs as one user and the kernel may write the judge's folder) reaches the witness. Unsandboxed (a local
     `make grade`), the copy comes first on PYTHONPATH; the package's files stay readable there."""
 
     def __init__(self, request: dict, cells: list[str], judge_socket: str, submission_dir: str | None) -> None:
@@ -179,8 +241,8 @@ class WitnessProcess:
             sandbox._make_readable(self.folder)
             packages = policy.package_dirs or sandbox.default_package_dirs()
             replace = {d: str(shadow) for d in packages if Path(d).resolve() == SHARED_DIR.resolve()}
-            argv = sandbox.bwrap_argv(policy, cmd, submission_dir=submission_dir, socket_dir=str(Path(judge_socket).parent),
-                                      replace=replace, extra_env={"NBGRADER_EXECUTION": "autograde"})
+            argv = sandbox.bwrap_argv(policy, cmd, submission_dir=submission_dir, socket_dir=None,
+                                      socket_file=judge_socket, replace=replace, extra_env={"NBGRADER_EXECUTION": "autograde"})
             env, cwd = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}, None
         else:
             argv, cwd = cmd, submission_dir
