@@ -5,7 +5,8 @@
 # Instructor: make release | make grade NB=path.ipynb | make autograde | make feedback | make export
 #             make hub [HUB_ARGS="--students 20 --port 8000"]  (a class on JupyterHub on this machine, as root)
 # Machine:    make doctor | make calibrate | make gpu-check [CALIBRATE=1] | make data | make models
-# Speed:      make bench [BENCH_ARGS=--quick]  (decode, batching, serving, speculative: data/bench/ledger.json)
+# Speed:      make bench [BENCH_ARGS=--quick] [GRADING_BENCH_ARGS=--quick]  (decode, batching, serving, speculative:
+#             data/bench/ledger.json; seconds to grade each lab and a class of 30: data/bench/grading.json)
 # Practice:   make interview [INTERVIEW_ARGS="--seed 7 -n 5"]  (interview questions with fresh numbers)
 # Serving:    make serve [SERVE_ARGS="--checkpoint draft --engine naive --port 8001"]  (OpenAI-compatible, loopback)
 # Checks:     make mutation LAB=00 [MUTATION_ARGS="--sample 10"]  (wrong implementations the checks let through; LAB=all)
@@ -60,7 +61,7 @@ mutation: setup
 .PHONY: bench hub hub-deps mutation serve interview progress help setup lab test browser-deps sandbox-deps release grade autograde feedback export similarity doctor calibrate gpu-check models data normalize check-normalized
 
 help:
-	@sed -n '1,10p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '1,12p' Makefile | sed 's/^# \{0,1\}//'
 
 # ---------------------------------------------------------------- environment (idempotent; fast when done)
 $(STAMP): requirements.txt pyproject.toml $(LAB_OVERRIDES) $(KERNEL_CONFIG)
@@ -192,11 +193,16 @@ data: setup
 	else echo "corpus: using the committed data/corpus (CPYTHON_LIB=/path/to/cpython-3.11.7/Lib rebuilds it)"; fi
 	$(PY) -m minigpt.training.bpe
 
-# One benchmark run (interleaved, medians): the ledger, its table and plot under data/bench/; README's table from it.
+# One benchmark run (interleaved, medians): the ledger, its table and plot under data/bench/; README's table from it;
+# then grading's own benchmark (autograder grading-bench) and its README table.
 BENCH_ARGS ?=
+# Grading's speed (each lab's solution, a class of 30 lab-05 submissions, --jobs 2): data/bench/grading.json.
+GRADING_BENCH_ARGS ?=
 bench: setup
 	$(PY) -m minigpt.bench $(BENCH_ARGS)
 	$(PY) -m minigpt.bench --readme
+	$(PY) -m autograder grading-bench $(GRADING_BENCH_ARGS)
+	$(PY) -m autograder grading-bench --readme
 
 models: setup
 	$(PY) -m minigpt.training.train target draft target-long

@@ -29,6 +29,9 @@
     mutation --lab NN [--sample N] [--exercise ID ...]
                                      maintenance: mutants of the lab's solution cells graded by its checks; the
                                      score, the survivors (wrong code the checks pass)
+    grading-bench [--labs NN ...]    maintenance: seconds to grade each lab's solution (sandboxed, witness on) and
+              [--class-size 30]      a class of lab 05 with --jobs N; data/bench/grading.json and a Markdown table
+              [--jobs 2] [--quick]   (--quick: lab 00 and a class of 4); --readme: README's table from that JSON
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@
 
 Builds a throwaway course holding one assignment, submits its solution notebook (or, with --release, the
 released stub) as N students, and grades the class once per --jobs value, in turn.
+The course and the timing are autograder/commands/grading_bench.py's (`make bench` measures with it too).
 Prints one JSON line per run: jobs, submissions, seconds, submissions per minute, seconds per submission.
 """
 
@@ -11,14 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from autograder.grading import batch, nbgrader_runs as grading  # noqa: E402
+from autograder.commands.grading_bench import build_class, time_autograde  # noqa: E402
+from autograder.grading import nbgrader_runs as grading  # noqa: E402
 
 
 def main() -> None:
@@ -30,18 +30,9 @@ def main() -> None:
     args = p.parse_args()
     for jobs in args.jobs:
         with tempfile.TemporaryDirectory(prefix="throughput-") as tmp:
-            course = grading.make_temp_course(grading.REPO_ROOT, args.assignment, Path(tmp) / "course")
-            src = course / "solutions" / args.assignment / f"{args.assignment}.ipynb"
-            if args.release:
-                grading.release(course, [args.assignment])
-                src = course / "labs" / args.assignment / f"{args.assignment}.ipynb"
-            for i in range(args.students):
-                d = course / "submitted" / f"s{i:03d}" / args.assignment
-                d.mkdir(parents=True)
-                shutil.copy(src, d / src.name)
-            t0 = time.perf_counter()
-            results = batch.autograde(course, [args.assignment], jobs=jobs, progress=False, log=print)
-            dt = time.perf_counter() - t0
+            course = build_class(grading.REPO_ROOT, args.assignment, Path(tmp) / "course", args.students,
+                                 release=args.release)
+            dt, results = time_autograde(course, jobs, timeout=grading.SUBMISSION_TIMEOUT_S, log=print)
             print(json.dumps({"jobs": jobs, "submissions": len(results), "seconds": round(dt, 1),
                               "per_minute": round(60 * len(results) / dt, 2),
                               "seconds_per_submission": round(dt / len(results), 1),
