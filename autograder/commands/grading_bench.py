@@ -260,16 +260,10 @@ def render_table(data: dict[str, Any]) -> str:
 
 
 def sync_readme(readme: Path, table: str) -> bool:
-    """Put `table` between README's grading-bench markers; True if the file changed."""
-    text = readme.read_text()
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"{readme} has no grading-bench markers ({BEGIN} ... {END})")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    new = f"{head}{BEGIN}\n{table}{END}{tail}"
-    if new != text:
-        readme.write_text(new)
-    return new != text
+    """Put `table` between README's grading-bench markers (minigpt.bench's writer); True if the file changed."""
+    from minigpt.bench.ledger import sync_readme as put_between
+
+    return put_between(readme, table, BEGIN, END, what="grading-bench")
 
 
 def readme_table(out: Path) -> str:

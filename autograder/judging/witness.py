@@ -152,14 +152,15 @@ def cells_to_run(sources: list[str], kept: Iterable[int]) -> list[int]:
     cell anywhere may bind it; found again until nothing new is needed). A cell that binds `*` runs whenever a
     name is needed."""
     kept, anywhere = set(kept), set()
+    cells = [(_defined_and_read(s)[0], _read_before_bound(s), _read_when_called(s)) for s in sources]  # parsed once
     while True:
         needed, chosen, called = set(anywhere), [], set()
         for index in range(len(sources) - 1, -1, -1):
-            defined, _ = _defined_and_read(sources[index])
+            defined, before_bound, when_called = cells[index]
             if index in kept or defined & needed or (ANY_NAME in defined and needed):
                 chosen.append(index)
-                needed |= _read_before_bound(sources[index])
-                called |= _read_when_called(sources[index])
+                needed |= before_bound
+                called |= when_called
         if called <= anywhere:
             return sorted(chosen)
         anywhere |= called

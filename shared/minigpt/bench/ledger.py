@@ -104,14 +104,14 @@ def render_table(ledger: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def sync_readme(readme: Path, table: str) -> bool:
-    """Put `table` between README's bench markers; True if the file changed."""
+def sync_readme(readme: Path, table: str, begin: str = BEGIN, end: str = END, what: str = "bench") -> bool:
+    """Put `table` between README's markers (the bench's, or the `what` markers given); True if it changed."""
     text = readme.read_text()
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"{readme} has no bench markers ({BEGIN} ... {END})")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    new = f"{head}{BEGIN}\n{table}{END}{tail}"
+    if begin not in text or end not in text:
+        raise ValueError(f"{readme} has no {what} markers ({begin} ... {end})")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    new = f"{head}{begin}\n{table}{end}{tail}"
     if new != text:
         readme.write_text(new)
     return new != text
