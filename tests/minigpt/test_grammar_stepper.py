@@ -80,6 +80,20 @@ def test_a_broken_schema_is_shown_and_not_raised(view):
     assert view.error.value == "" and not view.step_button.disabled
 
 
+def test_a_committed_text_takes_effect_whatever_order_the_click_comes_in(view):
+    """A browser may send Compile's click before the schema box's text (the box waits for an idle kernel): the click
+    then compiles the old text, and the text arriving after must still win."""
+    view.schema.value = json.dumps({"type": "string", "format": "email"})
+    assert "does not compile" in view.error.value and view.run is None
+    view.compile_button.click()                                # the stale click, after the text
+    view.schema.value = json.dumps({"type": "boolean"})        # the text, after the click
+    assert view.error.value == "" and "after 0 of at most" in view.readout.value
+    view.run_to_end()
+    assert view.run.text in ("true", "false"), view.run.text
+    view.prompt.value = "Answer: "
+    assert view.run.tokens == [] and "Answer: " in view.readout.value
+
+
 def test_an_empty_prompt_is_shown_and_not_raised(view):
     view.prompt.value = ""
     view.reset_button.click()

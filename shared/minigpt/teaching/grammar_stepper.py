@@ -227,9 +227,13 @@ class GrammarStepper:
         self.masks: ContextCache | None = None
         self.run: GrammarRun | None = None
         wide = {"description_width": "initial"}
+        # The two boxes send their text when it is committed (focus leaves, or Enter in the prompt), and a committed
+        # text recompiles / starts over by itself: a browser sends a button's click at once but may hold a box's
+        # text back until the kernel is idle, so a click alone could compile the previous text.
         self.schema = W.Textarea(value=json.dumps(schema, indent=2), description="JSON schema", rows=12,
-                                 style=wide, layout=W.Layout(width="60%"))
-        self.prompt = W.Text(value=prompt, description="prompt", style=wide, layout=W.Layout(width="60%"))
+                                 continuous_update=False, style=wide, layout=W.Layout(width="60%"))
+        self.prompt = W.Text(value=prompt, description="prompt", continuous_update=False, style=wide,
+                             layout=W.Layout(width="60%"))
         self.sample = W.Checkbox(value=False, description="sample (temperature 1)", indent=False, style=wide)
         self.seed = W.BoundedIntText(value=0, min=0, max=2**31 - 1, description="seed", style=wide,
                                      layout=W.Layout(width="10em"))
@@ -243,6 +247,8 @@ class GrammarStepper:
         self.step_button.on_click(lambda _: self.step())
         self.run_button.on_click(lambda _: self.run_to_end())
         self.reset_button.on_click(lambda _: self.reset())
+        self.schema.observe(lambda _: self.compile(), names="value")
+        self.prompt.observe(lambda _: self.reset(), names="value")
         self.sample.observe(lambda _: self.reset(), names="value")
         self.seed.observe(lambda _: self.reset(), names="value")
         self.widget = W.VBox([self.schema, self.prompt,
