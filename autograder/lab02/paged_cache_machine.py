@@ -19,18 +19,27 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from autograder.harness import call_learner, expect_value_error, quiet
 from minigpt.cache.block_pool import OutOfBlocks
 
-__all__ = ["PagedCacheMachine", "machine_for"]
+__all__ = ["PagedCacheMachine", "machine_for", "manager_state", "check_copy_on_write_at_exhaustion"]
 
 _call = functools.partial(call_learner, passthrough=(OutOfBlocks,))
 
 
 def _reports_failure(fn: Callable) -> Callable:
     """Mark the machine as failed when a rule or invariant raises, so the teardown's leak check does not replace
-    the error that actually happened."""
+    the error that actually happened. A step that breaks while reading the manager's state (a table whose blocks
+    are None, a block size that is not an int: what the learner's manager holds) fails the check saying so, as a
+    wrong answer does, instead of breaking it."""
     @functools.wraps(fn)
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return fn(self, *args, **kwargs)
+        except (TypeError, IndexError, AttributeError, KeyError) as err:
+            self.failed = True
+            raise AssertionError(
+                f"{fn.__name__.replace('_', ' ')}: reading the manager's state failed with {type(err).__name__}: "
+                f"{str(err)[:200]}. After each call, manager.tables[seq] should be a BlockTable of the manager's "
+                "block_size whose .blocks lists the sequence's block ids and .token_ids its tokens, and manager.pool "
+                "the BlockPool they come from") from None
         except BaseException:
             self.failed = True
             raise
@@ -51,6 +60,45 @@ def _reservation(result: Any, what: str, method: str) -> Any:
         raise AssertionError(f"{what}: {method} returned {result!r:.120}; it should return its reservation: "
                              f"{', '.join(needs)} (Reservation in minigpt.cache.block_manager)")
     return result
+
+
+def manager_state(m: Any) -> tuple:
+    """What OutOfBlocks must leave as it was: ref counts, the free queue, every table, the prefix cache's map."""
+    cache = getattr(m, "prefix_cache", None)
+    return (list(m.pool.ref_counts), list(m.pool.free_blocks()),
+            {s: (list(t.blocks), list(t.token_ids)) for s, t in m.tables.items()},
+            dict(cache.block_of) if cache is not None else None)
+
+
+def check_copy_on_write_at_exhaustion(make_manager: Callable[[int, int, bool], Any], watch: Callable[[], Any]) -> None:
+    """A corner the drawn steps reach only by chance: a write into a shared, partial last block that also opens a
+    new block needs two blocks (the copy and the new one). With one free block: OutOfBlocks, nothing changed; with
+    two: the copy and two slots. (Pool of 4 blocks of 2: "a" holds [1, 2, 3], "b" its fork, "c" one block.)"""
+    what = "Exercise 4 (BlockManager), copy-on-write with the pool nearly full"
+    with watch():
+        m = _call("make_manager(4, 2, False)", make_manager, 4, 2, False)
+        _reservation(_call("add_sequence(0, [1, 2, 3])", m.add_sequence, 0, [1, 2, 3]), what, "add_sequence")
+        _call("fork(0, 1)", m.fork, 0, 1)
+        _reservation(_call("add_sequence(2, [5])", m.add_sequence, 2, [5]), what, "add_sequence")
+        before = manager_state(m)
+        try:
+            with quiet():
+                result = m.append_tokens(1, [7, 8])
+        except OutOfBlocks:
+            result = None
+        if result is not None or manager_state(m) != before:
+            raise AssertionError(
+                f"{what}: sequence 1 shares its partial last block with sequence 0 and writes 2 tokens, which need a "
+                "copy of that block and one new block; with 1 block free append_tokens must raise OutOfBlocks and "
+                "change nothing, but it " + ("returned a reservation" if result is not None else
+                                             "changed the state before raising") + ": count the copy-on-write copy "
+                "with the new blocks BEFORE allocating anything")
+        _call("free(2)", m.free, 2)
+        result = _reservation(_call("append_tokens(1, [7, 8])", m.append_tokens, 1, [7, 8]), what, "append_tokens")
+        if len(result.copies) != 1 or len(result.slots) != 2:
+            raise AssertionError(f"{what}: with 2 blocks free, writing 2 tokens into sequence 1 (its partial last "
+                                 "block shared) should copy that block once and return 2 slots, got copies "
+                                 f"{list(result.copies)} and slots {list(result.slots)}")
 
 
 class PagedCacheMachine(RuleBasedStateMachine):
@@ -75,11 +123,7 @@ class PagedCacheMachine(RuleBasedStateMachine):
 
     # --- helpers --------------------------------------------------------------------------
     def _snapshot(self) -> tuple:
-        m = self.m
-        cache = getattr(m, "prefix_cache", None)
-        return (list(m.pool.ref_counts), list(m.pool.free_blocks()),
-                {s: (list(t.blocks), list(t.token_ids)) for s, t in m.tables.items()},
-                dict(cache.block_of) if cache is not None else None)
+        return manager_state(self.m)
 
     def _apply(self, seq: int, reservation: Any, new_tokens: list[int], start: int, what: str) -> None:
         for src, dst in reservation.copies:

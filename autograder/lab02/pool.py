@@ -55,6 +55,8 @@ def _check_block_pool(pool_cls: type) -> None:
             raise AssertionError(f"BlockPool(4, block_size={bad!r}) should raise ValueError, got {type(err).__name__}: {err}") from None
         raise AssertionError(f"BlockPool(4, block_size={bad!r}) should raise ValueError: a block size is a positive integer")
     a = _call("allocate(2)", pool.allocate, 2)
+    if not isinstance(a, list):
+        raise AssertionError(f"allocate(2) must return the list of the block ids it took, got {a!r}")
     if len(a) != 2 or len(set(a)) != 2 or not all(0 <= b < 4 for b in a):
         raise AssertionError(f"allocate(2) on an empty pool of 4 must return 2 distinct ids in [0, 4), got {a!r}")
     if [pool.ref_counts[b] for b in a] != [1, 1] or pool.num_free != 2:
@@ -75,7 +77,10 @@ def _check_block_pool(pool_cls: type) -> None:
     if _pool_state(pool) != before:
         raise AssertionError(f"allocate(3) with only 2 free blocks raised but changed the pool (ref_counts, free list) "
                              f"from {before} to {_pool_state(pool)}: check that enough blocks are free BEFORE taking any")
-    _call("fork(blocks)", pool.fork, [a[0]])
+    forked = _call("fork(blocks)", pool.fork, [a[0]])
+    if forked != [a[0]]:
+        raise AssertionError(f"fork([{a[0]}]) must return the forked sequence's table, the same ids [{a[0]}] (shared, "
+                             f"not copied), got {forked!r}")
     if pool.ref_counts[a[0]] != 2:
         raise AssertionError(f"after fork([{a[0]}]) its ref_count should be 2, got {pool.ref_counts[a[0]]}")
     _call("free(block)", pool.free, a[0])

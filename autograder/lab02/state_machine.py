@@ -85,10 +85,15 @@ def check_block_manager(manager: type | Callable[[int, int, bool], Any],
     BlockManager class (graded alone: see exercise_4_alone) or a factory make_manager(num_blocks, block_size, prefix).
     On failure the AssertionError carries the failing sequence of steps (shrunk to a minimal one if `shrink`:
     slower). The package's BlockManager is refused (itself, a subclass inheriting the methods, a wrapper calling it)."""
+    from autograder.lab02.paged_cache_machine import check_copy_on_write_at_exhaustion
+
     with exercise_4_alone(manager) as make_manager:
         manager_class(make_manager)
-        return run_state_machine(make_manager, hash_fn, max_examples=max_examples, seed=seed, shrink=shrink,
-                                 watch=lambda: no_calls_into(ReferenceBlockManager, what=MANAGER_WHAT))
+        watch = lambda: no_calls_into(ReferenceBlockManager, what=MANAGER_WHAT)      # noqa: E731
+        run = run_state_machine(make_manager, hash_fn, max_examples=max_examples, seed=seed, shrink=shrink,
+                                watch=watch)
+        check_copy_on_write_at_exhaustion(make_manager, watch)
+        return run
 
 
 def run_state_machine(make_manager: Callable[[int, int, bool], Any],

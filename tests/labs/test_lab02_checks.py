@@ -96,6 +96,20 @@ class HalfDoneAllocatePool(LearnerBlockPool):
         return blocks
 
 
+class ForkReturnsNothingPool(LearnerBlockPool):
+    """fork() adds the holders but returns None: the forked sequence gets no table."""
+
+    def fork(self, blocks):
+        super().fork(blocks)
+
+
+class AllocateReturnsNothingPool(LearnerBlockPool):
+    """allocate() takes the blocks but returns None (a `return` left out): the check says so, it does not break."""
+
+    def allocate(self, n=1):
+        super().allocate(n)
+
+
 # --- wrong managers -----------------------------------------------------------------------------
 
 class NoCopyOnWriteManager(LearnerBlockManager):
@@ -198,6 +212,33 @@ class HalfDoneManager(LearnerBlockManager):
         return super().append_tokens(seq_id, tokens)
 
 
+class CopyNotCountedManager(LearnerBlockManager):
+    """Counts the new blocks an append needs but not its copy-on-write copy (issue 57: the mutant `- int(cow)`
+    survived the drawn steps): one block short, out of blocks after the copy was made."""
+
+    def blocks_for_append(self, seq_id, n):
+        t = self.table(seq_id)
+        return blocks_needed(t.num_tokens + n, self.block_size) - len(t.blocks) if n > 0 else 0
+
+
+class CountsFromTheStartManager(LearnerBlockManager):
+    """Counts the blocks for n - len(tokens) tokens: too few whenever the append opens a block."""
+
+    def blocks_for_append(self, seq_id, n):
+        t = self.table(seq_id)
+        cow = t.num_tokens % self.block_size != 0 and self.pool.ref_counts[t.blocks[-1]] > 1
+        return max(0, blocks_needed(max(t.num_tokens - n, 0), self.block_size) - len(t.blocks)) + int(cow) if n else 0
+
+
+class ForkWithoutBlocksManager(LearnerBlockManager):
+    """The child's table gets None for its blocks (`BlockTable(bs, None, tokens)`): the check says it could not read
+    the state, as a failed check, instead of breaking on it (issue 57: such runs were 'broken', not caught)."""
+
+    def fork(self, parent, child):
+        super().fork(parent, child)
+        self.tables[child].blocks = None
+
+
 class StaleHashManager(LearnerBlockManager):
     """Never forgets a hash: a block reused for new content is still found under its old hash."""
 
@@ -233,6 +274,17 @@ WRONG_MANAGERS = {
     "fully cached prompt computes zero tokens": factory(ZeroComputeManager),
     "stale hash after reuse": factory(StaleHashManager),
     "out of blocks half-way through an allocation": factory(HalfDoneManager),
+}
+
+def test_a_manager_whose_state_cannot_be_read_fails_the_check():
+    with pytest.raises(AssertionError, match="reading the manager's state failed with TypeError"):
+        lab02.check_block_manager(factory(ForkWithoutBlocksManager), max_examples=EXAMPLES)
+
+
+# Wrong only where a shared, partial last block meets a nearly full pool: the fixed corner after the drawn steps.
+WRONG_AT_THE_COW_CORNER = {
+    "the copy-on-write copy not counted": factory(CopyNotCountedManager),
+    "blocks counted for n - len(tokens) tokens": factory(CountsFromTheStartManager),
 }
 
 
@@ -328,6 +380,12 @@ def test_wrong_manager_fails_state_machine(name):
         lab02.check_block_manager(WRONG_MANAGERS[name], max_examples=EXAMPLES)
 
 
+@pytest.mark.parametrize("name", list(WRONG_AT_THE_COW_CORNER))
+def test_wrong_manager_fails_at_the_copy_on_write_corner(name):
+    with pytest.raises(AssertionError, match="copy-on-write with the pool nearly full"):
+        lab02.check_block_manager(WRONG_AT_THE_COW_CORNER[name], max_examples=EXAMPLES)
+
+
 @pytest.mark.parametrize("name, pattern", [
     ("fork without copy-on-write", None), ("unchained block hash", "chained"),
     ("fully cached prompt computes zero tokens", "last prompt token"), ("stale hash after reuse", "old hash"),
@@ -346,6 +404,8 @@ def test_wrong_manager_fails_prefix_or_cow_scenarios(name, pattern):
 
 @pytest.mark.parametrize("pool_cls, pattern", [
     (NoDecrementPool, "decrement"), (FreeSharedPool, "still held"), (HalfDoneAllocatePool, "changed the pool"),
+    (ForkReturnsNothingPool, "must return the forked sequence's table"),
+    (AllocateReturnsNothingPool, "must return the list of the block ids it took, got None"),
 ])
 def test_wrong_pool_fails(pool_cls, pattern):
     with pytest.raises(AssertionError, match=pattern):
