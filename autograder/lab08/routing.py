@@ -103,8 +103,9 @@ def _routes_with_another_hash_seed(route_fn: Callable, prompts: list[list[int]],
 def _check_route(route_fn: Callable[..., Any], learner_fn: Callable[..., Any] | None = None) -> None:
     rng = random.Random(0)
     two = REPLICAS4[:2]
-    # 1. affinity: equal first prefix_blocks blocks -> one replica, whatever follows (longer, shorter, partial blocks)
-    for block_size, prefix_blocks in ((16, 4), (8, 2)):
+    # 1. affinity: equal first prefix_blocks blocks -> one replica, whatever follows (longer, shorter, partial blocks;
+    # blocks of one token too, where one token past the window is a block of its own)
+    for block_size, prefix_blocks in ((16, 4), (8, 2), (1, 3)):
         window = block_size * prefix_blocks
         for _ in range(12):
             head = _prompt(rng, window)

@@ -137,6 +137,13 @@ def _one_block_short(tokens, bs, pb):
     return hashes[-1] if hashes else hash_block(None, tokens)
 
 
+def _one_token_past(tokens, bs, pb):
+    """The window one token too long: the same key while blocks are longer than a token (the extra token is a
+    partial block, which gets no hash), another one with blocks of one token."""
+    hashes = block_hashes(tokens[:bs * pb + 1], bs)
+    return hashes[-1] if hashes else hash_block(None, tokens)
+
+
 def _default_params(tokens, bs, pb):
     """Ignores the block_size / prefix_blocks arguments."""
     return own_key(tokens)
@@ -196,6 +203,7 @@ WRONG_ROUTES = {
     "flat window with partial blocks": _ring_route(_flat_window),
     "first tokens, not blocks": _ring_route(_first_tokens),
     "one block short": _ring_route(_one_block_short),
+    "one token past the window": _ring_route(_one_token_past),
     "ignores block_size/prefix_blocks": _ring_route(_default_params),
     "modulo": modulo,
     "sorted modulo": sorted_modulo,

@@ -7,6 +7,11 @@ ex1_code  sse_stream(outputs, make_chunks, abort): an async generator driven on 
           while it waits for an output that is not there yet (CancelledError at its await); or the engine fails
           after some outputs (outputs raises). Compared: one log, in order, of every event yielded, every abort()
           call, and how the consumer's side ended (the exception's type).
+ex2_code  admitted(slots, retry_after_s): an async context manager driven on a fresh event loop through a drawn script
+          of 0 to 12 steps on slots of capacity 1 to 3 (any starting in_use up to the capacity): enter once more
+          (admitted, or QueueFull at once), or leave one of the requests inside, picked by position, as a request
+          ends: finished, failed (an exception passing out), or cancelled (CancelledError). Compared: after every
+          step, in_use, what entering raised (its type and retry_after) and what leaving let out.
 ex4_code  lora_delta(x, A, B, adapter_idx, scaling): N from 0 (an empty batch), 1 to 3 adapters, rank 1 to 4,
           d_in and d_out 1 to 6, every row's adapter in -1 ("no adapter") .. n_adapters - 1, any scaling (0 too),
           float32, float64, bfloat16, float16, values up to 1e30 (overflow to inf in the narrow dtypes), the meta
@@ -119,6 +124,61 @@ def _sse_run(fn, value):
     return log
 
 
+# -- ex2: admitted -------------------------------------------------------------------------------------------------
+
+def _admission_inputs(ns: dict):
+    step = st.tuples(st.sampled_from(["enter", "finished", "failed", "cancelled"]), st.integers(0, 3))
+    return st.tuples(st.integers(1, 3), st.integers(0, 3), st.sampled_from([0.5, 1.0, 7.0]),
+                     st.lists(step, max_size=12))
+
+
+def _admission_corners(ns: dict) -> list:
+    fill = [("enter", 0)] * 3
+    return [(1, 0, 1.0, []), (1, 1, 1.0, [("enter", 0)]), (2, 0, 0.5, fill + [("finished", 0), ("enter", 0)]),
+            (3, 0, 7.0, fill + [("failed", 1), ("cancelled", 0), ("finished", 0), ("enter", 0)]),
+            (3, 3, 1.0, [("enter", 0), ("finished", 0)])]
+
+
+def _admission_run(fn, value):
+    from minigpt.serving.admission import AdmissionSlots
+
+    capacity, start, retry, steps = value
+    slots = AdmissionSlots(capacity, min(start, capacity))
+    inside: list = []
+    log: list = []
+
+    async def drive():
+        for what, which in steps:
+            if what == "enter":
+                manager = fn(slots, retry)
+                try:
+                    await manager.__aenter__()
+                    inside.append(manager)
+                    log.append(("in", slots.in_use))
+                except Exception as err:            # noqa: BLE001
+                    log.append(("refused", type(err).__name__, getattr(err, "retry_after", None), slots.in_use))
+                continue
+            if not inside:
+                continue
+            manager = inside.pop(which % len(inside))
+            err = {"finished": None, "failed": RuntimeError("the request failed"),
+                   "cancelled": asyncio.CancelledError()}[what]
+            try:
+                kept = await manager.__aexit__(type(err) if err else None, err, None)
+                log.append((what, "swallowed" if kept and err else "let out", slots.in_use))
+            except BaseException as raised:         # noqa: BLE001  (CancelledError is a BaseException)
+                log.append((what, "raised", type(raised).__name__, raised is err, slots.in_use))
+
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(drive())
+    except Exception as err:                        # noqa: BLE001
+        log.append(Raised(type(err).__name__))
+    finally:
+        loop.close()
+    return log
+
+
 # -- ex4: lora_delta ------------------------------------------------------------------------------------------------
 
 _FLOATS = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
@@ -182,6 +242,8 @@ def _route_run(fn, value):
 
 CONTRACTS = {
     "ex1_code": Contract("sse_stream", _sse_inputs, run=_sse_run, corners=_sse_corners, examples=200),
+    "ex2_code": Contract("admitted", _admission_inputs, run=_admission_run, corners=_admission_corners,
+                         examples=200),
     "ex4_code": Contract("lora_delta", _lora_inputs, run=_lora_run, corners=_lora_corners, examples=200),
     "ex5_code": Contract("route", _route_inputs, run=_route_run, corners=_route_corners, examples=60),
 }
