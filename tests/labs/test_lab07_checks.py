@@ -60,7 +60,7 @@ class OwnColumn(nn.Module):
     def __init__(self, in_features, out_local, comm):
         super().__init__()
         self.comm = comm
-        self.weight = nn.Parameter(torch.zeros(out_local, in_features))
+        self.weight = nn.Parameter(torch.randn(out_local, in_features) * 0.02)
 
     def forward(self, x):
         return x @ self.weight.t()
@@ -70,7 +70,7 @@ class OwnRow(nn.Module):
     def __init__(self, in_local, out_features, comm):
         super().__init__()
         self.comm = comm
-        self.weight = nn.Parameter(torch.zeros(out_features, in_local))
+        self.weight = nn.Parameter(torch.randn(out_features, in_local) * 0.02)
 
     def forward(self, x):
         return self.comm.all_reduce(x @ self.weight.t())
@@ -235,6 +235,28 @@ def test_wrong_sharding_is_rejected(wrong, message) -> None:
 
 # --- wrong linears -------------------------------------------------------------------------------
 
+class UnitNormalColumn(OwnColumn):
+    """torch.randn's std 1 for a fresh weight (issue 57: std 1.02 survived; loaded weights hide it)."""
+
+    def __init__(self, in_features, out_local, comm):
+        super().__init__(in_features, out_local, comm)
+        self.weight = nn.Parameter(torch.randn(out_local, in_features))
+
+
+class ZeroRow(OwnRow):
+    """A fresh weight of zeros: a model trained from it starts with every row-parallel output 0."""
+
+    def __init__(self, in_local, out_features, comm):
+        super().__init__(in_local, out_features, comm)
+        self.weight = nn.Parameter(torch.zeros(out_features, in_local))
+
+
+def test_fresh_weights_are_drawn_as_the_models_linears():
+    for column, row in ((UnitNormalColumn, OwnRow), (OwnColumn, ZeroRow)):
+        with pytest.raises(AssertionError, match="normal with mean 0 and std 0.02"):
+            lab07.check_parallel_linears(column, row)
+
+
 class AllReduceColumn(OwnColumn):
     """All-reduces after the column-parallel layer too."""
 
@@ -353,7 +375,14 @@ def lm_head_gathered_on_rank_0_only(x, weight_shard, comm):
     return comm.all_gather(local, dim=-1) if comm.rank == 0 else local
 
 
+def lm_head_transposing_the_shard(x, weight_shard, comm):
+    """t_() transposes the caller's shard in place: right logits once, a transposed shard for the next call (issue 57:
+    the mutant survived, judged calls get a copy of the shard)."""
+    return comm.all_gather(x @ weight_shard.t_(), dim=-1)
+
+
 @pytest.mark.parametrize("wrong, message", [(lm_head_all_reduced, "gather the pieces along the vocabulary"),
+                                            (lm_head_transposing_the_shard, "changed the weight shard it was given"),
                                             (lm_head_local_only, "expected logits of shape"),
                                             (lm_head_gather_wrong_dim, "expected logits of shape"),
                                             (lm_head_gathered_on_rank_0_only, "called different collectives")])
