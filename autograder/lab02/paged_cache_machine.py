@@ -73,13 +73,21 @@ def manager_state(m: Any) -> tuple:
 def check_copy_on_write_at_exhaustion(make_manager: Callable[[int, int, bool], Any], watch: Callable[[], Any]) -> None:
     """A corner the drawn steps reach only by chance: a write into a shared, partial last block that also opens a
     new block needs two blocks (the copy and the new one). With one free block: OutOfBlocks, nothing changed; with
-    two: the copy and two slots. (Pool of 4 blocks of 2: "a" holds [1, 2, 3], "b" its fork, "c" one block.)"""
-    what = "Exercise 4 (BlockManager), copy-on-write with the pool nearly full"
+    two: the copy and two slots. Prefix caching off, then on (the fork's block hashes are then read and extended).
+    (Pool of 4 blocks of 2: "a" holds [1, 2, 3], "b" its fork, "c" one block.)"""
+    for prefix in (False, True):
+        _copy_on_write_at_exhaustion(make_manager, watch, prefix)
+
+
+def _copy_on_write_at_exhaustion(make_manager: Callable[[int, int, bool], Any], watch: Callable[[], Any],
+                                 prefix: bool) -> None:
+    what = ("Exercise 4 (BlockManager), copy-on-write with the pool nearly full"
+            + (", prefix caching on" if prefix else ""))
     with watch():
-        m = _call("make_manager(4, 2, False)", make_manager, 4, 2, False)
-        _reservation(_call("add_sequence(0, [1, 2, 3])", m.add_sequence, 0, [1, 2, 3]), what, "add_sequence")
-        _call("fork(0, 1)", m.fork, 0, 1)
-        _reservation(_call("add_sequence(2, [5])", m.add_sequence, 2, [5]), what, "add_sequence")
+        m = _call(f"make_manager(4, 2, {prefix})", make_manager, 4, 2, prefix)
+        _reservation(_call(f"{what}: add_sequence(0, [1, 2, 3])", m.add_sequence, 0, [1, 2, 3]), what, "add_sequence")
+        _call(f"{what}: fork(0, 1)", m.fork, 0, 1)
+        _reservation(_call(f"{what}: add_sequence(2, [5])", m.add_sequence, 2, [5]), what, "add_sequence")
         before = manager_state(m)
         try:
             with quiet():
@@ -93,8 +101,8 @@ def check_copy_on_write_at_exhaustion(make_manager: Callable[[int, int, bool], A
                 "change nothing, but it " + ("returned a reservation" if result is not None else
                                              "changed the state before raising") + ": count the copy-on-write copy "
                 "with the new blocks BEFORE allocating anything")
-        _call("free(2)", m.free, 2)
-        result = _reservation(_call("append_tokens(1, [7, 8])", m.append_tokens, 1, [7, 8]), what, "append_tokens")
+        _call(f"{what}: free(2)", m.free, 2)
+        result = _reservation(_call(f"{what}: append_tokens(1, [7, 8])", m.append_tokens, 1, [7, 8]), what, "append_tokens")
         if len(result.copies) != 1 or len(result.slots) != 2:
             raise AssertionError(f"{what}: with 2 blocks free, writing 2 tokens into sequence 1 (its partial last "
                                  "block shared) should copy that block once and return 2 slots, got copies "
@@ -316,7 +324,11 @@ class PagedCacheMachine(RuleBasedStateMachine):
     @_reports_failure
     def check_2_ref_counts_match_tables(self) -> None:
         holders = [0] * self.m.pool.num_blocks
-        for t in self.m.tables.values():
+        for seq, t in self.m.tables.items():
+            if t.block_size != self.bs:
+                raise AssertionError(f"sequence {seq}'s BlockTable has block_size {t.block_size!r}, the manager "
+                                     f"{self.bs}: a table is made with the manager's block size (whoever reads the "
+                                     "table maps positions to slots with it)")
             for b in t.blocks:
                 holders[b] += 1
         refs = [int(r) for r in self.m.pool.ref_counts]

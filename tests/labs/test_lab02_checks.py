@@ -281,6 +281,31 @@ def test_a_manager_whose_state_cannot_be_read_fails_the_check():
         lab02.check_block_manager(factory(ForkWithoutBlocksManager), max_examples=EXAMPLES)
 
 
+class ForkForgetsHashesManager(LearnerBlockManager):
+    """The child's block hashes are None (`self.hashes[child] = None` survived the drawn steps): its first append
+    with prefix caching on breaks."""
+
+    def fork(self, parent, child):
+        super().fork(parent, child)
+        self.hashes[child] = None
+
+
+class TableWithoutBlockSizeManager(LearnerBlockManager):
+    """A forked table made with block_size None: the manager maps slots with its own size, whoever reads the table
+    cannot."""
+
+    def fork(self, parent, child):
+        super().fork(parent, child)
+        self.tables[child].block_size = None
+
+
+def test_a_fork_without_its_hashes_or_block_size_fails():
+    with pytest.raises(AssertionError, match="state machine|prefix caching on"):
+        lab02.check_block_manager(factory(ForkForgetsHashesManager), max_examples=EXAMPLES)
+    with pytest.raises(AssertionError, match="BlockTable has block_size None"):
+        lab02.check_block_manager(factory(TableWithoutBlockSizeManager), max_examples=EXAMPLES)
+
+
 # Wrong only where a shared, partial last block meets a nearly full pool: the fixed corner after the drawn steps.
 WRONG_AT_THE_COW_CORNER = {
     "the copy-on-write copy not counted": factory(CopyNotCountedManager),
