@@ -60,7 +60,8 @@ def _err(got: torch.Tensor, want: torch.Tensor) -> str:
     if got.shape != want.shape:
         return f"shape {tuple(got.shape)} instead of {tuple(want.shape)}"
     if not torch.isfinite(got).all():
-        return "non-finite values (inf / nan)"
+        return ("non-finite values (inf / nan; a masked tl.load without other= leaves its masked lanes undefined, NaN "
+                "in the course's interpreter as on a GPU: give each masked load the value its lanes must hold)")
     return f"max abs error {(got.double() - want.double()).abs().max().item():.3g}"
 
 

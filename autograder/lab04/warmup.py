@@ -9,7 +9,7 @@ so a missing mask shows as a wrong number or an overwritten sentinel, never as m
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -53,10 +53,11 @@ def _untouched(buf: torch.Tensor, view: torch.Tensor) -> bool:
     return bool((buf[outside] == SENTINEL).all())
 
 
-def _run(what: str, fn: Callable, refs: tuple, args: tuple, context: str, first: bool) -> None:
-    """Call fn(*args) counting its Triton launches; refuse no launch and a launch of the package's kernel (the first
-    case also refuses a call into the reference's launcher)."""
-    _, launches = call_launcher(what, fn, *args, exercise=what, context=context, watch=refs if first else ())
+def _run(what: str, fn: Callable, refs: tuple, args: tuple, context: str, first: bool, **kwargs: Any) -> None:
+    """Call fn(*args, **kwargs) counting its Triton launches; refuse no launch and a launch of the package's kernel
+    (the first case also refuses a call into the reference's launcher)."""
+    _, launches = call_launcher(what, fn, *args, exercise=what, context=context, watch=refs if first else (),
+                                **kwargs)
     if not launches:
         raise AssertionError(f"{what} ({context}): no Triton kernel was launched; write the kernel with @triton.jit "
                              "and launch it over a grid: kernel[grid](...)")
@@ -130,14 +131,17 @@ def check_tiled_matmul(fn: Callable) -> None:
     refs = (ref.matmul,)       # a launch of ref.matmul_kernel is refused by call_launcher
     own_work(fn, refs, what=WARMUP_MATMUL)
     g = torch.Generator().manual_seed(13)
-    for i, (M, K, N) in enumerate(((16, 16, 16), (37, 45, 29), (5, 70, 3), (1, 1, 1), (20, 8, 33))):
-        what = f"M = {M}, K = {K}, N = {N}"
+    cases = [((M, K, N), {}) for M, K, N in ((16, 16, 16), (37, 45, 29), (5, 70, 3), (1, 1, 1), (20, 8, 33))]
+    cases += [((37, 45, 29), dict(zip(("block_m", "block_n", "block_k"), tiles)))      # tiles of three sizes: a
+              for tiles in ((16, 32, 64), (32, 64, 16), (64, 16, 32))]                # swapped name shows
+    for i, ((M, K, N), tiles) in enumerate(cases):
+        what = f"M = {M}, K = {K}, N = {N}" + "".join(f", {k} = {v}" for k, v in tiles.items())
         a_vals, b_vals = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g)
         a, _ = _guarded((M, K), math.nan, a_vals)
         b_t, _ = _guarded((N, K), math.nan, b_vals.T)          # b as a transposed view: column-major strides
         b = b_t.T
         out, out_buf = _guarded((M, N), SENTINEL)
-        _run(WARMUP_MATMUL, fn, refs, (a, b, out), what, i == 0)
+        _run(WARMUP_MATMUL, fn, refs, (a, b, out), what, i == 0, **tiles)
         if not _untouched(out_buf, out):
             raise AssertionError(f"{WARMUP_MATMUL}, {what}: the kernel wrote outside out; store the tile with "
                                  "mask=(rows < M)[:, None] & (cols < N)[None, :].")
@@ -147,8 +151,13 @@ def check_tiled_matmul(fn: Callable) -> None:
         hint = " Use the strides you are given (b here is a transposed view), and accumulate in float32."
         whole = K - K % 16
         if not torch.isfinite(out).all():
-            hint = (" The result has NaN: a load read past the edge of a or b. Mask the K tail (ks < K) as well as "
-                    "the rows (< M) and columns (< N), with other=0.")
+            hint = (" The result has NaN: a load read past the edge of a or b, or a masked load without other= (its "
+                    "masked lanes are undefined: NaN in the course's interpreter, as a GPU may leave them). Mask the "
+                    "K tail (ks < K) as well as the rows (< M) and columns (< N), with other=0.")
+        elif tiles:
+            hint = (" With tiles of three different sizes the result is wrong: rows come in tiles of BLOCK_M, columns "
+                    "of BLOCK_N, and K in steps of BLOCK_K (the accumulator is (BLOCK_M, BLOCK_N)); check that each "
+                    "size goes where its name says.")
         elif whole < K and torch.allclose(out.double(), a_vals[:, :whole].double() @ b_vals[:whole].double(),
                                           atol=1e-4, rtol=1e-4):
             hint = (f" The last {K - whole} values of K are missing: loop over range(0, K, BLOCK_K) (the last step "

@@ -60,7 +60,10 @@ def check_dequant_gemv(fn: Callable) -> None:
                                  f"{tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__}")
         if not torch.allclose(y.float().cpu(), want, atol=1e-3, rtol=1e-3):
             hint = ""
-            if bits == 4:
+            if not torch.isfinite(y.float()).all():
+                hint = (" It has NaN: a load read outside its tensor, or a masked load without other= (its masked "
+                        "lanes are undefined: NaN in the course's interpreter, as a GPU may leave them).")
+            elif bits == 4:
                 swapped = ((qw >> 4) | (qw << 4)).to(torch.uint8)
                 if torch.allclose(y.float().cpu(), dequant_gemv_reference(x, swapped, scale, bits, group), atol=1e-3, rtol=1e-3):
                     hint = " The nibbles are swapped: column 2j is the LOW nibble (b & 15), 2j+1 the high one (b >> 4)."
@@ -91,7 +94,8 @@ def _check_drawn_gemv(fn: Callable, case: GemvCase, ex: str, references: tuple) 
     if not torch.allclose(y.float().cpu(), want, atol=tol, rtol=tol):
         err = (y.float().cpu() - want).abs().max().item()
         raise AssertionError(f"{what}: differs from the dequantized product by up to {err:.3g} (NaN: a load read "
-                             "outside its tensor, past K or a row, or with another tensor's strides; a large error "
+                             "outside its tensor, past K or a row, or with another tensor's strides, or a masked load "
+                             "without other=, whose masked lanes are undefined; a large error "
                              "with K several tiles long: each tile must ADD to the accumulator, and the packed "
                              "bytes of tile k0 start at k0 // 2). Rerun it: the launcher takes block_n and block_k.")
 

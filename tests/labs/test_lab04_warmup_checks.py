@@ -91,12 +91,47 @@ def _matmul_no_k_mask(A, B, C, M, N, K, stride_am, stride_ak, stride_bk, stride_
              mask=(rows[:, None] < M) & (cols[None, :] < N))
 
 
+@triton.jit
+def _matmul_rows_by_block_n(A, B, C, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_M)    # row tiles placed BLOCK_N apart (issue 57: equal
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)    # tiles in the launcher hid it)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(A + rows[:, None] * stride_am + ks[None, :] * stride_ak,
+                    mask=(rows[:, None] < M) & (ks[None, :] < K), other=0.0)
+        b = tl.load(B + ks[:, None] * stride_bk + cols[None, :] * stride_bn,
+                    mask=(ks[:, None] < K) & (cols[None, :] < N), other=0.0)
+        acc += tl.dot(a, b, input_precision="ieee")
+    tl.store(C + rows[:, None] * stride_cm + cols[None, :] * stride_cn, acc,
+             mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+@triton.jit
+def _matmul_masked_without_other(A, B, C, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(A + rows[:, None] * stride_am + ks[None, :] * stride_ak,       # masked lanes undefined: zeros in
+                    mask=(rows[:, None] < M) & (ks[None, :] < K))                 # Triton's own interpreter, NaN here
+        b = tl.load(B + ks[:, None] * stride_bk + cols[None, :] * stride_bn,
+                    mask=(ks[:, None] < K) & (cols[None, :] < N), other=0.0)
+        acc += tl.dot(a, b, input_precision="ieee")
+    tl.store(C + rows[:, None] * stride_cm + cols[None, :] * stride_cn, acc,
+             mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
 def _matmul_with(kernel):
-    def matmul(a, b, out):
+    def matmul(a, b, out, block_m=16, block_n=16, block_k=16):
         M, K = a.shape
         N = b.shape[1]
-        kernel[(triton.cdiv(M, 16), triton.cdiv(N, 16))](a, b, out, M, N, K, *a.stride(), *b.stride(), *out.stride(),
-                                                         BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
+        kernel[(triton.cdiv(M, block_m), triton.cdiv(N, block_n))](
+            a, b, out, M, N, K, *a.stride(), *b.stride(), *out.stride(), BLOCK_M=block_m, BLOCK_N=block_n,
+            BLOCK_K=block_k)
         return out
     return matmul
 
@@ -167,3 +202,15 @@ def test_matmul_without_the_k_mask_fails():
 def test_warm_up_labels_name_the_exercise():
     from autograder.checking.learner_errors import _label
     assert _label("warmup2_check") == "Warm-up 2"
+
+
+def test_matmul_with_a_tile_name_swapped_fails_on_unequal_tiles():
+    with pytest.raises(AssertionError, match="each size goes where its name says"):
+        lab04.check_tiled_matmul(_matmul_with(_matmul_rows_by_block_n))
+
+
+def test_matmul_with_a_masked_load_without_other_fails():
+    """Triton leaves a masked load's lanes undefined; the course's interpreter fills them with NaN
+    (minigpt.kernels.triton_support.undefined_lanes_as_nan), so the zero padding this kernel relies on is not there."""
+    with pytest.raises(AssertionError, match="masked load without other="):
+        lab04.check_tiled_matmul(_matmul_with(_matmul_masked_without_other))

@@ -8,8 +8,9 @@ interpreter, with three things a GPU has and the interpreter hides put back:
 * every input tensor ends exactly where an unreadable page begins (guard_page.py), and the launch runs in a forked
   child: a load or store one element past a tensor faults, and the fault is the result (Raised OutOfBoundsAccess);
   the output buffers a caller hands in have padding with a sentinel, returned whole, so a write outside shows;
-* a masked load without `other=` gets NaN in its masked lanes (Triton: "undefined"; the interpreter writes zeros,
-  which hides a lane that reaches the result through a multiplication by zero);
+* a masked load without `other=` gets NaN in its masked lanes (Triton: "undefined"; Triton's interpreter writes
+  zeros, which hides a lane that reaches the result through a multiplication by zero): the course's interpreter does
+  this everywhere, the checks' runs too (minigpt.kernels.triton_support.undefined_lanes_as_nan);
 * a float32 `tl.dot` whose input_precision is TF32 (the default, what `input_precision=None` asks for) rounds its
   operands to TF32 (10 mantissa bits) as an sm_80+ GPU does; the interpreter computes every dot in float32.
 
@@ -54,23 +55,20 @@ def _tf32(x):
 
 
 def _gpu_like_interpreter() -> None:
-    """Patch Triton's interpreter (in a forked child only): NaN in a masked load's lanes without `other`, TF32 dots."""
+    """Patch Triton's interpreter (in a forked child only): TF32 dots; NaN in a masked load's lanes without `other` is
+    the course's interpreter already (minigpt.kernels.triton_support.undefined_lanes_as_nan, on importing
+    minigpt.kernels)."""
     import numpy as np
     from triton._C.libtriton import ir
     from triton.runtime import interpreter as interp
 
+    from minigpt.kernels.triton_support import undefined_lanes_as_nan
+
+    undefined_lanes_as_nan()
     builder = interp.InterpreterBuilder
     if getattr(builder, "_lab04_patched", False):
         return
-    load, dot = builder.create_masked_load, builder.create_dot
-
-    def create_masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
-        if other is None:
-            dtype_tt = ptrs.get_element_ty()
-            dtype_np = interp._get_np_dtype(dtype_tt)
-            fill = np.nan if np.issubdtype(dtype_np, np.floating) else np.iinfo(dtype_np).max
-            other = interp.TensorHandle(np.full_like(ptrs.data, fill, dtype=dtype_np), dtype_tt)
-        return load(self, ptrs, mask, other, cache_policy, is_volatile)
+    dot = builder.create_dot
 
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
         if input_precision == ir.INPUT_PRECISION.TF32 and a.data.dtype == np.float32 and b.data.dtype == np.float32:
@@ -78,7 +76,7 @@ def _gpu_like_interpreter() -> None:
             b = interp.TensorHandle(_tf32(b.data), b.dtype)
         return dot(self, a, b, d, input_precision, max_num_imprecise_acc)
 
-    builder.create_masked_load, builder.create_dot = create_masked_load, create_dot
+    builder.create_dot = create_dot
     builder._lab04_patched = True
 
 

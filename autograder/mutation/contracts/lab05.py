@@ -431,33 +431,16 @@ class _RecordedLaunch:
         return lambda *args, **kwargs: None
 
 
-# What a masked-out lane of a load without `other` holds where the language leaves it undefined ("If `other` is None,
-# the masked-out value is undefined": triton.language.load). The interpreter fills 0, which a GPU does not promise;
-# here a float lane holds NaN and an integer lane a code that is not 0, values a GPU may leave there.
-_UNDEFINED_INT = 0x77
-
-
 @contextlib.contextmanager
 def _undefined_masked_lanes():
-    import numpy as np
-    from triton.runtime import interpreter
+    """A masked-out lane of a load without `other` holds NaN (a float) or the dtype's largest value (an integer), not
+    the interpreter's 0: the language leaves it undefined ("If `other` is None, the masked-out value is undefined":
+    triton.language.load), and the course's interpreter says so everywhere
+    (minigpt.kernels.triton_support.undefined_lanes_as_nan, on importing minigpt.kernels)."""
+    from minigpt.kernels.triton_support import undefined_lanes_as_nan
 
-    builder = interpreter.InterpreterBuilder
-    plain = builder.create_masked_load
-
-    def create_masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
-        if other is None:
-            dtype_tt = ptrs.get_element_ty()
-            dtype_np = interpreter._get_np_dtype(dtype_tt)
-            fill = np.nan if np.issubdtype(dtype_np, np.floating) else _UNDEFINED_INT
-            other = interpreter.TensorHandle(np.full(ptrs.data.shape, fill, dtype=dtype_np), dtype_tt)
-        return plain(self, ptrs, mask, other, cache_policy, is_volatile)
-
-    builder.create_masked_load = create_masked_load
-    try:
-        yield
-    finally:
-        builder.create_masked_load = plain
+    undefined_lanes_as_nan()
+    yield
 
 
 def _run_gemv(fn, spec):

@@ -11,7 +11,9 @@ GEMV (lab 05). On a machine without a GPU they run in Triton's interpreter (TRIT
 
 Importing this package on a machine where torch sees no CUDA device sets TRITON_INTERPRET=1 (unless the
 variable is already set), so that the @triton.jit kernels of the modules below are built for the CPU
-interpreter; Triton reads the variable when a kernel is decorated, i.e. when its module is imported.
+interpreter; Triton reads the variable when a kernel is decorated, i.e. when its module is imported. Under the
+interpreter, a masked load without `other=` then fills its masked lanes with NaN, as undefined as a GPU leaves them
+(`triton_support.undefined_lanes_as_nan`).
 """
 
 import os as _os
@@ -20,3 +22,7 @@ import torch as _torch
 
 if "TRITON_INTERPRET" not in _os.environ and not _torch.cuda.is_available():
     _os.environ["TRITON_INTERPRET"] = "1"
+
+from minigpt.kernels.triton_support import undefined_lanes_as_nan as _undefined_lanes_as_nan  # noqa: E402
+
+_undefined_lanes_as_nan()

@@ -1,5 +1,5 @@
 """What every Triton kernel of the course needs around it: is Triton interpreting (a CPU), dot precision options
-per dtype, and a clear error for tensors on the wrong device."""
+per dtype, a clear error for tensors on the wrong device, and an interpreter that does not hide undefined lanes."""
 
 from __future__ import annotations
 
@@ -31,3 +31,32 @@ def check_triton_device(*tensors: Tensor) -> None:
     if not interpreting():
         raise RuntimeError("Triton kernels need CUDA tensors; on a CPU set the environment variable "
                            "TRITON_INTERPRET=1 before importing triton (and minigpt.kernels) to use the interpreter")
+
+
+def undefined_lanes_as_nan() -> None:
+    """Under the interpreter, a masked `tl.load` without `other=` gets NaN in its masked lanes (the dtype's largest
+    value for integers) instead of the interpreter's zeros. Triton leaves those lanes undefined: on a GPU they hold
+    whatever the registers held, so a kernel whose result depends on them (an undefined lane times a zero is not
+    zero, a row max over them is not the row's) is wrong there even where zeros hide it here. Idempotent; does
+    nothing unless Triton is interpreting."""
+    if not interpreting():
+        return
+    import numpy as np
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    if getattr(builder, "_undefined_lanes_as_nan", False):
+        return
+    load = builder.create_masked_load
+
+    def create_masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
+        if other is None:
+            dtype_tt = ptrs.get_element_ty()
+            dtype_np = interpreter._get_np_dtype(dtype_tt)
+            fill = np.nan if np.issubdtype(dtype_np, np.floating) else (
+                True if dtype_np == np.bool_ else np.iinfo(dtype_np).max)
+            other = interpreter.TensorHandle(np.full_like(ptrs.data, fill, dtype=dtype_np), dtype_tt)
+        return load(self, ptrs, mask, other, cache_policy, is_volatile)
+
+    builder.create_masked_load = create_masked_load
+    builder._undefined_lanes_as_nan = True
