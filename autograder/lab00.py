@@ -406,6 +406,15 @@ def check_critical_batch_size(critical_batch_size: Callable[..., int | None], ex
     edge_w = ref.decode_bytes(edge, edge_ctx, 0, weight_bytes_per_element=2, kv_bytes_per_element=2)
     edge_k = ref.decode_bytes(edge, edge_ctx, 1, weight_bytes_per_element=2, kv_bytes_per_element=2) - edge_w
     cases.append((edge, edge_ctx, float(ref.decode_flops(edge, edge_ctx, 1)), float(edge_k), 2, 2))
+    # Batches exactly on the ridge, or a few ulps off it, where the closed form ceil(ridge * w / (f - ridge * k)) in
+    # floats lands one off the smallest compute-bound batch: 1001 for 1000, 7 for 8, 2 for 1 (found by the mutation
+    # runs' differential tests, issue 57). A boundary test must compare the integer batches themselves.
+    llama2 = PRESETS["Llama-2-7B (MHA)"]
+    cases += [(llama2, 16, 1.322254336e13, 7500023808.0, 0.5, 1), (llama2, 16, 92557803520.00002, 3333046272.0, 0.5, 1),
+              (llama2, 128, 3349863629130.4463, 3.35e12, 2, 2)]
+    # The smallest shape the contract allows: one layer of width 1, where f - ridge / k would be 0 (and ridge == k).
+    tiny = ModelShape("width 1", n_layers=1, d_model=1, n_heads=1, n_kv_heads=1, head_dim=1, d_ff=1, vocab_size=1)
+    cases.append((tiny, 0, 1e9, 1e9, 0.5, 1))
     for s, ctx, peak, bw, wb, kb in cases:
         expected = ref.critical_batch_size(s, ctx, peak, bw, weight_bytes_per_element=wb, kv_bytes_per_element=kb)
         what = (f"critical_batch_size({_describe(s)}, context_len={ctx}, peak_flops={peak:.4g}, bandwidth={bw:.4g}, "

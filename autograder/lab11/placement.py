@@ -1,7 +1,7 @@
 """Exercise 6: EPLB-style placement, hot experts replicated so the slowest rank carries less.
 
-    check_eplb_placement(eplb_placement)   five loads (skewed, one very hot expert, no spare slot, uniform, a
-                                           measured-looking one): every rank exactly slots_per_rank experts, every
+    check_eplb_placement(eplb_placement)   six loads (skewed, one very hot expert first or last, no spare slot,
+                                           uniform, a measured-looking one): every rank exactly slots_per_rank experts, every
                                            expert somewhere; the slowest rank's load, computed here with each
                                            expert's tokens split evenly over its replicas, no higher than the
                                            greedy replicate-then-pack of DeepSeek's EPLB reaches
@@ -24,6 +24,7 @@ REFERENCES = (eplb.eplb_placement,)
 CASES = [
     ("skewed load (1/rank^1.2)", [round(1000 / (e + 1) ** 1.2) for e in range(8)], 4, 3),
     ("one very hot expert", [600, 40, 35, 30, 25, 20], 2, 4),
+    ("the hottest expert listed last", [20, 25, 30, 35, 40, 600], 2, 4),
     ("no spare slot (packing only)", [90, 10, 50, 40, 70, 30], 3, 2),
     ("uniform load", [100] * 8, 4, 2),
     ("16 experts, a few hot", [310, 12, 44, 9, 150, 20, 18, 7, 220, 15, 11, 30, 8, 61, 25, 10], 4, 5),

@@ -307,6 +307,33 @@ def test_decode_step_time_wrong_answers():
     _fails("whole input-embedding table", lab00.check_decode_step_time, whole_table_per_kernel)
 
 
+def closed_form_only(s, context_len, peak, bw, wb, kb):
+    """ceil(ridge * w / (f - ridge * k)) and nothing else: in floats it lands one off where a batch sits on the ridge
+    (issue 57: the fix-up loops' mutants survived until the check tried such batches)."""
+    ridge = peak / bw
+    w = decode_bytes(s, context_len, 0, wb, kb)
+    f, k = decode_flops(s, context_len, 1), decode_bytes(s, context_len, 1, wb, kb) - w
+    return None if f <= ridge * k else max(1, math.ceil(ridge * w / (f - ridge * k)))
+
+
+def strict_ridge(s, context_len, peak, bw, wb, kb):
+    """A batch exactly on the ridge counted as memory-bound (> instead of >=)."""
+    ridge = peak / bw
+    w = decode_bytes(s, context_len, 0, wb, kb)
+    f, k = decode_flops(s, context_len, 1), decode_bytes(s, context_len, 1, wb, kb) - w
+    if f <= ridge * k:
+        return None
+    b = 1
+    while b * f <= ridge * (w + b * k):
+        b += 1
+    return b
+
+
+def test_critical_batch_on_the_ridge():
+    _fails("off by one|critical_batch_size", lab00.check_critical_batch_size, closed_form_only)
+    _fails("critical_batch_size", lab00.check_critical_batch_size, strict_ridge)
+
+
 def test_critical_batch_wrong_answers():
     _fails("ignored the KV cache", lab00.check_critical_batch_size,
            lambda s, c, p, bw, wb, kb: max(1, math.ceil(p / bw * w_no_rows(s, wb) / decode_flops(s, c, 1))))

@@ -179,6 +179,9 @@ WRONG = [
                   "        fresh = open_ranks\n"}, "slowest rank carries"),
     ("ex6_code", {"        r = min(fresh, key=lambda r: rank_load[r])\n": "        r = fresh[0]\n"},
      "slowest rank carries"),
+    ("ex6_code", {"hot = max(range(len(load)), key=lambda e: load[e] / replicas[e])":       # the last expert never
+                  "hot = max(range(len(load) - 1), key=lambda e: load[e] / replicas[e])"},  # replicated (issue 57)
+     "hottest expert listed last.*slowest rank carries"),
 ]
 
 

@@ -5,10 +5,16 @@
   vocabulary, 0 or more new tokens within the context; logits with ties (a zero head). The run records the device
   of every token tensor the model is fed (a model off the CPU needs its tokens on its own device: minigpt refuses
   others, as a GPU would), with the result.
+* ex5 prefill_bytes and decode_bytes (one cell, both compared): any shape, lengths and batches from 0, weight bytes 0.5
+  to 4, KV bytes 1 to 4.
+* ex6 attainable_flops(intensity, peak, bandwidth): intensities, peaks and bandwidths from 0 to 1e16, finite, and
+  the ridge itself (intensity * bandwidth == peak).
 * ex7 max_concurrent_requests: any Llama-style shape, contexts of 1 token or more (a request of 0 tokens has no
   cache: the solution itself divides by 0), weight bytes per element 0.5 to 4, KV bytes 1 to 4, utilisations in
   (0, 1]; the boundary where the memory left after the weights is -1, 0, 1 or 2 bytes, or exactly some requests'
   caches.
+* ex8 decode_step_time: any shape, contexts and batches from 0 (batch 1 or more), peaks and bandwidths from 1e9 to
+  1e16, and the ridge of each kernel (its FLOPs / peak == its bytes / bandwidth).
 * ex9 critical_batch_size: any shape, contexts from 0, ridges from 0.1 to ~3e4 FLOP/byte (every accelerator of the
   course and beyond), and the boundaries: a batch B exactly on the ridge (peak = B f, bandwidth = W + B k, scaled),
   the same a few ulps either side, and f == ridge * k (None); near that edge the smallest batch is astronomically
@@ -100,6 +106,59 @@ def _run_generate(greedy_generate, value):
         return {"result": call_with(greedy_generate, value), "tokens_fed_on": fed}
     finally:
         handle.remove()
+
+
+# ---------------------------------------------------------------- exercises 5, 6, 8: bytes, the roofline, a step
+
+
+@st.composite
+def _bytes_inputs(draw):
+    shape = draw(st.one_of(SHAPES, st.sampled_from(_presets())))
+    return (shape, draw(st.integers(0, 131072)), draw(st.integers(0, 4096)), draw(WEIGHT_BPE), draw(KV_BPE))
+
+
+def _run_bytes(decode_bytes, value):
+    """Both functions of the cell on one input: (prefill_bytes(...), decode_bytes(...))."""
+    prefill_bytes = decode_bytes.__globals__["prefill_bytes"]
+    return call_with(prefill_bytes, value), call_with(decode_bytes, value)
+
+
+_MAGNITUDE = st.one_of(st.just(0.0), st.floats(1e-3, 1e16, allow_nan=False, allow_infinity=False),
+                       st.integers(0, 10**6).map(float))
+
+
+@st.composite
+def _roofline_inputs(draw):
+    peak, bandwidth = draw(_MAGNITUDE), draw(_MAGNITUDE)
+    intensity = draw(st.one_of(_MAGNITUDE, st.just(peak / bandwidth if bandwidth else 0.0)))
+    return (intensity, peak, bandwidth)
+
+
+def _roofline_corners(ns):
+    return [(0.0, 1e15, 1e12), (1e3, 1e15, 1e12), (999.0, 1e15, 1e12), (1001.0, 1e15, 1e12), (2.0, 4.0, 2.0),
+            (1.0, 0.0, 0.0), (0.0, 0.0, 0.0)]
+
+
+@st.composite
+def _step_inputs(draw):
+    shape = draw(st.one_of(SHAPES, st.sampled_from(_presets())))
+    ctx, batch, wb, kb = draw(st.integers(0, 65536)), draw(st.integers(1, 4096)), draw(WEIGHT_BPE), draw(KV_BPE)
+    bw = 10 ** draw(st.floats(9, 13))
+    return (shape, ctx, batch, bw * 10 ** draw(st.floats(-1, 4.5)), bw, wb, kb)
+
+
+def _step_corners(ns):
+    """Each kernel exactly on its ridge: the weight matmuls (peak = FLOPs, bandwidth = bytes), then attention."""
+    from minigpt.costmodel.calculators import PRESETS
+
+    flops, dbytes, kv = ns["decode_flops"], ns["decode_bytes"], ns["kv_cache_bytes"]
+    corners = []
+    for name, ctx, batch in (("Llama-3-8B", 1024, 16), ("minigpt-target", 128, 1), ("Llama-2-7B (MHA)", 16, 1000)):
+        shape = PRESETS[name]
+        mf, mb = flops(shape, 0, batch), dbytes(shape, 0, batch, 2, 2)
+        af, ab = flops(shape, ctx, batch) - mf, kv(shape, ctx, batch, 2)
+        corners += [(shape, ctx, batch, float(mf), float(mb), 2, 2), (shape, ctx, batch, float(af), float(ab), 2, 2)]
+    return corners
 
 
 # ---------------------------------------------------------------- exercise 7: how many requests fit
@@ -211,6 +270,9 @@ def _within(seconds: float):
 CONTRACTS = {
     "ex1_code": Contract("greedy_generate", lambda ns: _generate_inputs(), run=_run_generate,
                          corners=_generate_corners, examples=40),
+    "ex5_code": Contract("decode_bytes", lambda ns: _bytes_inputs(), run=_run_bytes, examples=300),
+    "ex6_code": Contract("attainable_flops", lambda ns: _roofline_inputs(), corners=_roofline_corners, examples=300),
+    "ex8_code": Contract("decode_step_time", lambda ns: _step_inputs(), corners=_step_corners, examples=300),
     "ex7_code": Contract("max_concurrent_requests", lambda ns: _requests_inputs(), corners=_requests_corners,
                          examples=300),
     "ex9_code": Contract("critical_batch_size", _critical_inputs, run=_within(5.0), corners=_critical_corners,
