@@ -33,7 +33,9 @@ from minigpt.tokenizer import load_tokenizer
 GENERATE_WHAT = "Exercise 4 (generate_json)"
 JUMP_WHAT = "Exercise 5 (jump_forward_json)"
 REFERENCES = (constrained.generate_constrained,)
-MODELS = {"a small random model": dict(seed=5), "a model that always prefers the end token": dict(seed=6, eager_to_end=True)}
+MODELS = {"a small random model": dict(seed=5), "a model that always prefers the end token": dict(seed=6, eager_to_end=True),
+          # every logit between -7e4 and -5e4: a refused token masked to a finite -1e4 beats every allowed one
+          "a model whose logits all lie far below -1e4": dict(seed=7, logit_shift=-1e6)}
 
 
 @functools.lru_cache(maxsize=None)
@@ -69,11 +71,13 @@ def _reference(model: GPT, prompt: list[int], name: str, limit: int, *, jump: bo
     return out.tokens, passes.sizes
 
 
-def _learner(fn: Callable, what: str, model: GPT, prompt: list[int], name: str, limit: int) -> tuple[list[int], list[int]]:
+def _learner(fn: Callable, what: str, model: GPT, prompt: list[int], name: str, limit: int,
+             label: str = "") -> tuple[list[int], list[int]]:
     passes = _Passes(model)
     try:
         with no_calls_into(*REFERENCES, what=what):
-            got = call_learner(what, fn, model, list(prompt), SCHEMAS[name], limit)
+            got = call_learner(what, fn, model, list(prompt), SCHEMAS[name], limit,
+                               context=f"schema {name!r}, max_new_tokens={limit}, {label}" if label else "")
     finally:
         passes.close()
     if not isinstance(got, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in got):
@@ -121,7 +125,7 @@ def _check(fn: Callable, what: str, *, jump: bool) -> None:
         for s, (name, limit) in enumerate(DECODING_CASES):
             prompt = random_prompt(10 * m + s)
             want, want_passes = _reference(model, prompt, name, limit, jump=jump)
-            got, got_passes = _learner(fn, what, model, prompt, name, limit)
+            got, got_passes = _learner(fn, what, model, prompt, name, limit, label)
             where = f"{what}, schema {name!r} ({SCHEMAS[name]}), max_new_tokens={limit}, {label}"
             if got != want:
                 raise AssertionError(f"{where}: generated {_text(got)!r}, expected {_text(want)!r}. "

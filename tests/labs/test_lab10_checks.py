@@ -111,6 +111,11 @@ WRONG = [
     ("ex4_code", {'token = int(logits.masked_fill(~allowed, float("-inf")).argmax())': "token = int(logits.argmax())"},
      "does not allow|raised"),
     ("ex4_code", {"state = grammar.walk(state, vocab.texts[token])": "pass"}, "generated"),
+    # refused tokens masked to a finite -1e4: they win on a model whose logits all lie near -1e5 (issue 57)
+    ("ex4_code", {'token = int(logits.masked_fill(~allowed, float("-inf")).argmax())':
+                  "token = int(logits.masked_fill(~allowed, -1e4).argmax())"}, "far below -1e4"),
+    ("ex5_code", {'token = int(logits.masked_fill(~allowed, float("-inf")).argmax())':
+                  "token = int(logits.masked_fill(~allowed, -1e4).argmax())"}, "far below -1e4"),
     ("ex4_code", {"if token == vocab.eos_id:\n            break": "if token == vocab.eos_id:\n            out.append(token)\n            break"},
      "without returning it"),
     ("ex4_code", {"allowed = masks.mask(state)": "allowed = masks.mask(state).clone()\n        allowed[vocab.eos_id] = True"},
