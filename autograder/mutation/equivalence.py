@@ -17,12 +17,14 @@ Interview answer cells (q*_code) need no contract: `answers` compares every valu
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import linecache
 import math
 import re
+import tempfile
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 __all__ = ["Contract", "Raised", "call_with", "same_result", "differential", "answers"]
 
@@ -122,10 +124,25 @@ def differential(contract: Contract, namespace: dict, solution: str, mutant: str
     for corner in contract.corners(namespace):
         same_everywhere = example(corner)(same_everywhere)
     try:
-        same_everywhere()
+        with _hypothesis_home_elsewhere():
+            same_everywhere()
     except _Differs as differs:
         return str(differs)
     return None
+
+
+@contextlib.contextmanager
+def _hypothesis_home_elsewhere() -> Iterator[None]:
+    """Hypothesis keeps caches (the constants it finds in local modules) in .hypothesis/ under the working folder,
+    which a mutation run has in labs/NN_topic/: send them to a temporary folder, removed afterwards."""
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    with tempfile.TemporaryDirectory(prefix="mutation-hypothesis-") as home:
+        set_hypothesis_home_dir(home)
+        try:
+            yield
+        finally:
+            set_hypothesis_home_dir(None)
 
 
 def _used(contract: Contract, subject: Any, value: Any) -> Any:
