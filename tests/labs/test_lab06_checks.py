@@ -366,6 +366,17 @@ def test_wrong_ngram_rejected():
     with pytest.raises(AssertionError, match="MOST RECENT"):
         lab06.check_ngram_propose(first_occurrence)
 
+    def n_below_l_minus_1(context, k, max_n=3):
+        """n from min(max_n, L - 2): a 2-token context never tries n = 1 (issue 57: it survived)."""
+        L = len(context)
+        for n in range(min(max_n, L - 2), 0, -1):
+            for s in range(L - n - 1, -1, -1):
+                if context[s:s + n] == context[L - n:]:
+                    return context[s + n:s + n + k]
+        return []
+    with pytest.raises(AssertionError, match="shortest context"):
+        lab06.check_ngram_propose(n_below_l_minus_1)
+
 
 def test_wrong_stats_rejected():
     with pytest.raises(AssertionError, match="without the clip"):
