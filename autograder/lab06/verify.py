@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import torch
@@ -72,7 +73,8 @@ def _residual_hint(err: BaseException) -> str | None:
     if "probability tensor contains" in text or "invalid multinomial distribution" in text:
         return ("verify_draft drew from a row that is not a distribution (torch: " + text.splitlines()[0][:120] + "). "
                 "At a rejection draw from the residual max(0, p - q), clipped at 0 (p - q alone has negative "
-                "entries), divided by its sum.")
+                "entries), divided by its sum; where the residual is all zeros (p - q nowhere positive once "
+                "rounded), draw from p.")
     return None
 
 
@@ -137,6 +139,23 @@ def _check_verify_draft(verify_fn: Callable) -> None:
         raise AssertionError(f"greedy (one-hot p and q): drafts [1, 2, 3], target argmaxes [1, 4, 0, 0]: the first draft "
                              f"matches, the second does not and is replaced by the target's argmax 4, so [1, 4] is emitted; "
                              f"got {[int(t) for t in out[0]]}")
+    # 3b. Residuals at the edge of float32: all zeros at a rejection (q = softmax([0, -20]) is [1.0, 2e-9], p = [1, 0]:
+    # p - q is nowhere positive once rounded) falls back to p; a residual of tiny mass (5e-31 on one token) is still
+    # a distribution once divided by its sum (issue 57: both survived).
+    edge_cases = [
+        ([1], torch.softmax(torch.tensor([0.0, -20.0]), -1), torch.tensor([[1.0, 0.0], [0.5, 0.5]]), [0],
+         "q = softmax([0, -20]) (1.0 and 2e-9 in float32), p = [1, 0], draft [1]: rejected for sure, and max(0, p - q) "
+         "is all zeros; draw from p then"),
+        ([2], torch.softmax(torch.tensor([0.0, 0.0, -69.0, -math.inf]), -1),
+         torch.stack([torch.softmax(torch.tensor([0.0, 0.0, -math.inf, -69.0]), -1), torch.full((4,), 0.25)]), [3],
+         "q = softmax([0, 0, -69, -inf]), p = softmax([0, 0, -inf, -69]), draft [2]: rejected for sure, and the "
+         "residual holds 5e-31 on token 3 alone; divided by its sum it draws token 3"),
+    ]
+    for draft, q_row, p_rows, want, case in edge_cases:
+        out = _verify_call(verify_fn, "verify_draft", draft, q_row[None].clone(), p_rows.clone(),
+                           torch.Generator().manual_seed(0))
+        if [int(t) for t in out[0]] != want:
+            raise AssertionError(f"{case}: expected {want}, got {[int(t) for t in out[0]]}")
     # 4. k = 0: one token from p[0].
     out = _verify_call(verify_fn, "verify_draft with no drafts", [], torch.zeros(0, 5), eye[[3]], torch.Generator().manual_seed(0))
     if [int(t) for t in out[0]] != [3]:

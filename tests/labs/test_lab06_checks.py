@@ -91,6 +91,19 @@ def _unnormalised_residual(p, q, g):
     return min(int(torch.searchsorted(cdf, u)), p.shape[0] - 1)
 
 
+def _no_fallback(p, q, g):
+    """The residual normalised with no fallback: an all-zero residual is 0 / 0 (issue 57: it survived)."""
+    r = (p - q).clamp_min(0)
+    return int(torch.multinomial(r / r.sum(), 1, generator=g))
+
+
+def _residual_times_its_sum(p, q, g):
+    """Multiplied by its sum instead of divided: a residual of tiny mass underflows to zeros (issue 57)."""
+    r = (p - q).clamp_min(0)
+    r = r * r.sum() if r.sum() > 0 else p
+    return int(torch.multinomial(r / r.sum() if r.sum() > 0 else p, 1, generator=g))
+
+
 p_over_q = lambda p, q: p / q           # noqa: E731
 q_over_p = lambda p, q: q / p if p > 0 else torch.tensor(1.0)      # noqa: E731
 
@@ -102,7 +115,13 @@ WRONG_VERIFY = {
     "no bonus token": _verify(p_over_q, _residual, bonus=False),
     "off by one (p[i + 1] verifies draft i)": _verify(p_over_q, _residual, p_row=lambda p, i: p[i + 1]),
     "bonus token drawn from p[k - 1]": _verify(p_over_q, _residual, bonus="previous position"),
+    "no fallback for an all-zero residual": _verify(p_over_q, _no_fallback),
 }
+
+
+def test_a_residual_of_tiny_mass_is_still_a_distribution():
+    with pytest.raises(AssertionError, match="5e-31"):
+        lab06.check_verify_draft(_verify(p_over_q, _residual_times_its_sum))
 
 
 def one_uniform_per_round(drafted, q, p, generator=None):
