@@ -93,12 +93,14 @@ def _run_in_a_fresh_process(code: str, repo_root) -> dict:
 @pytest.mark.timeout(600)
 def test_a_seeded_sample_of_lab00_mutants_is_killed(repo_root):
     """Four mutants of lab 00, drawn from those known/ lists neither as equivalent nor as surviving: its checks
-    kill each one, and the solution itself passes every check."""
-    r = _run_in_a_fresh_process("r = run.run_lab('00_token_factory', sample=4, seed=1, timeout_s=120, log=print, "
+    kill each one, and the solution itself passes every check. One of the four (`b += 1` -> `b = 1` in Exercise 9's
+    climbing loop) loops for ever on the check's batch that the closed form puts one below the answer: killed by a
+    hang, which the 30 s limit reports (the others are decided in about a second)."""
+    r = _run_in_a_fresh_process("r = run.run_lab('00_token_factory', sample=4, seed=1, timeout_s=30, log=print, "
                                 "exercises=['ex2_code', 'ex3_code', 'ex5_code', 'ex8_code', 'ex9_code'])", repo_root)
     assert r["baseline"] == []
     assert len(r["killed"]) == 4 and r["survived"] == {}, r["survived"]
-    assert {kind for kind, _ in r["outcome"].values()} <= {"check", "crash"}, r["outcome"]
+    assert {kind for kind, _ in r["outcome"].values()} <= {"check", "crash", "hang"}, r["outcome"]
 
 
 @pytest.mark.timeout(600)
