@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import torch
 
-from autograder.harness import call_learner, check_answer, expect_value_error, quiet
+from autograder.harness import call_learner, check_answer, expect_value_error, quiet, within
 from autograder.checking.reference_guard import watched as _watched, no_calls_into, own_work
 from autograder.checking.replayed_ranks import replay_comms as _replay_comms, replayed_ranks as _replayed_ranks
 from autograder.checking.wire import class_of, run_where, storage_address
@@ -252,7 +252,8 @@ def _check_fresh_weights(column_cls: type, row_cls: type) -> None:
         weight = call_learner(EX2, getattr, layer, "weight", context=f"a fresh {kind}{args[:2]}, its weight")
         weight = torch.as_tensor(weight).detach().float()
         std, mean = weight.std().item(), weight.mean().item()
-        if weight.shape != shape or not (0.9 * INIT_STD <= std <= 1.1 * INIT_STD and abs(mean) <= 0.05 * INIT_STD):
+        if weight.shape != shape or not (within(abs(std - INIT_STD), 0.1 * INIT_STD)
+                                         and within(abs(mean), 0.05 * INIT_STD)):
             raise AssertionError(f"{EX2}: a fresh {kind}{args[:2]} has a weight of shape {tuple(weight.shape)}, mean "
                                  f"{mean:.3g} and std {std:.3g}; expected shape {shape}, drawn as the model's linears "
                                  f"are, normal with mean 0 and std {INIT_STD} (torch.randn gives std 1: a model built "
