@@ -85,10 +85,14 @@ def lumped_time(s, context_len, batch, peak, bw, wb, kb):
     return max(decode_flops(s, context_len, batch) / peak, decode_bytes(s, context_len, batch, wb, kb) / bw)
 
 
-def critical_batch_size(s, context_len, peak, bw, wb, kb):
-    ridge = peak / bw
+def step_terms(s, context_len, peak, bw, wb, kb):
+    """(ridge, W, f, k): the ridge point, the bytes a step reads at batch 0, and the FLOPs and bytes each sequence adds."""
     w = decode_bytes(s, context_len, 0, wb, kb)
-    f, k = decode_flops(s, context_len, 1), decode_bytes(s, context_len, 1, wb, kb) - w
+    return peak / bw, w, decode_flops(s, context_len, 1), decode_bytes(s, context_len, 1, wb, kb) - w
+
+
+def critical_batch_size(s, context_len, peak, bw, wb, kb):
+    ridge, w, f, k = step_terms(s, context_len, peak, bw, wb, kb)
     if f <= ridge * k:
         return None
     b = 1
@@ -310,17 +314,13 @@ def test_decode_step_time_wrong_answers():
 def closed_form_only(s, context_len, peak, bw, wb, kb):
     """ceil(ridge * w / (f - ridge * k)) and nothing else: in floats it lands one off where a batch sits on the ridge
     (issue 57: the fix-up loops' mutants survived until the check tried such batches)."""
-    ridge = peak / bw
-    w = decode_bytes(s, context_len, 0, wb, kb)
-    f, k = decode_flops(s, context_len, 1), decode_bytes(s, context_len, 1, wb, kb) - w
+    ridge, w, f, k = step_terms(s, context_len, peak, bw, wb, kb)
     return None if f <= ridge * k else max(1, math.ceil(ridge * w / (f - ridge * k)))
 
 
 def strict_ridge(s, context_len, peak, bw, wb, kb):
     """A batch exactly on the ridge counted as memory-bound (> instead of >=)."""
-    ridge = peak / bw
-    w = decode_bytes(s, context_len, 0, wb, kb)
-    f, k = decode_flops(s, context_len, 1), decode_bytes(s, context_len, 1, wb, kb) - w
+    ridge, w, f, k = step_terms(s, context_len, peak, bw, wb, kb)
     if f <= ridge * k:
         return None
     b = 1
