@@ -23,7 +23,8 @@ import math
 import random
 from typing import Any, Callable
 
-from autograder.harness import check_answer, quiet
+from autograder.harness import check_answer, quiet, within
+from autograder.checking.call_conditions import DEVICE_HINT, call_with_deadline, default_device_elsewhere
 from autograder.checking.reference_guard import no_calls_into, own_work
 from minigpt.costmodel import calculators as ref
 from minigpt.costmodel.calculators import PRESETS, ModelShape
@@ -69,12 +70,14 @@ def _shapes(extra: int) -> list[ModelShape]:
     return BASE_SHAPES + (random_shapes(extra, extra) if extra else [])
 
 
-def _call(fn: Callable[..., Any], *args: Any, watch: tuple[Any, ...] = REFERENCE_FUNCTIONS) -> Any:
-    """fn(*args), quietly; calling one of the package's references (`watch`) from inside it is refused."""
+def _call(fn: Callable[..., Any], *args: Any, watch: tuple[Any, ...] = REFERENCE_FUNCTIONS,
+          deadline: float | None = None) -> Any:
+    """fn(*args), quietly; calling one of the package's references (`watch`) from inside it is refused; stopped by
+    TimeoutError after `deadline` seconds when one is given."""
     if fn is None or not callable(fn):
         raise AssertionError(f"expected your function, got {fn!r}")
     with quiet(), no_calls_into(*watch, what=getattr(fn, "__name__", "your function")):
-        return fn(*args)
+        return fn(*args) if deadline is None else call_with_deadline(fn, *args, seconds=deadline)
 
 
 def _own(fn: Any, reference: Any) -> None:
@@ -134,6 +137,20 @@ def check_greedy_generate(greedy_generate: Callable[..., list[int]], extra: int 
         else:
             hint = " Take the logits of the LAST position (logits[:, -1]) and argmax over the vocabulary."
         raise AssertionError(f"{what}: expected {expected}, got {got}.{hint}")
+    # The same on a model that is not on torch's default device: the tokens must be made on model.device.
+    prompt, n = prompts[0], 8
+    what = (f"greedy_generate(model, prompt={prompt}, max_new_tokens={n}) with torch's default device moved off the "
+            "model's")
+    try:
+        with default_device_elsewhere():
+            got = _call(greedy_generate, model, list(prompt), n, watch=(generate_naive, generate_kv_cache))
+    except AssertionError:
+        raise
+    except Exception as err:
+        raise AssertionError(f"{what}: your code raised {type(err).__name__}: {err}. {DEVICE_HINT}.") from None
+    got = got.tolist() if isinstance(got, torch.Tensor) else got
+    if [int(t) for t in got] != generate_naive(model, prompt, n, stop_token_ids=()).tokens:
+        raise AssertionError(f"{what}: the tokens differ from the same call on the default device. {DEVICE_HINT}.")
 
 
 # ---------------------------------------------------------------- parameters and KV cache
@@ -387,6 +404,9 @@ def check_decode_step_time(decode_step_time: Callable[..., float], extra: int = 
                      unit="seconds", rel=REL_TOL, reveal=True)
 
 
+CRITICAL_BATCH_DEADLINE = 20.0     # seconds for one answer that takes microseconds (a climbing loop: years)
+
+
 def check_critical_batch_size(critical_batch_size: Callable[..., int | None], extra: int = 0) -> None:
     """critical_batch_size(shape, context_len, peak_flops, bandwidth, weight_bpe, kv_bpe) -> smallest int batch or None."""
     _own(critical_batch_size, ref.critical_batch_size)
@@ -417,7 +437,7 @@ def check_critical_batch_size(critical_batch_size: Callable[..., int | None], ex
     cases.append((tiny, 0, 1e9, 1e9, 0.5, 1))
     for s, ctx, peak, bw, wb, kb in cases:
         expected = ref.critical_batch_size(s, ctx, peak, bw, weight_bytes_per_element=wb, kv_bytes_per_element=kb)
-        what = (f"critical_batch_size({_describe(s)}, context_len={ctx}, peak_flops={peak:.4g}, bandwidth={bw:.4g}, "
+        what = (f"critical_batch_size({_describe(s)}, context_len={ctx}, peak_flops={peak!r}, bandwidth={bw!r}, "
                 f"weight_bpe={wb}, kv_bpe={kb})")
         got = _call(critical_batch_size, s, ctx, peak, bw, wb, kb)
         if expected is None:
@@ -442,6 +462,26 @@ def check_critical_batch_size(critical_batch_size: Callable[..., int | None], ex
                 "counted the whole input-embedding table in W; a decode step reads one row per sequence "
                 "(use your decode_bytes from exercise 5).",
         }, unit="sequences", reveal=True)
+    _check_astronomical_critical_batch(critical_batch_size)
+
+
+def _check_astronomical_critical_batch(critical_batch_size: Callable[..., int | None]) -> None:
+    """A bandwidth a hair (4e-12) above the boundary's, where the smallest compute-bound batch is about 2.4e14: the
+    closed form answers at once, a loop that climbs (or starts again from 1) one batch at a time never does. At
+    that size one batch more changes B*f by less than a float's spacing, so any answer within 1e-6 counts."""
+    s, ctx, peak, bw = PRESETS["Llama-3-8B"], 128, 15076425728.0, 16785408.00006202
+    expected = ref.critical_batch_size(s, ctx, peak, bw, weight_bytes_per_element=2, kv_bytes_per_element=2)
+    what = (f"critical_batch_size({_describe(s)}, context_len={ctx}, peak_flops={peak!r}, bandwidth={bw!r}, "
+            "weight_bpe=2, kv_bpe=2)")
+    try:
+        got = _call(critical_batch_size, s, ctx, peak, bw, 2, 2, deadline=CRITICAL_BATCH_DEADLINE)
+    except TimeoutError:
+        raise AssertionError(f"{what} gave no answer within {CRITICAL_BATCH_DEADLINE:g} s; the answer is about "
+                             f"{expected:.4g}. A loop that moves one batch at a time from a poor start never gets that "
+                             "far: solve B*f >= ridge*(W + B*k) for B in closed form, then correct the float rounding "
+                             "by a step or two.") from None
+    if not isinstance(got, int) or isinstance(got, bool) or not within(abs(got - expected), 1e-6 * expected):
+        raise AssertionError(f"{what}: expected an int batch of about {expected:.6g}, got {got!r}")
 
 
 def _old_rule_critical_batch(s: ModelShape, ctx: int, ridge: float, wb: float, kb: int) -> int:

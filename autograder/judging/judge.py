@@ -97,11 +97,12 @@ def _plain(value: Any, endpoint: wire.Endpoint) -> bool:
 
 def judge_endpoint(sock: socket.socket) -> wire.Endpoint:
     """The judge's end of a conversation: it serves the kernel only `wire.judge_services()`; each call asks the
-    kernel for the traces and watches open here, and what the kernel traced comes back into them."""
-    from autograder.checking import reference_guard, tensor_trace
+    kernel for the traces, watches and call conditions open here, and what the kernel traced comes back into them."""
+    from autograder.checking import call_conditions, reference_guard, tensor_trace
 
     endpoint = wire.Endpoint(sock, services=wire.judge_services())
-    endpoint.call_options = lambda: {**tensor_trace.remote_options(), **reference_guard.remote_options()}
+    endpoint.call_options = lambda: {**tensor_trace.remote_options(), **reference_guard.remote_options(),
+                                     **call_conditions.remote_options()}
     endpoint.on_reply = tensor_trace.merge_remote
     return endpoint
 

@@ -10,7 +10,9 @@ and returns when the judge has its verdict. Names the test cell assigns (plain d
 later cells see them. What the kernel prints while serving is not part of the grade.
 
 A judged call can ask for two observations of the learner's code, made here because that code runs here:
-a tensor trace (`autograder.checking.tensor_trace`) and a watch for calls into the reference (`no_calls_into`).
+a tensor trace (`autograder.checking.tensor_trace`) and a watch for calls into the reference (`no_calls_into`);
+and for conditions to run it under (`autograder.checking.call_conditions`: torch's default device moved off the
+CPU, a deadline).
 """
 
 from __future__ import annotations
@@ -65,11 +67,13 @@ def learner_frames(err: BaseException) -> list[str]:
 
 def observed_call(call: Callable[[], Any], options: dict) -> tuple[Any, dict]:
     """Run `call` (the learner's code) under the observations the judge asked for; returns (value, findings)."""
+    from autograder.checking import call_conditions
     from autograder.checking.reference_guard import no_calls_into
     from autograder.checking.tensor_trace import TensorTrace
 
     findings: dict = {}
     with contextlib.ExitStack() as stack:
+        stack.enter_context(call_conditions.applied(options))
         trace = stack.enter_context(TensorTrace()) if options.get("trace") else None
         for watch in options.get("watch", []):
             refs = [wire.trusted_object(p) for p in watch["refs"]]

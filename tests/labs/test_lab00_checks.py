@@ -16,6 +16,7 @@ import torch
 from autograder import lab00
 from minigpt.costmodel.calculators import PRESETS
 from minigpt.costmodel.hardware import ACCELERATORS
+from tests.labs.judged import learner_process
 
 GiB = 2**30
 
@@ -95,8 +96,9 @@ def critical_batch_size(s, context_len, peak, bw, wb, kb):
     ridge, w, f, k = step_terms(s, context_len, peak, bw, wb, kb)
     if f <= ridge * k:
         return None
-    b = 1
-    b = max(1, math.ceil(ridge * w / (f - ridge * k)) - 2)
+    b = max(1, math.ceil(ridge * w / (f - ridge * k)))
+    while b > 1 and (b - 1) * f >= ridge * (w + (b - 1) * k):
+        b -= 1
     while b * f < ridge * (w + b * k):
         b += 1
     return b
@@ -106,9 +108,28 @@ def critical_batch_size(s, context_len, peak, bw, wb, kb):
 def greedy_generate(model, prompt_ids, max_new_tokens):
     ids = list(prompt_ids)
     for _ in range(max_new_tokens):
-        logits = model(torch.tensor([ids]))[:, -1]
+        logits = model(torch.tensor([ids], device=model.device))[:, -1]
         ids.append(int(logits.argmax(-1)))
     return ids[len(prompt_ids):]
+
+
+def climbs_from_one(s, context_len, peak, bw, wb, kb):
+    """Right, but it walks from batch 1: where the answer is 2.4e14 it never arrives."""
+    ridge, w, f, k = step_terms(s, context_len, peak, bw, wb, kb)
+    if f <= ridge * k:
+        return None
+    b = 1
+    while b * f < ridge * (w + b * k):
+        b += 1
+    return b
+
+
+@torch.inference_mode()
+def tokens_on_the_default_device(model, prompt, n):     # right on a CPU machine; a GPU model refuses them
+    ids = list(prompt)
+    for _ in range(n):
+        ids.append(int(model(torch.tensor([ids]))[:, -1].argmax(-1)))
+    return ids[len(prompt):]
 
 
 def stub(*args, **kwargs):
@@ -334,6 +355,25 @@ def test_critical_batch_on_the_ridge():
     _fails("critical_batch_size", lab00.check_critical_batch_size, strict_ridge)
 
 
+def test_critical_batch_that_climbs_one_batch_at_a_time_is_stopped(monkeypatch):
+    """Right, but it walks from a poor start: at a batch of 2.4e14 it never answers (issue 57's climbing mutants)."""
+    monkeypatch.setattr(lab00, "CRITICAL_BATCH_DEADLINE", 1.0)
+
+    _fails("no answer within 1 s", lab00.check_critical_batch_size, climbs_from_one)
+
+
+def test_device_and_deadline_hold_when_the_learners_code_runs_in_another_process(monkeypatch):
+    """Judged, the learner's code runs in the kernel: the judge asks it to move the default device and to keep the
+    deadline there (autograder/checking/call_conditions.py)."""
+    monkeypatch.setattr(lab00, "CRITICAL_BATCH_DEADLINE", 1.0)
+    names = ["greedy_generate", "tokens_on_the_default_device", "critical_batch_size", "climbs_from_one"]
+    with learner_process("tests.labs.test_lab00_checks", names) as learner:
+        lab00.check_greedy_generate(learner["greedy_generate"])
+        _fails("default device", lab00.check_greedy_generate, learner["tokens_on_the_default_device"])
+        lab00.check_critical_batch_size(learner["critical_batch_size"])
+        _fails("no answer within 1 s", lab00.check_critical_batch_size, learner["climbs_from_one"])
+
+
 def test_critical_batch_wrong_answers():
     _fails("ignored the KV cache", lab00.check_critical_batch_size,
            lambda s, c, p, bw, wb, kb: max(1, math.ceil(p / bw * w_no_rows(s, wb) / decode_flops(s, c, 1))))
@@ -369,6 +409,7 @@ def test_greedy_loop_wrong_answers():
     def returns_prompt_too(model, prompt, n):
         return list(prompt) + greedy_generate(model, prompt, n)
 
+    _fails("default device", lab00.check_greedy_generate, tokens_on_the_default_device)
     _fails("LAST position", lab00.check_greedy_generate, first_position)
     _fails("appended", lab00.check_greedy_generate, never_appends)
     _fails("exactly", lab00.check_greedy_generate, returns_prompt_too)
