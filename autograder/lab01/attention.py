@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Callable
 
 import torch
 
+from autograder.checking.call_conditions import DEVICE_HINT, default_device_elsewhere
 from autograder.harness import quiet
 from autograder.lab01.common import REFERENCE_ATTENTION
 from autograder.checking.reference_guard import no_calls_into, own_work
@@ -48,6 +50,11 @@ def check_causal_attention(attention_fn: Callable) -> None:
     k, v = torch.randn(2, 2, 8, 8, generator=g).abs() + 0.5, torch.randn(2, 2, 8, 8, generator=g)
     _compare_attention(attention_fn, q, k, v, "chunk with every score far below -1e4 (masked keys must get "
                        "exactly zero weight: mask with -inf, not a large negative number)", 3, 8)
+    # Inputs that are not on torch's default device: the mask must be made on q's device.
+    q = torch.randn(2, 4, 3, 8, generator=g)
+    k, v = torch.randn(2, 2, 8, 8, generator=g), torch.randn(2, 2, 8, 8, generator=g)
+    _compare_attention(attention_fn, q, k, v, "chunk (GQA) with torch's default device moved off the inputs'", 3, 8,
+                       elsewhere=True)
     for dtype in (torch.bfloat16, torch.float16):
         q = torch.randn(2, 4, 3, 8, generator=g).to(dtype)
         k, v = torch.randn(2, 2, 8, 8, generator=g).to(dtype), torch.randn(2, 2, 8, 8, generator=g).to(dtype)
@@ -55,20 +62,23 @@ def check_causal_attention(attention_fn: Callable) -> None:
 
 
 def _compare_attention(attention_fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, what: str,
-                       Tq: int, Tk: int) -> None:
-    """The learner's attention on (q, k, v) against naive_attention computed in float32."""
+                       Tq: int, Tk: int, *, elsewhere: bool = False) -> None:
+    """The learner's attention on (q, k, v) against naive_attention computed in float32; `elsewhere`: the learner's
+    call runs with torch's default device moved off the inputs' (call_conditions.default_device_elsewhere)."""
     shapes = f"q {tuple(q.shape)}, k/v {tuple(k.shape)}"
+    q_in, k_in, v_in = q.clone(), k.clone(), v.clone()
     try:
-        with quiet(), torch.no_grad(), no_calls_into(*REFERENCE_ATTENTION, what="Exercise 1 (causal_attention)"):
-            got = attention_fn(q.clone(), k.clone(), v.clone())
+        with quiet(), torch.no_grad(), no_calls_into(*REFERENCE_ATTENTION, what="Exercise 1 (causal_attention)"), \
+                default_device_elsewhere() if elsewhere else contextlib.nullcontext():
+            got = attention_fn(q_in, k_in, v_in)
     except NotImplementedError:
         raise AssertionError("attention is not implemented yet (NotImplementedError)") from None
     except AssertionError:
         raise
     except Exception as err:
-        raise AssertionError(f"{what}: your attention raised {type(err).__name__}: {err} for {shapes}. "
-                             "Under GQA repeat each KV head for its group of query heads "
-                             "(query head h reads KV head h // (Hq // Hkv)).") from None
+        hint = (f"{DEVICE_HINT}." if elsewhere else "Under GQA repeat each KV head for its group of query heads "
+                "(query head h reads KV head h // (Hq // Hkv)).")
+        raise AssertionError(f"{what}: your attention raised {type(err).__name__}: {err} for {shapes}. {hint}") from None
     want = naive_attention(q.float(), k.float(), v.float())
     if not isinstance(got, torch.Tensor) or got.shape != want.shape:
         shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__

@@ -140,7 +140,8 @@ def _check_cache_overflow(cache_cls: type) -> None:
     k_before, v_before = cache.k.clone(), cache.v.clone()
     k3, v3 = torch.randn(B, 3, H, D, generator=g), torch.randn(B, 3, H, D, generator=g)
     expect_value_error(f"writing 3 positions after 6 into a cache of max_seq_len={S} (9 > {S})", cache.update, k3, v3,
-                       naming=(S,), hint=" with a message naming the capacity; check the bounds before writing")
+                       naming=(6, 3, S), hint=" with a message naming where the write starts (6), how many positions "
+                       "(3) and the capacity; check the bounds before writing")
     if cache.length != 6:
         raise AssertionError(f"the rejected write changed cache.length from 6 to {cache.length!r}; check the bounds "
                              "before touching any state")

@@ -11,10 +11,13 @@ from minigpt.cache.contiguous import LayerKVCache as ReferenceLayerKVCache
 from minigpt.config import ModelConfig
 from minigpt.model import GPT
 
-# Small models for the correctness checks: GQA (2 query heads per KV head) and MQA (one KV head).
+# Small models for the correctness checks: GQA (2 query heads per KV head), MQA (one KV head), and one layer of
+# MHA (a generator that reads the second layer's cache for the length has none there).
 SMALL_CONFIGS = {
     "GQA 4q/2kv": ModelConfig(vocab_size=256, max_seq_len=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128),
     "MQA 4q/1kv": ModelConfig(vocab_size=256, max_seq_len=48, d_model=64, n_layers=2, n_heads=4, n_kv_heads=1, d_ff=128),
+    "1 layer MHA 2q/2kv": ModelConfig(vocab_size=256, max_seq_len=32, d_model=32, n_layers=1, n_heads=2, n_kv_heads=2,
+                                      d_ff=64),
 }
 
 # Speed thresholds: the learner's speedup over the baseline must reach a fraction of the reference's speedup

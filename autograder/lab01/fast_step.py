@@ -131,6 +131,10 @@ def check_fuse_weights(fuse_fn: Callable) -> None:
                     else:
                         hint = f"expected {tuple(r.shape)} {r.dtype}, the state dict's tensor as it is"
                     raise AssertionError(f"{where}: {label} is wrong: {hint}")
+                if (key in MATRICES or key == "head") and r.is_contiguous() and not g.is_contiguous():
+                    raise AssertionError(f"{where}: {label} has the right values but strides {g.stride()} (a "
+                                         f"transposed view keeps the old memory order); K-major means stored as "
+                                         f"{tuple(r.shape)} with strides {r.stride()}: call .contiguous() after .t()")
 
 
 # ---------------------------------------------------------------------------------------------- Exercise 5

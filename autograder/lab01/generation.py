@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 import torch
 
+from autograder.checking.call_conditions import DEVICE_HINT, default_device_elsewhere
 from autograder.checking.models import LetterTokenizer
 from autograder.harness import assert_finite, quiet, within
 from autograder.lab01.common import ATOL, SMALL_CONFIGS, random_prompt, small_model
@@ -177,6 +178,7 @@ def _check_contract_edges(generate_fn: Callable, attention: Callable | None) -> 
     if (out.tokens, out.finish_reason) != (ref.tokens, ref.finish_reason):
         raise AssertionError(f"{what}: expected {ref.tokens} ({ref.finish_reason!r}), got {out.tokens} "
                              f"({out.finish_reason!r}); pass stop_strings and tokenizer on to minigpt.generate.StopRule")
+    _check_default_device_elsewhere(generate_fn, attention)
     half = small_model("GQA 4q/2kv").to(torch.bfloat16)
     what = "model GQA 4q/2kv in bfloat16, prompt of 5 tokens, 3 new tokens"
     out, rec = _run(generate_fn, half, prompt, 3, SamplingParams(), attention, what, stop_token_ids=())
@@ -184,6 +186,27 @@ def _check_contract_edges(generate_fn: Callable, attention: Callable | None) -> 
     if wrong:
         raise AssertionError(f"{what}: attention received keys in {', '.join(wrong)}; allocate the cache in the "
                              "model's dtype (dtype=model.dtype), as the keys it stores come out of the model")
+
+
+def _check_default_device_elsewhere(generate_fn: Callable, attention: Callable | None) -> None:
+    """The generator on a model that is not on torch's default device: its caches, prompt, positions, decode
+    tokens and sampling generator must all follow model.device (on a one-device machine a tensor made without
+    device= meets the model by accident)."""
+    model = small_model("GQA 4q/2kv")
+    prompt = random_prompt(5, model.config.vocab_size, seed=43)
+    params = SamplingParams(temperature=0.9, top_k=40, top_p=0.9, seed=11)
+    what = f"model GQA 4q/2kv, prompt of 5 tokens, 6 new tokens, sampling {params}"
+    ref, _ = _run(generate_naive, model, prompt, 6, params, None, "naive", learner=False, stop_token_ids=())
+    try:
+        with default_device_elsewhere():
+            out, _ = _run(generate_fn, model, prompt, 6, params, attention, what, stop_token_ids=())
+    except AssertionError as err:
+        if "your generator raised" not in str(err):
+            raise
+        raise AssertionError(f"{err}. {DEVICE_HINT}.") from None
+    if out.tokens != ref.tokens:
+        raise AssertionError(f"{what}: with torch's default device moved off the model's, expected {ref.tokens}, got "
+                             f"{out.tokens}. {DEVICE_HINT}.")
 
 
 def check_generate_kv_cache(generate_fn: Callable, attention: Callable | None = None) -> None:

@@ -110,6 +110,7 @@ def token_logprobs(logits: Tensor, token: int, k: int) -> tuple[float, list[tupl
     return float(logp[token]), alts
 
 
-def make_generator(params: SamplingParams, device: torch.device | str = "cpu") -> torch.Generator:
-    """A torch.Generator seeded from params.seed, on the device the logits live on."""
-    return torch.Generator(device=device).manual_seed(params.seed)
+def make_generator(params: SamplingParams, device: torch.device | str | None = None) -> torch.Generator:
+    """A torch.Generator seeded from params.seed, on the device the logits live on (None: torch's default device,
+    as torch's factories do; pass the model's device)."""
+    return torch.Generator(device=torch.get_default_device() if device is None else device).manual_seed(params.seed)

@@ -67,7 +67,7 @@ class WrongIndexCache(LearnerLayerKVCache):
     def update(self, k, v):
         start, end = self.length + 1, self.length + 1 + k.shape[1]
         if end > self.max_seq_len:
-            raise ValueError(f"overflow past max_seq_len={self.max_seq_len}")
+            raise ValueError(f"overflow: {k.shape[1]} positions at {self.length} past max_seq_len={self.max_seq_len}")
         self.k[:, start:end], self.v[:, start:end] = k, v
         self.length += k.shape[1]
         return self.k[:, :self.length], self.v[:, :self.length]
@@ -127,7 +127,7 @@ class AdvanceFirstCache(LearnerLayerKVCache):
         start = self.length
         self.length += k.shape[1]
         if self.length > self.max_seq_len:
-            raise ValueError(f"overflow: {self.length} > max_seq_len={self.max_seq_len}")
+            raise ValueError(f"overflow: {start} + {k.shape[1]} > max_seq_len={self.max_seq_len}")
         self.k[:, start:self.length], self.v[:, start:self.length] = k, v
         return self.k[:, :self.length], self.v[:, :self.length]
 
@@ -140,7 +140,7 @@ class WriteFirstCache(LearnerLayerKVCache):
         stop = min(end, self.max_seq_len)
         self.k[:, self.length:stop], self.v[:, self.length:stop] = k[:, :stop - self.length], v[:, :stop - self.length]
         if end > self.max_seq_len:
-            raise ValueError(f"overflow: {end} > max_seq_len={self.max_seq_len}")
+            raise ValueError(f"overflow: {self.length} + {k.shape[1]} > max_seq_len={self.max_seq_len}")
         self.length = end
         return self.k[:, :end], self.v[:, :end]
 
@@ -150,7 +150,7 @@ class OffByOneBoundCache(LearnerLayerKVCache):
 
     def update(self, k, v):
         if self.length + k.shape[1] >= self.max_seq_len:
-            raise ValueError(f"overflow past max_seq_len={self.max_seq_len}")
+            raise ValueError(f"overflow: {k.shape[1]} positions at {self.length} past max_seq_len={self.max_seq_len}")
         return super().update(k, v)
 
 
@@ -201,7 +201,7 @@ class ConcatCache:
 
     def update(self, k, v):
         if self.length + k.shape[1] > self.max_seq_len:
-            raise ValueError(f"overflow past max_seq_len={self.max_seq_len}")
+            raise ValueError(f"overflow: {k.shape[1]} positions at {self.length} past max_seq_len={self.max_seq_len}")
         self.k, self.v = torch.cat([self.k, k], 1), torch.cat([self.v, v], 1)
         self.length += k.shape[1]
         return self.k, self.v
@@ -222,7 +222,7 @@ class IgnoresDtypeCache(LearnerLayerKVCache):
     def update(self, k, v):
         end = self.length + k.shape[1]
         if end > self.max_seq_len:
-            raise ValueError(f"overflow past max_seq_len={self.max_seq_len}")
+            raise ValueError(f"overflow: {k.shape[1]} positions at {self.length} past max_seq_len={self.max_seq_len}")
         self.k[:, self.length:end], self.v[:, self.length:end] = k, v
         self.length = end
         return self.k[:, :end].to(k.dtype), self.v[:, :end].to(v.dtype)
@@ -234,7 +234,7 @@ class CopyingCache(LearnerLayerKVCache):
     def update(self, k, v):
         end = self.length + k.shape[1]
         if end > self.max_seq_len:
-            raise ValueError(f"overflow past max_seq_len={self.max_seq_len}")
+            raise ValueError(f"overflow: {k.shape[1]} positions at {self.length} past max_seq_len={self.max_seq_len}")
         self.k[:, self.length:end], self.v[:, self.length:end] = k, v
         self.length = end
         return self.k[:, :end].clone(), self.v[:, :end].clone()
@@ -304,6 +304,55 @@ def generate_new_generator_each_step(model, prompt, max_new_tokens, sampling=Sam
     return Generation(stop.tokens, reason, prompt_tokens=len(ids))
 
 
+@torch.inference_mode()
+def generate_tokens_on_the_default_device(model, prompt, max_new_tokens, sampling=SamplingParams(), *,
+                                          stop_token_ids=(EOT_ID,), stop_strings=(), tokenizer=None):
+    """Right on a one-device machine; its caches, tokens, positions and generator are made without device=, so a
+    model on a GPU meets CPU tensors."""
+    ids = check_request(model, prompt, max_new_tokens)
+    stop = StopRule(max_new_tokens, stop_token_ids, stop_strings, tokenizer)
+    generator = make_generator(sampling)
+    cache = [LearnerLayerKVCache(1, len(ids) + max_new_tokens, model.config.n_kv_heads, model.config.head_dim,
+                                 dtype=model.dtype) for _ in range(model.config.n_layers)]
+    tokens, reason = torch.tensor([ids]), "length" if max_new_tokens == 0 else None
+    while reason is None:
+        start = cache[0].length
+        logits = model(tokens, positions=torch.arange(start, start + tokens.shape[1]), kv_caches=cache)[:, -1]
+        token = int(sample_next(logits, sampling, generator))
+        reason = stop.add(token)
+        tokens = torch.tensor([[token]])
+    return Generation(stop.tokens, reason, prompt_tokens=len(ids))
+
+
+@torch.inference_mode()
+def generate_length_from_the_second_layer(model, prompt, max_new_tokens, sampling=SamplingParams(), *,
+                                          stop_token_ids=(EOT_ID,), stop_strings=(), tokenizer=None):
+    """Reads the cache length from layer 1's cache: right on every model of two layers or more."""
+    ids = check_request(model, prompt, max_new_tokens)
+    stop = StopRule(max_new_tokens, stop_token_ids, stop_strings, tokenizer)
+    generator = make_generator(sampling, model.device)
+    cache = [LearnerLayerKVCache(1, len(ids) + max_new_tokens, model.config.n_kv_heads, model.config.head_dim,
+                                 dtype=model.dtype, device=model.device) for _ in range(model.config.n_layers)]
+    tokens, reason = torch.tensor([ids], device=model.device), "length" if max_new_tokens == 0 else None
+    while reason is None:
+        start = cache[1].length
+        positions = torch.arange(start, start + tokens.shape[1], device=model.device)
+        logits = model(tokens, positions=positions, kv_caches=cache)[:, -1]
+        token = int(sample_next(logits, sampling, generator))
+        reason = stop.add(token)
+        tokens = torch.tensor([[token]], device=model.device)
+    return Generation(stop.tokens, reason, prompt_tokens=len(ids))
+
+
+def mask_on_the_default_device_attention(q, k, v):
+    """Right on a one-device machine: the mask's indices are made without device=, beside q on a GPU."""
+    Tq, Tk, group = q.shape[2], k.shape[2], q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    i, j = torch.arange(Tq)[:, None], torch.arange(Tk)[None, :]
+    return torch.softmax(scores.masked_fill(j > i + (Tk - Tq), float("-inf")), -1) @ v
+
+
 # --- attention ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fn", [learner_naive_attention, learner_sdpa_attention])
@@ -324,8 +373,9 @@ def test_attention_thin_wrapper_is_refused():
 
 
 @pytest.mark.parametrize("fn,match", [(plain_exp_attention, "NaN/inf"), (float32_attention, "keep the inputs' dtype"),
-                                     (large_negative_mask_attention, "far below -1e4")],
-                         ids=["no-max-subtracted", "returns-float32", "mask-of-minus-1e4"])
+                                     (large_negative_mask_attention, "far below -1e4"),
+                                     (mask_on_the_default_device_attention, "default device")],
+                         ids=["no-max-subtracted", "returns-float32", "mask-of-minus-1e4", "mask-on-the-default-device"])
 def test_attention_edge_inputs(fn, match):
     with pytest.raises(AssertionError, match=match):
         lab01.check_causal_attention(fn)
@@ -387,7 +437,7 @@ def test_layer_cache_wrong_fails(cls, match):
 @pytest.mark.parametrize("cls,match", [(StubCache, "not implemented"), (NoBoundsCache, "should raise ValueError"),
                                        (SilentTruncateCache, "nothing was raised"), (AdvanceFirstCache, "length"),
                                        (WriteFirstCache, "stored keys"), (OffByOneBoundCache, "exactly"),
-                                       (VagueErrorCache, "should name 8")])
+                                       (VagueErrorCache, "should name 6, 3, 8")])
 def test_cache_overflow_wrong_fails(cls, match):
     with pytest.raises(AssertionError, match=match):
         lab01.check_cache_overflow(cls)
@@ -434,7 +484,10 @@ def test_generate_on_a_torch_cat_cache_fails():
     (with_layer_cache(WholeBufferCache), None, "whole buffer"),
     (learner_generate, top_left_attention, "logits"),
     (generate_new_generator_each_step, None, "seeded sampling"),
-], ids=["stub", "naive", "rope", "index", "advance", "query-heads", "whole-buffer", "top-left", "reseed"])
+    (generate_tokens_on_the_default_device, None, "default device"),
+    (generate_length_from_the_second_layer, None, "1 layer"),
+], ids=["stub", "naive", "rope", "index", "advance", "query-heads", "whole-buffer", "top-left", "reseed",
+        "default-device", "second-layer-length"])
 def test_generate_wrong_fails(fn, attention, match):
     with pytest.raises(AssertionError, match=match):
         lab01.check_generate_kv_cache(fn, attention=attention)

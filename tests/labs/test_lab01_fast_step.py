@@ -75,6 +75,9 @@ WRONG_FUSIONS = {
                                                               s[p + "mlp.w_gate.weight"]]).t().contiguous())), "gate, then up"),
     "the embedding as the head of an untied model": (
         _fuse_changed(head=lambda s, c: s["tok_emb.weight"].t().contiguous()), "own lm_head"),
+    "qkv transposed without .contiguous() (a view in the old memory order)": (
+        _fuse_changed(qkv=_layers(lambda s, p: torch.cat([s[p + "attn.wq.weight"], s[p + "attn.wk.weight"],
+                                                          s[p + "attn.wv.weight"]]).t())), "strides"),
     "RoPE table without the model's base and scaling": (
         _fuse_changed(cos=lambda s, c: rope_angles(torch.arange(c.max_seq_len), c.head_dim, 10000.0).cos()), "rope_theta"),
     "the table of the first max_seq_len / 2 positions": (

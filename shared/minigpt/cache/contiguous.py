@@ -34,7 +34,7 @@ class LayerKVCache:
     """
 
     def __init__(self, batch_size: int, max_seq_len: int, n_kv_heads: int, head_dim: int, *,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> None:
         for name, value in (("batch_size", batch_size), ("max_seq_len", max_seq_len),
                             ("n_kv_heads", n_kv_heads), ("head_dim", head_dim)):
             if int(value) <= 0:
