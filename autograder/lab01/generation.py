@@ -203,7 +203,7 @@ def _check_default_device_elsewhere(generate_fn: Callable, attention: Callable |
     except AssertionError as err:
         if "your generator raised" not in str(err):
             raise
-        raise AssertionError(f"{err}. {DEVICE_HINT}.") from None
+        raise AssertionError(f"{str(err).rstrip('.')}. {DEVICE_HINT}.") from None
     if out.tokens != ref.tokens:
         raise AssertionError(f"{what}: with torch's default device moved off the model's, expected {ref.tokens}, got "
                              f"{out.tokens}. {DEVICE_HINT}.")

@@ -8,6 +8,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from autograder.checking.call_conditions import DEVICE_HINT, default_device_elsewhere
 from autograder.checking.models import count_triton_launches
 from autograder.launches import call_launcher
 from autograder.harness import EachCallItsOwnInput, at_least, call_learner, check_speedup, quiet, within
@@ -71,8 +72,29 @@ def check_dequant_gemv(fn: Callable) -> None:
                     hint = " Sign-extend each nibble ((n ^ 8) - 8) and multiply by the scale of group (column // group_size)."
             err = (y.float().cpu() - want).abs().max().item()
             raise AssertionError(f"{what}: differs from the dequantized product by up to {err:.3g}.{hint}")
+    _check_gemv_default_device_elsewhere(fn, counting, ex)
     for case in gemv_cases():
         _check_drawn_gemv(fn, case, ex, (dequant_gemv, dequant_gemv_reference))
+
+
+def _check_gemv_default_device_elsewhere(fn: Callable, counting: Any, ex: str) -> None:
+    """The launcher with torch's default device moved off the inputs': y must be allocated on x's device."""
+    from minigpt.kernels.dequant_gemv import dequant_gemv, dequant_gemv_reference
+    x, qw, scale = _gemv_case(8, 20, 64, 32, 5)
+    what = "dequant_gemv(INT8, N=20, K=64, group_size=32) with torch's default device moved off the inputs'"
+    try:
+        with default_device_elsewhere():
+            y, _, _ = _call((dequant_gemv, dequant_gemv_reference), ex, what, counting, fn, x.clone(), qw.clone(),
+                            scale.clone(), 8, 32)
+    except AssertionError as err:
+        said = str(err).replace("is not implemented yet (NotImplementedError)",
+                                "raised NotImplementedError (a tensor on the meta device reached the kernel)")
+        raise AssertionError(f"{said.rstrip('.')}. {DEVICE_HINT}.") from None
+    if not isinstance(y, torch.Tensor) or y.device != x.device:
+        raise AssertionError(f"{what}: y is on {getattr(y, 'device', type(y).__name__)}, x on {x.device}. "
+                             f"{DEVICE_HINT}.")
+    if not torch.allclose(y.float(), dequant_gemv_reference(x, qw, scale, 8, 32), atol=1e-3, rtol=1e-3):
+        raise AssertionError(f"{what}: differs from the dequantized product. {DEVICE_HINT}.")
 
 
 def _check_drawn_gemv(fn: Callable, case: GemvCase, ex: str, references: tuple) -> None:

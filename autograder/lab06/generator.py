@@ -10,6 +10,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from autograder.checking.call_conditions import DEVICE_HINT, default_device_elsewhere
 from autograder.checking.models import LetterTokenizer
 from autograder.checking.remote import is_remote, run_where
 from autograder.harness import at_least, call_learner, quiet, within
@@ -300,6 +301,24 @@ def _check_work(tracer: _CacheTracer, reference: dict[str, int], k: int, what: s
                                  "seen)")
 
 
+def _check_default_device_elsewhere(generate_fn: Callable, target: GPT, draft: GPT) -> None:
+    """The loop with torch's default device moved off the models': its caches, token tensors and sampling generator
+    must follow target.device (greedy: the target's tokens; sampled: n tokens, no error)."""
+    prompt, n, k = list(TINY_RUN.prompt), 12, 3
+    for params in (SamplingParams(), SamplingParams(temperature=1.0, seed=5)):
+        what = (f"tiny random models, prompt {prompt}, {n} new tokens, {params}, k={k}, with torch's default device "
+                "moved off the models'")
+        try:
+            with default_device_elsewhere():
+                got = _gen(generate_fn, what, target, draft, list(prompt), n, params, k=k, stop_token_ids=())
+        except AssertionError as err:
+            raise AssertionError(f"{str(err).rstrip('.')}. {DEVICE_HINT}.") from None
+        want = generate_kv_cache(target, prompt, n, stop_token_ids=()).tokens if params.greedy else None
+        if len(got.tokens) != n or (want is not None and got.tokens != want):
+            raise AssertionError(f"{what}: expected {want if want is not None else f'{n} tokens'}, got {got.tokens}. "
+                                 f"{DEVICE_HINT}.")
+
+
 def _check_generate(generate_fn: Callable, seed: int | None = None,
                     work: dict[str, dict[str, int]] | None = None, *, kernel_seed: int | None = None) -> None:
     # 2. Caches rolled back: what each cache holds is always part of the final sequence (tiny random GPTs). Parts 2
@@ -344,6 +363,7 @@ def _check_generate(generate_fn: Callable, seed: int | None = None,
                     if tracer.calls["target"] == math.ceil(n / k) else "")
             raise AssertionError(f"{what}: each round should emit k + 1 = {k + 1} tokens, so the target should run {rounds} "
                                  f"times; it ran {tracer.calls['target']} times.{hint}")
+    _check_default_device_elsewhere(generate_fn, tiny_target, tiny_draft)
     # 4. A stop token ends generation like the target would (4-6 compare outputs only: the models where it runs, from a
     # seed of their own, drawn apart from the judge's: the kernel is sent that one, never the seed of parts 2 and 3).
     kernel_target, kernel_draft = _tiny_pair(kernel_seed)          # this side's copy, for the outputs to expect

@@ -438,6 +438,16 @@ def pytorch_gemv(x, qw, scale, bits, group_size):
     return (q.float().view(q.shape[0], -1, group_size) * scale[..., None]).view(q.shape[0], -1) @ x
 
 
+def output_on_the_default_device_gemv(x, qweight, scale, bits, group_size, block_n=16, block_k=128):
+    """Right on a one-device machine: y is allocated without device= (the CPU, beside x on a GPU)."""
+    N, K = qweight.shape[0], x.shape[0]
+    y = torch.empty(N, dtype=x.dtype)
+    SOLUTION["_gemv_kernel"][((N + block_n - 1) // block_n,)](
+        x.contiguous(), qweight.contiguous(), scale.float().contiguous(), y, N, K, K // group_size, GROUP=group_size,
+        BITS=bits, BLOCK_N=block_n, BLOCK_K=block_k)
+    return y
+
+
 def test_dequant_gemv_solution_passes():
     lab05.check_dequant_gemv(SOL_GEMV)
 
@@ -453,6 +463,7 @@ def test_dequant_gemv_refuses_the_reference(fn):
     (swapped_nibble_gemv, "swapped"),
     (first_group_scale_gemv, "differs"),
     (pytorch_gemv, "no Triton kernel"),
+    (output_on_the_default_device_gemv, "default device moved off"),
 ])
 def test_dequant_gemv_rejects(fn, match):
     with pytest.raises(AssertionError, match=match):

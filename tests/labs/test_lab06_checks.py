@@ -176,16 +176,19 @@ UNCLIPPED = _verify(p_over_q, _unclipped_residual)
 # --- wrong generators: the reference loop with one mistake each -----------------------------------
 
 def make_generator_fn(*, temperature_on_q=True, rollback_draft=True, off_by_one=False, bonus=True,
-                      target_top_k=True, seeded=True, verify=own_verify, draft_cache=True, via_forward=False):
+                      target_top_k=True, seeded=True, verify=own_verify, draft_cache=True, via_forward=False,
+                      on_device=True):
     """The reference loop written out flat, with one mistake switched on (via_forward: no mistake, but the models
-    are run through `model.forward(...)` instead of `model(...)`)."""
+    are run through `model.forward(...)` instead of `model(...)`; on_device=False: tensors and the generator made
+    without device=, right on a one-device machine only)."""
     @torch.inference_mode()
     def generate(target, draft, prompt, max_new_tokens, sampling=SamplingParams(), *, k=4,
                  stop_token_ids=(EOT_ID,), stop_strings=(), tokenizer=None):
         run_target, run_draft = (target.forward, draft.forward) if via_forward else (target, draft)
+        dev = target.device if on_device else None
         ids = check_request(target, prompt, max_new_tokens)
         stop = StopRule(max_new_tokens, stop_token_ids, stop_strings, tokenizer)
-        gen = make_generator(sampling if seeded else SamplingParams(temperature=sampling.temperature), target.device)
+        gen = make_generator(sampling if seeded else SamplingParams(temperature=sampling.temperature), dev)
         p_params = sampling if target_top_k else SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p)
         size = target.config.max_seq_len          # room for a draft cache that is never rolled back
         tc, dc = KVCache.for_model(target, 1, size), KVCache.for_model(draft, 1, size)
@@ -195,19 +198,19 @@ def make_generator_fn(*, temperature_on_q=True, rollback_draft=True, off_by_one=
             drafted, qs, x = [], [], context[d_fed:]
             for _ in range(kr):
                 if draft_cache:
-                    logits = run_draft(torch.tensor([x]), positions=dc.next_positions(len(x)), kv_caches=dc)[0, -1]
+                    logits = run_draft(torch.tensor([x], device=dev), positions=dc.next_positions(len(x)), kv_caches=dc)[0, -1]
                 else:                                   # the whole context again at every draft step
-                    logits = run_draft(torch.tensor([context + drafted]))[0, -1]
+                    logits = run_draft(torch.tensor([context + drafted], device=dev))[0, -1]
                 q_draw = sampling_probs(logits, sampling)
                 t = int(q_draw.argmax()) if sampling.greedy else int(torch.multinomial(q_draw, 1, generator=gen))
                 drafted.append(t)
                 qs.append(q_draw if temperature_on_q or sampling.greedy else torch.softmax(logits.float(), -1))
                 x = [t]
             feed = context[tc.length:] + drafted
-            logits = run_target(torch.tensor([feed]), positions=tc.next_positions(len(feed)), kv_caches=tc)[0]
+            logits = run_target(torch.tensor([feed], device=dev), positions=tc.next_positions(len(feed)), kv_caches=tc)[0]
             rows = torch.cat([logits[-kr:], logits[-1:]]) if off_by_one and kr else logits[-(kr + 1):]
             p = sampling_probs(rows, p_params)
-            q = torch.stack(qs) if qs else torch.zeros(0, p.shape[1])
+            q = torch.stack(qs) if qs else torch.zeros(0, p.shape[1], device=dev)
             emitted, _ = verify(drafted, q, p, gen)
             if not bonus and kr and len(emitted) == kr + 1:
                 emitted = emitted[:-1]
@@ -237,6 +240,7 @@ WRONG_GENERATORS = {
     "target distribution ignores top-k": make_generator_fn(target_top_k=False),
     "bonus token drawn from the last draft's position": make_generator_fn(verify=WRONG_VERIFY["bonus token drawn from p[k - 1]"]),
     "unseeded (global RNG)": make_generator_fn(seeded=False),
+    "tensors and generator on torch's default device": make_generator_fn(on_device=False),
 }
 
 
@@ -330,6 +334,11 @@ def test_wrong_verify_rejected(name):
 def test_wrong_generator_rejected(name):
     with pytest.raises(AssertionError):
         lab06.check_generate_speculative(WRONG_GENERATORS[name])
+
+
+def test_a_loop_whose_tensors_follow_the_default_device_is_told_so():
+    with pytest.raises(AssertionError, match="default device moved off"):
+        lab06.check_generate_speculative(WRONG_GENERATORS["tensors and generator on torch's default device"])
 
 
 def _samples_needed(results) -> int:
@@ -622,12 +631,13 @@ def _own_copy_of_the_target(target, draft, prompt, max_new_tokens, sampling=Samp
     """One target call per token (k = 0, the mistake), made on its own copy of the tiny target rebuilt from the
     check's seed, and as many calls of the handed-in target as a right loop would make: the counts the check sees
     are forged."""
-    mine, _ = lab06._tiny_pair(0)
+    with torch.device("cpu"):                                     # the check may move the default device
+        mine, _ = lab06._tiny_pair(0)
     if target.config.vocab_size != mine.config.vocab_size:        # another part's models: the same mistake on them
         return make_generator_fn()(target, draft, prompt, max_new_tokens, sampling, k=0, **kw)
     out = make_generator_fn()(mine, mine, prompt, max_new_tokens, sampling, k=0, **kw)
     for _ in range(math.ceil(len(out.tokens) / (k + 1))):
-        target(torch.tensor([[0]]), positions=torch.tensor([0]))
+        target(torch.tensor([[0]], device=target.device), positions=torch.tensor([0], device=target.device))
     return out
 
 
@@ -796,7 +806,7 @@ def no_bonus_through_forward(target, draft, prompt, max_new_tokens, sampling=Sam
     one-token calls of `target(...)` as a right loop makes: the counts a pre-hook saw were forged."""
     out = make_generator_fn(bonus=False, via_forward=True)(target, draft, prompt, max_new_tokens, sampling, k=k, **kw)
     for _ in range(math.ceil(len(out.tokens) / (k + 1))):
-        target(torch.tensor([[0]]), positions=torch.tensor([0]))
+        target(torch.tensor([[0]], device=target.device), positions=torch.tensor([0], device=target.device))
     return out
 
 
