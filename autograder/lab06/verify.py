@@ -46,8 +46,7 @@ def verify_distribution_test(verify_fn: Callable, n: int = VERIFY_SAMPLES, k: in
                 last = t
             p = P[torch.tensor([context[-1]] + drafted)]          # p rows at the k + 1 positions
             out = verify_fn(list(drafted), torch.stack(q_rows), p, g)
-            emitted = out[0] if isinstance(out, tuple) else out
-            emitted = [int(x) for x in emitted]
+            emitted = _token_ids(out[0] if isinstance(out, tuple) else out, "verify_draft")
             if not 1 <= len(emitted) <= k + 1:
                 raise AssertionError(f"verify_draft returned {len(emitted)} tokens for {k} drafts; it must return the "
                                      f"accepted drafts plus exactly one more token (1 to {k + 1} tokens)")
@@ -78,7 +77,31 @@ def _residual_hint(err: BaseException) -> str | None:
     return None
 
 
+def _token_ids(emitted: Any, what: str) -> list[int]:
+    """The emitted tokens as ints; AssertionError naming the first that is not a token id (None, a tensor of many)."""
+    try:
+        items = list(emitted)
+    except TypeError:
+        raise AssertionError(f"{what}: the emitted tokens must be a list of token ids, got "
+                             f"{type(emitted).__name__}") from None
+    out = []
+    for i, t in enumerate(items):
+        try:
+            out.append(int(t))
+        except (TypeError, ValueError, RuntimeError):
+            raise AssertionError(f"{what}: emitted token {i} is {t!r}, not a token id (an int)") from None
+    return out
+
+
 def _verify_call(verify_fn: Callable, what: str, *args: Any) -> Any:
+    """verify_fn(*args), its errors told as the check's; the emitted tokens (out[0]) as ints."""
+    out = _run_verify(verify_fn, what, *args)
+    if isinstance(out, tuple) and len(out) == 2:
+        return _token_ids(out[0], what), out[1]
+    return out
+
+
+def _run_verify(verify_fn: Callable, what: str, *args: Any) -> Any:
     try:
         with quiet():
             return verify_fn(*args)
