@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -301,6 +302,27 @@ def _check_work(tracer: _CacheTracer, reference: dict[str, int], k: int, what: s
                                  "seen)")
 
 
+LONG_CONTEXT = 2 ** 40        # positions: no cache that long fits in memory (its allocation fails at once)
+
+
+def _check_long_context(generate_fn: Callable, seed: int) -> None:
+    """The tiny pair with a context of 2**40 positions: each cache is sized for the request (prompt + new tokens, as
+    lab 01's), not for the model's whole context."""
+    target, draft = _tiny_pair(seed)
+    for model in (target, draft):
+        model.config = dataclasses.replace(model.config, max_seq_len=LONG_CONTEXT)
+    prompt, n = [5, 9, 2], 4
+    what = f"tiny random models with a context of 2**40 positions, prompt {prompt}, {n} new tokens, greedy, k=3"
+    try:
+        got = _gen(generate_fn, what, target, draft, list(prompt), n, SamplingParams(), k=3, stop_token_ids=())
+    except AssertionError as err:
+        raise AssertionError(f"{str(err).rstrip('.')}. Size each cache for the request (len(prompt) + "
+                             "max_new_tokens positions, as lab 01 does), not for the model's whole context.") from None
+    want = generate_kv_cache(target, prompt, n, stop_token_ids=()).tokens
+    if got.tokens != want:
+        raise AssertionError(f"{what}: expected {want}, got {got.tokens}")
+
+
 def _check_default_device_elsewhere(generate_fn: Callable, target: GPT, draft: GPT) -> None:
     """The loop with torch's default device moved off the models': its caches, token tensors and sampling generator
     must follow target.device (greedy: the target's tokens; sampled: n tokens, no error)."""
@@ -364,6 +386,7 @@ def _check_generate(generate_fn: Callable, seed: int | None = None,
             raise AssertionError(f"{what}: each round should emit k + 1 = {k + 1} tokens, so the target should run {rounds} "
                                  f"times; it ran {tracer.calls['target']} times.{hint}")
     _check_default_device_elsewhere(generate_fn, tiny_target, tiny_draft)
+    _check_long_context(generate_fn, seed)
     # 4. A stop token ends generation like the target would (4-6 compare outputs only: the models where it runs, from a
     # seed of their own, drawn apart from the judge's: the kernel is sent that one, never the seed of parts 2 and 3).
     kernel_target, kernel_draft = _tiny_pair(kernel_seed)          # this side's copy, for the outputs to expect

@@ -64,7 +64,7 @@ def verify_draft(draft_tokens: Sequence[int], q: Tensor, p: Tensor,
     accept_probs (k,) = min(1, p_i(t_i) / q_i(t_i)) for every drafted position.
     """
     k = len(draft_tokens)
-    if p.ndim != 2 or p.shape[0] != k + 1 or (k and tuple(q.shape) != (k, p.shape[1])):
+    if p.ndim != 2 or p.shape[0] != k + 1 or tuple(q.shape) != (k, p.shape[1]):
         raise ValueError(f"verify_draft: {k} draft tokens need q of shape ({k}, V) and p of shape ({k + 1}, V); "
                          f"got q {tuple(q.shape)}, p {tuple(p.shape)}")
     if k == 0:
