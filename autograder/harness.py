@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence, Tuple, Union
 
 from autograder.checking import thresholds
 
-__all__ = ["gpu_available", "under_autograde", "require_gpu", "check_speedup", "EachCallItsOwnInput", "expect_value_error", "threshold_for", "quiet", "check_answer",
+__all__ = ["gpu_available", "under_autograde", "require_gpu", "check_speedup", "EachCallItsOwnInput", "expect_value_error", "token_list_checked", "threshold_for", "quiet", "check_answer",
            "call_learner", "within", "at_least", "assert_finite"]
 
 Mistakes = Union[Mapping[float, str], Sequence[Tuple[float, str]]]
@@ -279,6 +279,15 @@ def check_speedup(candidate: Callable[[], Any], baseline: Callable[[], Any], ref
         f"{best['reference_speedup']:.2f}x on this machine, and {need} is needed (best of {rounds} measurements). "
         "Check that the slow path is really gone (no recomputation, no Python loop over tokens, no device<->host "
         "copies).")
+
+
+def token_list_checked(generation: Any, what: str) -> Any:
+    """`generation` (a minigpt.generate.Generation) when its tokens are a list of int token ids; else the check's
+    AssertionError (a learner's Generation(None, ...) is a wrong answer, not an error of the check)."""
+    tokens = generation.tokens
+    if not isinstance(tokens, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise AssertionError(f"{what}: Generation.tokens must be a list of int token ids, got {tokens!r:.200}")
+    return generation
 
 
 def expect_value_error(what: str, fn: Callable[..., Any], *args: Any, naming: Sequence[str] = (), hint: str = "",

@@ -13,7 +13,7 @@ import torch
 
 from autograder.checking.call_conditions import DEVICE_HINT, default_device_elsewhere
 from autograder.checking.models import LetterTokenizer
-from autograder.harness import assert_finite, quiet, within
+from autograder.harness import assert_finite, quiet, token_list_checked, within
 from autograder.lab01.common import ATOL, SMALL_CONFIGS, random_prompt, small_model
 from autograder.checking.reference_guard import no_calls_into, own_work
 from autograder.checking.wire import run_where, storage_address
@@ -80,7 +80,7 @@ def _run(generate_fn: Callable, model: GPT, prompt: list[int], n: int, sampling:
         rec.close()
     if not isinstance(out, Generation):
         raise AssertionError(f"{what}: return a minigpt.generate.Generation, got {type(out).__name__}")
-    return out, rec
+    return token_list_checked(out, what), rec
 
 
 def _diagnose(rec: _Recorder, ref: _Recorder, cfg: ModelConfig, prompt: list[int], what: str) -> None:

@@ -14,7 +14,7 @@ from torch import nn
 from autograder.checking.call_conditions import DEVICE_HINT, default_device_elsewhere
 from autograder.checking.models import LetterTokenizer
 from autograder.checking.remote import is_remote, run_where
-from autograder.harness import at_least, call_learner, quiet, within
+from autograder.harness import at_least, call_learner, quiet, token_list_checked, within
 from autograder.lab06.common import (ENGINE_SAMPLES, SIGNIFICANCE, TOY_SAMPLING, TOY_VOCAB, _chi2_report,
                                      _exact_three, _toy_tables, drawn_seeds, toy_pair, watch_forward, where_it_runs,
                                      with_reference_pieces)
@@ -97,7 +97,7 @@ def _gen(fn: Callable, what: str, *args: Any, **kwargs: Any) -> Generation:
     if not isinstance(out, Generation):
         raise AssertionError(f"{what}: return a minigpt.generate.Generation (tokens, finish_reason, prompt_tokens), got "
                              f"{type(out).__name__}")
-    return out
+    return token_list_checked(out, what)
 
 
 def engine_distribution_test(generate_fn: Callable, n: int = ENGINE_SAMPLES, k: int = 2, seed: int = 0,
