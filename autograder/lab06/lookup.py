@@ -61,7 +61,10 @@ def check_acceptance_stats(rate_fn: Callable, tokens_fn: Callable) -> None:
     q = torch.softmax(torch.randn(5, 11, generator=g) * 2, -1)
     got = call_learner("acceptance_rate(p, q)", rate_fn, p.clone(), q.clone())
     want = acceptance_rate(p, q)
-    got_t = torch.as_tensor(got, dtype=torch.float32)
+    if not isinstance(got, torch.Tensor):
+        raise AssertionError(f"acceptance_rate on 5 random (p, q) pairs over 11 tokens must return a tensor of shape "
+                             f"{tuple(want.shape)}, got {type(got).__name__}")
+    got_t = got.float()
     if got_t.shape != want.shape or not torch.allclose(got_t, want, atol=1e-5):
         hint = ""
         if got_t.shape == want.shape and torch.allclose(got_t, torch.ones_like(want), atol=1e-4):
