@@ -190,7 +190,8 @@ def make_generator_fn(*, temperature_on_q=True, rollback_draft=True, off_by_one=
         stop = StopRule(max_new_tokens, stop_token_ids, stop_strings, tokenizer)
         gen = make_generator(sampling if seeded else SamplingParams(temperature=sampling.temperature), dev)
         p_params = sampling if target_top_k else SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p)
-        size = target.config.max_seq_len          # room for a draft cache that is never rolled back
+        # room for a draft cache that is never rolled back (k rejected drafts a round at most), within the context
+        size = min(target.config.max_seq_len, len(ids) + (k + 1) * (max_new_tokens + 1))
         tc, dc = KVCache.for_model(target, 1, size), KVCache.for_model(draft, 1, size)
         context, reason, d_fed = list(ids), "length" if max_new_tokens == 0 else None, 0
         while reason is None:
