@@ -113,13 +113,14 @@ def greedy_generate(model, prompt_ids, max_new_tokens):
     return ids[len(prompt_ids):]
 
 
-def climbs_from_one(s, context_len, peak, bw, wb, kb):
-    """Right, but it walks from batch 1: where the answer is 2.4e14 it never arrives."""
+def climbs_from_one(s, context_len, peak, bw, wb, kb, *, strict=False):
+    """Right, but it walks from batch 1: where the answer is 2.4e14 it never arrives. strict: a batch exactly on
+    the ridge counted as memory-bound (> instead of >=)."""
     ridge, w, f, k = step_terms(s, context_len, peak, bw, wb, kb)
     if f <= ridge * k:
         return None
     b = 1
-    while b * f < ridge * (w + b * k):
+    while b * f < ridge * (w + b * k) or (strict and b * f == ridge * (w + b * k)):
         b += 1
     return b
 
@@ -341,13 +342,7 @@ def closed_form_only(s, context_len, peak, bw, wb, kb):
 
 def strict_ridge(s, context_len, peak, bw, wb, kb):
     """A batch exactly on the ridge counted as memory-bound (> instead of >=)."""
-    ridge, w, f, k = step_terms(s, context_len, peak, bw, wb, kb)
-    if f <= ridge * k:
-        return None
-    b = 1
-    while b * f <= ridge * (w + b * k):
-        b += 1
-    return b
+    return climbs_from_one(s, context_len, peak, bw, wb, kb, strict=True)
 
 
 def test_critical_batch_on_the_ridge():

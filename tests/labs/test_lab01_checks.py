@@ -304,44 +304,33 @@ def generate_new_generator_each_step(model, prompt, max_new_tokens, sampling=Sam
     return Generation(stop.tokens, reason, prompt_tokens=len(ids))
 
 
-@torch.inference_mode()
-def generate_tokens_on_the_default_device(model, prompt, max_new_tokens, sampling=SamplingParams(), *,
-                                          stop_token_ids=(EOT_ID,), stop_strings=(), tokenizer=None):
-    """Right on a one-device machine; its caches, tokens, positions and generator are made without device=, so a
-    model on a GPU meets CPU tensors."""
-    ids = check_request(model, prompt, max_new_tokens)
-    stop = StopRule(max_new_tokens, stop_token_ids, stop_strings, tokenizer)
-    generator = make_generator(sampling)
-    cache = [LearnerLayerKVCache(1, len(ids) + max_new_tokens, model.config.n_kv_heads, model.config.head_dim,
-                                 dtype=model.dtype) for _ in range(model.config.n_layers)]
-    tokens, reason = torch.tensor([ids]), "length" if max_new_tokens == 0 else None
-    while reason is None:
-        start = cache[0].length
-        logits = model(tokens, positions=torch.arange(start, start + tokens.shape[1]), kv_caches=cache)[:, -1]
-        token = int(sample_next(logits, sampling, generator))
-        reason = stop.add(token)
-        tokens = torch.tensor([[token]])
-    return Generation(stop.tokens, reason, prompt_tokens=len(ids))
+def cached_generator(*, on_device=True, length_layer=0):
+    """The cached loop written out flat, with one mistake switched on: on_device=False makes its caches, tokens,
+    positions and generator without device= (right on a one-device machine; a model on a GPU meets CPU tensors);
+    length_layer=1 reads the cache length from layer 1's cache (right on every model of two layers or more)."""
+    @torch.inference_mode()
+    def generate(model, prompt, max_new_tokens, sampling=SamplingParams(), *, stop_token_ids=(EOT_ID,),
+                 stop_strings=(), tokenizer=None):
+        dev = model.device if on_device else None
+        ids = check_request(model, prompt, max_new_tokens)
+        stop = StopRule(max_new_tokens, stop_token_ids, stop_strings, tokenizer)
+        generator = make_generator(sampling, dev)
+        cache = [LearnerLayerKVCache(1, len(ids) + max_new_tokens, model.config.n_kv_heads, model.config.head_dim,
+                                     dtype=model.dtype, device=dev) for _ in range(model.config.n_layers)]
+        tokens, reason = torch.tensor([ids], device=dev), "length" if max_new_tokens == 0 else None
+        while reason is None:
+            start = cache[length_layer].length
+            positions = torch.arange(start, start + tokens.shape[1], device=dev)
+            logits = model(tokens, positions=positions, kv_caches=cache)[:, -1]
+            token = int(sample_next(logits, sampling, generator))
+            reason = stop.add(token)
+            tokens = torch.tensor([[token]], device=dev)
+        return Generation(stop.tokens, reason, prompt_tokens=len(ids))
+    return generate
 
 
-@torch.inference_mode()
-def generate_length_from_the_second_layer(model, prompt, max_new_tokens, sampling=SamplingParams(), *,
-                                          stop_token_ids=(EOT_ID,), stop_strings=(), tokenizer=None):
-    """Reads the cache length from layer 1's cache: right on every model of two layers or more."""
-    ids = check_request(model, prompt, max_new_tokens)
-    stop = StopRule(max_new_tokens, stop_token_ids, stop_strings, tokenizer)
-    generator = make_generator(sampling, model.device)
-    cache = [LearnerLayerKVCache(1, len(ids) + max_new_tokens, model.config.n_kv_heads, model.config.head_dim,
-                                 dtype=model.dtype, device=model.device) for _ in range(model.config.n_layers)]
-    tokens, reason = torch.tensor([ids], device=model.device), "length" if max_new_tokens == 0 else None
-    while reason is None:
-        start = cache[1].length
-        positions = torch.arange(start, start + tokens.shape[1], device=model.device)
-        logits = model(tokens, positions=positions, kv_caches=cache)[:, -1]
-        token = int(sample_next(logits, sampling, generator))
-        reason = stop.add(token)
-        tokens = torch.tensor([[token]], device=model.device)
-    return Generation(stop.tokens, reason, prompt_tokens=len(ids))
+generate_tokens_on_the_default_device = cached_generator(on_device=False)
+generate_length_from_the_second_layer = cached_generator(length_layer=1)
 
 
 def mask_on_the_default_device_attention(q, k, v):
