@@ -14,7 +14,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sample", type=int, help="only N mutants, seeded, drawn from those not known as equivalent or "
                    "surviving (each must be killed)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--exercise", action="append", help="only this exercise cell's mutants (grade id, repeatable)")
+    p.add_argument("--exercise", action="append", help="only this exercise cell's mutants (grade id, repeatable): a "
+                   "part of a full run, recorded in results/parts/; once parts cover every cell as it is today, "
+                   "they are recorded as the lab's run")
     p.add_argument("--timeout", type=float, default=120, help="seconds per mutant (nbgrader's cell limit scores a "
                    "mutant that outruns it as killed)")
     p.add_argument("--equivalence-only", action="store_true", help="only the differential tests of the mutants "
@@ -27,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, course: Path) -> int:
-    from autograder.mutation.report import markdown, record, summary, write_docs
+    from autograder.mutation.report import assemble, markdown, record, record_part, summary, write_docs
     from autograder.mutation.run import run_lab
 
     if args.write_docs:
@@ -60,6 +62,14 @@ def run(args: argparse.Namespace, course: Path) -> int:
     for r in results:
         if full and not r.baseline_failures:
             print(f"recorded in {record(r)} (python -m autograder mutation --write-docs puts it in docs/instructors.md)")
+        elif args.exercise and args.sample is None and not args.equivalence_only and not r.baseline_failures:
+            print(f"part recorded in {record_part(r, args.exercise)}")
+            whole, missing, about = assemble(r.assignment)
+            if whole is None:
+                print(f"{r.assignment}: parts still missing for {', '.join(missing)}")
+            else:
+                print(f"every cell has its part: recorded in {record(whole, about=about)} ({whole.seconds:.0f} s "
+                      "in all; python -m autograder mutation --write-docs puts it in docs/instructors.md)")
     if args.json:
         args.json.write_text(json.dumps([summary(r) for r in results], indent=1) + "\n")
     failed = any(r.baseline_failures for r in results) or (

@@ -36,7 +36,8 @@ def check_pack_chunks(pack_fn: Callable) -> None:
         want = pack_chunks(chunks, m)
         with no_calls_into(pack_chunks, what=what_ex):
             got = call_learner(f"pack_chunks ({what})", pack_fn, chunks, m)
-        if list(getattr(got, "seq_ids", None) or []) != want.seq_ids:
+        seq_ids = getattr(got, "seq_ids", None)
+        if not isinstance(seq_ids, (list, tuple)) or list(seq_ids) != want.seq_ids:
             raise AssertionError(f"{what}: seq_ids should be {want.seq_ids} (the chunks' sequences in the order "
                                  f"given), got {getattr(got, 'seq_ids', None)!r}")
         for name in ("tokens", "positions", "slots", "cu_seqlens_q", "seq_lens"):

@@ -5,6 +5,11 @@ docs/instructors.md, made from the records (`python -m autograder mutation --wri
                         "interview": {...}, "survived": {id: diff}, "broken": {id: what}}
     markdown([result, ...])     the run's report: both rows of each lab, then survivors and broken runs
     docs_table(records)         one row per lab and kind of cell, from results/<lab>.json
+    record_part(result, cells)  an `--exercise` run: results/parts/<lab>/<cells>.json, with the cells' fingerprints
+    assemble(lab)               the lab's parts, once they cover every exercise cell as it is today, as one record
+
+A lab too slow for one sitting (lab 04: 2,351 mutants) is run in parts, one exercise or a few per run, on as many
+cores as there are: a part counts only while its cells are unchanged, and the record it makes adds up their seconds.
 """
 
 from __future__ import annotations
@@ -15,10 +20,11 @@ import os
 import platform
 from pathlib import Path
 
-from autograder.mutation.run import KINDS, LabResult, is_interview
+from autograder.mutation.run import KINDS, LabResult, fingerprint, is_interview, notebook_cells
 from autograder.paths import AUTOGRADER_DIR, REPO_ROOT
 
-__all__ = ["RESULTS", "DOCS", "summary", "record", "records", "markdown", "docs_table", "docs_block", "write_docs"]
+__all__ = ["RESULTS", "DOCS", "summary", "record", "records", "record_part", "assemble", "markdown", "docs_table",
+           "docs_block", "write_docs"]
 
 RESULTS = AUTOGRADER_DIR / "mutation" / "results"
 DOCS = REPO_ROOT / "docs" / "instructors.md"
@@ -44,12 +50,74 @@ def summary(r: LabResult) -> dict:
             "found_equivalent": {i: r.equivalent[i] for i in r.found_equivalent}}
 
 
-def record(r: LabResult, folder: Path = RESULTS) -> Path:
-    """Write a full run's summary to results/<lab>.json (what docs/instructors.md's table is made from)."""
+def record(r: LabResult, folder: Path = RESULTS, about: dict | None = None) -> Path:
+    """Write a full run's summary to results/<lab>.json (what docs/instructors.md's table is made from); `about`
+    (date, machine) replaces today's for a result assembled from parts."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{r.assignment}.json"
-    path.write_text(json.dumps(summary(r), indent=1) + "\n")
+    path.write_text(json.dumps(summary(r) | (about or {}), indent=1) + "\n")
     return path
+
+
+def _today(assignment: str) -> dict[str, str]:
+    """Every exercise cell of the lab (interview cells included) -> the fingerprint of its source today."""
+    return {c.grade_id: fingerprint(c.source) for c in notebook_cells(assignment) if c.exercise}
+
+
+def record_part(r: LabResult, cells: list[str], folder: Path = RESULTS) -> Path:
+    """Write an `--exercise` run (the cells it mutated) to results/parts/<lab>/<cells>.json, everything a record
+    needs kept mutant by mutant, with the cells' fingerprints (assemble uses a part only while they hold)."""
+    today = _today(r.assignment)
+    unknown = sorted(set(cells) - set(today))
+    if unknown:
+        raise ValueError(f"{r.assignment} has no exercise cell {', '.join(unknown)}")
+    path = folder / "parts" / r.assignment / ("+".join(sorted(cells)) + ".json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = {"lab": r.assignment, "date": datetime.date.today().isoformat(),
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f} at the end",
+            "cells": {gid: today[gid] for gid in sorted(cells)}, "seconds": r.seconds, "mutants": r.mutants,
+            "outcome": r.outcome, "equivalent": r.equivalent, "not_shown": r.not_shown, "not_run": r.not_run,
+            "found_equivalent": r.found_equivalent}
+    path.write_text(json.dumps(part, indent=1) + "\n")
+    return path
+
+
+def assemble(assignment: str, folder: Path = RESULTS) -> tuple[LabResult | None, list[str], dict]:
+    """(the lab's result made from its parts, None while they leave cells out; the cells still missing; the date and
+    machine a record of it gives). A part whose cells changed since it ran is left out; of two parts naming the same
+    cell, the newer file counts."""
+    today = _today(assignment)
+    parts = sorted((folder / "parts" / assignment).glob("*.json"), key=lambda p: p.stat().st_mtime)
+    merged, owner = LabResult(assignment), {}
+    kept = []
+    for path in parts:
+        part = json.loads(path.read_text())
+        if any(today.get(gid) != fp for gid, fp in part["cells"].items()):
+            continue
+        kept.append(part)
+        for gid in part["cells"]:
+            owner[gid] = len(kept) - 1
+    missing = sorted(set(today) - set(owner))
+    if missing:
+        return None, missing, {}
+    for index, part in enumerate(kept):
+        mine = {gid for gid, i in owner.items() if i == index}
+        if not mine:
+            continue
+        def ours(key: str) -> bool:
+            return key.split(":")[0].split(" ")[0] in mine
+        merged.outcome |= {k: tuple(v) for k, v in part["outcome"].items() if ours(k)}
+        merged.equivalent |= {k: v for k, v in part["equivalent"].items() if ours(k)}
+        merged.not_shown |= {k: v for k, v in part["not_shown"].items() if ours(k)}
+        merged.not_run |= {k: v for k, v in part["not_run"].items() if ours(k)}
+        merged.found_equivalent += [k for k in part["found_equivalent"] if ours(k)]
+        merged.seconds = round(merged.seconds + part["seconds"], 1)
+    merged.mutants = len(merged.outcome) + len(merged.equivalent) + sum(merged.not_run.values())
+    used = [kept[i] for i in sorted(set(owner.values()))]
+    machines = sorted({part["machine"].split(", load")[0] for part in used})
+    about = {"date": max(part["date"] for part in used),
+             "machine": f"{' / '.join(machines)}; in {len(used)} parts (results/parts/), their seconds added"}
+    return merged, [], about
 
 
 def records(folder: Path = RESULTS) -> list[dict]:

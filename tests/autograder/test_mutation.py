@@ -253,3 +253,37 @@ def test_gpu_only_mutants_wait_for_a_gpu(tmp_path):
     (tmp_path / "07_tensor_parallel.json").write_text(json.dumps({"gpu_only": {mid: "tf32" for mid in picked}}))
     r = run_lab("07_tensor_parallel", gpu_only=True, known_path=tmp_path, log=lambda *a: None)
     assert r.outcome == {} and r.not_run == {"ex1_code (mutants only a GPU tells apart)": 2}
+
+
+def test_a_lab_run_in_parts_is_recorded_once_its_parts_cover_every_cell(tmp_path):
+    """`--exercise` runs record parts (results/parts/<lab>/); assembled once they cover every exercise cell as it is
+    today, they give the record a full run gives, seconds added; a part whose cell changed since does not count."""
+    import json
+
+    from autograder.mutation import report
+    from autograder.mutation.run import LabResult, notebook_cells
+
+    lab = "07_tensor_parallel"
+    cells = [c.grade_id for c in notebook_cells(lab) if c.exercise]
+    first, rest = cells[:1], cells[1:]
+    r1 = LabResult(lab, outcome={f"{first[0]}:3:a": ("check", "c"), f"{first[0]}:4:b": ("survived", "[x] 4: ..")},
+                   equivalent={f"{first[0]}:5:c": "shown"}, not_run={f"{rest[0]}": 9}, mutants=12, seconds=10.0)
+    report.record_part(r1, first, tmp_path)
+    whole, missing, _ = report.assemble(lab, tmp_path)
+    assert whole is None and missing == sorted(rest)
+    r2 = LabResult(lab, outcome={f"{rest[0]}:1:d": ("crash", "c"), f"{first[0]}:9:z": ("check", "older run")},
+                   not_run={rest[0]: 9}, mutants=11, seconds=5.5)
+    report.record_part(r2, rest, tmp_path)
+    whole, missing, about = report.assemble(lab, tmp_path)
+    assert missing == [] and whole.seconds == 15.5 and whole.mutants == 13
+    assert set(whole.outcome) == {f"{first[0]}:3:a", f"{first[0]}:4:b", f"{rest[0]}:1:d"}   # each cell's own part
+    assert whole.not_run == {rest[0]: 9} and "in 2 parts" in about["machine"]
+    path = report.record(whole, tmp_path, about)
+    assert json.loads(path.read_text())["exercises"]["survived"] == 1
+    stale = tmp_path / "parts" / lab / f"{'+'.join(sorted(first))}.json"
+    part = json.loads(stale.read_text())
+    part["cells"][first[0]] = "0" * 12                 # the cell changed since that part ran
+    stale.write_text(json.dumps(part))
+    assert report.assemble(lab, tmp_path)[1] == first
+    with pytest.raises(ValueError, match="no exercise cell"):
+        report.record_part(r1, ["ex99_code"], tmp_path)

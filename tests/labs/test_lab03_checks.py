@@ -282,6 +282,7 @@ ExactFitRefused = _solution_with("blocks_needed(n, self.manager.block_size) > se
 pack_tokens_on_cpu = _solution_with("torch.tensor([tokens], device=device)", "torch.tensor([tokens])")["pack_chunks"]
 pack_table_on_cpu = _solution_with("for s in ids], device)", "for s in ids])")["pack_chunks"]
 pack_no_ids = _solution_with("return PackedBatch(ids,", "return PackedBatch(None,")["pack_chunks"]
+pack_ids_as_tensor = _solution_with("return PackedBatch(ids,", "return PackedBatch(torch.tensor(slots),")["pack_chunks"]
 metrics_tpot_zero_for_two = _metrics_with("if len(t) > 1 else 0.0", "if len(t) > 2 else 0.0")["request_metrics"]
 metrics_no_id = _metrics_with("RequestMetrics(seq.seq_id,", "RequestMetrics(None,")["request_metrics"]
 goodput_strict = _metrics_with("m.tpot <= tpot_limit", "m.tpot < tpot_limit")["goodput"]
@@ -362,7 +363,7 @@ def test_greedy_check_rejects_scheduler(wrong):
 
 
 @pytest.mark.parametrize("wrong", [_stub, pack_positions_from_zero, pack_wrong_seq_lens, pack_tokens_on_cpu,
-                                   pack_table_on_cpu, pack_no_ids])
+                                   pack_table_on_cpu, pack_no_ids, pack_ids_as_tensor])
 def test_pack_check_rejects(wrong):
     with pytest.raises(AssertionError):
         lab03.check_pack_chunks(wrong)

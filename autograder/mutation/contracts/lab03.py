@@ -1,5 +1,10 @@
 """Lab 03's contracts (continuous batching), for the differential tests of autograder/mutation/equivalence.py.
 
+* ex1 pack_chunks: one step's chunks (sequence, tokens, start, slots) of up to 5 sequences in any order, their
+  prompts of 1..12 tokens in blocks of 1..4 (a chunk is the prompt's tail from a drawn start: a whole prompt, a
+  later prefill chunk or a decode), tokens as a list or a tuple, no chunk at all; the device "cpu", "meta" or left
+  to its default. The whole PackedBatch is compared, field by field (dtypes, shapes, devices, values).
+
 * ex2 MyScheduler: the scheduler's real use, as the serving loop and the engine drive it (minigpt.engine.serving_loop,
   minigpt.serving.engine): requests arrive between steps (some that can never run, rejected by add_request), each
   step is schedule(), the tokens sampled for the chunks that reach their sequence's end (stop tokens included, so
@@ -56,6 +61,36 @@ def _workload(draw: Any) -> dict:
         failures=draw(st.lists(st.tuples(st.integers(0, 20), ids), max_size=3)),
         salt=draw(st.integers(0, 3)),
     )
+
+
+@st.composite
+def _pack_input(draw: Any) -> dict:
+    lens = draw(st.lists(st.integers(1, 12), max_size=5))
+    chunks = []
+    for i, n in enumerate(lens):
+        start = draw(st.integers(0, n - 1))
+        tokens = draw(st.lists(st.integers(0, 50), min_size=n - start, max_size=n - start))
+        chunks.append((f"s{i}", draw(st.sampled_from([list, tuple]))(tokens), start))
+    return dict(block_size=draw(st.integers(1, 4)), lens=lens, chunks=draw(st.permutations(chunks)),
+                device=draw(st.sampled_from([None, "cpu", "meta"])))
+
+
+def _pack(pack_fn: Any, w: dict) -> Any:
+    """pack_fn on w's chunks, their slots those of a BlockManager holding the prompts."""
+    from minigpt.cache.block_manager import BlockManager
+
+    m = BlockManager(sum(-(-n // w["block_size"]) for n in w["lens"]) + 1, w["block_size"])
+    slots = {f"s{i}": m.add_sequence(f"s{i}", list(range(n))).slots for i, n in enumerate(w["lens"])}
+    chunks = [(sid, tokens, start, list(slots[sid][start:])) for sid, tokens, start in w["chunks"]]
+    device = () if w["device"] is None else (w["device"],)
+    return _attempt(pack_fn, chunks, m, *device)
+
+
+def _pack_corners(ns: dict) -> list:
+    return [dict(block_size=4, lens=[11, 6, 3], chunks=[("s0", list(range(5)), 6), ("s1", [7], 5), ("s2", [9], 2)],
+                 device=None),
+            dict(block_size=1, lens=[], chunks=[], device="meta"),
+            dict(block_size=3, lens=[1], chunks=[("s0", (4,), 0)], device="meta")]
 
 
 def _token(seq_id: Any, index: int, salt: int) -> int:
@@ -158,5 +193,6 @@ def _check_workloads(ns: dict) -> list:
 
 
 CONTRACTS = {
+    "ex1_code": Contract("pack_chunks", lambda ns: _pack_input(), run=_pack, corners=_pack_corners, examples=200),
     "ex2_code": Contract("MyScheduler", lambda ns: _workload(), run=_serve, corners=_check_workloads, examples=300),
 }
