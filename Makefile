@@ -67,6 +67,11 @@ help:
 $(STAMP): requirements.txt pyproject.toml $(LAB_OVERRIDES) $(KERNEL_CONFIG)
 	@test -x $(PY) || $(PYTHON3) -m venv $(VENV)
 	$(PY) -m pip install -r requirements.txt
+	@# jupyter-events asks for jsonschema[format-nongpl], whose rfc3987-syntax builds 38 Lark parsers whenever jsonschema
+	@# is imported: 2-3 s in every process that imports nbformat (each nbgrader run and its alembic, each Jupyter
+	@# server). Nothing of nbformat, Jupyter or the course checks the iri formats it serves (jsonschema skips them
+	@# without it): removed (config/z2jh/Dockerfile too).
+	$(PY) -m pip uninstall -y -q rfc3987-syntax
 	$(PY) -m pip install -e . --no-deps
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (course)"
 	mkdir -p $(VENV)/share/jupyter/lab/settings && cp $(LAB_OVERRIDES) $(VENV)/share/jupyter/lab/settings/overrides.json

@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 
@@ -134,6 +135,9 @@ class StoppingExecute(Execute):
             cell.outputs = [new_output("stream", name="stdout", text=LEFT_OUT_NOTE)]
             return cell, resources
         judged = self._judging and cell.cell_type == "code" and _is_test_cell(cell) and cell.source.strip()
+        if self._judging and self._judge is None and not judged and cell.cell_type == "code":
+            with contextlib.suppress(RuntimeError, OSError):     # it gets ready while the learner's first cells
+                self._start_judge()                               # run; one that cannot start: the test cell says
         started = time.monotonic()
         try:
             if judged:
@@ -168,35 +172,30 @@ class StoppingExecute(Execute):
 
         from nbformat.v4 import new_code_cell, new_output
 
-        from autograder.judging.judge import JudgeProcess
-        from autograder.judging.socket_folder import socket_folder
-
         if self._judge is not None and self._judge.proc.poll() is not None:     # died between cells: a fresh one
             self._judge.kill()
             self._judge = None
-        if self._judge is None:
-            socket_dir = self._kernel_socket_dir = getattr(self.km, "_socket_dir", None)
-            if socket_dir is None:
-                self._own_socket_dir = self._own_socket_dir or socket_folder("judge-")
-                socket_dir = self._own_socket_dir
-            try:
-                self._judge = JudgeProcess(socket_dir, cwd=self._cwd)
-            except (RuntimeError, OSError) as exc:      # this cell earns nothing; the next one tries a fresh judge
-                cell.outputs = [error_output("JudgeFailed", f"the grader's judge could not start ({exc}): this check "
-                                             "earns no points")]
-                return cell, resources
-        from autograder.judging.submission_processes import SubmissionHold
-
-        hold = SubmissionHold(self._submission_roots)
-        self._judge.on_isolation = hold.handle
-        if not self._kernel_ready:     # the kernel's side imports torch: not on the first test cell's time limit
-            saved, self.timeout = self.timeout, max(self.timeout or 0, WARM_UP_TIMEOUT_S)
+        try:
+            if self._judge is None:
+                self._start_judge()
+        except (RuntimeError, OSError) as exc:
+            return self._judge_failed(cell, resources, exc)
+        if not self._kernel_ready:     # the kernel's side imports torch (while the judge does): not on the first
+            saved, self.timeout = self.timeout, max(self.timeout or 0, WARM_UP_TIMEOUT_S)   # test cell's time limit
             try:
                 super().preprocess_cell(new_code_cell("import autograder.judging.observe"), resources, index)
             finally:
                 self.timeout = saved
                 self.nb.cells[index] = cell
             self._kernel_ready = True
+        try:
+            self._judge.ready()
+        except (RuntimeError, OSError) as exc:
+            return self._judge_failed(cell, resources, exc)
+        from autograder.judging.submission_processes import SubmissionHold
+
+        hold = SubmissionHold(self._submission_roots)
+        self._judge.on_isolation = hold.handle
         token = secrets.token_hex(8)
         self._judge.run(cell.source, token, timeout=float(self.timeout or 300), witness=self._witnessing)
         serving = new_code_cell(f"import autograder.judging.observe\nautograder.judging.observe.serve({self._judge.path!r}, {token!r})")
@@ -229,6 +228,25 @@ class StoppingExecute(Execute):
         if error:
             cell.outputs.append(error_output(error["ename"], error["evalue"], error.get("lines")))
         return cell, resources
+
+    def _judge_failed(self, cell, resources, exc: Exception):
+        """This cell earns nothing; the next test cell tries a fresh judge."""
+        self._judge = None
+        cell.outputs = [error_output("JudgeFailed", f"the grader's judge could not start ({exc}): this check earns "
+                                     "no points")]
+        return cell, resources
+
+    def _start_judge(self) -> None:
+        """A judge for this run, its socket in the kernel's socket folder (or one of our own without a sandbox),
+        started, not waited for: it imports torch while the kernel works (JudgeProcess.ready waits)."""
+        from autograder.judging.judge import JudgeProcess
+        from autograder.judging.socket_folder import socket_folder
+
+        socket_dir = self._kernel_socket_dir = getattr(self.km, "_socket_dir", None)
+        if socket_dir is None:
+            self._own_socket_dir = self._own_socket_dir or socket_folder("judge-")
+            socket_dir = self._own_socket_dir
+        self._judge = JudgeProcess(socket_dir, cwd=self._cwd, wait=False)
 
     def _submission_roots(self) -> dict:
         """The root processes of the submission's sandboxes (autograder/judging/submission_processes.py): the

@@ -324,10 +324,12 @@ class JudgeProcess:
     memory, CPU, process and file-size limits; no network; every process it starts dies with it. It shares with
     the kernel only a folder holding its socket."""
 
-    def __init__(self, socket_dir: str, cwd: str | None = None, *, grading: bool = True) -> None:
+    def __init__(self, socket_dir: str, cwd: str | None = None, *, grading: bool = True, wait: bool = True) -> None:
         """grading=False: the check cells a learner runs in JupyterLab (judging/interactive.py), where a GPU-tier check
         on a machine without a GPU prints SKIPPED instead of failing (harness.require_gpu); grading gives no points
-        there either way. Under nbgrader (grading=True) the judge runs as autograde unless told otherwise."""
+        there either way. Under nbgrader (grading=True) the judge runs as autograde unless told otherwise.
+        wait=False: return once the process is started; it gets ready (imports torch, a few seconds) while the
+        learner's first cells run, and `ready()` (which `run` calls) waits for it."""
         from autograder.judging import sandbox, socket_folder
 
         policy = sandbox.SandboxPolicy.from_env() if os.environ.get(sandbox.ENV_VAR) else None
@@ -354,6 +356,18 @@ class JudgeProcess:
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         theirs.close()
         self.control = ours
+        self.on_isolation: Callable[[dict], dict] | None = None
+        self.witness: Any = None           # the witness of the cell being judged, while there is one
+        self._said: queue.Queue = queue.Queue()
+        self._send_lock = threading.Lock()
+        self._ready = False
+        if wait:
+            self.ready()
+
+    def ready(self) -> None:
+        """Wait until the judge says it is ready (once; RuntimeError if it never does)."""
+        if self._ready:
+            return
         self.control.settimeout(START_TIMEOUT_S)
         try:
             header, _ = wire.recv_frame(self.control)
@@ -362,13 +376,11 @@ class JudgeProcess:
             raise RuntimeError(f"the judge did not start: {exc}") from None
         self.control.settimeout(None)
         if not header.get("ready"):
+            self.kill()
             raise RuntimeError("the judge did not start")
+        self._ready = True
         # Requests to hold or measure the submission (autograder/checking/isolation.py) come at any moment of a cell,
         # while nbgrader waits on the kernel: a thread answers them; everything else the judge says is queued.
-        self.on_isolation: Callable[[dict], dict] | None = None
-        self.witness: Any = None           # the witness of the cell being judged, while there is one
-        self._said: queue.Queue = queue.Queue()
-        self._send_lock = threading.Lock()
         threading.Thread(target=self._listen, daemon=True).start()
 
     def _listen(self) -> None:
@@ -393,6 +405,7 @@ class JudgeProcess:
 
     def run(self, source: str, token: str, timeout: float, witness: bool = False) -> None:
         """Start a test cell. `witness`: the judge may ask for a witness (see `result`)."""
+        self.ready()
         self._send({"op": "cell", "source": source, "token": token, "timeout": timeout, "witness": witness})
 
     def result(self, wait: float, start_witness: Callable[[dict], Any] | None = None) -> dict:

@@ -124,15 +124,25 @@ def _ends_early(model: GPT, prompt: list[int]) -> GPT:
 def check_static_batching(static_fn: Callable) -> None:
     """static_fn(model, prompts, max_new_tokens, batch_size) -> list of token lists (stop tokens disabled): each must
     equal generate_kv_cache on that prompt alone; prompts of very different lengths share a batch. The method: the
-    model runs each group of batch_size prompts together (at most batch_size rows per call, 9 + 7 calls for groups
-    whose longest answers are 9 and 7 tokens), not one prompt at a time."""
+    model runs each group of batch_size prompts together (at most batch_size rows per call, as many calls as the
+    group's longest answer has tokens), not one prompt at a time. Three cases: 5 prompts in groups of 3 (9 + 7
+    calls), 4 in groups of 3 (the last group of one; 3 + 5 calls, the next group's longer answer not the first
+    group's), 2 in groups of 1."""
     what = "Exercise 3 (static batching)"
     own_work(static_fn, static_generate, what=what)
     g = torch.Generator().manual_seed(12)
-    prompts = [_rand_tokens(n, g) for n in (3, 17, 9, 30, 5)]
-    new = [6, 2, 9, 4, 7]
-    model = _ends_early(scaled_model(1, replace(SMALL_CONFIG, vocab_size=EOT_ID + 1)), prompts[2])
+    cases = [([_rand_tokens(n, g) for n in (3, 17, 9, 30, 5)], [6, 2, 9, 4, 7], 3, [9, 7]),
+             ([_rand_tokens(n, g) for n in (4, 11, 6, 8)], [2, 3, 1, 5], 3, [3, 5]),
+             ([_rand_tokens(n, g) for n in (7, 2)], [1, 2], 1, [1, 2])]
+    model = _ends_early(scaled_model(1, replace(SMALL_CONFIG, vocab_size=EOT_ID + 1)), cases[0][0][2])
     learner_model = model_beside(static_fn, model)      # in the learner's kernel when judged (a copy)
+    for prompts, new, batch_size, calls in cases:
+        _static_case(static_fn, model, learner_model, prompts, new, batch_size, calls)
+
+
+def _static_case(static_fn: Callable, model: GPT, learner_model: Any, prompts: list[list[int]], new: list[int],
+                 batch_size: int, calls: list[int]) -> None:
+    what = "Exercise 3 (static batching)"
     rows: list[int] = []
     # counts rows where the model runs (when judged, the kernel calls this judge-side hook: one request per call;
     # the kernel's copy swaps its attention per batch, which the judge's own model cannot let learner code do)
@@ -141,23 +151,26 @@ def check_static_batching(static_fn: Callable) -> None:
 
     hook = learner_model.tok_emb.register_forward_pre_hook(Callback(count_rows) if is_remote(learner_model)
                                                            else count_rows)
+    sizes = [len(p) for p in prompts]
     try:
         with fixed_threads(1), no_calls_into(static_generate, StaticBatchScheduler, what=what):
-            got = call_learner("static batching", static_fn, learner_model, prompts, new, 3)
+            got = call_learner(f"static batching ({len(prompts)} prompts in groups of {batch_size})", static_fn,
+                               learner_model, prompts, new, batch_size)
     finally:
         hook.remove()
     if not isinstance(got, (list, tuple)) or len(got) != len(prompts):
-        raise AssertionError(f"static batching should return {len(prompts)} token lists, got {got!r:.200}")
+        raise AssertionError(f"{what}: {len(prompts)} prompts in groups of {batch_size} should give {len(prompts)} "
+                             f"token lists, got {got!r:.200}: every group, the last one too, however short")
     for i, (p, n) in enumerate(zip(prompts, new)):
         want = generate_kv_cache(model, p, n, stop_token_ids=()).tokens
         bad = _first_real_divergence(model, Request(i, p, n), list(got[i]), want)
         if bad:
             why = ("Stop tokens are off here (pass stop_token_ids=()): every answer has exactly its max_new_tokens."
                    if len(got[i]) < n else "Padding must never be attended to (or written to the cache).")
-            raise AssertionError(f"prompt {i} ({len(p)} tokens, batched with prompts of {[len(q) for q in prompts]} "
-                                 f"tokens): {bad}. {why}")
-    if max(rows, default=0) > 3 or max(rows, default=0) < 2 or len(rows) != 9 + 7:
-        raise AssertionError(f"the model ran {len(rows)} times with batches of {sorted(set(rows))} rows; static batching "
-                             "in groups of 3 runs each group together until its longest answer ends: 9 + 7 = 16 calls "
-                             "with up to 3 rows (one prefill and the decode steps). Generating each prompt alone "
-                             "(or all at once) is not static batching.")
+            raise AssertionError(f"prompt {i} ({len(p)} tokens, batched with prompts of {sizes} tokens): {bad}. {why}")
+    if max(rows, default=0) > batch_size or max(rows, default=0) < min(batch_size, 2) or len(rows) != sum(calls):
+        raise AssertionError(f"{len(prompts)} prompts in groups of {batch_size} (answers of {new} tokens): the model "
+                             f"ran {len(rows)} times with batches of {sorted(set(rows))} rows; static batching runs each "
+                             f"group together until its own longest answer ends: {' + '.join(map(str, calls))} = "
+                             f"{sum(calls)} calls with up to {batch_size} rows (one prefill and the decode steps). "
+                             "Generating each prompt alone (or all at once) is not static batching.")

@@ -6,6 +6,7 @@ docs/instructors.md, made from the records (`python -m autograder mutation --wri
     markdown([result, ...])     the run's report: both rows of each lab, then survivors and broken runs
     docs_table(records)         one row per lab and kind of cell, from results/<lab>.json
     record_part(result, cells)  an `--exercise` run: results/parts/<lab>/<cells>.json, with the cells' fingerprints
+    split(result)               a full run as one part per exercise cell
     assemble(lab)               the lab's parts, once they cover every exercise cell as it is today, as one record
 
 A lab too slow for one sitting (lab 04: 2,351 mutants) is run in parts, one exercise or a few per run, on as many
@@ -23,8 +24,8 @@ from pathlib import Path
 from autograder.mutation.run import KINDS, LabResult, fingerprint, is_interview, notebook_cells
 from autograder.paths import AUTOGRADER_DIR, REPO_ROOT
 
-__all__ = ["RESULTS", "DOCS", "summary", "record", "records", "record_part", "assemble", "markdown", "docs_table",
-           "docs_block", "write_docs"]
+__all__ = ["RESULTS", "DOCS", "summary", "record", "records", "record_part", "split", "assemble", "markdown",
+           "docs_table", "docs_block", "write_docs"]
 
 RESULTS = AUTOGRADER_DIR / "mutation" / "results"
 DOCS = REPO_ROOT / "docs" / "instructors.md"
@@ -52,7 +53,10 @@ def summary(r: LabResult) -> dict:
 
 def record(r: LabResult, folder: Path = RESULTS, about: dict | None = None) -> Path:
     """Write a full run's summary to results/<lab>.json (what docs/instructors.md's table is made from); `about`
-    (date, machine) replaces today's for a result assembled from parts."""
+    (date, machine) replaces today's for a result assembled from parts. A full run (no `about`) is also kept cell by
+    cell as parts, so that a cell whose check changed is run again alone (`--exercise`) and the record remade."""
+    if about is None:
+        split(r, folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{r.assignment}.json"
     path.write_text(json.dumps(summary(r) | (about or {}), indent=1) + "\n")
@@ -80,6 +84,26 @@ def record_part(r: LabResult, cells: list[str], folder: Path = RESULTS) -> Path:
             "found_equivalent": r.found_equivalent}
     path.write_text(json.dumps(part, indent=1) + "\n")
     return path
+
+
+def split(r: LabResult, folder: Path = RESULTS) -> list[Path]:
+    """A full run as one part per exercise cell (results/parts/<lab>/<cell>.json): each cell's mutants and the
+    seconds they took; the notebook's own run (the seconds no cell's mutants took) goes with the first cell."""
+    cells = [c.grade_id for c in notebook_cells(r.assignment) if c.exercise]
+    rest = max(0.0, r.seconds - sum(r.cell_seconds.values()))
+    paths = []
+    for index, gid in enumerate(cells):
+        def ours(key: str) -> bool:
+            return key.split(":")[0].split(" ")[0] == gid
+        part = LabResult(r.assignment, outcome={k: v for k, v in r.outcome.items() if ours(k)},
+                         equivalent={k: v for k, v in r.equivalent.items() if ours(k)},
+                         not_shown={k: v for k, v in r.not_shown.items() if ours(k)},
+                         not_run={k: v for k, v in r.not_run.items() if ours(k)},
+                         found_equivalent=[k for k in r.found_equivalent if ours(k)],
+                         seconds=round(r.cell_seconds.get(gid, 0.0) + (rest if index == 0 else 0.0), 1))
+        part.mutants = len(part.outcome) + len(part.equivalent) + sum(part.not_run.values())
+        paths.append(record_part(part, [gid], folder))
+    return paths
 
 
 def assemble(assignment: str, folder: Path = RESULTS) -> tuple[LabResult | None, list[str], dict]:

@@ -83,6 +83,7 @@ class LabResult:
     found_equivalent: list[str] = field(default_factory=list)   # survivors a differential test showed equivalent
     mutants: int = 0
     seconds: float = 0.0
+    cell_seconds: dict[str, float] = field(default_factory=dict)   # exercise cell -> seconds its mutants took
 
     def ids(self, kind: str, interview: bool | None = None) -> list[str]:
         return [mid for mid, (k, _) in self.outcome.items()
@@ -344,6 +345,7 @@ def run_lab(assignment: str, *, sample: int | None = None, seed: int = 0, timeou
         with _one_thread():
             for pos, cell in enumerate(cells[: last + 1 if partial else len(cells)]):
                 following = _checks_after(cells, pos) if chosen.get(pos) else []
+                cell_started = time.perf_counter()
                 for mu in chosen.get(pos, []):
                     if mu.id in known["equivalent"]:
                         why_not = _shown_equivalent(shell, cell, mu, assignment, timeout_s)
@@ -367,6 +369,7 @@ def run_lab(assignment: str, *, sample: int | None = None, seed: int = 0, timeou
                 with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                     result.baseline_failures += [what for _, _, what in _run_cells(shell, [cell])]
                 if cell.exercise and chosen.get(pos):
+                    result.cell_seconds[cell.grade_id] = round(time.perf_counter() - cell_started, 1)
                     ms = [mu.id for mu in chosen[pos]]
                     log(f"{assignment} {cell.grade_id}: {len(ms)} mutants, "
                         f"{sum(1 for m in ms if m in result.killed)} killed, "

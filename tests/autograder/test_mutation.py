@@ -287,3 +287,30 @@ def test_a_lab_run_in_parts_is_recorded_once_its_parts_cover_every_cell(tmp_path
     assert report.assemble(lab, tmp_path)[1] == first
     with pytest.raises(ValueError, match="no exercise cell"):
         report.record_part(r1, ["ex99_code"], tmp_path)
+
+
+def test_a_full_run_is_kept_cell_by_cell_so_one_cell_can_be_run_again(tmp_path):
+    """record() of a full run also writes one part per exercise cell (seconds: each cell's own, the notebook's run
+    with the first); assembled, they give the same record; a cell run again alone replaces its part."""
+    import json
+
+    from autograder.mutation import report
+    from autograder.mutation.run import LabResult, notebook_cells
+
+    lab = "07_tensor_parallel"
+    cells = [c.grade_id for c in notebook_cells(lab) if c.exercise]
+    full = LabResult(lab, outcome={f"{cells[0]}:1:a": ("check", "c"), f"{cells[1]}:2:b": ("survived", "[x] 2: ..")},
+                     equivalent={f"{cells[1]}:3:c": "shown"}, mutants=3, seconds=100.0,
+                     cell_seconds={cells[0]: 30.0, cells[1]: 50.0})
+    path = report.record(full, tmp_path)
+    assert sorted(p.stem for p in (tmp_path / "parts" / lab).glob("*.json")) == sorted(cells)
+    whole, missing, about = report.assemble(lab, tmp_path)
+    assert missing == [] and whole.seconds == 100.0 and whole.outcome == full.outcome and whole.mutants == 3
+    before = json.loads(path.read_text())
+    again = LabResult(lab, outcome={f"{cells[1]}:2:b": ("check", "caught now")},
+                      equivalent={f"{cells[1]}:3:c": "shown"}, mutants=2, seconds=45.0)
+    report.record_part(again, [cells[1]], tmp_path)
+    whole, _, about = report.assemble(lab, tmp_path)
+    after = json.loads(report.record(whole, tmp_path, about).read_text())
+    assert (before["exercises"]["survived"], after["exercises"]["survived"]) == (1, 0) and whole.seconds == 95.0
+

@@ -96,3 +96,16 @@ def test_readme_links_pages_that_exist():
     for page in pages:
         assert "../README.md" in (REPO_ROOT / page).read_text(), page
     assert "## The mini-GPT package" in (REPO_ROOT / "docs" / "development.md").read_text()
+
+
+def test_importing_nbformat_builds_no_parser():
+    """Every nbgrader run (and its alembic, and each Jupyter server) imports nbformat, hence jsonschema; with
+    rfc3987-syntax installed that import builds 38 Lark parsers, 2-3 s a process on the course's 2-core machine.
+    `make setup` removes it (nothing the course runs checks the iri formats it serves): a dependency that brings it
+    back shows here, by what was imported, not by a time."""
+    import sys
+
+    code = "import sys, nbformat, jsonschema; print(sorted(m for m in ('lark', 'rfc3987_syntax') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]", (f"importing nbformat imported {out}: `{sys.executable} -m pip uninstall rfc3987-syntax` "
+                         "(make setup does; a conda environment made from environment.yml needs it too)")

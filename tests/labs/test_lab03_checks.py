@@ -286,9 +286,19 @@ pack_ids_as_tensor = _solution_with("return PackedBatch(ids,", "return PackedBat
 metrics_tpot_zero_for_two = _metrics_with("if len(t) > 1 else 0.0", "if len(t) > 2 else 0.0")["request_metrics"]
 metrics_no_id = _metrics_with("RequestMetrics(seq.seq_id,", "RequestMetrics(None,")["request_metrics"]
 goodput_strict = _metrics_with("m.tpot <= tpot_limit", "m.tpot < tpot_limit")["goodput"]
-static_stops_at_end_of_text = solution_cells(
-    "03_continuous_batching", "ex3_code", preamble=SOLUTION_PREAMBLE,
-    replace={"max(budgets), stop_token_ids=())": "max(budgets))"})["static_generate"]
+metrics_itls_missing = _metrics_with("itls = tuple(b - a for a, b in zip(t, t[1:]))", "itls = None")["request_metrics"]
+
+
+def _static_with(old: str, new: str):
+    return solution_cells("03_continuous_batching", "ex3_code", preamble=SOLUTION_PREAMBLE,
+                          replace={old: new})["static_generate"]
+
+
+static_stops_at_end_of_text = _static_with("max(budgets), stop_token_ids=())", "max(budgets))")
+static_drops_a_short_last_group = _static_with("range(0, len(prompts), batch_size)",
+                                               "range(0, len(prompts) - 1, batch_size)")
+static_one_group_too_many = _static_with("range(0, len(prompts), batch_size)", "range(0, len(prompts) + 1, batch_size)")
+static_budget_of_the_next_group = _static_with("max_new_tokens[i:i + batch_size]", "max_new_tokens[i:i + batch_size + 1]")
 
 
 # --- tests --------------------------------------------------------------------------------------------
@@ -375,7 +385,8 @@ def test_greedy_check_rejects_positions_restarting_at_zero():
 
 
 @pytest.mark.parametrize("wrong", [_stub, static_attends_to_padding, static_one_at_a_time,
-                                   static_stops_at_end_of_text])
+                                   static_stops_at_end_of_text, static_drops_a_short_last_group,
+                                   static_one_group_too_many, static_budget_of_the_next_group])
 def test_static_check_rejects(wrong):
     with pytest.raises(AssertionError):
         lab03.check_static_batching(wrong)
@@ -392,7 +403,7 @@ def test_static_check_names_one_at_a_time():
     (SOLUTION["request_metrics"], _stub), (SOLUTION["request_metrics"], goodput_either),
     (SOLUTION["request_metrics"], goodput_count), (SOLUTION["request_metrics"], goodput_empty_nan),
     (metrics_tpot_zero_for_two, SOLUTION["goodput"]), (metrics_no_id, SOLUTION["goodput"]),
-    (SOLUTION["request_metrics"], goodput_strict)])
+    (SOLUTION["request_metrics"], goodput_strict), (metrics_itls_missing, SOLUTION["goodput"])])
 def test_metrics_check_rejects(metrics_fn, goodput_fn):
     with pytest.raises(AssertionError):
         lab03.check_metrics(metrics_fn, goodput_fn)

@@ -4,6 +4,8 @@
   prompts of 1..12 tokens in blocks of 1..4 (a chunk is the prompt's tail from a drawn start: a whole prompt, a
   later prefill chunk or a decode), tokens as a list or a tuple, no chunk at all; the device "cpu", "meta" or left
   to its default. The whole PackedBatch is compared, field by field (dtypes, shapes, devices, values).
+* ex3 static_generate: 0 to 7 prompts of 1..12 tokens with budgets of 1..5 tokens in groups of 1..4 (the last group
+  short or full), on a small seeded model; the token lists are compared.
 
 * ex2 MyScheduler: the scheduler's real use, as the serving loop and the engine drive it (minigpt.engine.serving_loop,
   minigpt.serving.engine): requests arrive between steps (some that can never run, rejected by add_request), each
@@ -19,6 +21,7 @@
 
 from __future__ import annotations
 
+import functools
 import zlib
 from typing import Any
 
@@ -91,6 +94,55 @@ def _pack_corners(ns: dict) -> list:
                  device=None),
             dict(block_size=1, lens=[], chunks=[], device="meta"),
             dict(block_size=3, lens=[1], chunks=[("s0", (4,), 0)], device="meta")]
+
+
+@st.composite
+def _static_input(draw: Any) -> dict:
+    n = draw(st.integers(0, 7))
+    return dict(lens=draw(st.lists(st.integers(1, 12), min_size=n, max_size=n)),
+                budgets=draw(st.lists(st.integers(1, 5), min_size=n, max_size=n)),
+                batch_size=draw(st.integers(1, 4)), seed=draw(st.integers(0, 3)),
+                ending=draw(st.one_of(st.none(), st.integers(0, max(n - 1, 0)))))
+
+
+@functools.cache
+def _ending_prompt() -> tuple[list[int], Any]:
+    """A prompt, and a small model that answers it with end-of-text at once (the check's `_ends_early`)."""
+    from dataclasses import replace
+
+    import torch
+
+    from autograder.checking.models import SMALL_CONFIG, scaled_model
+    from autograder.lab03.outputs import _ends_early
+    from minigpt.tokenizer import EOT_ID
+
+    prompt = torch.randint(0, 200, (9,), generator=torch.Generator().manual_seed(5)).tolist()
+    return prompt, _ends_early(scaled_model(1, replace(SMALL_CONFIG, vocab_size=EOT_ID + 1)), prompt)
+
+
+def _static(static_fn: Any, w: dict) -> Any:
+    """(the token lists, the rows of every model call): the answers and the method (groups run together)."""
+    import torch
+
+    ending, model = _ending_prompt()
+    g = torch.Generator().manual_seed(w["seed"])
+    prompts = [torch.randint(0, 200, (n,), generator=g).tolist() for n in w["lens"]]
+    if w["ending"] is not None and prompts:
+        prompts[w["ending"]] = list(ending)            # a prompt whose answer would stop at end-of-text
+    rows: list[int] = []
+    hook = model.tok_emb.register_forward_pre_hook(lambda module, args: rows.append(int(args[0].shape[0])))
+    try:
+        got = _attempt(static_fn, model, prompts, list(w["budgets"]), w["batch_size"])
+    finally:
+        hook.remove()
+    return ([list(map(int, tokens)) for tokens in got] if isinstance(got, list) else got), rows
+
+
+def _static_corners(ns: dict) -> list:
+    return [dict(lens=[3, 17, 9, 30, 5], budgets=[5, 2, 4, 3, 5], batch_size=3, seed=0, ending=2),
+            dict(lens=[4, 11, 6, 8], budgets=[2, 3, 1, 5], batch_size=3, seed=1, ending=None),
+            dict(lens=[7, 2], budgets=[1, 2], batch_size=1, seed=2, ending=1),
+            dict(lens=[], budgets=[], batch_size=2, seed=0, ending=None)]
 
 
 def _token(seq_id: Any, index: int, salt: int) -> int:
@@ -194,5 +246,7 @@ def _check_workloads(ns: dict) -> list:
 
 CONTRACTS = {
     "ex1_code": Contract("pack_chunks", lambda ns: _pack_input(), run=_pack, corners=_pack_corners, examples=200),
+    "ex3_code": Contract("static_generate", lambda ns: _static_input(), run=_static, corners=_static_corners,
+                         examples=60),
     "ex2_code": Contract("MyScheduler", lambda ns: _workload(), run=_serve, corners=_check_workloads, examples=300),
 }
