@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 import socket
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:                       # torch and safetensors load only when a frame carries tensors: the grading
+    import torch                        # process's control frames (judge.JudgeProcess) never need them
 
 __all__ = ["ChannelClosed", "send_frame", "recv_frame", "MAX_FRAME_BYTES", "MAX_HEADER_BYTES", "MAX_DEPTH",
            "MAX_ITEMS"]
@@ -32,9 +33,11 @@ class ChannelClosed(ConnectionError):
 
 
 def send_frame(sock: socket.socket, header: dict, tensors: dict[str, torch.Tensor]) -> None:
-    from safetensors.torch import save
+    blob = b""
+    if tensors:
+        from safetensors.torch import save
 
-    blob = save(tensors) if tensors else b""
+        blob = save(tensors)
     text = json.dumps(header).encode()
     sock.sendall(_HEADER.pack(len(text), len(blob)) + text + blob)
 
@@ -51,8 +54,6 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def recv_frame(sock: socket.socket) -> tuple[dict, dict[str, torch.Tensor]]:
-    from safetensors.torch import load
-
     n_text, n_blob = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
     if n_text + n_blob > MAX_FRAME_BYTES or n_text > MAX_HEADER_BYTES:
         raise ChannelClosed(f"refused a frame of {n_text:,} + {n_blob:,} bytes (at most {MAX_HEADER_BYTES:,} of JSON and "
@@ -62,8 +63,11 @@ def recv_frame(sock: socket.socket) -> tuple[dict, dict[str, torch.Tensor]]:
     except RecursionError:
         raise ChannelClosed("refused a frame nested too deeply") from None
     _check_bounds(header)
-    tensors = load(_recv_exact(sock, n_blob)) if n_blob else {}
-    return header, tensors
+    if not n_blob:
+        return header, {}
+    from safetensors.torch import load
+
+    return header, load(_recv_exact(sock, n_blob))
 
 
 def _check_bounds(header: Any) -> None:

@@ -484,8 +484,9 @@ def grade_notebook(path: Path, *, assignment: str | None = None, course_root: Pa
         raise GradingError(f"no such notebook: {path}")
     course_root = Path(course_root).resolve()
     assignment = assignment or find_assignment(path, course_root)
+    policy = sandbox.SandboxPolicy(cpu_seconds=int(timeout) + 5)     # autograde's: probed once, here
     if sandboxed is None:
-        sandboxed = sandbox.probe() is None
+        sandboxed = sandbox.probe(policy) is None
     with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
         course = make_temp_course(course_root, assignment, Path(tmp) / "course")
         sub_dir = course / "submitted" / student / assignment
@@ -495,7 +496,7 @@ def grade_notebook(path: Path, *, assignment: str | None = None, course_root: Pa
         shutil.copy(path, sub_dir / name)
         results = autograde(course, [assignment], [student], db=Path(tmp) / "gradebook.db", timeout=timeout,
                             env=env, log=log or (lambda line: None), progress=False, jobs=1,
-                            unsafe=not sandboxed, backup=False,
+                            unsafe=not sandboxed, backup=False, policy=policy,
                             cell_log=None if cell_log is None else (lambda _student, line: cell_log(line)))
         if keep is not None:
             shutil.copytree(tmp, keep, dirs_exist_ok=True)

@@ -28,7 +28,7 @@ import time
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
-from traitlets import Bool, Integer
+from traitlets import Bool, Enum, Integer
 
 from autograder.grading.output_limits import LimitOutputSize  # noqa: F401  (named by nbgrader_config.py)
 
@@ -80,6 +80,9 @@ class StoppingExecute(Execute):
         super().__init__(*args, **kwargs)
 
     judge_test_cells = Bool(True, help="run test cells in the judge, not in the learner's kernel").tag(config=True)
+    shutdown_kernel = Enum(["graceful", "immediate"], default_value="immediate", help="the kernel is killed once "
+                           "the last cell ran (nbclient's default waits for it to stop on request: seconds of a "
+                           "grading job with nothing left to grade)").tag(config=True)
     witness = Bool(True, help="grade a test cell whose checks refuse the reference again, in a process whose "
                    "course package lacks it (autograder/judging/witness.py)").tag(config=True)
 

@@ -40,9 +40,12 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from autograder.checking import wire
+from autograder.checking import framing
+
+if TYPE_CHECKING:
+    from autograder.checking import wire
 
 ACCEPT_POLL_S = 0.2
 WITNESS_POLL_S = 0.5        # how often the grading process looks whether a witness stopped early
@@ -84,6 +87,8 @@ def _plain(value: Any, endpoint: wire.Endpoint) -> bool:
     """True when value travels to the kernel as data (or is one of the kernel's own objects)."""
     import torch
 
+    from autograder.checking import wire
+
     if value is None or isinstance(value, (bool, int, float, str, torch.Tensor)):
         return True
     if isinstance(value, wire.Remote):
@@ -98,7 +103,7 @@ def _plain(value: Any, endpoint: wire.Endpoint) -> bool:
 def judge_endpoint(sock: socket.socket) -> wire.Endpoint:
     """The judge's end of a conversation: it serves the kernel only `wire.judge_services()`; each call asks the
     kernel for the traces, watches and call conditions open here, and what the kernel traced comes back into them."""
-    from autograder.checking import call_conditions, reference_guard, tensor_trace
+    from autograder.checking import call_conditions, reference_guard, tensor_trace, wire
 
     endpoint = wire.Endpoint(sock, services=wire.judge_services())
     endpoint.call_options = lambda: {**tensor_trace.remote_options(), **reference_guard.remote_options(),
@@ -112,7 +117,7 @@ def run_cell(endpoint: wire.Endpoint, source: str, push: bool = True) -> dict:
     "guarded", "asked"}: "guarded" lists the references its checks refused (autograder/checking/reference_guard.py),
     "asked" the notebook's names it read from the other side. `push`: set the
     names the cell assigns on the other side afterwards."""
-    from autograder.checking import isolation, library_refusal, reference_guard
+    from autograder.checking import isolation, library_refusal, reference_guard, wire
 
     wire.forget_origins()
     reference_guard.guarded()
@@ -132,7 +137,7 @@ def run_cell(endpoint: wire.Endpoint, source: str, push: bool = True) -> dict:
         linecache.cache["<test cell>"] = (len(source), None, source.splitlines(True), "<test cell>")
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             exec(compile(source, "<test cell>", "exec"), namespace)     # noqa: S102 (the course's own test cell)
-    except wire.ChannelClosed:
+    except framing.ChannelClosed:
         error = {"ename": "KernelStopped", "evalue": "the notebook's kernel stopped answering the grader in this cell"}
         assigned = set()
     except BaseException as exc:       # noqa: BLE001  (a failed check is the normal case)
@@ -166,11 +171,13 @@ def _explained(exc: BaseException) -> list[str]:
 
 def _accept(server: socket.socket, control: socket.socket, token: str, timeout: float) -> socket.socket | None:
     """The kernel's connection for this cell, or None when the grader says "abort" or time runs out."""
+    from autograder.checking import wire
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         ready, _, _ = select.select([server, control], [], [], ACCEPT_POLL_S)
         if control in ready:
-            header, _ = wire.recv_frame(control)
+            header, _ = framing.recv_frame(control)
             if header.get("op") == "abort":
                 return None
         if server in ready:
@@ -178,7 +185,7 @@ def _accept(server: socket.socket, control: socket.socket, token: str, timeout: 
             conn.settimeout(max(0.1, deadline - time.monotonic()))     # a silent connection cannot hold the judge
             try:
                 hello = wire.Endpoint(conn).expect_hello()
-            except (wire.ChannelClosed, OSError, ValueError):   # a stale kernel connection, closed before its hello
+            except (framing.ChannelClosed, OSError, ValueError):   # a stale kernel connection, closed before its hello
                 hello = None
             if hello == token:
                 conn.settimeout(None)
@@ -200,11 +207,11 @@ def main(argv: list[str]) -> int:
     server.bind(path)
     os.chmod(path, 0o777)        # the sandboxed kernel runs under a uid of its own
     server.listen(4)
-    wire.send_frame(control, {"ready": True}, {})
+    framing.send_frame(control, {"ready": True}, {})
     while True:
         try:
-            header, _ = wire.recv_frame(control)
-        except wire.ChannelClosed:
+            header, _ = framing.recv_frame(control)
+        except framing.ChannelClosed:
             return 0
         if header.get("op") == "quit":
             return 0
@@ -223,15 +230,15 @@ def main(argv: list[str]) -> int:
                                       result["memory_allowance"])
         for key in ("guarded", "refused", "asked", "memory_allowance"):
             result.pop(key, None)
-        wire.send_frame(control, {"result": result}, {})
+        framing.send_frame(control, {"result": result}, {})
 
 
 def _ask_grader(control: socket.socket, request: dict) -> dict:
     """A check's request to the grading process to hold or measure the submission's processes
     (autograder/checking/isolation.py), and its reply. A stale "abort" meant for an earlier wait is skipped."""
-    wire.send_frame(control, {"isolation": request}, {})
+    framing.send_frame(control, {"isolation": request}, {})
     while True:
-        reply, _ = wire.recv_frame(control)
+        reply, _ = framing.recv_frame(control)
         if "isolation_reply" in reply:
             return reply["isolation_reply"]
 
@@ -248,9 +255,9 @@ def graded_again(server: socket.socket, control: socket.socket, header: dict, gu
     token = secrets.token_hex(8)
     request = {"removals": removals(guarded), "names": names, "token": token, "refused": list(refused),
                "memory_allowance": memory_allowance}
-    wire.send_frame(control, {"witness": request}, {})
+    framing.send_frame(control, {"witness": request}, {})
     while True:
-        reply, _ = wire.recv_frame(control)
+        reply, _ = framing.recv_frame(control)
         if reply.get("op") == "witness-failed":
             return _failed("WitnessFailed", f"the grader could not start the process that checks this cell again "
                            f"without the course's reference ({reply.get('why', '?')}): it earns no points")
@@ -370,8 +377,8 @@ class JudgeProcess:
             return
         self.control.settimeout(START_TIMEOUT_S)
         try:
-            header, _ = wire.recv_frame(self.control)
-        except (OSError, wire.ChannelClosed) as exc:
+            header, _ = framing.recv_frame(self.control)
+        except (OSError, framing.ChannelClosed) as exc:
             self.kill()
             raise RuntimeError(f"the judge did not start: {exc}") from None
         self.control.settimeout(None)
@@ -386,8 +393,8 @@ class JudgeProcess:
     def _listen(self) -> None:
         while True:
             try:
-                header, _ = wire.recv_frame(self.control)
-            except (wire.ChannelClosed, OSError, ValueError):
+                header, _ = framing.recv_frame(self.control)
+            except (framing.ChannelClosed, OSError, ValueError):
                 self._said.put(None)
                 return
             if "isolation" not in header:
@@ -401,7 +408,7 @@ class JudgeProcess:
 
     def _send(self, header: dict) -> None:
         with self._send_lock:
-            wire.send_frame(self.control, header, {})
+            framing.send_frame(self.control, header, {})
 
     def run(self, source: str, token: str, timeout: float, witness: bool = False) -> None:
         """Start a test cell. `witness`: the judge may ask for a witness (see `result`)."""
@@ -433,13 +440,13 @@ class JudgeProcess:
                         witness = None
                     continue
                 if header is None:
-                    raise wire.ChannelClosed()
+                    raise framing.ChannelClosed()
                 if "witness" not in header:
                     return header["result"]
                 witness = self._witness_for(header["witness"], start_witness)
                 self.witness = witness
                 deadline = time.monotonic() + wait
-        except (wire.ChannelClosed, OSError):
+        except (framing.ChannelClosed, OSError):
             return _failed("JudgeFailed", "the grader's judge process stopped")
         finally:
             self.witness = None
