@@ -91,6 +91,7 @@ class StoppingExecute(Execute):
 
         self._stopped = ""
         self._judge = None
+        self._spare_witness = None      # a witness started ahead, its request not given yet (_witness_starter)
         self._own_socket_dir = None     # made here when the kernel has no socket folder (no sandbox); removed after
         self._kernel_socket_dir = None  # the sandboxed kernel's (its manager removes it; again here, in case not)
         self._kernel_ready = False
@@ -101,6 +102,9 @@ class StoppingExecute(Execute):
         try:
             return super().preprocess(nb, resources, km)
         finally:
+            if self._spare_witness is not None:
+                self._spare_witness.kill()
+                self._spare_witness = None
             if self._judge is not None:
                 self._judge.close()
                 self._judge = None
@@ -266,7 +270,15 @@ class StoppingExecute(Execute):
         def start(request: dict) -> WitnessProcess:
             cells = [c.source for i, c in enumerate(self.nb.cells[:index])
                      if c.cell_type == "code" and not _is_test_cell(c) and i not in self._left_out]
-            return WitnessProcess(request, cells, judge_socket, self._cwd)
+            spare, self._spare_witness = self._spare_witness, None
+            if spare is None or spare.judge_socket != judge_socket or not spare.running():
+                if spare is not None:
+                    spare.kill()
+                spare = WitnessProcess(judge_socket, self._cwd)
+            witness = spare.start(request, cells)
+            # this notebook asks for witnesses: the next one imports torch while this one works
+            self._spare_witness = WitnessProcess(judge_socket, self._cwd)
+            return witness
         judge_socket = self._judge.path
         return start
 

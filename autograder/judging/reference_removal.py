@@ -289,7 +289,7 @@ def package_without(removed: list[list[Any]], dest: Path) -> Path:
     """A copy of the course package (SHARED_DIR) under dest/shared in which each removed function raises
     RuntimeError(MARKER ...) instead of running, but for the helpers the lab hands over; returns dest/shared."""
     shadow = Path(dest) / "shared"
-    shutil.copytree(SHARED_DIR, shadow, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(SHARED_DIR, shadow, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"), dirs_exist_ok=True)
     kept = handed_over(removed)
     by_file: dict[str, dict[str, tuple[int, bool]]] = {}
     for file, qualname, line, *rest in removed:

@@ -22,7 +22,7 @@ Which cells are replayed: those that define the names the test cell reads, and, 
 read (a slice at cell granularity: a cell that only prints, plots or measures is not run again). Test cells are
 never replayed (they are the judge's).
 
-`python -m autograder.judging.witness JUDGE_SOCKET TOKEN` reads {"cells": [...], "names": [...]} on stdin.
+`python -m autograder.judging.witness JUDGE_SOCKET` reads {"cells": [...], "names": [...], "token": ...} on stdin.
 """
 
 from __future__ import annotations
@@ -169,13 +169,19 @@ def cells_to_run(sources: list[str], kept: Iterable[int]) -> list[int]:
 # ----------------------------------------------------------------------------- the witness process
 
 def main(argv: list[str]) -> int:
-    path, token = argv
-    request = json.loads(sys.stdin.read())
+    """Import torch and IPython first (no course module: the package's copy may not be written yet), then wait for
+    the request on stdin: a witness can be started before a test cell asks for one."""
+    (path,) = argv
+    import importlib
+
     import torch
     from IPython.core.interactiveshell import InteractiveShell
     from traitlets.config import Config
 
     torch.set_num_threads(1)
+    request = json.loads(sys.stdin.read())
+    importlib.invalidate_caches()                   # the package's copy was written after this process started
+    token = request["token"]
     bound_memory(request.get("memory_allowance"))
     from autograder.judging.op_refusal import refuse_ops
 
@@ -227,37 +233,55 @@ class WitnessProcess:
     submission's folder read-only, the package copy bound over the course package's folder, and of the kernel's
     socket folder only the judge's socket, read-only: nothing the kernel wrote there (the reference's source, when
     grading runs as one user and the kernel may write the judge's folder) reaches the witness. Unsandboxed (a local
-    `make grade`), the copy comes first on PYTHONPATH; the package's files stay readable there."""
+    `make grade`), the copy comes first on PYTHONPATH; the package's files stay readable there.
 
-    def __init__(self, request: dict, cells: list[str], judge_socket: str, submission_dir: str | None) -> None:
+    Two steps: `WitnessProcess(judge_socket, submission_dir)` starts the process, bound to an empty folder where the
+    package's copy will be, and it imports torch and IPython; `start(request, cells)` writes the copy (which only
+    the request says) and hands it the request. The grading process keeps one started ahead while a notebook asks
+    for witnesses, so that the next test cell does not wait for those imports; no learner code runs in it before
+    `start`, and one never started is killed."""
+
+    def __init__(self, judge_socket: str, submission_dir: str | None) -> None:
         from autograder.judging import sandbox
         from autograder.paths import REPO_ROOT, SHARED_DIR
-        from autograder.judging.reference_removal import package_without
 
+        self.judge_socket = judge_socket
         self.folder = Path(tempfile.mkdtemp(prefix="witness-"))
-        shadow = package_without(request["removals"], self.folder)
-        cmd = [sys.executable, "-P", "-m", "autograder.judging.witness", judge_socket, str(request["token"])]
+        self.shadow = self.folder / "shared"
+        self.shadow.mkdir()
+        cmd = [sys.executable, "-P", "-m", "autograder.judging.witness", judge_socket]
         policy = sandbox.SandboxPolicy.from_env() if os.environ.get(sandbox.ENV_VAR) else None
-        if policy is not None and policy.enabled:
+        self.sandboxed = policy is not None and policy.enabled
+        if self.sandboxed:
             sandbox._make_readable(self.folder)
             packages = policy.package_dirs or sandbox.default_package_dirs()
-            replace = {d: str(shadow) for d in packages if Path(d).resolve() == SHARED_DIR.resolve()}
+            replace = {d: str(self.shadow) for d in packages if Path(d).resolve() == SHARED_DIR.resolve()}
             argv = sandbox.bwrap_argv(policy, cmd, submission_dir=submission_dir, socket_dir=None,
                                       socket_file=judge_socket, replace=replace, extra_env={"NBGRADER_EXECUTION": "autograde"})
             env, cwd = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}, None
         else:
             argv, cwd = cmd, submission_dir
             env = {"MINIGPT_DATA_DIR": str(REPO_ROOT / "data"),      # the copy's own folder has no data/ beside it
-                   **os.environ, "PYTHONPATH": os.pathsep.join([str(shadow), str(REPO_ROOT)]), "MPLBACKEND": "Agg",
+                   **os.environ, "PYTHONPATH": os.pathsep.join([str(self.shadow), str(REPO_ROOT)]), "MPLBACKEND": "Agg",
                    "IPYTHONDIR": str(self.folder / "ipython"), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
             env.pop(sandbox.ENV_VAR, None)
         self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def start(self, request: dict, cells: list[str]) -> "WitnessProcess":
+        """Write the package's copy without the request's references, then hand the witness the request."""
+        from autograder.judging import sandbox
+        from autograder.judging.reference_removal import package_without
+
+        package_without(request["removals"], self.folder)
+        if self.sandboxed:
+            sandbox._make_readable(self.folder)
         with contextlib.suppress(BrokenPipeError):
-            self.proc.stdin.write(json.dumps({"cells": cells, "names": request["names"],
+            self.proc.stdin.write(json.dumps({"cells": cells, "names": request["names"], "token": request["token"],
                                               "refused": request.get("refused", []),
                                               "memory_allowance": request.get("memory_allowance")}).encode())
             self.proc.stdin.close()
+        return self
 
     def running(self) -> bool:
         return self.proc.poll() is None
@@ -269,6 +293,8 @@ class WitnessProcess:
 
         kill_group(self.proc)
         self.proc.wait()
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
