@@ -67,6 +67,7 @@ def _compare_attention(attention_fn: Callable, q: torch.Tensor, k: torch.Tensor,
     call runs with torch's default device moved off the inputs' (call_conditions.default_device_elsewhere)."""
     shapes = f"q {tuple(q.shape)}, k/v {tuple(k.shape)}"
     q_in, k_in, v_in = q.clone(), k.clone(), v.clone()
+    layouts = [(t.shape, t.stride()) for t in (q_in, k_in, v_in)]
     try:
         with quiet(), torch.no_grad(), no_calls_into(*REFERENCE_ATTENTION, what="Exercise 1 (causal_attention)"), \
                 default_device_elsewhere() if elsewhere else contextlib.nullcontext():
@@ -79,6 +80,11 @@ def _compare_attention(attention_fn: Callable, q: torch.Tensor, k: torch.Tensor,
         hint = (f"{DEVICE_HINT}." if elsewhere else "Under GQA repeat each KV head for its group of query heads "
                 "(query head h reads KV head h // (Hq // Hkv)).")
         raise AssertionError(f"{what}: your attention raised {type(err).__name__}: {err} for {shapes}. {hint}") from None
+    for name, given, original, layout in zip("qkv", (q_in, k_in, v_in), (q, k, v), layouts):
+        if (given.shape, given.stride()) != layout or not torch.equal(given, original):
+            raise AssertionError(f"{what}: your attention changed its input {name} ({shapes}): the caller's tensors "
+                                 "(the model's, the cache's) must stay as they were; use the out-of-place ops "
+                                 "(transpose, masked_fill, ...), not the in-place ones ending in _")
     want = naive_attention(q.float(), k.float(), v.float())
     if not isinstance(got, torch.Tensor) or got.shape != want.shape:
         shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__

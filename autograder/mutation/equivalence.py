@@ -36,12 +36,28 @@ class Raised:
 
 
 def call_with(subject: Any, value: Any) -> Any:
-    """The default `run`: value is (args, kwargs) or a tuple of args; the call's result, or Raised(type)."""
+    """The default `run`: value is (args, kwargs) or a tuple of args; (the call's result, or Raised(type); the
+    tensors among the arguments as the call left them, strides included: an in-place op on an input is a
+    difference the caller sees)."""
     args, kwargs = value if (isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], dict)) else (value, {})
     try:
-        return subject(*args, **kwargs)
+        result = subject(*args, **kwargs)
     except Exception as err:                        # noqa: BLE001  (both versions raising the same kind is the same)
-        return Raised(type(err).__name__)
+        result = Raised(type(err).__name__)
+    return result, _tensor_inputs((args, kwargs))
+
+
+def _tensor_inputs(value: Any) -> list:
+    """Every tensor inside value (lists, tuples, dicts), with its strides, in order."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [(value, value.stride())]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _tensor_inputs(item)]
+    if isinstance(value, dict):
+        return [t for item in value.values() for t in _tensor_inputs(item)]
+    return []
 
 
 def same_result(a: Any, b: Any, *, rtol: float = 0.0, atol: float = 0.0) -> bool:

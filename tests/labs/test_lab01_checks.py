@@ -376,6 +376,20 @@ def test_attention_wrong_fails(fn):
         lab01.check_causal_attention(fn)
 
 
+def scales_q_in_place(q, k, v):
+    """The right output, but the caller's q is divided by sqrt(D) in place (div_ for div)."""
+    (Tq, D), Tk = q.shape[2:], k.shape[2]
+    k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+    scores = q.div_(math.sqrt(D)) @ k.transpose(-2, -1)
+    future = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).triu(Tk - Tq + 1)
+    return torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1) @ v
+
+
+def test_attention_check_refuses_changing_an_input():
+    with pytest.raises(AssertionError, match="changed its input q"):
+        lab01.check_causal_attention(scales_q_in_place)
+
+
 def test_attention_top_left_message_names_the_bug():
     with pytest.raises(AssertionError, match="top-left"):
         lab01.check_causal_attention(top_left_attention)
