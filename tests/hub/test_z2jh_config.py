@@ -345,7 +345,8 @@ def makefile_setup() -> list[str]:
         for _ in range(4):
             line = re.sub(r"\$\(([A-Z0-9_]+)\)", lambda m: variables.get(m.group(1), m.group(0)), line)
         return line
-    return [expand(line.strip().lstrip("@")) for line in joined.splitlines() if line.strip()]
+    lines = [line.strip().lstrip("@") for line in joined.splitlines()]
+    return [expand(line) for line in lines if line and not line.startswith("#")]     # a recipe's comments: no command
 
 
 def normalized(command: str) -> str:
