@@ -4,6 +4,7 @@ check that did not run). Issue 40: four red cells in a row in lab 04 on a laptop
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 
 import pytest
@@ -19,11 +20,13 @@ CELL = "from autograder.harness import require_gpu\nprint(require_gpu('a GPU-tie
 
 @pytest.mark.parametrize("grading", [False, True])
 def test_gpu_tier_cell_skips_in_jupyterlab_and_fails_under_grading(grading):
-    process = judge.JudgeProcess(tempfile.mkdtemp(prefix="judge-"), grading=grading)
+    folder = tempfile.mkdtemp(prefix="judge-")
+    process = judge.JudgeProcess(folder, grading=grading)
     try:
         result, _ = judged(process, CELL, {})
     finally:
         process.close()
+        shutil.rmtree(folder, ignore_errors=True)      # tests leave nothing behind
     if grading:
         assert result["error"] and "needs a GPU" in result["error"]["evalue"], result
     else:

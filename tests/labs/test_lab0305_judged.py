@@ -14,6 +14,7 @@ import collections
 import contextlib
 import importlib.util
 import secrets
+import shutil
 import socket
 import sys
 import tempfile
@@ -50,9 +51,11 @@ class CountingEndpoint(wire.Endpoint):
 
 @pytest.fixture(scope="module")
 def judge_process():
-    process = judge.JudgeProcess(tempfile.mkdtemp(prefix="judge-"))
+    folder = tempfile.mkdtemp(prefix="judge-")
+    process = judge.JudgeProcess(folder)
     yield process
     process.close()
+    shutil.rmtree(folder, ignore_errors=True)          # tests leave nothing behind
 
 
 def judged(process: judge.JudgeProcess, source: str, names: dict[str, Any], *,
