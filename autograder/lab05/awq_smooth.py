@@ -66,6 +66,16 @@ def check_awq_fold(fn: Callable) -> None:
                              "(attn_norm, mlp_norm) by s, and w_up's output rows by s for w_down's scales.")
 
 
+def _inputs_kept(ex: str, what: str, given: tuple, original: tuple) -> None:
+    """The activation maxima and the weights handed in are as they were: `.float()` of a float32 tensor is that
+    tensor, so an in-place op after it (abs_, clamp_) writes into the model's weights or the calibration."""
+    (act, weights), (act0, weights0) = given, original
+    if not torch.equal(act, act0) or any(not torch.equal(w, w0) for w, w0 in zip(weights, weights0)):
+        raise AssertionError(f"{ex}: {what} changed its inputs (the activation maxima or the layer's weights): "
+                             ".float() of a float32 tensor is that same tensor, so an in-place op after it (abs_, "
+                             "clamp_) writes into the caller's; use the out-of-place ops (abs, clamp)")
+
+
 def check_smoothing_factors(fn: Callable) -> None:
     """fn(act_absmax (in,), weights [W (out_i, in)], alpha) -> s (in,) = act^alpha / max|W[:, j]|^(1 - alpha)."""
     ex = "Exercise 6 (smoothing_factors)"
@@ -76,14 +86,18 @@ def check_smoothing_factors(fn: Callable) -> None:
     weights = [torch.randn(16, 32, generator=g) * 0.05, torch.randn(8, 32, generator=g) * 0.08]  # a layer's sizes
     dead_act = act.clone()
     dead_act[7] = 0.0                               # a dead activation channel (never fires on the calibration set)
-    s = _call(_SMOOTH, ex, "smoothing_factors with a dead channel", fn, dead_act, [w.clone() for w in weights], 0.5)
+    given = (dead_act.clone(), [w.clone() for w in weights])
+    s = _call(_SMOOTH, ex, "smoothing_factors with a dead channel", fn, given[0], given[1], 0.5)
+    _inputs_kept(ex, "smoothing_factors with a dead channel", given, (dead_act, weights))
     if not isinstance(s, torch.Tensor) or not torch.isfinite(s).all() or not bool((s > 0).all()):
         raise AssertionError("smoothing_factors with a dead activation channel (max|x_7| = 0) must still give finite, "
                              f"positive factors (x is divided by s), got s[7] = {s[7] if isinstance(s, torch.Tensor) else s!r}"
                              ": clamp both maxima to a small positive value (1e-5) before the powers")
     for alpha in (0.5, 0.8, 0.2):
         what = f"smoothing_factors(alpha={alpha})"
-        s = _call(_SMOOTH, ex, what, fn, act.clone(), [w.clone() for w in weights], alpha)
+        given = (act.clone(), [w.clone() for w in weights])
+        s = _call(_SMOOTH, ex, what, fn, given[0], given[1], alpha)
+        _inputs_kept(ex, what, given, (act, weights))
         want = smoothing_factors(act, weights, alpha)
         if not isinstance(s, torch.Tensor) or s.shape != want.shape:
             raise AssertionError(f"{what}: expected a tensor of shape {tuple(want.shape)} (one factor per input channel)")

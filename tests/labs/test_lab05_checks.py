@@ -339,6 +339,18 @@ def unclamped_smoothing(act, weights, alpha):
     return act.float().pow(alpha) / w_absmax.pow(1 - alpha)
 
 
+def smoothing_abs_in_place(act, weights, alpha):
+    """The right factors, but abs_ after .float() makes the caller's float32 weights their absolute values."""
+    w_absmax = torch.cat([w.float().abs_() for w in weights]).amax(0)
+    return (act.float().clamp(min=1e-5).pow(alpha) / w_absmax.clamp(min=1e-5).pow(1 - alpha)).clamp(min=1e-5)
+
+
+def smoothing_clamps_act_in_place(act, weights, alpha):
+    """The right factors, but clamp_ writes the floor into the caller's activation maxima (a dead channel's 0)."""
+    w_absmax = torch.cat([w.float().abs() for w in weights]).amax(0)
+    return (act.float().clamp_(min=1e-5).pow(alpha) / w_absmax.clamp(min=1e-5).pow(1 - alpha)).clamp(min=1e-5)
+
+
 def test_smoothing_solution_passes():
     lab05.check_smoothing_factors(SOLUTION["smoothing_factors"])
 
@@ -354,6 +366,8 @@ def test_smoothing_refuses_the_reference(fn):
     (swapped_alpha, "exponent"),
     (first_weight_only, "ALL the weights"),
     (unclamped_smoothing, "dead activation channel"),
+    (smoothing_abs_in_place, "changed its inputs"),
+    (smoothing_clamps_act_in_place, "changed its inputs"),
 ])
 def test_smoothing_rejects(fn, match):
     with pytest.raises(AssertionError, match=match):
