@@ -476,7 +476,25 @@ def _gemv_corners(ns: dict) -> list:
             (8, 20, 64, 32, 16, 128, "bfloat16", "float16", c, 8, "meta")]
 
 
+@st.composite
+def _smooth_spec(draw) -> tuple:
+    """smoothing_factors(act_absmax (in,), [W (out_i, in)], alpha): maxima >= 0 with dead channels (0), one to three
+    weights, float32 or bfloat16, alpha in [0, 1]; the default run compares the arguments after the call too."""
+    n_in = draw(st.integers(1, 6))
+    dtype = draw(st.sampled_from([torch.float32, torch.bfloat16]))
+    values = st.one_of(st.just(0.0), st.floats(1e-7, 100.0))
+    act = torch.tensor(draw(st.lists(values, min_size=n_in, max_size=n_in)), dtype=dtype)
+    weights = []
+    for _ in range(draw(st.integers(1, 3))):
+        rows = draw(st.integers(1, 4))
+        flat = draw(st.lists(st.one_of(st.just(0.0), st.floats(-10.0, 10.0)), min_size=rows * n_in,
+                             max_size=rows * n_in))
+        weights.append(torch.tensor(flat, dtype=dtype).reshape(rows, n_in))
+    return (act, weights, draw(st.sampled_from([0.0, 0.2, 0.5, 0.8, 1.0])))
+
+
 CONTRACTS = {
+    "ex6_code": Contract("smoothing_factors", lambda ns: _smooth_spec()),
     "ex1_code": Contract("quantize_symmetric", lambda ns: _sym_spec(), run=_run_sym, corners=_sym_corners,
                          examples=150),
     "ex2_code": Contract("pack_int4", lambda ns: _pack_spec(), run=_run_pack, corners=_pack_corners),
