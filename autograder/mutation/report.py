@@ -42,10 +42,13 @@ def _counts(r: LabResult, interview: bool) -> dict:
             "score": None if score != score else round(score, 4)}
 
 
+def _machine() -> str:
+    return f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f} at the end"
+
+
 def summary(r: LabResult) -> dict:
     return {"lab": r.assignment, "date": datetime.date.today().isoformat(),
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f} at the end",
-            "seconds": r.seconds, "mutants": r.mutants, "not_run": r.not_run,
+            "machine": _machine(), "seconds": r.seconds, "mutants": r.mutants, "not_run": r.not_run,
             "exercises": _counts(r, False), "interview": _counts(r, True),
             "survived": r.survived, "broken": {i: what for i, (k, what) in r.outcome.items() if k == "broken"},
             "found_equivalent": {i: r.equivalent[i] for i in r.found_equivalent}}
@@ -77,8 +80,7 @@ def record_part(r: LabResult, cells: list[str], folder: Path = RESULTS) -> Path:
         raise ValueError(f"{r.assignment} has no exercise cell {', '.join(unknown)}")
     path = folder / "parts" / r.assignment / ("+".join(sorted(cells)) + ".json")
     path.parent.mkdir(parents=True, exist_ok=True)
-    part = {"lab": r.assignment, "date": datetime.date.today().isoformat(),
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f} at the end",
+    part = {"lab": r.assignment, "date": datetime.date.today().isoformat(), "machine": _machine(),
             "cells": {gid: today[gid] for gid in sorted(cells)}, "seconds": r.seconds, "mutants": r.mutants,
             "outcome": r.outcome, "equivalent": r.equivalent, "not_shown": r.not_shown, "not_run": r.not_run,
             "found_equivalent": r.found_equivalent}
@@ -86,24 +88,31 @@ def record_part(r: LabResult, cells: list[str], folder: Path = RESULTS) -> Path:
     return path
 
 
+def _cell_of(key: str) -> str:
+    """The exercise cell a mutant id ("ex3_code:12:ab12") or a not-run key ("ex3_code (mutants ...)") belongs to."""
+    return key.split(":")[0].split(" ")[0]
+
+
+def _of_cells(assignment: str, found: dict, cells: set[str], seconds: float) -> LabResult:
+    """What `found` (a LabResult's fields, or a part read back) says of the mutants of `cells` only."""
+    part = LabResult(assignment, seconds=seconds,
+                     found_equivalent=[k for k in found["found_equivalent"] if _cell_of(k) in cells],
+                     **{name: {k: tuple(v) if name == "outcome" else v for k, v in found[name].items()
+                               if _cell_of(k) in cells}
+                        for name in ("outcome", "equivalent", "not_shown", "not_run")})
+    part.mutants = len(part.outcome) + len(part.equivalent) + sum(part.not_run.values())
+    return part
+
+
 def split(r: LabResult, folder: Path = RESULTS) -> list[Path]:
     """A full run as one part per exercise cell (results/parts/<lab>/<cell>.json): each cell's mutants and the
     seconds they took; the notebook's own run (the seconds no cell's mutants took) goes with the first cell."""
     cells = [c.grade_id for c in notebook_cells(r.assignment) if c.exercise]
     rest = max(0.0, r.seconds - sum(r.cell_seconds.values()))
-    paths = []
-    for index, gid in enumerate(cells):
-        def ours(key: str) -> bool:
-            return key.split(":")[0].split(" ")[0] == gid
-        part = LabResult(r.assignment, outcome={k: v for k, v in r.outcome.items() if ours(k)},
-                         equivalent={k: v for k, v in r.equivalent.items() if ours(k)},
-                         not_shown={k: v for k, v in r.not_shown.items() if ours(k)},
-                         not_run={k: v for k, v in r.not_run.items() if ours(k)},
-                         found_equivalent=[k for k in r.found_equivalent if ours(k)],
-                         seconds=round(r.cell_seconds.get(gid, 0.0) + (rest if index == 0 else 0.0), 1))
-        part.mutants = len(part.outcome) + len(part.equivalent) + sum(part.not_run.values())
-        paths.append(record_part(part, [gid], folder))
-    return paths
+    return [record_part(_of_cells(r.assignment, vars(r), {gid}, round(r.cell_seconds.get(gid, 0.0)
+                                                                       + (rest if index == 0 else 0.0), 1)),
+                        [gid], folder)
+            for index, gid in enumerate(cells)]
 
 
 def assemble(assignment: str, folder: Path = RESULTS) -> tuple[LabResult | None, list[str], dict]:
@@ -128,15 +137,14 @@ def assemble(assignment: str, folder: Path = RESULTS) -> tuple[LabResult | None,
         mine = {gid for gid, i in owner.items() if i == index}
         if not mine:
             continue
-        def ours(key: str) -> bool:
-            return key.split(":")[0].split(" ")[0] in mine
-        merged.outcome |= {k: tuple(v) for k, v in part["outcome"].items() if ours(k)}
-        merged.equivalent |= {k: v for k, v in part["equivalent"].items() if ours(k)}
-        merged.not_shown |= {k: v for k, v in part["not_shown"].items() if ours(k)}
-        merged.not_run |= {k: v for k, v in part["not_run"].items() if ours(k)}
-        merged.found_equivalent += [k for k in part["found_equivalent"] if ours(k)]
-        merged.seconds = round(merged.seconds + part["seconds"], 1)
-    merged.mutants = len(merged.outcome) + len(merged.equivalent) + sum(merged.not_run.values())
+        own = _of_cells(assignment, part, mine, part["seconds"])
+        merged.outcome |= own.outcome
+        merged.equivalent |= own.equivalent
+        merged.not_shown |= own.not_shown
+        merged.not_run |= own.not_run
+        merged.found_equivalent += own.found_equivalent
+        merged.seconds = round(merged.seconds + own.seconds, 1)
+        merged.mutants += own.mutants
     used = [kept[i] for i in sorted(set(owner.values()))]
     machines = sorted({part["machine"].split(", load")[0] for part in used})
     about = {"date": max(part["date"] for part in used),
