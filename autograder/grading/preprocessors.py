@@ -275,7 +275,11 @@ class StoppingExecute(Execute):
                 if spare is not None:
                     spare.kill()
                 spare = WitnessProcess(judge_socket, self._cwd)
-            witness = spare.start(request, cells)
+            try:
+                witness = spare.start(request, cells)
+            except BaseException:
+                spare.kill()                 # its folder and process go with it; the judge says the witness failed
+                raise
             # this notebook asks for witnesses: the next one imports torch while this one works
             self._spare_witness = WitnessProcess(judge_socket, self._cwd)
             return witness
