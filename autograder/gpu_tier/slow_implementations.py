@@ -121,7 +121,7 @@ def paged_decode_pytorch(q: Tensor, k_pool: Tensor, v_pool: Tensor, block_tables
 
 def dequantize_every_call(w: Tensor, group_size: int) -> Callable[[Tensor], Tensor]:
     """Lab 05 CPU: right values, but rebuilds a float weight from the INT4 codes on every call (slower than fp32)."""
-    wg = w.reshape(w.shape[0], -1, group_size)
+    wg = w.float().reshape(w.shape[0], -1, group_size)
     lo = wg.amin(-1, keepdim=True)
     scale = (wg.amax(-1, keepdim=True) - lo) / 15
     q = torch.round((wg - lo) / scale).clamp(0, 15).to(torch.uint8)

@@ -124,7 +124,7 @@ def _check_drawn_gemv(fn: Callable, case: GemvCase, ex: str, references: tuple) 
 
 def check_int4_cpu_linear(make: Callable, *, K: int = 4096, N: int = 4096, group_size: int = 128,
                           repeats: int = 5, allow_reference: bool = False) -> dict[str, float]:
-    """make(weight (N, K), group_size) -> f with f(x (1, K)) ~= x @ W_hat^T, W_hat the asymmetric INT4 weight
+    """make(weight (N, K) float32 or bfloat16, group_size) -> f with f(x (1, K)) ~= x @ W_hat^T, W_hat the asymmetric INT4 weight
     (per group scale and min), computed by PyTorch's CPU INT4 kernel. Correct values first, then the speedup
     over an fp32 matmul must reach the calibrated fraction (INT4_CPU_SPEED_CHECK) of the reference's, timed in the same
     run. `allow_reference=True` (make calibrate) lifts the refusal of the package's Int4WeightOnlyLinear."""
@@ -132,26 +132,36 @@ def check_int4_cpu_linear(make: Callable, *, K: int = 4096, N: int = 4096, group
     refs = () if allow_reference else (Int4WeightOnlyLinear, WeightOnlyLinear.from_weight, WeightOnlyLinear.forward)
     if refs:
         own_work(make, refs, what=ex)
-    w = _randn(192, 256, seed=0) * 0.05
     x = _randn(3, 256, seed=1)
-    f = _call(refs, ex, "make_int4_linear(w (192, 256), 64)", make, w.clone(), 64)
-    y = _call(refs, ex, "the INT4 linear on x (3, 256)", f, x.clone())
-    wg = w.view(192, -1, 64)
+    for dtype in (torch.float32, torch.bfloat16):        # checkpoints come in bf16: quantize from float32 values
+        w = (_randn(192, 256, seed=0) * 0.05).to(dtype)
+        _check_int4_values(refs, ex, make, w, x)
+    return _int4_speed(make, N, K, group_size, repeats)
+
+
+def _check_int4_values(refs: tuple, ex: str, make: Callable, w: torch.Tensor, x: torch.Tensor) -> None:
+    """make(w (192, 256), 64)(x (3, 256)) within 1% of x @ W_hat^T, W_hat quantized from w's float32 values."""
+    name = str(w.dtype).removeprefix("torch.")
+    f = _call(refs, ex, f"make_int4_linear(w (192, 256) {name}, 64)", make, w.clone(), 64)
+    y = _call(refs, ex, f"the INT4 linear of a {name} weight on x (3, 256)", f, x.clone())
+    wg = w.float().view(192, -1, 64)
     lo, hi = wg.amin(-1, keepdim=True), wg.amax(-1, keepdim=True)
     s = (hi - lo) / 15
     w_hat = (torch.round((wg - lo) / s).clamp(0, 15) * s + lo).view(192, 256)
-    want, exact = x @ w_hat.T, x @ w.T
+    want, exact = x @ w_hat.T, x @ w.float().T
     if not isinstance(y, torch.Tensor) or tuple(y.shape) != (3, 192):
-        raise AssertionError(f"the INT4 linear must return (3, 192) for x (3, 256), got "
+        raise AssertionError(f"the INT4 linear of a {name} weight must return (3, 192) for x (3, 256), got "
                              f"{tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__}")
     rel = ((y.float() - want).norm() / want.norm()).item()
     if not within(rel, 0.01):
         hint = (" Your output matches the full-precision weight, not its INT4 version: quantize it."
                 if within(((y.float() - exact).norm() / exact.norm()).item(), 0.01) else
+                " Compute the ranges, scales and codes in float32 (weight.float()): in bfloat16 they round, and codes "
+                "near a half step flip." if w.dtype != torch.float32 else
                 " The kernel computes (q - 8) * scale + zero per group, so pass zero = min + 8 * scale, "
                 "and scales_and_zeros as (n_groups, N, 2) in bf16.")
-        raise AssertionError(f"the INT4 linear differs from x @ W_hat^T by {rel:.3g} (relative).{hint}")
-    return _int4_speed(make, N, K, group_size, repeats)
+        raise AssertionError(f"the INT4 linear of a {name} weight differs from x @ W_hat^T by {rel:.3g} "
+                             f"(relative).{hint}")
 
 
 def speed_weight(N: int, K: int) -> torch.Tensor:

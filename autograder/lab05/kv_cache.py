@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import torch
 
-from autograder.harness import quiet, within
+from autograder.harness import expect_value_error, quiet, within
+from autograder.checking.reference_guard import no_calls_into, own_work
 from autograder.lab05.common import _KV, _call
-from autograder.checking.reference_guard import own_work
 from minigpt.quant.kv_cache import QuantizedLayerKVCache
 
 
 def check_quantized_kv_cache(cache_cls: type) -> None:
     """cache_cls(batch_size, max_seq_len, n_kv_heads, head_dim) storing int8 codes .k, .v (B, S, Hkv, D) with a
     scale per token and head; update(k, v) returns all positions so far, dequantized to float32. The last write is
-    bfloat16 and holds an all-zero token."""
+    bfloat16 and holds an all-zero token and fills the cache exactly; one more position then raises ValueError (as in
+    lab 01) and changes nothing."""
     ex = "Exercise 7 (the INT8 KV cache)"
     own_work(cache_cls, (QuantizedLayerKVCache,), what=ex, methods=("__init__", "update"))
     B, S, H, D = 2, 10, 3, 16
@@ -65,6 +66,20 @@ def check_quantized_kv_cache(cache_cls: type) -> None:
         _check_scales(cache, k, v, sum(x.shape[1] for x in ks) - T, what)
         if getattr(cache, "length", None) != sum(x.shape[1] for x in ks):
             raise AssertionError(f"{what}: cache.length should be {sum(x.shape[1] for x in ks)}, got {getattr(cache, 'length', None)!r}")
+    _check_overflow(cache, ex, S)
+
+
+def _check_overflow(cache: object, ex: str, S: int) -> None:
+    """The cache is full (S positions): one more raises ValueError naming the capacity, and changes nothing."""
+    codes = (cache.k.clone(), cache.v.clone())
+    extra = torch.ones(cache.k.shape[0], 1, *cache.k.shape[2:])
+    with no_calls_into(*_KV, what=ex):
+        expect_value_error(f"{ex}: writing 1 position into the full cache (max_seq_len={S})", cache.update,
+                           extra, extra.clone(), naming=(S,), hint=" naming max_seq_len, as lab 01's cache does; check "
+                           "the bounds before writing anything")
+    if getattr(cache, "length", None) != S or not (torch.equal(cache.k, codes[0]) and torch.equal(cache.v, codes[1])):
+        raise AssertionError(f"{ex}: the rejected write changed the cache (its length or codes); check the bounds "
+                             "before writing anything")
 
 
 def _check_scales(cache: object, k: torch.Tensor, v: torch.Tensor, start: int, what: str) -> None:

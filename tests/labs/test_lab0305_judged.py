@@ -189,6 +189,15 @@ def test_lab05_int4_speed_judged_calls_the_learners_linear_from_the_judge(judge_
     assert answered >= 3 + (1 + 2)
 
 
+def test_lab05_kv_cache_judged_overflow_raises_across_the_wire(judge_process):
+    """The solution's ValueError on the full cache reaches the judge as a ValueError, and the rejected write is
+    seen to change nothing."""
+    result, _ = judged(judge_process, "from autograder.lab05 import check_quantized_kv_cache\n"
+                                      "check_quantized_kv_cache(Int8LayerKVCache)\n",
+                       {"Int8LayerKVCache": LAB05["Int8LayerKVCache"]})
+    assert result["error"] is None, result["error"]
+
+
 def _lab05_cell(cell: str, name: str, edit: dict[str, str]) -> Any:
     """The solution notebook's `name` from `cell`, with one edit (tests/labs/test_mutants_found.py)."""
     return solution_cells("05_quantization", cell, preamble="import torch", replace=edit)[name]
@@ -198,13 +207,19 @@ def _lab05_cell(cell: str, name: str, edit: dict[str, str]) -> Any:
     ("check_pack_chunks", "pack_chunks", "pack_tokens_on_cpu", "device='meta'"),
     ("check_gptq", "gptq", "gptq_aliasing", "modified the w or H"),
     ("check_dequant_gemv", "triton_dequant_gemv", "gemv_x_not_contiguous", "drawn case"),
+    ("check_quantized_kv_cache", "Int8LayerKVCache", "kv_cache_unchecked", "must raise ValueError"),
+    ("check_quantized_kv_cache", "Int8LayerKVCache", "kv_cache_counts_first", "changed the cache"),
+    ("check_int4_cpu_linear", "make_int4_linear", "int4_ranges_in_bf16", "bfloat16 weight"),
 ])
 def test_new_contract_checks_judged(judge_process, check, name, fn, match):
     """Checks that look at what the learner's kernel holds (a tensor's device, an input changed in place, a view
     handed over as a view) see it when judged too, where only values cross the wire."""
-    from tests.labs import test_lab03_checks
+    from tests.labs import test_lab03_checks, test_lab05_checks
 
     wrong = {"pack_tokens_on_cpu": test_lab03_checks.pack_tokens_on_cpu,
+             "kv_cache_unchecked": test_lab05_checks.UncheckedCache,
+             "kv_cache_counts_first": test_lab05_checks.CountsBeforeCheckingCache,
+             "int4_ranges_in_bf16": test_lab05_checks.int4_ranges_in_bf16,
              "gptq_aliasing": _lab05_cell("ex4_code", "gptq", {"W = w.double().clone()": "W = w.double()"}),
              "gemv_x_not_contiguous": _lab05_cell("ex9_code", "triton_dequant_gemv",
                                                   {"](x.contiguous(), qweight": "](x, qweight"})}[fn]

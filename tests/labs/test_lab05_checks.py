@@ -398,6 +398,29 @@ class Float32Cache(SolutionCache):
         self.k, self.v = self.k.float(), self.v.float()
 
 
+class UncheckedCache(SolutionCache):
+    """No bound check: past max_seq_len the write broadcasts into an empty slice (nothing stored, no error) and length grows."""
+
+    def update(self, k, v):
+        start, end = self.length, self.length + k.shape[1]
+        for x, codes, scales in ((k, self.k, self.k_scale), (v, self.v, self.v_scale)):
+            s = (x.float().abs().amax(-1) / 127).clamp(min=1e-12)
+            codes[:, start:end] = torch.round(x.float() / s[..., None]).clamp(-127, 127).to(torch.int8)
+            scales[:, start:end] = s
+        self.length = end
+        return (self.k[:, :end].float() * self.k_scale[:, :end, :, None],
+                self.v[:, :end].float() * self.v_scale[:, :end, :, None])
+
+
+class CountsBeforeCheckingCache(SolutionCache):
+    """Raises the right error, but only after moving `length`: the cache is left claiming a position it lacks."""
+
+    def update(self, k, v):
+        if self.length + k.shape[1] > self.k.shape[1]:
+            self.length += k.shape[1]
+        return super().update(k, v)
+
+
 class InheritsUpdate(QuantizedLayerKVCache):
     """The reference's cache, renamed."""
 
@@ -424,6 +447,8 @@ def test_kv_cache_refuses_the_reference(cls):
     (StubCache, "not implemented"),
     (SharedScaleCache, "shared across heads"),
     (Float32Cache, "int8"),
+    (UncheckedCache, "must raise ValueError"),
+    (CountsBeforeCheckingCache, "changed the cache"),
 ])
 def test_kv_cache_rejects(cls, match):
     with pytest.raises(AssertionError, match=match):
@@ -504,6 +529,18 @@ def test_int4_cpu_linear_refuses_the_reference(fn):
         lab05.check_int4_cpu_linear(fn, repeats=1)
 
 
+def int4_ranges_in_bf16(w, group_size):
+    """The solution without weight.float(): a bf16 checkpoint's ranges, scales and codes round in bf16."""
+    N, K = w.shape
+    wg = w.reshape(N, K // group_size, group_size)
+    lo, hi = wg.amin(-1), wg.amax(-1)
+    s = ((hi - lo) / 15).clamp(min=1e-12)
+    q = torch.round((wg - lo[..., None]) / s[..., None]).clamp(0, 15).to(torch.int32).reshape(N, K)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+    scales_and_zeros = torch.stack([s.T, (lo + 8 * s).T], -1).to(torch.bfloat16).contiguous()
+    return lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), packed, group_size, scales_and_zeros)
+
+
 def fast_only_when_timed(w, group_size):
     """Right on the check's small case; on the timed shape (4096 columns) it skips the work and returns zeros."""
     right = SOLUTION["make_int4_linear"](w, group_size)
@@ -519,6 +556,7 @@ def answer_kept_from_the_first_call(w, group_size):
 @pytest.mark.parametrize("fn, match", [
     (_stub, "not implemented"),
     (full_precision_linear, "full-precision weight"),
+    (int4_ranges_in_bf16, "bfloat16 weight .*in float32"),
     (slow_int4_linear, "speedup"),
     (fast_only_when_timed, "timed input #0"),
     (answer_kept_from_the_first_call, "timed input #1"),
