@@ -65,9 +65,16 @@ def _mx_cases() -> list[tuple[str, torch.Tensor]]:
     w = _randn(6, 128, seed=3) * torch.logspace(-3, 1, 6)[:, None]           # rows of very different ranges
     w[1, 32:64] = 0                                                          # an all-zero block
     w[2, :32] *= 40.0                                                        # one block far above its row
+    near_pow2 = _randn(2, 64, seed=9) * 10
+    near_pow2[0, 5], near_pow2[1, 40] = 255.0, -127.5     # 2^8 - 1, 2^7 - 0.5: exact in bf16, log2 just below 8, 7
+    tiny = _randn(2, 64, seed=10)
+    tiny[:, 32:] *= 1e-39                                # max|block| below 2^-125: the exponent clamps at -127
     return [("w (6, 128) float32, rows from 1e-3 to 10, an all-zero block", w),
             ("crafted ties and a value above 6 (scale 1), x2^-6, x2^5, negated", crafted),
-            ("w (4, 64) bfloat16", _randn(4, 64, seed=4).bfloat16())]
+            ("w (4, 64) bfloat16", _randn(4, 64, seed=4).bfloat16()),
+            ("w (2, 64) bfloat16 whose block maxima (255, -127.5) lie just below a power of two",
+             near_pow2.bfloat16()),
+            ("w (2, 64) float32 with a block of subnormal values (max|block| < 2^-125)", tiny)]
 
 
 def _check_mx(fn: Callable) -> None:
@@ -101,7 +108,13 @@ def _check_mx(fn: Callable) -> None:
             rules = {"ceil": torch.ceil(torch.log2(live / 6)), "no emax": torch.floor(torch.log2(live)),
                      "round": torch.round(torch.log2(live)) - 2}
             hint = ""
-            if torch.equal(exp[nz], rules["ceil"][nz]):
+            in_own_dtype = torch.floor(torch.log2(w.reshape(rows, -1, 32).abs().amax(-1))).double() - 2
+            if w.dtype != torch.float32 and torch.equal(exp[nz], in_own_dtype[nz]):
+                hint = (f" log2 in {str(w.dtype).removeprefix('torch.')} rounds up to the next integer for maxima "
+                        "just below a power of two: compute the block maxima and log2 in float32 (w.float()).")
+            elif live[tuple(bad)] < 2.0 ** -125:
+                hint = " E8M0's smallest scale is 2^-127: clamp the exponent to [-127, 127]."
+            elif torch.equal(exp[nz], rules["ceil"][nz]):
                 hint = (" You rounded max|block| / 6 up to a power of two (no element saturates); the spec takes "
                         "floor(log2 max|block|) - 2, which maps max|block| into [4, 8) and lets values above 6 "
                         "saturate.")
@@ -121,7 +134,9 @@ def _nv_cases() -> list[tuple[str, torch.Tensor]]:
     return [("w (6, 64) float32, rows from 1e-2 to 10, an all-zero block", w),
             ("w (4, 48) bfloat16", _randn(4, 48, seed=6).bfloat16()),
             ("w (2, 32) float32 of one tiny block beside large ones", torch.cat([_randn(2, 16, seed=7) * 1e-3,
-                                                                                _randn(2, 16, seed=8) * 50], 1))]
+                                                                                _randn(2, 16, seed=8) * 50], 1)),
+            ("w (2, 32) float32: a block of 1e6 beside one of about 1, whose E4M3 scale rounds to 0",
+             torch.cat([_randn(2, 16, seed=11) * 1e6, _randn(2, 16, seed=12)], 1))]
 
 
 def _check_nv(fn: Callable) -> None:
@@ -157,6 +172,10 @@ def _check_nv(fn: Callable) -> None:
                 hint = " Divide by 6, E2M1's largest value, not 4."
             raise AssertionError(f"{what}: block {bad} (max|block| = {amax:.6g}) has block scale {got_s:g}, expected "
                                  f"e4m3(max|block| / (6 * tensor_scale)) = {want_s:g}.{hint}")
+        dead = (want_b.float() == 0)[..., None].expand(rows, n // 16, 16).reshape(rows, n)
+        if (elements.float()[dead] != 0).any():
+            raise AssertionError(f"{what}: a block whose E4M3 scale rounds to 0 (max|block| far below the tensor's "
+                                 "max) must give zero elements; you divided it by another denominator instead.")
         scaled = w.double().reshape(rows, -1, 16) / (want_b.double()[..., None] * want_t.double()).clamp(min=1e-300)
         _elements(elements, want_e, w, scaled.reshape(rows, n), what)
 

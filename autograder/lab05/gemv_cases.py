@@ -22,7 +22,7 @@ import torch
 
 from autograder.checking.drawn import drawn_examples
 
-__all__ = ["GemvCase", "gemv_cases", "gemv_inputs", "DRAWN_GEMV"]
+__all__ = ["GemvCase", "gemv_cases", "gemv_inputs", "DRAWN_GEMV", "EDGE_CASES"]
 
 # (block_n, block_k), unequal first: equal tiles hide a bound written with the other tile's size
 TILE_PAIRS = ((8, 64), (32, 16), (16, 32), (64, 128), (16, 16))
@@ -69,6 +69,15 @@ def _strategy():
 def gemv_cases(count: int = DRAWN_GEMV) -> list[GemvCase]:
     """The drawn cases: the same list in every process."""
     return drawn_examples(_strategy(), count)
+
+
+_PLAIN = ("contiguous", "contiguous", "contiguous")
+# Cases at the edges of the K loop that the draw (K a multiple of 16, tiles from 8) cannot reach, run after the drawn
+# ones:
+EDGE_CASES = (
+    GemvCase(8, 5, 33, 11, 8, 16, torch.float32, _PLAIN, 3),    # the last tile holds one column (K = 2 tiles + 1)
+    GemvCase(4, 2, 16, 16, 1, 2, torch.float32, _PLAIN, 0),     # the smallest tiles: one row, one packed byte
+)
 
 
 def _placed(t: torch.Tensor, layout: str, fence: float | int) -> torch.Tensor:

@@ -42,7 +42,7 @@ def check_gptq(fn: Callable) -> None:
     rtn = quantize(w, 4, group_size=group)
     err_rtn = _output_error(dequantize(rtn), w, H)
     results = {}
-    for block in (16, 64):
+    for block in (16, 64, 9):        # 9 does not divide 64: the last block is one column (and groups straddle blocks)
         what = f"gptq(w {tuple(w.shape)}, H, bits=4, group_size={group}, block_size={block})"
         w_in, H_in = w.double(), H.double()          # float64: a .double() without a copy aliases them
         out = _call(_GPTQ, "Exercise 4 (gptq)", what, fn, w_in, H_in, 4, group, block)
@@ -64,6 +64,11 @@ def check_gptq(fn: Callable) -> None:
         assert_finite(w_hat, f"Exercise 4 (gptq): {what}: the weights q * scale",
                       hint="A division by zero? Clamp a zero scale to a tiny positive value; the damping (1% of mean "
                            "diag H) keeps every U[i, i] > 0.")
+        first = w[:, :group].abs().amax(1) / 7            # group 0's columns: no error has reached them yet
+        if not torch.allclose(scale[:, 0].float(), first, rtol=1e-6, atol=0):
+            raise AssertionError(f"{what}: the scales of the first group differ from max |w[:, 0:{group}]| / 7 (its "
+                                 "columns are not updated yet when it comes up): take each group's maximum over "
+                                 "exactly its group_size columns, W[:, i:i + group_size].")
         err = _output_error(w_hat, w, H)
         results[block] = w_hat
         if within(abs(err - err_rtn), 1e-6 * err_rtn) or torch.equal(q.to(torch.int16), rtn.q.to(torch.int16)):

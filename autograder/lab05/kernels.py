@@ -12,7 +12,7 @@ from autograder.checking.call_conditions import DEVICE_HINT, default_device_else
 from autograder.checking.models import count_triton_launches
 from autograder.launches import call_launcher
 from autograder.harness import EachCallItsOwnInput, at_least, call_learner, check_speedup, quiet, within
-from autograder.lab05.gemv_cases import GemvCase, gemv_cases, gemv_inputs
+from autograder.lab05.gemv_cases import EDGE_CASES, GemvCase, gemv_cases, gemv_inputs
 from autograder.lab05.common import GEMV_SPEED_CHECKS, INT4_CPU_SPEED_CHECK, _call, _randn
 from autograder.checking.reference_guard import own_work
 from autograder.checking.wire import is_remote, run_where
@@ -73,7 +73,7 @@ def check_dequant_gemv(fn: Callable) -> None:
             err = (y.float().cpu() - want).abs().max().item()
             raise AssertionError(f"{what}: differs from the dequantized product by up to {err:.3g}.{hint}")
     _check_gemv_default_device_elsewhere(fn, counting, ex)
-    for case in gemv_cases():
+    for case in (*gemv_cases(), *EDGE_CASES):
         _check_drawn_gemv(fn, case, ex, (dequant_gemv, dequant_gemv_reference))
 
 
@@ -98,11 +98,11 @@ def _check_gemv_default_device_elsewhere(fn: Callable, counting: Any, ex: str) -
 
 
 def _check_drawn_gemv(fn: Callable, case: GemvCase, ex: str, references: tuple) -> None:
-    """One drawn case (gemv_cases.py): y in x's dtype and shape, equal to the dequantized product of the contiguous
+    """One drawn or edge case (gemv_cases.py): y in x's dtype and shape, equal to the dequantized product of the contiguous
     copies (float16 output rounds to about 1e-3 relative)."""
     from minigpt.kernels.dequant_gemv import dequant_gemv_reference
     laid, clean = gemv_inputs(case)
-    what = f"{ex}, drawn case ({case.describe()})"
+    what = f"{ex}, {'edge' if case in EDGE_CASES else 'drawn'} case ({case.describe()})"
     y, launches = call_launcher(what, fn, *laid, case.bits, case.group_size, exercise=ex, watch=references,
                                 block_n=case.block_n, block_k=case.block_k)
     if not launches:

@@ -73,7 +73,9 @@ def _today(assignment: str) -> dict[str, str]:
 
 def record_part(r: LabResult, cells: list[str], folder: Path = RESULTS) -> Path:
     """Write an `--exercise` run (the cells it mutated) to results/parts/<lab>/<cells>.json, everything a record
-    needs kept mutant by mutant, with the cells' fingerprints (assemble uses a part only while they hold)."""
+    needs kept mutant by mutant, with the cells' fingerprints (assemble uses a part only while they hold). These cells
+    are cut out of earlier parts (a part left with no cell is removed; its seconds shrink with its mutants): no two
+    parts ever hold one cell, so which is newer never matters (a clone's files all have one date)."""
     today = _today(r.assignment)
     unknown = sorted(set(cells) - set(today))
     if unknown:
@@ -84,8 +86,29 @@ def record_part(r: LabResult, cells: list[str], folder: Path = RESULTS) -> Path:
             "cells": {gid: today[gid] for gid in sorted(cells)}, "seconds": r.seconds, "mutants": r.mutants,
             "outcome": r.outcome, "equivalent": r.equivalent, "not_shown": r.not_shown, "not_run": r.not_run,
             "found_equivalent": r.found_equivalent}
+    for older in path.parent.glob("*.json"):
+        if older != path:
+            _cut_out(older, set(cells))
     path.write_text(json.dumps(part, indent=1) + "\n")
     return path
+
+
+def _cut_out(path: Path, cells: set[str]) -> None:
+    """Part `path` without `cells` (run again since): rewritten under the name of the cells it keeps, or removed."""
+    part = json.loads(path.read_text())
+    keep = set(part["cells"]) - cells
+    if keep == set(part["cells"]):
+        return
+    path.unlink()
+    if not keep:
+        return
+    own = _of_cells(part["lab"], part, keep, 0.0)
+    share = own.mutants / part["mutants"] if part["mutants"] else 0.0
+    part.update(cells={gid: fp for gid, fp in part["cells"].items() if gid in keep},
+                seconds=round(part["seconds"] * share, 1), mutants=own.mutants, outcome=own.outcome,
+                equivalent=own.equivalent, not_shown=own.not_shown, not_run=own.not_run,
+                found_equivalent=own.found_equivalent)
+    (path.parent / ("+".join(sorted(keep)) + ".json")).write_text(json.dumps(part, indent=1) + "\n")
 
 
 def _cell_of(key: str) -> str:

@@ -314,3 +314,24 @@ def test_a_full_run_is_kept_cell_by_cell_so_one_cell_can_be_run_again(tmp_path):
     after = json.loads(report.record(whole, tmp_path, about).read_text())
     assert (before["exercises"]["survived"], after["exercises"]["survived"]) == (1, 0) and whole.seconds == 95.0
 
+
+
+def test_cells_run_again_are_cut_out_of_earlier_parts(tmp_path):
+    """A run of cells A and B takes them out of earlier parts: the part of A alone goes, a part of B and C keeps C
+    (its mutants and a share of its seconds), so no two parts hold one cell (a clone's files share one date)."""
+    import json
+
+    from autograder.mutation import report
+    from autograder.mutation.run import LabResult, notebook_cells
+
+    lab = "07_tensor_parallel"
+    a, b, c = [cell.grade_id for cell in notebook_cells(lab) if cell.exercise][:3]
+    report.record_part(LabResult(lab, outcome={f"{a}:1:x": ("check", "")}, mutants=1, seconds=1.0), [a], tmp_path)
+    report.record_part(LabResult(lab, outcome={f"{b}:1:y": ("check", ""), f"{c}:1:z": ("survived", "")},
+                                 equivalent={f"{c}:2:w": "shown"}, mutants=3, seconds=6.0), [b, c], tmp_path)
+    report.record_part(LabResult(lab, outcome={f"{a}:1:x": ("crash", ""), f"{b}:1:y": ("check", "")}, mutants=2,
+                                 seconds=2.0), [a, b], tmp_path)
+    parts = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "parts" / lab).glob("*.json")}
+    assert sorted(parts) == sorted(["+".join(sorted([a, b])), c])
+    assert list(parts[c]["cells"]) == [c] and parts[c]["mutants"] == 2 and parts[c]["seconds"] == 4.0
+    assert set(parts[c]["outcome"]) == {f"{c}:1:z"} and set(parts[c]["equivalent"]) == {f"{c}:2:w"}

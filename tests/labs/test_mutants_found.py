@@ -36,7 +36,8 @@ from minigpt.quant.awq import AWQ_GROUPS
           "ex4_code": (("gptq",), lab05.check_gptq),
           "ex6_code": (("smoothing_factors",), lab05.check_smoothing_factors),
           "ex7_code": (("Int8LayerKVCache",), lab05.check_quantized_kv_cache),
-          "ex9_code": (("triton_dequant_gemv",), lab05.check_dequant_gemv)}),
+          "ex9_code": (("triton_dequant_gemv",), lab05.check_dequant_gemv),
+          "ex10_code": (("quantize_mxfp4", "quantize_nvfp4"), lab05.check_fp4_quantize)}),
     "06": Lab("06_speculative_decoding", """
 import torch
 from minigpt.cache.contiguous import KVCache
@@ -90,6 +91,10 @@ EDITS: dict[str, list[tuple[str, dict[str, str], str]]] = {
         ("ex4_code", {"return Q.to(torch.int8), scale.float()": "return Q.to(torch.int8), scale"}, "float32"),
         ("ex4_code", {"W = w.double().clone()": "W = w.double()"}, "modified the w or H"),
         ("ex4_code", {"H = H.double().clone()": "H = H.double()"}, "modified the w or H"),
+        ("ex4_code", {"for b0 in range(0, n, block_size)": "for b0 in range(0, n - 1, block_size)"},
+         r"block_size=9\): output error"),
+        ("ex4_code", {"W[:, i:i + group_size].abs()": "W[:, i:(i + group_size) + 1].abs()"}, "first group"),
+        ("ex4_code", {"W[:, i:i + group_size].abs()": "W[:, i:(i + group_size) - 1].abs()"}, "first group"),
         ("ex6_code", {"w_absmax.clamp(min=1e-5)": "w_absmax.clamp(min=1.00001)"}, "factors differ"),
         ("ex6_code", {"torch.cat([w.float().abs()": "torch.cat([w.abs()"}, "computed in float32"),
         ("ex6_code", {"(act_absmax.float().clamp": "(act_absmax.clamp"}, "computed in float32"),
@@ -106,6 +111,15 @@ EDITS: dict[str, list[tuple[str, dict[str, str], str]]] = {
         ("ex9_code", {"](x.contiguous(), qweight": "](x, qweight"}, "drawn case"),
         ("ex9_code", {"qweight.contiguous(), scale": "qweight, scale"}, "drawn case"),
         ("ex9_code", {"BLOCK_N=block_n, BLOCK_K=block_k)": "BLOCK_N=block_k, BLOCK_K=block_k)"}, "drawn case"),
+        ("ex10_code", {".clamp(-127, 127)": ".clamp(None, 127)"}, "clamp the exponent"),
+        ("ex10_code", {".clamp(-127, 127)": ".clamp(-128, 127)"}, "clamp the exponent"),
+        ("ex10_code", {"elements = torch.where(denom > 0,": "elements = torch.where(denom >= 0,"}, "rounds to 0"),
+        ("ex10_code", {"blocks = w.float().reshape(w.shape[0], -1, 32)": "blocks = w.reshape(w.shape[0], -1, 32)"},
+         "log2 in bfloat16"),
+        ("ex9_code", {"        for k0 in range(0, K, BLOCK_K):\n            cols":
+                      "        for k0 in range(0, K - 1, BLOCK_K):\n            cols"}, "edge case"),
+        ("ex9_code", {"        for k0 in range(0, K, BLOCK_K):\n            j":
+                      "        for k0 in range(0, K + 1, BLOCK_K):\n            j"}, "edge case"),
     ],
     "06": [
         ("ex1_code", {"if isinstance(length, bool) or not": "if isinstance(length, bool) and not"}, "truncate_cache"),

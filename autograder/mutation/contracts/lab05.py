@@ -35,6 +35,11 @@ ex9_code  triton_dequant_gemv(x, qweight, scale, bits, group_size, block_n, bloc
           recorded instead, and y (its dtype, shape, device) is compared. A masked-out lane of a load without
           `other` is undefined in Triton (a GPU leaves whatever is there; the interpreter fills 0): here it holds NaN
           (float) or a code that is not 0 (integer).
+ex10_code round_to_e2m1(x), quantize_mxfp4(w) and quantize_nvfp4(w) (the last two through round_to_e2m1's globals):
+          finite x and w in float32 / float16 / bfloat16, every E2M1 value, the ties between them and the step
+          boundaries (2, 4, 6) with both signs and signed zeros, values above 6; w (rows, blocks of 32 or 16) with
+          blocks from subnormal to 1e30, all-zero blocks, maxima just below a power of two, and NVFP4 blocks far
+          enough below the tensor's maximum that their E4M3 scale rounds to 0.
 """
 
 from __future__ import annotations
@@ -493,6 +498,57 @@ def _smooth_spec(draw) -> tuple:
     return (act, weights, draw(st.sampled_from([0.0, 0.2, 0.5, 0.8, 1.0])))
 
 
+# -- ex10: round_to_e2m1, quantize_mxfp4, quantize_nvfp4 -----------------------------------------------------------
+
+_E2M1_POINTS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 8.0, 1.99,
+                2.01, 3.99, 4.01, 5.99, 6.01, 0.3, 1e-3, 100.0)
+_BLOCK_SIZES = (1e-39, 1e-30, 1e-3, 1.0, 255.0, 127.5, 1e6, 1e30, 0.0)
+
+
+@st.composite
+def _fp4_spec(draw) -> tuple:
+    which = draw(st.sampled_from(("round", "mx", "nv")))
+    dtype = draw(st.sampled_from(("float32", "float32", "bfloat16", "float16")))
+    if which == "round":
+        n = draw(st.integers(1, 12))
+        values = tuple(draw(st.sampled_from(_E2M1_POINTS)) * draw(st.sampled_from((1.0, -1.0))) for _ in range(n))
+        return (which, dtype, values, draw(st.integers(0, 2**16)))
+    blocks = tuple(draw(st.sampled_from(_BLOCK_SIZES)) for _ in range(draw(st.integers(1, 4))))
+    return (which, dtype, (draw(st.integers(1, 3)), blocks), draw(st.integers(0, 2**16)))
+
+
+def _fp4_input(spec) -> torch.Tensor:
+    which, dtype, shape, seed = spec
+    if which == "round":
+        return torch.tensor(shape, dtype=torch.float64).to(_DTYPES[dtype])
+    rows, maxima = shape
+    size = 32 if which == "mx" else 16
+    g = _gen(seed)
+    w = torch.randn(rows, len(maxima), size, generator=g, dtype=torch.float64)
+    w = w / w.abs().amax(-1, keepdim=True) * torch.tensor(maxima, dtype=torch.float64)[None, :, None]
+    limit = torch.finfo(_DTYPES[dtype]).max
+    return w.reshape(rows, -1).clamp(-limit, limit).to(_DTYPES[dtype])     # finite in every dtype (1e30 saturates)
+
+
+def _run_fp4(round_to_e2m1, spec):
+    names = round_to_e2m1.__globals__
+    fn = {"round": round_to_e2m1, "mx": names["quantize_mxfp4"], "nv": names["quantize_nvfp4"]}[spec[0]]
+    x = _fp4_input(spec)
+    try:
+        got = fn(x)
+    except Exception as err:                        # noqa: BLE001
+        got = _raised(err)
+    return got, x
+
+
+def _fp4_corners(ns: dict) -> list:
+    every = tuple(v * s for v in _E2M1_POINTS for s in (1.0, -1.0))
+    return [("round", "float32", every, 0), ("round", "bfloat16", every, 1), ("round", "float16", every, 2),
+            ("mx", "float32", (2, (1e-39, 1.0, 0.0, 1e30)), 3), ("mx", "bfloat16", (2, (255.0, 127.5)), 4),
+            ("nv", "float32", (2, (1e6, 1.0, 0.0, 1e-3)), 5), ("nv", "bfloat16", (1, (1e-39, 1e-30)), 6),
+            ("nv", "float16", (3, (127.5, 255.0, 0.0)), 7)]
+
+
 CONTRACTS = {
     "ex6_code": Contract("smoothing_factors", lambda ns: _smooth_spec()),
     "ex1_code": Contract("quantize_symmetric", lambda ns: _sym_spec(), run=_run_sym, corners=_sym_corners,
@@ -505,4 +561,5 @@ CONTRACTS = {
                          examples=60),
     "ex9_code": Contract("triton_dequant_gemv", lambda ns: _gemv_spec(), run=_run_gemv, corners=_gemv_corners,
                          examples=30),
+    "ex10_code": Contract("round_to_e2m1", lambda ns: _fp4_spec(), run=_run_fp4, corners=_fp4_corners, examples=150),
 }
