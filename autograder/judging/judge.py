@@ -211,7 +211,8 @@ def main(argv: list[str]) -> int:
     while True:
         try:
             header, _ = framing.recv_frame(control)
-        except framing.ChannelClosed:
+        except framing.ChannelClosed:             # the process that started it died without a word (a killed kernel)
+            _leave_nothing(path)
             return 0
         if header.get("op") == "quit":
             return 0
@@ -231,6 +232,22 @@ def main(argv: list[str]) -> int:
         for key in ("guarded", "refused", "asked", "memory_allowance"):
             result.pop(key, None)
         framing.send_frame(control, {"result": result}, {})
+
+
+def _leave_nothing(path: str) -> None:
+    """Remove the socket, its folder and, when it is a judge-* folder left empty, the one above it: what a kernel
+    killed outright (its atexit never ran) would leave in /tmp. rmdir removes only empty folders; where the judge
+    may not (sandboxed, another owner), the grader that made them removes them."""
+    folder = os.path.dirname(path)
+    for remove, target in ((os.unlink, path), (os.rmdir, folder)):
+        try:
+            remove(target)
+        except OSError:
+            return
+    outer = os.path.dirname(folder)
+    if os.path.basename(outer).startswith("judge-"):
+        with contextlib.suppress(OSError):
+            os.rmdir(outer)
 
 
 def _ask_grader(control: socket.socket, request: dict) -> dict:

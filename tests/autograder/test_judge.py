@@ -91,3 +91,28 @@ def test_grader_names_in_a_test_cell_are_the_judges_own():
     loaded, _ = cell_names(source)
     assert loaded == {"require_gpu", "flash_forward", "torch"}
     assert grader_names(source, loaded) == {"require_gpu": harness.require_gpu, "torch": torch}
+
+
+def test_a_judge_whose_kernel_is_killed_removes_its_socket_folder():
+    """A JupyterLab kernel killed outright never runs its atexit: its judge sees the control channel close and
+    removes its socket and folders itself, so nothing stays in /tmp."""
+    import os
+    import subprocess
+    import time
+
+    start = ("import os, sys\n"
+             "from autograder.judging.judge import JudgeProcess\n"
+             "from autograder.judging.socket_folder import socket_folder\n"
+             "folder = socket_folder('judge-')\n"
+             "JudgeProcess(folder, grading=False)\n"
+             "print(folder, flush=True)\n"
+             "os.kill(os.getpid(), 9)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("COURSE_SANDBOX", "NBGRADER_EXECUTION")}
+    out = subprocess.run([sys.executable, "-c", start], capture_output=True, text=True, timeout=120, env=env,
+                         cwd=Path(__file__).resolve().parents[2])
+    folder = out.stdout.strip()
+    assert folder.startswith("/") and "judge-" in folder, out.stderr[-2000:]
+    deadline = time.monotonic() + 30
+    while os.path.exists(folder) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not os.path.exists(folder), f"{folder} was left behind: {os.listdir(folder)}"
