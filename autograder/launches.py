@@ -1,5 +1,6 @@
 """Calling a learner's launcher of Triton kernels: its launches counted where it runs, the package's kernels refused,
-and a view of a larger buffer handed over as that view (labs 04 and 05)."""
+a view of a larger buffer handed over as that view, and accesses past a tensor's end caught at a guard page (labs 04
+and 05)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ from typing import Any, Callable
 
 import torch
 
+from autograder.checking.guard_page import faults_in_child, guarded
 from autograder.checking.models import Launches, count_triton_launches
 from autograder.checking.reference_guard import no_calls_into, own_work
 from autograder.checking.remote import run_where
 from autograder.harness import call_learner
 
-__all__ = ["own_kernels", "call_counting_launches", "call_launcher"]
+__all__ = ["own_kernels", "call_counting_launches", "call_launcher", "touches_past_the_end", "PAST_THE_END"]
+
+PAST_THE_END = "read or wrote past the end of a tensor"
 
 
 def own_kernels(launches: Launches, what: str) -> None:
@@ -40,13 +44,30 @@ def call_counting_launches(fn: Callable, args: list, kwargs: dict, what: str, wa
     return value, launches[0]
 
 
+def touches_past_the_end(fn: Callable, args: list, kwargs: dict) -> bool:
+    """Whether fn(*args, **kwargs) reads or writes past the end of one of its tensors: each contiguous tensor argument
+    is copied to end where an unreadable page begins (checking/guard_page.py) and fn runs on the copies in a forked
+    child, which a load or store past the end kills (SIGSEGV). Run with run_where beside fn: the learner's kernel,
+    when judged, is where its Triton code runs. The child's outputs are thrown away (the checked call is the other)."""
+    placed = [guarded(tuple(a.shape), a.dtype, a) if isinstance(a, torch.Tensor) and a.is_contiguous()
+              and a.device.type == "cpu" else a for a in args]
+    return faults_in_child(lambda: fn(*placed, **kwargs))
+
+
 def call_launcher(what: str, fn: Callable, *args: Any, exercise: str, context: str = "", watch: tuple = (),
-                  **kwargs: Any) -> tuple[Any, int]:
+                  guard_pages: bool = False, **kwargs: Any) -> tuple[Any, int]:
     """call_learner for a launcher of Triton kernels: (fn(*args, **kwargs), number of Triton launches), counted
     where fn runs; a launch of the package's kernel, or a call into `watch`, is refused naming `exercise`. A tensor
-    argument that is a view of a larger buffer reaches fn as the same view of that buffer."""
+    argument that is a view of a larger buffer reaches fn as the same view of that buffer. `guard_pages`: then fn
+    runs once more on copies of its contiguous tensors that each end at an unreadable page, and a load or store past
+    one of them fails the check (`touches_past_the_end`: on a GPU such an access is undefined, here it is unseen)."""
     if fn is None or not callable(fn):
         raise AssertionError(f"{what}: expected your function, got {fn!r}")
+    if guard_pages and call_learner(what, lambda: run_where(fn, touches_past_the_end, fn, list(args), kwargs),
+                                    context=context):
+        raise AssertionError(f"{what}: your kernel {PAST_THE_END} (each tensor was placed to end where an unreadable "
+                             "memory page begins, and the run stopped there): a tl.load or tl.store whose offsets can "
+                             "pass the end needs its mask, in every load, not only the store")
     sent, views = list(args), {}
     for i, a in enumerate(args):
         base = a._base if isinstance(a, torch.Tensor) else None

@@ -54,10 +54,11 @@ def _untouched(buf: torch.Tensor, view: torch.Tensor) -> bool:
 
 
 def _run(what: str, fn: Callable, refs: tuple, args: tuple, context: str, first: bool, **kwargs: Any) -> None:
-    """Call fn(*args, **kwargs) counting its Triton launches; refuse no launch and a launch of the package's kernel
-    (the first case also refuses a call into the reference's launcher)."""
+    """Call fn(*args, **kwargs) counting its Triton launches; refuse no launch, a launch of the package's kernel and
+    a load or store past a tensor's end (guard pages); the first case also refuses a call into the reference's
+    launcher."""
     _, launches = call_launcher(what, fn, *args, exercise=what, context=context, watch=refs if first else (),
-                                **kwargs)
+                                guard_pages=True, **kwargs)
     if not launches:
         raise AssertionError(f"{what} ({context}): no Triton kernel was launched; write the kernel with @triton.jit "
                              "and launch it over a grid: kernel[grid](...)")

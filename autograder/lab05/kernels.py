@@ -104,7 +104,7 @@ def _check_drawn_gemv(fn: Callable, case: GemvCase, ex: str, references: tuple) 
     laid, clean = gemv_inputs(case)
     what = f"{ex}, {'edge' if case in EDGE_CASES else 'drawn'} case ({case.describe()})"
     y, launches = call_launcher(what, fn, *laid, case.bits, case.group_size, exercise=ex, watch=references,
-                                block_n=case.block_n, block_k=case.block_k)
+                                guard_pages=True, block_n=case.block_n, block_k=case.block_k)
     if not launches:
         raise AssertionError(f"{what}: no Triton kernel was launched")
     if not isinstance(y, torch.Tensor) or tuple(y.shape) != (case.N,) or y.dtype != case.dtype:

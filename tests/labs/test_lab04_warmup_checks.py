@@ -37,6 +37,17 @@ def add_no_mask(x, y, out):
 
 
 @triton.jit
+def _add_store_mask_only(X, Y, OUT, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(OUT + offs, tl.load(X + offs) + tl.load(Y + offs), mask=offs < n)
+
+
+def add_store_mask_only(x, y, out):
+    _add_store_mask_only[(triton.cdiv(x.numel(), 256),)](x, y, out, x.numel(), BLOCK=256)
+    return out
+
+
+@triton.jit
 def _softmax_no_max(X, OUT, n_cols, stride_x, stride_out, BLOCK: tl.constexpr):
     cols = tl.arange(0, BLOCK)
     ok = cols < n_cols
@@ -169,8 +180,14 @@ def test_plain_torch_without_a_kernel_fails():
 # --- the plausible mistakes ---------------------------------------------------------------------------------------
 
 def test_add_without_the_tail_mask_fails():
-    with pytest.raises(AssertionError, match="past the end of out"):
+    with pytest.raises(AssertionError, match="past the end"):
         lab04.check_vector_add(add_no_mask)
+
+
+def test_add_with_only_the_store_masked_fails():
+    """Its loads read past the end of x and y (values the masked store then drops): seen at a guard page."""
+    with pytest.raises(AssertionError, match="read or wrote past the end of a tensor"):
+        lab04.check_vector_add(add_store_mask_only)
 
 
 def test_softmax_without_the_max_overflows():

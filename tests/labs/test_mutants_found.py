@@ -116,6 +116,7 @@ EDITS: dict[str, list[tuple[str, dict[str, str], str]]] = {
         ("ex10_code", {"elements = torch.where(denom > 0,": "elements = torch.where(denom >= 0,"}, "rounds to 0"),
         ("ex10_code", {"blocks = w.float().reshape(w.shape[0], -1, 32)": "blocks = w.reshape(w.shape[0], -1, 32)"},
          "log2 in bfloat16"),
+        ("ex9_code", {"row_ok = rows < N": "row_ok = rows <= N"}, "read or wrote past the end of a tensor"),
         ("ex9_code", {"        for k0 in range(0, K, BLOCK_K):\n            cols":
                       "        for k0 in range(0, K - 1, BLOCK_K):\n            cols"}, "edge case"),
         ("ex9_code", {"        for k0 in range(0, K, BLOCK_K):\n            j":

@@ -1,4 +1,5 @@
-"""Tensors whose storage ends exactly at a page boundary, followed by a page nothing may read or write.
+"""Tensors whose storage ends exactly at a page boundary (autograder/checking/guard_page.py), and code run in a
+forked child whose result comes back as data, for the differential tests.
 
 A Triton kernel run in the interpreter (TRITON_INTERPRET=1, the CPU tier) reads and writes its tensors through raw
 host pointers. A load or store the kernel does not mask, one element past the end of a tensor, usually lands in
@@ -17,9 +18,7 @@ the end does). Linux only (mmap, mprotect, fork).
 
 from __future__ import annotations
 
-import ctypes
 import json
-import mmap
 import os
 import signal
 import struct
@@ -28,39 +27,12 @@ from typing import Any, Callable
 import torch
 from safetensors.torch import load as load_tensors, save as save_tensors
 
+from autograder.checking.guard_page import guarded
 from autograder.mutation.equivalence import Raised
 
 __all__ = ["guarded", "in_fork", "OUT_OF_BOUNDS"]
 
-PAGE = mmap.PAGESIZE
 OUT_OF_BOUNDS = "OutOfBoundsAccess"
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-_KEEP: list[mmap.mmap] = []        # the mappings must outlive their tensors (torch.frombuffer does not own them)
-
-
-def guarded(shape: tuple[int, ...], dtype: torch.dtype, values: torch.Tensor | None = None) -> torch.Tensor:
-    """A contiguous tensor of `shape` and `dtype` (zeros, or `values`) that ends where an unreadable page begins."""
-    count = 1
-    for size in shape:
-        count *= size
-    nbytes = count * torch.empty((), dtype=dtype).element_size()
-    pages = max(1, -(-nbytes // PAGE))
-    buf = mmap.mmap(-1, (pages + 1) * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
-                    prot=mmap.PROT_READ | mmap.PROT_WRITE)
-    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
-    if _libc.mprotect(ctypes.c_void_p(base + pages * PAGE), PAGE, 0) != 0:  # 0 is PROT_NONE
-        raise OSError(ctypes.get_errno(), "mprotect of the guard page failed")
-    _KEEP.append(buf)
-    if count == 0:
-        return torch.empty(shape, dtype=dtype)
-    flat = torch.frombuffer(buf, dtype=dtype, count=count, offset=pages * PAGE - nbytes)
-    tensor = flat.view(shape)
-    if values is not None:
-        tensor.copy_(values.to(dtype))
-    else:
-        tensor.zero_()
-    return tensor
 
 
 def in_fork(work: Callable[[], Any]) -> Any:
