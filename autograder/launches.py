@@ -58,13 +58,15 @@ def call_launcher(what: str, fn: Callable, *args: Any, exercise: str, context: s
                   guard_pages: bool = False, **kwargs: Any) -> tuple[Any, int]:
     """call_learner for a launcher of Triton kernels: (fn(*args, **kwargs), number of Triton launches), counted
     where fn runs; a launch of the package's kernel, or a call into `watch`, is refused naming `exercise`. A tensor
-    argument that is a view of a larger buffer reaches fn as the same view of that buffer. `guard_pages`: then fn
-    runs once more on copies of its contiguous tensors that each end at an unreadable page, and a load or store past
-    one of them fails the check (`touches_past_the_end`: on a GPU such an access is undefined, here it is unseen)."""
+    argument that is a view of a larger buffer reaches fn as the same view of that buffer. `guard_pages` (CPU tensors:
+    the interpreter): then fn runs once more on copies of its contiguous tensors that each end at an unreadable
+    page, and a load or store past one of them fails the check (`touches_past_the_end`: on a GPU such an access is
+    undefined, in the interpreter it is unseen)."""
     if fn is None or not callable(fn):
         raise AssertionError(f"{what}: expected your function, got {fn!r}")
-    if guard_pages and call_learner(what, lambda: run_where(fn, touches_past_the_end, fn, list(args), kwargs),
-                                    context=context):
+    on_cpu = all(a.device.type == "cpu" for a in args if isinstance(a, torch.Tensor))    # a fork does not keep CUDA
+    if guard_pages and on_cpu and call_learner(what, lambda: run_where(fn, touches_past_the_end, fn, list(args),
+                                                                       kwargs), context=context):
         raise AssertionError(f"{what}: your kernel {PAST_THE_END} (each tensor was placed to end where an unreadable "
                              "memory page begins, and the run stopped there): a tl.load or tl.store whose offsets can "
                              "pass the end needs its mask, in every load, not only the store")

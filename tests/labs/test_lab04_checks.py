@@ -385,6 +385,15 @@ def test_flash_drawn_cases_catch_what_the_fixed_ones_cannot(change, monkeypatch)
         lab04.check_flash_forward(wrong, dtypes=(torch.float32,))
 
 
+def test_flash_load_one_row_past_the_queries_is_caught_at_a_guard_page():
+    """q's load masked with offs_m <= q_len reads one row past the last query of the last head: its values are never
+    stored, so no output differs; the drawn cases run again with each tensor ending at an unreadable page."""
+    wrong = _one_change("mask=(offs_m[:, None] < q_len) & d_ok[None, :], other=0.0)",
+                        "mask=(offs_m[:, None] <= q_len) & d_ok[None, :], other=0.0)")["flash_forward"]
+    with pytest.raises(AssertionError, match="read or wrote past the end of a tensor"):
+        lab04.check_flash_forward(wrong, dtypes=(torch.float32,))
+
+
 @pytest.mark.parametrize("reference", [flash_attention_forward, flash_reference])
 def test_flash_refuses_the_reference(reference):
     with pytest.raises(ReferenceHandedIn):
