@@ -60,7 +60,7 @@ def guarded(shape: tuple[int, ...], dtype: torch.dtype, values: torch.Tensor | N
     return tensor
 
 
-def faults_in_child(work: Callable[[], object], timeout_s: float = 120.0) -> bool:
+def faults_in_child(work: Callable[[], object], timeout_s: float = 20.0) -> bool:
     """Whether work(), run in a forked child with its output silenced, died of a fault (SIGSEGV or SIGBUS). An
     exception in work is not a fault (the caller's own call, outside the child, reports it); a child still running
     after `timeout_s` is killed and counts as no fault."""
