@@ -21,7 +21,8 @@ ex4_code  gptq(w, H, bits, group_size, block_size): w (out, n) float64 or float3
           n), any block size (1, not dividing n, larger than n), out from 1.
 ex7_code  Int8LayerKVCache(B, S, Hkv, D) and a run of update(k, v) calls: every B, S, Hkv, D from 1, writes of 1 to S
           positions in float32 / float16 / bfloat16, heads of very different ranges, all-zero tokens, a write past
-          S (an overflow: graded elsewhere, so only the exception's type is compared, and later writes go on).
+          S (an overflow: the exception's type is compared, then the buffers and length it left, and later writes
+          go on).
           Compared: every update's result, the buffers, scales and length after each, the inputs after.
 ex8_code  make_int4_linear(weight, group_size) and the function it returns, on x (M, K): N a multiple of 16 and
           group_size 32, 64, 128 or 256 (what PyTorch's CPU INT4 kernel takes; other sizes must raise alike), K
@@ -332,7 +333,7 @@ def _run_kv(cls, spec):
         try:
             got = cache.update(k, v)
         except Exception as err:                    # noqa: BLE001
-            got = _raised(err)                      # overflow: graded elsewhere, only the type is compared
+            got = _raised(err)                      # an overflow: its type; the state it left is compared below
         results.append((got, k, v, _clone(cache.k), _clone(cache.v), _clone(cache.k_scale),
                         _clone(cache.v_scale), cache.length))
     return results
