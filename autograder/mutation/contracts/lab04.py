@@ -460,7 +460,22 @@ def _function_corners(ns: dict) -> list:
             {**base, "Tq": 33, "Tk": 33, "ndim": 4, "Hkv": 2, "group": 2}]
 
 
+@st.composite
+def _merge_inputs(draw) -> tuple:
+    """merge_partials(o_part (*lead, S, D), lse_part (*lead, S)): one to three leading dims, S from 1, splits that
+    saw no key (lse = -inf, o = 0) but never all of them, LSEs from -1e4 to 1e4, float32 or float16 outputs."""
+    lead = tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=3)))
+    S, D = draw(st.integers(1, 5)), draw(st.sampled_from((1, 4, 8)))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2 ** 16)))
+    o = torch.randn(*lead, S, D, generator=g).to(DTYPES[draw(st.sampled_from(tuple(DTYPES)))])
+    lse = torch.randn(*lead, S, generator=g) * draw(st.sampled_from((1.0, 100.0, 1e4)))
+    if S > 1 and draw(st.booleans()):
+        lse[..., 0], o[..., 0, :] = -math.inf, 0                          # a split that saw no key
+    return (o, lse)
+
+
 CONTRACTS = {
+    "ex5_code": Contract("merge_partials", lambda ns: _merge_inputs(), examples=60),
     "ex1_code": Contract("online_softmax", _softmax_inputs, run=_softmax_run, corners=_softmax_corners),
     "ex2_code": Contract("tiled_attention", _with_block_k(40), run=_tiled_forward_run, corners=_tiled_corners,
                          examples=40),
