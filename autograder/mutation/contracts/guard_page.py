@@ -1,13 +1,9 @@
 """Tensors whose storage ends exactly at a page boundary (autograder/checking/guard_page.py), and code run in a
 forked child whose result comes back as data, for the differential tests.
 
-A Triton kernel run in the interpreter (TRITON_INTERPRET=1, the CPU tier) reads and writes its tensors through raw
-host pointers. A load or store the kernel does not mask, one element past the end of a tensor, usually lands in
-memory the process owns (the allocator's slack, or the NaN padding of a check's buffer) and goes unseen; on a GPU the
-same access is undefined behaviour (an illegal address when it crosses the allocation). Here the page after the
-tensor is mapped PROT_NONE (an anonymous mmap whose last page is mprotect-ed), so that access faults at once.
+Why a page boundary (a load past a tensor's end faults there instead of going unseen): autograder/checking/guard_page.py.
 
-    guarded(shape, dtype, values=None) -> a contiguous tensor whose last byte is the last byte before the guard page
+    guarded(shape, dtype, values=None) -> checking/guard_page.py's, re-exported for the contracts
     in_fork(work) -> work()'s result, computed in a forked child; Raised("OutOfBoundsAccess") when the child faulted
                      (the result crosses back as plain data: JSON for its structure, safetensors for its tensors)
 
