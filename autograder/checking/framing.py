@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import socket
 import struct
+import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:                       # torch and safetensors load only when a frame carries tensors: the grading
@@ -33,13 +34,30 @@ class ChannelClosed(ConnectionError):
 
 
 def send_frame(sock: socket.socket, header: dict, tensors: dict[str, torch.Tensor]) -> None:
-    blob = b""
-    if tensors:
-        from safetensors.torch import save
-
-        blob = save(tensors)
+    blob = safetensors_bytes(tensors) if tensors else b""
     text = json.dumps(header).encode()
     sock.sendall(_HEADER.pack(len(text), len(blob)) + text + blob)
+
+
+def safetensors_bytes(tensors: dict[str, torch.Tensor]) -> bytes:
+    """The same bytes as `safetensors.torch.save(tensors)`, through safetensors' own `serialize` of each tensor's
+    memory. `save` first looks at every tensor through numpy and ctypes and checks for shared storage: most of a
+    small frame's cost (a judged check sends thousands of frames of a few small tensors each). The wire's tensors
+    are CPU clones of their own; anything else (another safetensors, an empty or strided tensor, a big-endian
+    machine) goes through `save`. tests/autograder/test_framing.py compares the two on every dtype."""
+    import safetensors
+    import torch
+
+    spec = getattr(safetensors, "TensorSpec", None)
+    if spec is None or sys.byteorder != "little" or not all(
+            type(t) is torch.Tensor and t.device.type == "cpu" and t.layout == torch.strided and t.is_contiguous()
+            and t.numel() > 0 for t in tensors.values()):
+        from safetensors.torch import save
+
+        return save(tensors)
+    specs = {name: spec(dtype=str(t.dtype).split(".")[-1], shape=tuple(t.shape), data_ptr=t.data_ptr(),
+                        data_len=t.numel() * t.element_size()) for name, t in tensors.items()}
+    return bytes(safetensors.serialize(specs))
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:

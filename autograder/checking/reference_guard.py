@@ -60,11 +60,20 @@ def _code_file(obj: Any) -> str | None:
     return code.co_filename if isinstance(code, CodeType) else None
 
 
+@functools.lru_cache(maxsize=4096)
+def _resolved(filename: str) -> Path | None:
+    """A code file's resolved path (None when it cannot be resolved), once per file name: a watched call asks for
+    the files of every frame and class it looks at, and resolving walks the file system each time."""
+    try:
+        return Path(filename).resolve()
+    except (OSError, ValueError):
+        return None
+
+
 def _outside_notebook(filename: str) -> bool:
     """True for code in the course's package or an installed library (not a notebook cell)."""
-    try:
-        resolved = Path(filename).resolve()
-    except (OSError, ValueError):
+    resolved = _resolved(filename)
+    if resolved is None:
         return False
     if any(resolved.is_relative_to(root) for root in _PACKAGE_ROOTS):
         return True
@@ -73,10 +82,8 @@ def _outside_notebook(filename: str) -> bool:
 
 def _in_course_package(filename: str) -> bool:
     """True for code in the course's package (not an installed library such as torch)."""
-    try:
-        return any(Path(filename).resolve().is_relative_to(root) for root in _PACKAGE_ROOTS)
-    except (OSError, ValueError):
-        return False
+    resolved = _resolved(filename)
+    return resolved is not None and any(resolved.is_relative_to(root) for root in _PACKAGE_ROOTS)
 
 
 def _own_functions(cls: type) -> dict[str, Any]:
@@ -166,6 +173,12 @@ def no_calls_into(*references: Any, what: str, allow: Iterable[str] = ()) -> Ite
         if event == "call" and frame.f_code in watched and not entered:
             entered.append(watched[frame.f_code])
 
+    if not _LEARNER_CODE_RUNS_HERE:        # the judge: only the kernel's watch (remote_options) can see the learner
+        try:
+            yield
+        finally:
+            _WATCHES.remove(spec)
+        return
     previous, previous_threading = sys.getprofile(), threading.getprofile()
     sys.setprofile(profile)
     threading.setprofile(profile)
@@ -181,6 +194,16 @@ def no_calls_into(*references: Any, what: str, allow: Iterable[str] = ()) -> Ite
 
 
 _WATCHES: list[dict] = []     # open no_calls_into blocks (a judged call asks the kernel to watch as well)
+_LEARNER_CODE_RUNS_HERE = True   # False in the judge's process (learner_code_runs_elsewhere)
+
+
+def learner_code_runs_elsewhere() -> None:
+    """Called once by the judge's process, where no learner code ever runs: the learner's objects are Remotes whose
+    calls run in the kernel, and decoding a value never runs the sender's code (autograder/checking/wire.py). There a
+    profile hook could see only the check's own calls, and it slowed every call of a check that makes thousands of
+    judged calls; `no_calls_into` then only asks the kernel to watch each judged call (`remote_options`)."""
+    global _LEARNER_CODE_RUNS_HERE
+    _LEARNER_CODE_RUNS_HERE = False
 _GUARDED: list[dict] = []     # every reference refused since the last `guarded()` (the judge grades those cells again)
 
 
@@ -215,7 +238,8 @@ def _lab() -> str | None:
     frame = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if Path(filename).resolve().is_relative_to(AUTOGRADER_DIR):
+        resolved = _resolved(filename)
+        if resolved is not None and resolved.is_relative_to(AUTOGRADER_DIR):
             lab = _lab_of(filename)
             if lab:
                 return lab

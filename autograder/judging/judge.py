@@ -200,9 +200,10 @@ def main(argv: list[str]) -> int:
 
     torch.set_num_threads(1)
     control = socket.socket(fileno=control_fd)
-    from autograder.checking import isolation
+    from autograder.checking import isolation, reference_guard
 
     isolation.connect(lambda request: _ask_grader(control, request))
+    reference_guard.learner_code_runs_elsewhere()
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     os.chmod(path, 0o777)        # the sandboxed kernel runs under a uid of its own
