@@ -106,43 +106,117 @@ def cells_needed(sources: list[str], names: Iterable[str]) -> list[int]:
 
 
 def _read_before_bound(source: str) -> set[str]:
-    """The names a cell reads from what cells before it bound: statement by statement, those a statement reads
-    that no statement before it in the cell bound (a `for` or `with` target counts as bound before its body).
-    A cell that does not parse: none (it fails whatever runs before it)."""
+    """The names a cell reads from what cells before it bound: those a statement reads that no statement before it
+    bound, looking into the blocks of `for`, `while`, `if`, `with` and `try` statement by statement (a name a
+    loop's body binds before reading it is the loop's; a `for` or `with` target counts as bound in its body).
+    Builtins included (cells_to_run drops those no cell rebinds). A cell that does not parse: none (it fails
+    whatever runs before it)."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
         return set()
-    bound: set[str] = set()
-    live: set[str] = set()
-    for statement in tree.body:
-        module = ast.Module(body=[statement], type_ignores=[])
-        first: set[str] = set()
+    return _live_in(tree.body, set())
+
+
+def _live_in(block: list[ast.stmt], bound: set[str]) -> set[str]:
+    """Names `block` reads before binding them, given the names `bound` before it. A statement's bindings count for
+    the statements after it in its block; what a compound statement's inner blocks bind counts after the whole
+    statement (as in `_defined_and_read`), never for a sibling block (an `else`, a handler)."""
+    bound, live = set(bound), set()
+    for statement in block:
         if isinstance(statement, (ast.For, ast.AsyncFor)):
-            first = {n.id for n in ast.walk(statement.target) if isinstance(n, ast.Name)}
+            live |= _reads(statement.iter) - bound
+            target = {n.id for n in ast.walk(statement.target) if isinstance(n, ast.Name)}
+            live |= _live_in(statement.body, bound | target) | _live_in(statement.orelse, bound)
+        elif isinstance(statement, ast.While):
+            live |= _reads(statement.test) - bound
+            live |= _live_in(statement.body, bound) | _live_in(statement.orelse, bound)
+        elif isinstance(statement, ast.If):
+            live |= _reads(statement.test) - bound
+            live |= _live_in(statement.body, bound) | _live_in(statement.orelse, bound)
         elif isinstance(statement, (ast.With, ast.AsyncWith)):
-            first = {n.id for item in statement.items if item.optional_vars is not None
-                     for n in ast.walk(item.optional_vars) if isinstance(n, ast.Name)}
-        live |= _notebook_reads(ast.unparse(module), module) - set(dir(builtins)) - bound - first
-        bound |= _defined_and_read(ast.unparse(module))[0]
+            live |= set().union(*(_reads(i.context_expr) for i in statement.items)) - bound
+            targets = {n.id for i in statement.items if i.optional_vars is not None
+                       for n in ast.walk(i.optional_vars) if isinstance(n, ast.Name)}
+            live |= _live_in(statement.body, bound | targets)
+        elif isinstance(statement, ast.Try):
+            live |= _live_in(statement.body, bound) | _live_in(statement.orelse, bound) | \
+                _live_in(statement.finalbody, bound)
+            for handler in statement.handlers:
+                live |= (_reads(handler.type) if handler.type else set()) - bound
+                live |= _live_in(handler.body, bound | ({handler.name} if handler.name else set()))
+        else:
+            module = ast.Module(body=[statement], type_ignores=[])
+            augmented = {statement.target.id} if isinstance(statement, ast.AugAssign) and \
+                isinstance(statement.target, ast.Name) else set()          # `x += 1` reads x (symtable: only binds)
+            live |= (_notebook_reads(ast.unparse(module), module) | augmented) - bound
+        bound |= _defined_and_read(ast.unparse(ast.Module(body=[statement], type_ignores=[])))[0]
     return live
 
 
-def _read_when_called(source: str) -> set[str]:
-    """The globals a cell's functions, classes, lambdas and comprehensions read: read whenever they are called,
-    so a cell anywhere in the notebook may be the one that bound them."""
+def _reads(expression: ast.expr) -> set[str]:
+    """The notebook's names an expression reads (its lambdas and comprehensions included)."""
+    module = ast.Module(body=[ast.Expr(expression)], type_ignores=[])
+    return _notebook_reads(ast.unparse(module), module)
+
+
+# Builtins that call a lambda, or consume a generator, handed to them before they return, and keep neither
+# (`max(rows, key=lambda r: r[col])`, `sum(x * w for x in xs)`); cells_to_run drops any a notebook binds itself.
+CONSUMED_BY = frozenset({"all", "any", "dict", "frozenset", "list", "max", "min", "set", "sorted", "sum", "tuple"})
+_RUN_AT_ONCE = ("listcomp", "setcomp", "dictcomp")     # comprehensions Python 3.11 gives a scope of their own
+
+
+class _RunAtOnce(ast.NodeTransformer):
+    """A cell's top-level code with each lambda or generator expression handed straight to a consumer replaced by
+    what it evaluates, run there: a lambda by its body, a generator expression by a list comprehension. Function
+    and class bodies are left as they are (what runs in them runs when they are called)."""
+
+    def __init__(self, consumers: frozenset[str]) -> None:
+        self.consumers = consumers
+
+    def visit_FunctionDef(self, node: ast.AST) -> ast.AST:
+        return node
+
+    visit_AsyncFunctionDef = visit_ClassDef = visit_Lambda = visit_FunctionDef
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        if isinstance(node.func, ast.Name) and node.func.id in self.consumers:
+            node.args = [self._run(a) for a in node.args]
+            node.keywords = [ast.keyword(k.arg, self._run(k.value)) for k in node.keywords]
+        return node
+
+    def _run(self, value: ast.expr) -> ast.expr:
+        if isinstance(value, ast.Lambda):          # its parameters now read as the cell's: only more is kept
+            return self.visit(value.body)
+        if isinstance(value, ast.GeneratorExp):
+            return self.visit(ast.ListComp(value.elt, value.generators))
+        return value
+
+
+def _read_when_called(source: str, consumers: frozenset[str] = CONSUMED_BY) -> set[str]:
+    """The globals a cell's functions, classes, lambdas and generator expressions read: read whenever they are
+    called, so a cell anywhere in the notebook may be the one that bound them. What runs where it stands reads
+    only what the cell's own code reads (`_read_before_bound`): a list, set or dict comprehension at the cell's
+    top level, and a lambda or generator expression handed straight to one of `consumers` there (what either
+    holds, a lambda inside, is still read when called). Builtins included, as in `_read_before_bound`."""
     import symtable
 
     try:
-        todo = list(symtable.symtable(source, "<cell>", "exec").get_children())
+        tree = _RunAtOnce(consumers).visit(ast.parse(source))
+        module = symtable.symtable(ast.unparse(ast.fix_missing_locations(tree)), "<cell>", "exec")
     except SyntaxError:
         return set()
     reads: set[str] = set()
+    todo = [(child, True) for child in module.get_children()]
     while todo:
-        table = todo.pop()
+        table, top = todo.pop()
+        if top and table.get_type() == "function" and table.get_name() in _RUN_AT_ONCE:
+            todo.extend((child, True) for child in table.get_children())
+            continue
         reads |= {sym.get_name() for sym in table.get_symbols() if sym.is_referenced() and sym.is_global()}
-        todo.extend(table.get_children())
-    return reads - set(dir(builtins))
+        todo.extend((child, False) for child in table.get_children())
+    return reads
 
 
 def cells_to_run(sources: list[str], kept: Iterable[int]) -> list[int]:
@@ -152,7 +226,12 @@ def cells_to_run(sources: list[str], kept: Iterable[int]) -> list[int]:
     cell anywhere may bind it; found again until nothing new is needed). A cell that binds `*` runs whenever a
     name is needed."""
     kept, anywhere = set(kept), set()
-    cells = [(_defined_and_read(s)[0], _read_before_bound(s), _read_when_called(s)) for s in sources]  # parsed once
+    defined = [_defined_and_read(s)[0] for s in sources]
+    bound = set().union(*defined)
+    builtin = set(dir(builtins)) - bound                 # a builtin the notebook rebinds is read from the notebook
+    consumers = CONSUMED_BY - bound if ANY_NAME not in bound else frozenset()
+    cells = [(d, _read_before_bound(s) - builtin, _read_when_called(s, consumers) - builtin)
+             for d, s in zip(defined, sources)]
     while True:
         needed, chosen, called = set(anywhere), [], set()
         for index in range(len(sources) - 1, -1, -1):

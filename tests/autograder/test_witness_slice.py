@@ -75,3 +75,45 @@ def test_the_learners_cells_and_a_course_cell_they_changed_always_run():
     nb.cells.insert(4, _notebook([("import os\nos.environ['X'] = '1'\n", COURSE)]).cells[0])   # added by the learner
     assert left_out(nb, course) == {5, 7, 8}
     assert left_out(nb, set()) == set()                  # no release to compare with: every cell runs
+
+
+# ----------------------------------------------------------------------------- what runs where it stands
+
+from autograder.judging.witness import cells_to_run  # noqa: E402
+
+SLOW = "slow = sum(range(10**6))\n"
+
+
+def test_a_lambda_or_generator_consumed_at_once_reads_where_it_stands():
+    """`max(..., key=lambda ...)` and `sum(... for ...)` run inside the call: a cell far away that binds the same
+    names (a measurement's loop variable) is not needed for them, as it is for a lambda kept to be called later."""
+    cells = ["bits = 8\n",                                                          # 0
+             "best = max([1, 2], key=lambda m: m * bits)\ntotal = sum(x * bits for x in [1, 2])\n",   # 1
+             "for bits in (3, 4):\n    " + SLOW,                                   # 2: a measurement binding bits
+             "check(best, total)\n"]                                               # 3: the test cell
+    assert cells_to_run(cells, [3]) == [0, 1, 3]
+    kept_for_later = ["bits = 8\n", "scale = lambda m: m * bits\n", cells[2], "check(scale(2))\n"]
+    assert cells_to_run(kept_for_later, [3]) == [0, 1, 2, 3]
+    lazy = ["bits = 8\n", "gen = (x * bits for x in [1, 2])\n", cells[2], "check(list(gen))\n"]
+    assert cells_to_run(lazy, [3]) == [0, 1, 2, 3]                  # a generator kept is read when consumed
+    shadowed = ["def max(*a, key=None):\n    KEPT.append(key)\n    return 0\n"] + cells   # `max` is the notebook's
+    assert cells_to_run(shadowed, [4]) == [0, 1, 2, 3, 4]
+
+
+def test_a_comprehension_at_the_top_level_reads_where_it_stands_and_one_in_a_function_when_called():
+    top = ["w = 1\n", "rows = [x * w for x in range(3)]\n", "for w in (2, 3):\n    " + SLOW, "check(rows)\n"]
+    assert cells_to_run(top, [3]) == [0, 1, 3]
+    inside = ["w = 1\n", "def rows():\n    return [x * w for x in range(3)]\n", top[2], "check(rows())\n"]
+    assert cells_to_run(inside, [3]) == [0, 1, 2, 3]
+
+
+def test_names_a_loop_binds_before_reading_them_are_the_loops():
+    cells = ["label, r = 'x', 0\n",                                                  # 0: an earlier binding
+             "for g in (1, 2):\n    label = f'g{g}'\n    print(label)\n    if g:\n        for r in (g,):\n"
+             "            print(r)\nresult = 1\n",                                     # 1: reads only its own
+             "check(result)\n"]
+    assert cells_to_run(cells, [2]) == [1, 2]
+    after = ["r = 0\n", "for x in (1,):\n    print(r)\n    r = x\nresult = r\n", "check(result)\n"]
+    assert cells_to_run(after, [2]) == [0, 1, 2]           # read before the loop's body binds it: the notebook's
+    augmented = ["total = 0\n", "for i in (1, 2):\n    total += i\n", "check(total)\n"]
+    assert cells_to_run(augmented, [2]) == [0, 1, 2]       # `+=` reads what it adds to
