@@ -52,12 +52,12 @@ from autograder.checking.framing import (MAX_DEPTH, MAX_FRAME_BYTES, MAX_HEADER_
                                 send_frame)
 from autograder.checking.judge_services import BoundService, Callback, Refused, Service, judge_services
 from autograder.paths import AUTOGRADER_DIR, SHARED_DIR
-from autograder.checking.remote import (IN_KERNEL_CHECKS, Remote, class_of, del_attribute, in_kernel, is_class, is_remote,
-                               path_of, run_where, vars_of)
+from autograder.checking.remote import (IN_KERNEL_CHECKS, Remote, class_of, del_attribute, held_where, in_kernel,
+                                        is_class, is_remote, path_of, run_where, vars_of)
 
 __all__ = ["Endpoint", "Remote", "RemoteError", "ChannelClosed", "Refused", "Service", "Callback", "judge_services",
            "trusted_object", "send_frame", "recv_frame", "path_of", "is_remote", "is_class",
-           "class_of", "vars_of", "run_where", "in_kernel", "storage_address"]
+           "class_of", "vars_of", "run_where", "held_where", "in_kernel", "storage_address"]
 
 TRUSTED_PREFIXES = ("minigpt.", "autograder.")
 
@@ -245,7 +245,8 @@ class Endpoint:
         if op == "contains":
             return a["item"] in obj, {}
         if op == "package":                  # a function of the course's package, run on this side
-            return trusted_object(a["path"])(*a["args"], **a["kwargs"]), {}
+            value = trusted_object(a["path"])(*a["args"], **a["kwargs"])
+            return (_Held(value) if a.get("hold") else value), {}
         if op == "type":
             return type(obj), {}
         if op == "vars":
@@ -287,6 +288,8 @@ class Endpoint:
                     "param": isinstance(x, torch.nn.Parameter), "storage": storage_address(x)}
         if isinstance(x, Remote) and x._endpoint is self:
             return {"yours": x._handle}
+        if type(x) is _Held:                    # kept on this side: the other gets a handle (remote.held_where)
+            return {"mine": self._handle_of(x.value), "kind": _kind(x.value)}
         if isinstance(x, torch.Generator):      # by value; the state it ends in comes back (a sampler drew from it)
             key = f"t{len(tensors)}"
             tensors[key] = x.get_state()
@@ -450,6 +453,13 @@ class Endpoint:
         Exception.__init__(err, message)
         err.learner_frames = [str(f) for f in info.get("frames", [])][:20]
         return err
+
+
+@dataclasses.dataclass(frozen=True)
+class _Held:
+    """A value a "package" request asked to keep on this side (`hold`): sent as a handle, not by value."""
+
+    value: Any
 
 
 def installed_module(name: str) -> types.ModuleType:

@@ -7,9 +7,10 @@
     check_mask_by_trie(mask_by_trie)    the same masks from a walk of the token trie, and, on an automaton the
                                         judge holds and counts, exactly the characters a trie walk reads
 
-The learner's function gets the automaton, the vocabulary and the trie by value (the package's dataclasses) and
-returns a tensor; the counting automaton stays in the judge, which counts every character it is asked to read. A
-learner whose Exercise 1 failed can go on: Exercise 2's check never uses the scan.
+The learner's function gets the automaton by value (the package's dataclass), and the vocabulary and the trie
+built once where it runs (`held_where`: the trie took 0.4 s to send with each call), and returns a tensor; the
+judge computes the right mask from its own copies. The counting automaton stays in the judge, which counts every
+character it is asked to read. A learner whose Exercise 1 failed can go on: Exercise 2's check never uses the scan.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, Callable
 import torch
 
 from autograder.checking.reference_guard import no_calls_into, own_work
+from autograder.checking.remote import held_where
 from autograder.harness import call_learner
 from autograder.lab10.common import PATTERNS, automaton, describe, states_along, trie, vocabulary
 from minigpt.structured import token_masks
@@ -73,32 +75,33 @@ def _diagnose(got: torch.Tensor, want: torch.Tensor, name: str, state: int) -> s
     return f"token {t} {describe(text)} is missing ({len(missing)} tokens missing in all)"
 
 
-def _compare(fn: Callable, what: str, structure: Any, reference: Callable, *, every: int = 1) -> None:
-    """The learner's masks against the reference's at the states along each pattern's example (`every` k-th one,
-    and always the first and the last: the start, and an accepting state that tokens may run on past)."""
+def _compare(fn: Callable, what: str, structure: Callable[[], Any], reference: Callable) -> None:
+    """The learner's masks against the reference's at every state along each pattern's example. `structure`: the
+    vocabulary or the trie, built where fn runs for fn, and here for the reference."""
+    theirs = held_where(fn, structure)
     for name in PATTERNS:
         dfa = automaton(name)
-        states = states_along(name)
-        for state in dict.fromkeys(states[::every] + states[-1:]):
+        for state in dict.fromkeys(states_along(name)):
             where = f"{what}, pattern {PATTERNS[name][0]!r}, state {state}"
             with no_calls_into(*REFERENCES, what=what):
-                got = call_learner(what, fn, dfa, state, structure)
+                got = call_learner(what, fn, dfa, state, theirs)
             got = _as_mask(got, where)
-            want = reference(dfa, state, structure)
+            want = reference(dfa, state, structure())
             if not torch.equal(got, want):
                 raise AssertionError(f"{where}: {int((got != want).sum())} tokens differ from the right mask; "
                                      + _diagnose(got, want, name, state))
 
 
-def _counted(fn: Callable, what: str, name: str, prefix: str, structure: Any, reference: Callable) -> tuple[int, int]:
+def _counted(fn: Callable, what: str, name: str, prefix: str, structure: Callable[[], Any],
+             reference: Callable) -> tuple[int, int]:
     """The learner's mask from an automaton the judge holds and counts: (characters it read, the reference's)."""
     dfa = automaton(name)
     state = dfa.walk(dfa.start, prefix)
     ours, theirs = CountingAutomaton(dfa), CountingAutomaton(dfa)
-    want = reference(ours, state, structure)
+    want = reference(ours, state, structure())
     where = f"{what}, pattern {PATTERNS[name][0]!r} after {prefix!r}"
     with no_calls_into(*REFERENCES, what=what):
-        got = call_learner(what, fn, theirs, state, structure)
+        got = call_learner(what, fn, theirs, state, held_where(fn, structure))
     if not torch.equal(_as_mask(got, where), want):
         raise AssertionError(f"{where}: the mask differs when the automaton is the judge's (use only its "
                              "step / walk / accepting methods)")
@@ -114,17 +117,17 @@ def check_mask_by_scan(scan_fn: Callable) -> None:
     """scan_fn(dfa, state, vocab) -> (V,) bool: token t allowed iff dfa.walk(state, vocab.texts[t]) is live; the
     end token (vocab.eos_id) iff dfa.accepting(state); tokens without text never."""
     own_work(scan_fn, REFERENCES, what=SCAN_WHAT)
-    _compare(scan_fn, SCAN_WHAT, vocabulary(), token_masks.mask_by_scan)
-    _counted(scan_fn, SCAN_WHAT, "boolean", "f", vocabulary(), token_masks.mask_by_scan)
+    _compare(scan_fn, SCAN_WHAT, vocabulary, token_masks.mask_by_scan)
+    _counted(scan_fn, SCAN_WHAT, "boolean", "f", vocabulary, token_masks.mask_by_scan)
 
 
 def check_mask_by_trie(trie_fn: Callable) -> None:
     """trie_fn(dfa, state, trie) -> the same mask, walking `trie` (a TokenTrie: children[node] = {char: child},
     ends[node] = token ids ending there) depth first, each shared prefix read once, dead subtrees dropped."""
     own_work(trie_fn, REFERENCES, what=TRIE_WHAT)
-    _compare(trie_fn, TRIE_WHAT, trie(), token_masks.mask_by_trie, every=3)       # the trie travels with each call
+    _compare(trie_fn, TRIE_WHAT, trie, token_masks.mask_by_trie)
     for name, prefix in COUNTED:
-        read, needed = _counted(trie_fn, TRIE_WHAT, name, prefix, trie(), token_masks.mask_by_trie)
+        read, needed = _counted(trie_fn, TRIE_WHAT, name, prefix, trie, token_masks.mask_by_trie)
         if read > needed:
             raise AssertionError(
                 f"{TRIE_WHAT}, pattern {PATTERNS[name][0]!r} after {prefix!r}: your walk read {read} characters "

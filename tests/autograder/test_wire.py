@@ -63,6 +63,21 @@ def test_course_dataclasses_travel_by_value(pair):
     assert type(got) is ModelConfig and dataclasses.asdict(got) == dataclasses.asdict(cfg)
 
 
+def test_a_value_held_where_it_was_built_travels_as_a_handle(pair):
+    """remote.held_where: a course dataclass built on the kernel's side stays there; the judge gets a handle, and a
+    kernel call given that handle receives the kernel's own object, not a copy (lab 10's trie, sent once)."""
+    from autograder.checking.remote import held_where
+
+    seen = []
+    p = pair({"fn": lambda cfg: seen.append(cfg) or cfg.n_layers})
+    fn = p.get("fn")
+    held = held_where(fn, ModelConfig)
+    assert isinstance(held, wire.Remote)
+    assert fn(held) == ModelConfig().n_layers and fn(held) == ModelConfig().n_layers
+    assert len(seen) == 2 and seen[0] is seen[1] and isinstance(seen[0], ModelConfig)
+    assert held_where(lambda: None, ModelConfig) == ModelConfig()          # no Remote: built here
+
+
 def test_learner_functions_are_handles_whose_calls_run_on_their_side(pair):
     ran_in: list[str] = []
 
