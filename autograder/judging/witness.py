@@ -162,7 +162,8 @@ def _reads(expression: ast.expr) -> set[str]:
 
 # Builtins that call a lambda, or consume a generator, handed to them before they return, and keep neither
 # (`max(rows, key=lambda r: r[col])`, `sum(x * w for x in xs)`); cells_to_run drops any a notebook binds itself.
-CONSUMED_BY = frozenset({"all", "any", "dict", "frozenset", "list", "max", "min", "set", "sorted", "sum", "tuple"})
+CONSUMED_BY = frozenset({"all", "any", "dict", "frozenset", "list", "max", "min", "next", "set", "sorted", "sum",
+                         "tuple"})
 _RUN_AT_ONCE = ("listcomp", "setcomp", "dictcomp")     # comprehensions Python 3.11 gives a scope of their own
 
 

@@ -88,9 +88,10 @@ def test_a_lambda_or_generator_consumed_at_once_reads_where_it_stands():
     """`max(..., key=lambda ...)` and `sum(... for ...)` run inside the call: a cell far away that binds the same
     names (a measurement's loop variable) is not needed for them, as it is for a lambda kept to be called later."""
     cells = ["bits = 8\n",                                                          # 0
-             "best = max([1, 2], key=lambda m: m * bits)\ntotal = sum(x * bits for x in [1, 2])\n",   # 1
+             "best = max([1, 2], key=lambda m: m * bits)\ntotal = sum(x * bits for x in [1, 2])\n"
+             "first = next(b for b in range(9) if b * bits > 8)\n",                    # 1
              "for bits in (3, 4):\n    " + SLOW,                                   # 2: a measurement binding bits
-             "check(best, total)\n"]                                               # 3: the test cell
+             "check(best, total, first)\n"]                                        # 3: the test cell
     assert cells_to_run(cells, [3]) == [0, 1, 3]
     kept_for_later = ["bits = 8\n", "scale = lambda m: m * bits\n", cells[2], "check(scale(2))\n"]
     assert cells_to_run(kept_for_later, [3]) == [0, 1, 2, 3]

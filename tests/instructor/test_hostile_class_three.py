@@ -1,6 +1,6 @@
 """The hostile class, part three (issue 55), graded by the real autograde (nbgrader, bubblewrap, witness on, two
 jobs): for each kind of attack in `hostile_three/`, a one-exercise assignment that an honest student and an
-attacker submit. The honest student earns the exercise's points (so the check can pass); the attacker earns
+attacker submit, all of them one class graded in one batch. The honest student earns the exercise's points (so the check can pass); the attacker earns
 nothing; nothing is left running.
 
 `HOSTILE_THREE_ONLY=lab06_own_target,lab01_memo` grades only those kinds (while working on one).
@@ -21,7 +21,7 @@ from autograder.judging import sandbox
 import grading_scratch  # noqa: E402  (tests/instructor/ is on sys.path under pytest)
 import hostile_three  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]     # the class is graded in the first test
 
 _NO_SANDBOX = sandbox.probe()
 if _NO_SANDBOX and not os.environ.get("CI"):
@@ -57,33 +57,43 @@ def _solution_notebook(module) -> nbformat.NotebookNode:
     return nb
 
 
-@pytest.fixture(scope="module", params=sorted(KINDS))
-def graded(request, tmp_path_factory):
-    """One kind's assignment, released and graded with its two submissions (one kind at a time: each stays well
-    inside the per-test time limit)."""
-    stem = request.param
-    module = KINDS[stem]
-    name = _assignment(stem)
-    root = tmp_path_factory.mktemp(f"hostile-three-{stem}")
-    course = root / "course"
-    (course / "solutions" / name).mkdir(parents=True)
+@pytest.fixture(scope="module")
+def graded_class(tmp_path_factory):
+    """Every kind's assignment in one course, released once, and its honest student and attacker graded in one
+    batch (two jobs), as an instructor grades a class."""
+    course = tmp_path_factory.mktemp("hostile-three") / "course"
+    course.mkdir()
     shutil.copy(REPO_ROOT / "nbgrader_config.py", course / "nbgrader_config.py")
-    nbformat.write(_solution_notebook(module), str(course / "solutions" / name / f"{name}.ipynb"))
+    for stem, module in KINDS.items():
+        name = _assignment(stem)
+        (course / "solutions" / name).mkdir(parents=True)
+        nbformat.write(_solution_notebook(module), str(course / "solutions" / name / f"{name}.ipynb"))
     env = grading.nbgrader_env({"COURSE_CELL_TIMEOUT": "240"})
     grading.release(course, env=env)
-    released = nbformat.read(str(course / "labs" / name / f"{name}.ipynb"), as_version=4)
-    for student, answer in zip(STUDENTS, (module.SOLUTION, module.ATTACK)):
-        folder = course / "submitted" / student / name
-        folder.mkdir(parents=True)
-        mine = nbformat.from_dict(released)
-        for cell in mine.cells:
-            if cell.metadata.get("nbgrader", {}).get("grade_id") == "answer":
-                cell.source = answer
-        nbformat.write(mine, str(folder / f"{name}.ipynb"))
+    for stem, module in KINDS.items():
+        name = _assignment(stem)
+        released = nbformat.read(str(course / "labs" / name / f"{name}.ipynb"), as_version=4)
+        for student, answer in zip(STUDENTS, (module.SOLUTION, module.ATTACK)):
+            folder = course / "submitted" / student / name
+            folder.mkdir(parents=True)
+            mine = nbformat.from_dict(released)
+            for cell in mine.cells:
+                if cell.metadata.get("nbgrader", {}).get("grade_id") == "answer":
+                    cell.source = answer
+            nbformat.write(mine, str(folder / f"{name}.ipynb"))
     with grading_scratch.scratch_folder() as scratch:
         with grading_scratch.as_tmpdir(scratch):
             results = batch.autograde(course, timeout=600, env=env, log=lambda line: None, progress=False, jobs=2)
-        yield {"stem": stem, "results": {r.student: r for r in results}, "course": course, "scratch": scratch}
+        yield {"results": {(r.assignment, r.student): r for r in results}, "course": course, "scratch": scratch}
+
+
+@pytest.fixture(params=sorted(KINDS))
+def graded(request, graded_class):
+    """One kind's two results from the class."""
+    stem = request.param
+    name = _assignment(stem)
+    return {"stem": stem, "results": {s: graded_class["results"][(name, s)] for s in STUDENTS},
+            "course": graded_class["course"], "scratch": graded_class["scratch"]}
 
 
 def _report(result, course: Path) -> str:
