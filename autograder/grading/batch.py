@@ -287,9 +287,6 @@ def autograde(course_root: Path = REPO_ROOT, assignment_ids: list[str] | None = 
     try:
         with tqdm(total=sum(len(w) for _, w in plan), desc="autograde", unit="submission",
                   disable=not progress) as bar, tempfile.TemporaryDirectory(prefix="autograde-") as tmp:
-            # Every assignment released and staged first, then one pool for all their submissions: a class of
-            # several labs keeps every job busy (not waiting on one lab's last submission before the next lab).
-            ready, pending, early = {}, [], []
             for a, who in plan:
                 work = Path(tmp) / a
                 released = generate_assignment(course_root, a, db=db_path, release_dir=work / "release", env=env)
@@ -299,31 +296,29 @@ def autograde(course_root: Path = REPO_ROOT, assignment_ids: list[str] | None = 
                             source_files=_source_files(course_root, a), timeout=timeout,
                             policy=asdict(policy), env=_job_env(env),
                             released={p.name: p.read_bytes() for p in sorted(released.glob("*.ipynb"))})
-                meta: dict = {}
+                guard = gradebook_guard.Guard(db_path)
+                api = _record_api(course_root, db_url, work / "record")
+                pending, early, meta = [], [], {}   # pending: (job, student)
                 for s in who:
                     status, notes, staged = _prepare(course_root, a, s, released, work / "staged" / s, released_nbs)
                     meta[s] = (status, notes)
                     if staged is None:
                         early.append(JobOutcome(s, a, 0, "", {}))
                     else:
-                        pending.append((GradingJob(student=s, files=_files_of(staged), **base), a, s))
-                ready[a] = (work, _record_api(course_root, db_url, work / "record"), meta)
-            guard = gradebook_guard.Guard(db_path)      # after every release wrote its assignment to the gradebook
+                        pending.append((GradingJob(student=s, files=_files_of(staged), **base), s))
+                def grade(job: GradingJob) -> JobOutcome:
+                    said = None if cell_log is None else functools.partial(cell_log, job.student)
+                    return run_job(job, said)
 
-            def grade(job: GradingJob) -> JobOutcome:
-                said = None if cell_log is None else functools.partial(cell_log, job.student)
-                return run_job(job, said)
-
-            task = run_job if scheduler or cell_log is None else grade
-            if unsafe:      # strictly one after the other: a change to the gradebook names its submission
-                finished = (_safe_result(pool.submit(task, job), a, s) for job, a, s in pending)
-            else:
-                futures = {pool.submit(task, job): (a, s) for job, a, s in pending}
-                finished = (_safe_result(f, *futures[f]) for f in pool.as_completed(list(futures)))
-            for outcome in itertools.chain(early, finished):     # recorded as each one finishes
-                work, api, meta = ready[outcome.assignment]
-                results.append(_finish_or_error(outcome, api, guard, db_url, work, meta, log, bar))
-            guard.close()
+                task = run_job if scheduler or cell_log is None else grade
+                if unsafe:      # strictly one after the other: a change to the gradebook names its submission
+                    finished = (_safe_result(pool.submit(task, job), a, s) for job, s in pending)
+                else:
+                    futures = {pool.submit(task, job): s for job, s in pending}
+                    finished = (_safe_result(f, a, futures[f]) for f in pool.as_completed(list(futures)))
+                for outcome in itertools.chain(early, finished):     # recorded as each one finishes
+                    results.append(_finish_or_error(outcome, api, guard, db_url, work, meta, log, bar))
+                guard.close()
     finally:
         pool.close()
     return sorted(results, key=lambda r: (r.assignment, r.student))
