@@ -43,8 +43,8 @@ def safetensors_bytes(tensors: dict[str, torch.Tensor]) -> bytes:
     """The same bytes as `safetensors.torch.save(tensors)`, through safetensors' own `serialize` of each tensor's
     memory. `save` first looks at every tensor through numpy and ctypes and checks for shared storage: most of a
     small frame's cost (a judged check sends thousands of frames of a few small tensors each). The wire's tensors
-    are CPU clones of their own; anything else (another safetensors, an empty or strided tensor, a big-endian
-    machine) goes through `save`. tests/autograder/test_framing.py compares the two on every dtype."""
+    are CPU clones of their own; anything else (a safetensors without `TensorSpec`, an empty or strided tensor, a
+    big-endian machine) goes through `save`. tests/autograder/test_framing.py compares the two on every dtype."""
     import safetensors
     import torch
 

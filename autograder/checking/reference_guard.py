@@ -163,30 +163,27 @@ def no_calls_into(*references: Any, what: str, allow: Iterable[str] = ()) -> Ite
     """Inside the block, entering the code of a reference function (or of a method a reference class defines)
     raises ReferenceHandedIn at the end of the block. `allow`: qualified names that may be called (e.g. a
     constructor the exercise's API requires: "BlockPool.__init__")."""
-    watched = {code: name for code, name in code_objects(references).items() if name not in set(allow)}
     entered: list[str] = []
     spec = {"refs": [_path(r) for r in references], "what": what, "allow": list(allow), "lab": _lab()}
     _WATCHES.append(spec)
     _GUARDED.append(spec)
+    hooked = _LEARNER_CODE_RUNS_HERE         # in the judge only the kernel's watch (remote_options) sees the learner
+    if hooked:
+        watched = {code: name for code, name in code_objects(references).items() if name not in set(allow)}
 
-    def profile(frame, event, arg):
-        if event == "call" and frame.f_code in watched and not entered:
-            entered.append(watched[frame.f_code])
+        def profile(frame, event, arg):
+            if event == "call" and frame.f_code in watched and not entered:
+                entered.append(watched[frame.f_code])
 
-    if not _LEARNER_CODE_RUNS_HERE:        # the judge: only the kernel's watch (remote_options) can see the learner
-        try:
-            yield
-        finally:
-            _WATCHES.remove(spec)
-        return
-    previous, previous_threading = sys.getprofile(), threading.getprofile()
-    sys.setprofile(profile)
-    threading.setprofile(profile)
+        previous, previous_threading = sys.getprofile(), threading.getprofile()
+        sys.setprofile(profile)
+        threading.setprofile(profile)
     try:
         yield
     finally:
-        sys.setprofile(previous)
-        threading.setprofile(previous_threading)
+        if hooked:
+            sys.setprofile(previous)
+            threading.setprofile(previous_threading)
         _WATCHES.remove(spec)
     if entered:
         raise ReferenceHandedIn(f"{what}: your code calls the course's reference ({entered[0]}) instead of doing "
@@ -194,6 +191,7 @@ def no_calls_into(*references: Any, what: str, allow: Iterable[str] = ()) -> Ite
 
 
 _WATCHES: list[dict] = []     # open no_calls_into blocks (a judged call asks the kernel to watch as well)
+_GUARDED: list[dict] = []     # every reference refused since the last `guarded()` (the judge grades those cells again)
 _LEARNER_CODE_RUNS_HERE = True   # False in the judge's process (learner_code_runs_elsewhere)
 
 
@@ -204,7 +202,6 @@ def learner_code_runs_elsewhere() -> None:
     judged calls; `no_calls_into` then only asks the kernel to watch each judged call (`remote_options`)."""
     global _LEARNER_CODE_RUNS_HERE
     _LEARNER_CODE_RUNS_HERE = False
-_GUARDED: list[dict] = []     # every reference refused since the last `guarded()` (the judge grades those cells again)
 
 
 def _record(refs: list[Any], what: str, methods: Iterable[str]) -> None:

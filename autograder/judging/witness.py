@@ -124,6 +124,8 @@ def _live_in(block: list[ast.stmt], bound: set[str]) -> set[str]:
     statement (as in `_defined_and_read`), never for a sibling block (an `else`, a handler)."""
     bound, live = set(bound), set()
     for statement in block:
+        alone = ast.Module(body=[statement], type_ignores=[])
+        text = ast.unparse(alone)
         if isinstance(statement, (ast.For, ast.AsyncFor)):
             live |= _reads(statement.iter) - bound
             target = {n.id for n in ast.walk(statement.target) if isinstance(n, ast.Name)}
@@ -146,11 +148,10 @@ def _live_in(block: list[ast.stmt], bound: set[str]) -> set[str]:
                 live |= (_reads(handler.type) if handler.type else set()) - bound
                 live |= _live_in(handler.body, bound | ({handler.name} if handler.name else set()))
         else:
-            module = ast.Module(body=[statement], type_ignores=[])
             augmented = {statement.target.id} if isinstance(statement, ast.AugAssign) and \
                 isinstance(statement.target, ast.Name) else set()          # `x += 1` reads x (symtable: only binds)
-            live |= (_notebook_reads(ast.unparse(module), module) | augmented) - bound
-        bound |= _defined_and_read(ast.unparse(ast.Module(body=[statement], type_ignores=[])))[0]
+            live |= (_notebook_reads(text, alone) | augmented) - bound
+        bound |= _defined_and_read(text)[0]
     return live
 
 
