@@ -280,8 +280,10 @@ class StoppingExecute(Execute):
             except BaseException:
                 spare.kill()                 # its folder and process go with it; the judge says the witness failed
                 raise
-            # this notebook asks for witnesses: the next one imports torch while this one works
-            self._spare_witness = WitnessProcess(judge_socket, self._cwd)
+            # this notebook asks for witnesses: the next one imports torch while this one works (not after the
+            # last test cell: nothing would use it, and its imports cost about 2 s of a CPU a graded submission)
+            if any(_is_test_cell(c) for c in self.nb.cells[index + 1:]):
+                self._spare_witness = WitnessProcess(judge_socket, self._cwd)
             return witness
         judge_socket = self._judge.path
         return start

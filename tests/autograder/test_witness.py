@@ -195,9 +195,16 @@ def test_only_the_cells_that_define_what_the_check_reads_are_replayed():
 
 @pytest.mark.slow
 def test_an_honest_answer_passes_in_the_witness(tmp_path, monkeypatch):
+    """... and its one test cell starts one witness: none is started ahead after the last test cell."""
+    from autograder.judging import witness
+
+    started = []
+    init = witness.WitnessProcess.__init__
+    monkeypatch.setattr(witness.WitnessProcess, "__init__", lambda self, *a: (started.append(a), init(self, *a))[1])
     nb = _run(tmp_path, nbformat.v4.new_code_cell("import math\nprint('hello')"), nbformat.v4.new_code_cell(HONEST),
               _test_cell(SLOT_TEST), monkeypatch=monkeypatch)
     assert _errors(nb.cells[2]) == []
+    assert len(started) == 1, f"{len(started)} witness processes started for one test cell"
 
 
 @pytest.mark.slow
