@@ -41,7 +41,8 @@ Multi-LoRA (exercise 4, lora.py):
                                        adapter (openai client, concurrent requests); an unknown adapter gets 404
                                        (model_not_found, as OpenAI answers)
 Interview questions:
-    the gateway (gateway_questions.py): check_q_gateway_replicas (replicas = ceil(rate / (goodput per replica * utilization))),
+    the gateway (gateway_questions.py): check_q_gateway_replicas (answer_q1(goodput, throughput) per replica -> replicas =
+                 ceil(rate / (goodput * utilization)), asked on figures the check draws),
                  check_q_affinity_pays (which workloads of AFFINITY_SCENARIOS prefix-aware routing helps)
     100 LoRA adapters (lora_questions.py): check_q1_adapter_mib, check_q2_hundred_adapters_share, check_q5_gather_mib (the
                  bytes exercise 4's per-row gather copies in a step, against a kernel reading each adapter once)

@@ -3,32 +3,62 @@
 from __future__ import annotations
 
 import math
+import secrets
 from typing import Any
 
-from autograder.harness import check_answer
+from autograder.harness import call_learner, check_answer
 
 
 # ---------------------------------------------------------------------------------------------------
 # Interview questions: the gateway
 # ---------------------------------------------------------------------------------------------------
 
-def check_q_gateway_replicas(answer: Any, *, request_rate: float, per_replica_goodput: float,
-                             per_replica_throughput: float, utilization: float = 0.8) -> None:
-    """Replicas a gateway needs for `request_rate` req/s when one replica delivers `per_replica_goodput` req/s within
-    the latency objectives and is run at most at `utilization` of it: ceil(rate / (goodput * utilization))."""
-    if not (request_rate > 0 and per_replica_goodput > 0 and per_replica_throughput > 0 and 0 < utilization <= 1):
-        raise ValueError("request_rate, per-replica goodput and throughput must be > 0 and utilization in (0, 1]")
-    expected = math.ceil(request_rate / (per_replica_goodput * utilization))
-    mistakes = [(math.floor(request_rate / (per_replica_goodput * utilization)),
-                 "rounded down: a fractional replica means one more replica, round UP"),
-                (math.ceil(request_rate / per_replica_goodput), "no headroom: run each replica at most at "
-                 f"{utilization:.0%} of its goodput, so queues stay short when traffic bursts"),
-                (math.ceil(request_rate / (per_replica_throughput * utilization)), "sized on raw request throughput: "
-                 "past its goodput a replica still answers, but late; size on goodput (requests meeting the SLO)"),
-                (math.ceil(request_rate * utilization / per_replica_goodput), "multiplied by the utilization instead "
-                 "of dividing: each replica may carry only utilization x its goodput")]
-    check_answer(answer, expected, f"replicas for {request_rate:g} req/s at {per_replica_goodput:g} req/s goodput per "
-                 f"replica, run at {utilization:.0%}", [(v, m) for v, m in mistakes if v != expected], unit="replicas")
+Q1_REQUEST_RATE, Q1_UTILIZATION = 100_000, 0.8     # req/s the gateway serves; the share of its goodput a replica runs at
+Q1_SHOWN = (3.2, 4.5)        # (goodput, request throughput) per replica, req/s: a case where every mistake below differs
+
+
+def _q1_replicas(rate: float, per_replica: float, utilization: float) -> int:
+    return math.ceil(rate / (per_replica * utilization))
+
+
+def _q1_figures(draws: int) -> list[tuple[float, float]]:
+    """Q1_SHOWN, then `draws` sustained figures of one replica as section 5 could measure them: goodput between 0.5
+    and 4 req/s, request throughput 1.2-2x that (past its goodput a replica still answers, late). Drawn with
+    `secrets`: a table of answers for figures known in advance answers none of them."""
+    rng = secrets.SystemRandom()
+    drawn = []
+    for _ in range(draws):
+        goodput = round(rng.uniform(0.5, 4.0), 2)
+        drawn.append((goodput, round(goodput * rng.uniform(1.2, 2.0), 2)))
+    return [Q1_SHOWN, *drawn]
+
+
+def check_q_gateway_replicas(answer: Any, *, draws: int = 3) -> None:
+    """`answer(per_replica_goodput, per_replica_throughput)`: the replicas a gateway needs for Q1_REQUEST_RATE req/s
+    when one replica delivers `per_replica_goodput` req/s within the latency objectives (and `per_replica_throughput`
+    req/s in all) and runs at most at Q1_UTILIZATION of its goodput: ceil(rate / (goodput * utilization)).
+
+    Asked on Q1_SHOWN and on `draws` figures drawn here, not on the notebook's own measurement: the answer is a rule
+    for any replica's figures, and grading need not measure a replica again (section 5's 36 s of sustained runs)."""
+    if not callable(answer):
+        raise AssertionError("Q1 (gateway replicas): answer_q1 is a function of (per_replica_goodput, "
+                             f"per_replica_throughput) that returns the number of replicas; got {answer!r:.80}")
+    rate, utilization = Q1_REQUEST_RATE, Q1_UTILIZATION
+    for goodput, throughput in _q1_figures(draws):
+        got = call_learner("Q1 (gateway replicas): answer_q1", answer, goodput, throughput,
+                           context=f"for a replica of {goodput:g} req/s goodput, {throughput:g} req/s throughput")
+        expected = _q1_replicas(rate, goodput, utilization)
+        mistakes = [(math.floor(rate / (goodput * utilization)),
+                     "rounded down: a fractional replica means one more replica, round UP"),
+                    (_q1_replicas(rate, goodput, 1.0), "no headroom: run each replica at most at "
+                     f"{utilization:.0%} of its goodput, so queues stay short when traffic bursts"),
+                    (_q1_replicas(rate, throughput, utilization), "sized on raw request throughput: past its goodput "
+                     "a replica still answers, but late; size on goodput (requests meeting the SLO)"),
+                    (math.ceil(rate * utilization / goodput), "multiplied by the utilization instead of dividing: "
+                     "each replica may carry only utilization x its goodput")]
+        check_answer(got, expected, f"Q1: replicas for {rate:,} req/s with answer_q1({goodput:g}, {throughput:g}) "
+                     f"(goodput and throughput per replica, run at {utilization:.0%})",
+                     [(v, m) for v, m in mistakes if v != expected], unit="replicas")
 
 
 AFFINITY_SCENARIOS = {

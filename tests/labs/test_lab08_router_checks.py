@@ -298,16 +298,32 @@ def test_router_check_rejects(wrong) -> None:
 
 # --- interview questions -------------------------------------------------------------------------------
 
-GATEWAY = dict(request_rate=50.0, per_replica_goodput=3.2, per_replica_throughput=4.5, utilization=0.8)
-
-
 def test_gateway_replicas() -> None:
-    lab08.check_q_gateway_replicas(20, **GATEWAY)              # ceil(50 / 2.56) = ceil(19.53)
-    for wrong, why in ((19, "round UP"), (16, "headroom"), (14, "goodput"), (13, "instead")):
+    """answer_q1 is a rule of a replica's figures, asked on (3.2, 4.5) req/s and on figures the check draws."""
+    import math
+
+    asked = []
+
+    def right(goodput, throughput):
+        asked.append((goodput, throughput))
+        return math.ceil(100_000 / (goodput * 0.8))
+
+    lab08.check_q_gateway_replicas(right)
+    assert asked[0] == (3.2, 4.5) and len(set(asked)) == 4          # ceil(100000 / 2.56) = 39063 first
+    wrong = {"round UP": lambda g, t: math.floor(100_000 / (g * 0.8)),
+             "headroom": lambda g, t: math.ceil(100_000 / g),
+             "goodput": lambda g, t: math.ceil(100_000 / (t * 0.8)),
+             "instead": lambda g, t: math.ceil(100_000 * 0.8 / g),
+             "int": lambda g, t: float(math.ceil(100_000 / (g * 0.8))),
+             "not implemented": lambda g, t: (_ for _ in ()).throw(NotImplementedError())}
+    for why, rule in wrong.items():
         with pytest.raises(AssertionError, match=why):
-            lab08.check_q_gateway_replicas(wrong, **GATEWAY)
-    with pytest.raises(AssertionError, match="int"):
-        lab08.check_q_gateway_replicas(20.0, **GATEWAY)
+            lab08.check_q_gateway_replicas(rule)
+    table = {(3.2, 4.5): 39063}                    # the shown case answered from a table: the drawn ones find it out
+    with pytest.raises(AssertionError, match="answer with a finite int"):
+        lab08.check_q_gateway_replicas(lambda g, t: table.get((g, t)))
+    with pytest.raises(AssertionError, match="is a function"):
+        lab08.check_q_gateway_replicas(39063)
 
 
 def test_affinity_pays() -> None:
