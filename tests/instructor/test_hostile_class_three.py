@@ -1,7 +1,9 @@
 """The hostile class, part three (issue 55), graded by the real autograde (nbgrader, bubblewrap, witness on, two
 jobs): for each kind of attack in `hostile_three/`, a one-exercise assignment that an honest student and an
-attacker submit, all of them one class graded in one batch. The honest student earns the exercise's points (so the check can pass); the attacker earns
-nothing; nothing is left running.
+attacker submit, all of them one class graded in one batch. Kinds with the same setup, honest answer and check
+(lab 01's two speed attacks, lab 04's two) share one assignment and its honest student, each attacker a student of
+its own. The honest student earns the exercise's points (so the check can pass); the attacker earns nothing;
+nothing is left running.
 
 `HOSTILE_THREE_ONLY=lab06_own_target,lab01_memo` grades only those kinds (while working on one).
 """
@@ -30,7 +32,22 @@ if _NO_SANDBOX and not os.environ.get("CI"):
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ONLY = [k for k in os.environ.get("HOSTILE_THREE_ONLY", "").split(",") if k]
 KINDS = {stem: module for stem, module in hostile_three.kinds().items() if not ONLY or stem in ONLY}
-STUDENTS = ("honest", "attacker")
+HONEST = "honest"
+
+
+def _exercise(module) -> tuple:
+    return module.SETUP, module.SOLUTION, module.CHECK, module.POINTS
+
+
+# kinds of one exercise share an assignment, named after the first of them
+_FIRST = {}
+for _stem in sorted(KINDS):
+    _FIRST.setdefault(_exercise(KINDS[_stem]), _stem)
+ASSIGNMENTS = {stem: f"h3_{_FIRST[_exercise(module)]}" for stem, module in KINDS.items()}
+
+
+def _attacker(stem: str) -> str:
+    return f"attacker_{stem}"
 
 
 def _cell(source: str, grade_id: str, *, solution: bool, grade: bool, points: int = 0):
@@ -38,10 +55,6 @@ def _cell(source: str, grade_id: str, *, solution: bool, grade: bool, points: in
     meta = {"grade_id": grade_id, "solution": solution, "grade": grade, "locked": not solution, "schema_version": 3}
     cell.metadata["nbgrader"] = {**meta, **({"points": points} if grade else {})}
     return cell
-
-
-def _assignment(stem: str) -> str:
-    return f"h3_{stem}"
 
 
 def _solution_notebook(module) -> nbformat.NotebookNode:
@@ -65,15 +78,17 @@ def graded_class(tmp_path_factory):
     course.mkdir()
     shutil.copy(REPO_ROOT / "nbgrader_config.py", course / "nbgrader_config.py")
     for stem, module in KINDS.items():
-        name = _assignment(stem)
-        (course / "solutions" / name).mkdir(parents=True)
-        nbformat.write(_solution_notebook(module), str(course / "solutions" / name / f"{name}.ipynb"))
+        name = ASSIGNMENTS[stem]
+        if name == f"h3_{stem}":
+            (course / "solutions" / name).mkdir(parents=True)
+            nbformat.write(_solution_notebook(module), str(course / "solutions" / name / f"{name}.ipynb"))
     env = grading.nbgrader_env({"COURSE_CELL_TIMEOUT": "240"})
     grading.release(course, env=env)
     for stem, module in KINDS.items():
-        name = _assignment(stem)
+        name = ASSIGNMENTS[stem]
         released = nbformat.read(str(course / "labs" / name / f"{name}.ipynb"), as_version=4)
-        for student, answer in zip(STUDENTS, (module.SOLUTION, module.ATTACK)):
+        students = ((HONEST, module.SOLUTION),) if name == f"h3_{stem}" else ()
+        for student, answer in students + ((_attacker(stem), module.ATTACK),):
             folder = course / "submitted" / student / name
             folder.mkdir(parents=True)
             mine = nbformat.from_dict(released)
@@ -89,10 +104,11 @@ def graded_class(tmp_path_factory):
 
 @pytest.fixture(params=sorted(KINDS))
 def graded(request, graded_class):
-    """One kind's two results from the class."""
+    """One kind's two results from the class: its assignment's honest student, its attacker."""
     stem = request.param
-    name = _assignment(stem)
-    return {"stem": stem, "results": {s: graded_class["results"][(name, s)] for s in STUDENTS},
+    name = ASSIGNMENTS[stem]
+    results = graded_class["results"]
+    return {"stem": stem, "results": {"honest": results[(name, HONEST)], "attacker": results[(name, _attacker(stem))]},
             "course": graded_class["course"], "scratch": graded_class["scratch"]}
 
 

@@ -17,14 +17,9 @@ and the ratio stays the slow generator's.
 """
 
 KIND = "timing a neighbour bends (lab 01: helpers busy while the judge times)"
-SETUP = '''\
-import torch
-from minigpt.cache.contiguous import LayerKVCache
-from minigpt.generate import Generation, StopRule, check_request
-from minigpt.sampling import SamplingParams, make_generator, sample_next
-from minigpt.tokenizer import EOT_ID
-torch.set_num_threads(1)
-'''
+# the honest answer, its setup and check are lab01_memo's: the two attackers share one assignment and its honest student
+from hostile_three.lab01_memo import CHECK, POINTS, SETUP, SOLUTION  # noqa: E402,F401
+
 _LOOP = '''\
 @torch.inference_mode()
 def generate_kv_cache(model, prompt, max_new_tokens: int, sampling: SamplingParams = SamplingParams(), *,
@@ -49,10 +44,6 @@ def generate_kv_cache(model, prompt, max_new_tokens: int, sampling: SamplingPara
     {leave}
     return Generation(stop.tokens, reason, prompt_tokens=len(ids))
 '''
-SOLUTION = _LOOP.format(enter="", waste="", leave="")
-CHECK = ('from autograder.lab01 import check_cached_speedup\n'
-         'result = check_cached_speedup(generate_kv_cache)\n')
-POINTS = 2
 ATTACK = '''\
 import os, subprocess, sys, time
 from minigpt.model import GPT
