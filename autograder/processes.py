@@ -1,5 +1,6 @@
 """Processes a grading run starts and must stop: nbgrader, its kernels, whatever a sandbox leaves behind.
 
+    children(proc.pid)                   # its child processes (Linux /proc; empty elsewhere)
     victims = descendants(proc.pid)      # children, grandchildren, ... (Linux /proc; empty elsewhere)
     kill_group(proc)                     # proc's process group and every descendant, even in other sessions
 """
@@ -11,11 +12,10 @@ import signal
 import subprocess
 from pathlib import Path
 
-__all__ = ["descendants", "kill_group"]
+__all__ = ["children", "descendants", "kill_group"]
 
 
-def descendants(pid: int) -> list[int]:
-    """Child processes of pid, recursively (Linux /proc; empty elsewhere)."""
+def _children_by_parent() -> dict[int, list[int]]:
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -23,6 +23,17 @@ def descendants(pid: int) -> list[int]:
             children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
         except (OSError, IndexError, ValueError):
             continue
+    return children
+
+
+def children(pid: int) -> list[int]:
+    """The direct child processes of pid (Linux /proc; empty elsewhere)."""
+    return _children_by_parent().get(pid, [])
+
+
+def descendants(pid: int) -> list[int]:
+    """Child processes of pid, recursively (Linux /proc; empty elsewhere)."""
+    children = _children_by_parent()
     out, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):

@@ -91,7 +91,7 @@ class StoppingExecute(Execute):
 
         self._stopped = ""
         self._judge = None
-        self._spare_witness = None      # a witness started ahead, its request not given yet (_witness_starter)
+        self._witnesses = None          # the notebook's witness process, once a test cell asked (_witness_starter)
         self._own_socket_dir = None     # made here when the kernel has no socket folder (no sandbox); removed after
         self._kernel_socket_dir = None  # the sandboxed kernel's (its manager removes it; again here, in case not)
         self._kernel_ready = False
@@ -102,9 +102,9 @@ class StoppingExecute(Execute):
         try:
             return super().preprocess(nb, resources, km)
         finally:
-            if self._spare_witness is not None:
-                self._spare_witness.kill()
-                self._spare_witness = None
+            if self._witnesses is not None:
+                self._witnesses.kill()
+                self._witnesses = None
             if self._judge is not None:
                 self._judge.close()
                 self._judge = None
@@ -257,34 +257,35 @@ class StoppingExecute(Execute):
 
     def _submission_roots(self) -> dict:
         """The root processes of the submission's sandboxes (autograder/judging/submission_processes.py): the
-        kernel's (bubblewrap's, or the kernel itself unsandboxed) and the witness's while one runs."""
+        kernel's (bubblewrap's, or the kernel itself unsandboxed) and the witness process's while a witness runs,
+        with that witness's own process, which serves the judge."""
         process = getattr(getattr(self.km, "provisioner", None), "process", None)
         witness = self._judge.witness if self._judge is not None else None
-        return {"kernel": getattr(process, "pid", None), "witness": witness.proc.pid if witness is not None else None}
+        if witness is None:
+            return {"kernel": getattr(process, "pid", None), "witness": None}
+        return {"kernel": getattr(process, "pid", None), "witness": witness.proc.pid,
+                "serving": {"witness": witness.serving_pid()}}
 
     def _witness_starter(self, index: int):
         """How a witness for the test cell at `index` starts (autograder/judging/witness.py): the learner's cells before
-        it (test cells are the judge's), the submission's folder, the judge's socket."""
-        from autograder.judging.witness import WitnessProcess
+        it (test cells are the judge's), the submission's folder, the judge's socket. The notebook's witness process
+        starts with its first witness and forks the later ones."""
+        from autograder.judging.witness import Witness, WitnessProcess
 
-        def start(request: dict) -> WitnessProcess:
+        def start(request: dict) -> Witness:
             cells = [c.source for i, c in enumerate(self.nb.cells[:index])
                      if c.cell_type == "code" and not _is_test_cell(c) and i not in self._left_out]
-            spare, self._spare_witness = self._spare_witness, None
-            if spare is None or spare.judge_socket != judge_socket or not spare.running():
-                if spare is not None:
-                    spare.kill()
-                spare = WitnessProcess(judge_socket, self._cwd)
+            process = self._witnesses
+            if process is None or process.judge_socket != judge_socket or not process.running():
+                if process is not None:
+                    process.kill()
+                process = self._witnesses = WitnessProcess(judge_socket, self._cwd)
             try:
-                witness = spare.start(request, cells)
+                return process.start(request, cells)
             except BaseException:
-                spare.kill()                 # its folder and process go with it; the judge says the witness failed
+                process.kill()                 # its folder and process go with it; the judge says the witness failed
+                self._witnesses = None
                 raise
-            # this notebook asks for witnesses: the next one imports torch while this one works (not after the
-            # last test cell: nothing would use it, and its imports cost about 2 s of a CPU a graded submission)
-            if any(_is_test_cell(c) for c in self.nb.cells[index + 1:]):
-                self._spare_witness = WitnessProcess(judge_socket, self._cwd)
-            return witness
         judge_socket = self._judge.path
         return start
 

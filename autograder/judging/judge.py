@@ -438,7 +438,7 @@ class JudgeProcess:
         or still waiting for a connection that will not come (it is told to give up). A judge that says nothing
         within `wait` seconds (a kernel that holds the connection open and went on) is a failed cell.
 
-        A judge that asks for a witness gets one: `start_witness(request)` (a `witness.WitnessProcess`), killed
+        A judge that asks for a witness gets one: `start_witness(request)` (a `witness.Witness`), killed
         once the verdict is in; the wait starts again, and a witness that stops early ends it."""
         with contextlib.suppress(OSError):
             self._send({"op": "abort"})

@@ -132,7 +132,9 @@ def _wait_stopped(pids: list[int], timeout: float = STOP_WAIT_S) -> None:
 class SubmissionHold:
     """The grading process's answer to a judge's `autograder.checking.isolation` request, for one test cell.
 
-    `roots()` gives the sandboxes' root processes: {"kernel": pid, "witness": pid or None}. Requests:
+    `roots()` gives the sandboxes' root processes: {"kernel": pid, "witness": pid or None}, and under "serving"
+    {phase: pid} the process serving the judge where it is not the root's oldest (a witness is a fork of the
+    notebook's witness process: autograder/judging/witness.py). Requests:
     {"do": "stop_all"}, {"do": "stop_others", "phase": "kernel" or "witness"} (with a CPU snapshot), and
     {"do": "resume"} (answered with the CPU seconds the submission used since the snapshot)."""
 
@@ -148,11 +150,13 @@ class SubmissionHold:
         if what not in ("stop_all", "stop_others"):
             return {"error": f"unknown request {what!r}"}
         self._resume()
-        roots = self.roots()
+        roots = dict(self.roots())
+        known = roots.pop("serving", None) or {}      # {phase: pid} where the root's oldest process does not serve
         self.held = SubmissionProcesses(pid for pid in roots.values() if pid)
         if what == "stop_all":
             return {"stopped": self.held.stop_all()}
-        serving = SubmissionProcesses.serving(roots.get(request.get("phase", "kernel")) or 0)
+        phase = request.get("phase", "kernel")
+        serving = known.get(phase) or SubmissionProcesses.serving(roots.get(phase) or 0)
         if serving is None:
             self.held = None
             return {"error": "no process serves the judge"}

@@ -1,4 +1,5 @@
-"""The witness: the learner's cells again, in a fresh process whose course package lacks the exercise's reference.
+"""The witness: the learner's cells again, in a process of their own whose course package lacks the exercise's
+reference (a fork, for each test cell, of one process per notebook that imported torch and nothing else).
 
 What the learner's kernel reports about its own code (that it did not call the reference, its trace) is the
 kernel's to forge: a notebook can rewrite the course's serving loop or guards there. So a test cell whose checks
@@ -7,7 +8,7 @@ refuse the reference, once it has passed against the kernel, is graded again aga
     grading process (trusted)            judge (trusted)                    witness (learner's code, sandboxed)
     StoppingExecute <--- "witness": the references the cell's checks refused, the names it reads
       copy of minigpt without them (autograder/judging/reference_removal.py), bound over the package's folder
-      start -----------------------------------------------------------> replay the cells that define those names
+      start (fork) ----------------------------------------------------> replay the cells that define those names
                                          exec(test cell) again <-------> serve, as the kernel does
     <------------------------------------ the second verdict is the cell's
 
@@ -39,7 +40,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterable
 
-__all__ = ["cells_needed", "cells_to_run", "WitnessProcess"]
+__all__ = ["cells_needed", "cells_to_run", "WitnessProcess", "Witness"]
 
 ANY_NAME = "*"      # `from m import *` defines names no parser can list
 
@@ -249,25 +250,82 @@ def cells_to_run(sources: list[str], kept: Iterable[int]) -> list[int]:
 
 # ----------------------------------------------------------------------------- the witness process
 
+# One process per graded notebook imports torch and IPython, and nothing of the course or the learner's, then forks
+# one child per witnessed test cell: a child replays the learner's cells and serves the judge; the next starts only
+# once the last one and everything it started are gone and what it could leave has been wiped. That import cost
+# about 2 s of a core in every witness (1.6 s torch, by -X importtime), paid once per notebook now.
+#
+# What one child could hand the next (the reference a later cell's witness lacks, when its own copy still had it),
+# and what ends each channel, in the sandbox (`--contained`: its own pid, IPC and network namespaces):
+#   processes left running          kill(-1) until /proc holds nobody but the bubblewrap init and this process
+#   files (/tmp, /dev/shm)          emptied; the submission copied back into /tmp/work, as the sandbox's boot did
+#   System V shared memory,         removed by id (/proc/sysvipc); POSIX message queues cannot be created
+#   semaphores, message queues      (RLIMIT_MSGQUEUE 0)
+#   this process's memory           not dumpable: a child can neither ptrace it nor read /proc/PID/mem;
+#                                   its pipes to the grading process are closed in the child
+#   the package's copy              read-only there; the grading process rewrites it between children
+# Unsandboxed (a local `make grade`, where nothing is claimed against the learner), a child is a session of its
+# own and is killed with its process group.
+
+ENDED = b"end"          # grading process -> this process: the test cell's verdict is in
+EXITED = b"exited"      # this process -> grading process: the child stopped by itself
+READY = b"ready"        # this process -> grading process: the child and all it left are gone
+PR_SET_DUMPABLE = 4
+
+
 def main(argv: list[str]) -> int:
-    """Import torch and IPython first (no course module: the package's copy may not be written yet), then wait for
-    the request on stdin: a witness can be started before a test cell asks for one."""
-    (path,) = argv
-    import importlib
+    """`python -P -m autograder.judging.witness JUDGE_SOCKET [--contained]`: import torch and IPython, then
+    fork a witness for each request line on stdin (JSON), ending it on a line `end`."""
+    path, *flags = argv
+    contained = "--contained" in flags
+    import resource
 
     import torch
-    from IPython.core.interactiveshell import InteractiveShell
-    from traitlets.config import Config
+    from IPython.core.interactiveshell import InteractiveShell  # noqa: F401  (imported once, for every child)
 
     torch.set_num_threads(1)
-    request = json.loads(sys.stdin.read())
-    importlib.invalidate_caches()                   # the package's copy was written after this process started
+    _set_dumpable(False)
+    if contained:
+        resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
+    home, work = os.environ.get("HOME", "/tmp/home"), os.getcwd()
+    lines = _Lines(0)
+    while (line := lines.next(None)) is not None:
+        request = json.loads(line)
+        child = os.fork()
+        if child == 0:
+            code = 1
+            try:
+                code = _witness(path, request, contained)
+            finally:
+                os._exit(code)
+        ended = _watch(child, lines)
+        _clear(child, contained, home, work)
+        if not ended:
+            return 0
+        os.write(1, READY + b"\n")
+    return 0
+
+
+def _witness(path: str, request: dict, contained: bool) -> int:
+    """A forked child: replay the cells that define what the test cell reads, then serve the judge."""
+    import importlib
+
+    if not contained:
+        os.setsid()
+    _set_dumpable(True)                 # an ordinary process for learner code; its parent stays undumpable
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):                # the parent's pipes to the grading process go
+        os.dup2(devnull, fd)
+    importlib.invalidate_caches()       # the package's copy was written after the parent started
     token = request["token"]
     bound_memory(request.get("memory_allowance"))
     from autograder.judging.op_refusal import refuse_ops
 
     for refusal in request.get("refused", []):       # before any learner code exists here
         refuse_ops(refusal["ops"], refusal["what"])
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
     config = Config()
     config.HistoryManager.enabled = False
     shell = InteractiveShell.instance(config=config)
@@ -285,6 +343,113 @@ def main(argv: list[str]) -> int:
         endpoint.hello(token)
         endpoint.serve()
     return 0
+
+
+def _watch(child: int, lines: "_Lines") -> bool:
+    """Until the grading process says `end` (True) or closes the pipe (False); says `exited` if the child stops."""
+    exited = False
+    while True:
+        if not exited and os.waitpid(child, os.WNOHANG)[0] == child:
+            exited = True
+            os.write(1, EXITED + b"\n")
+        line = lines.next(0.1)
+        if line is None and lines.closed:
+            return False
+        if line == ENDED:
+            return True
+
+
+def _clear(child: int, contained: bool, home: str, work: str) -> None:
+    """End the child and whatever it started, and (contained) wipe what it could leave for the next one."""
+    import shutil
+    import signal
+
+    if not contained:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(child, 0)
+        return
+    me = os.getpid()
+    for _ in range(500):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(-1, signal.SIGKILL)          # in this pid namespace: all but init and this process
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        if not [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me)]:
+            break
+        import time
+
+        time.sleep(0.01)
+    else:
+        raise RuntimeError("processes a witness started outlived it")
+    for folder in ("/tmp", "/dev/shm"):
+        _empty(folder)
+    _remove_ipc()
+    os.makedirs(home, exist_ok=True)
+    if os.path.isdir("/submission"):
+        shutil.copytree("/submission", work, symlinks=True, dirs_exist_ok=True)
+    os.makedirs(work, exist_ok=True)
+    os.chdir(work)
+
+
+def _empty(folder: str) -> None:
+    """Remove everything in `folder`, folders a child made unreadable or unwritable included."""
+    import shutil
+
+    for entry in os.scandir(folder):
+        if entry.is_dir(follow_symlinks=False):
+            os.chmod(entry.path, 0o700)
+            for root, dirs, _ in os.walk(entry.path):
+                for name in dirs:
+                    if not os.path.islink(os.path.join(root, name)):
+                        os.chmod(os.path.join(root, name), 0o700)
+            shutil.rmtree(entry.path)
+        else:
+            os.unlink(entry.path)
+
+
+def _remove_ipc() -> None:
+    """Remove the System V shared memory segments, semaphore sets and message queues of this IPC namespace."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    ipc_rmid = 0
+    remove = {"shm": lambda i: libc.shmctl(i, ipc_rmid, None), "sem": lambda i: libc.semctl(i, 0, ipc_rmid),
+              "msg": lambda i: libc.msgctl(i, ipc_rmid, None)}
+    for kind, rm in remove.items():
+        for row in Path(f"/proc/sysvipc/{kind}").read_text().splitlines()[1:]:
+            if rm(int(row.split()[1])) != 0:
+                raise OSError(ctypes.get_errno(), f"cannot remove System V {kind} {row.split()[1]}")
+
+
+def _set_dumpable(dumpable: bool) -> None:
+    import ctypes
+
+    ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, int(dumpable), 0, 0, 0)
+
+
+class _Lines:
+    """Lines read from a file descriptor, with a timeout (`next(None)` waits as long as it takes)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.buffer, self.closed = fd, b"", False
+
+    def next(self, timeout: float | None) -> bytes | None:
+        """The next line without its newline, or None: the timeout passed, or the pipe closed (`closed`)."""
+        import select
+
+        while b"\n" not in self.buffer:
+            if self.closed or not select.select([self.fd], [], [], timeout)[0]:
+                return None
+            data = os.read(self.fd, 1 << 16)
+            if not data:
+                self.closed = True
+                return None
+            self.buffer += data
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return line
 
 
 def bound_memory(allowance: int | None) -> None:
@@ -306,21 +471,22 @@ def bound_memory(allowance: int | None) -> None:
 
 # ----------------------------------------------------------------------------- starting it, from the grading process
 
+READY_S = 30.0       # how long the grading process waits for the witness process to clear up after a child
+
+
 class WitnessProcess:
-    """A witness for one test cell: the notebook's learner cells before it, a copy of the package without the
-    references in `request["removals"]`, connecting to the judge's socket with `request["token"]`.
+    """The witness process of one graded notebook: it imports torch and IPython, then forks one `Witness` per
+    test cell that asks (`start`), each seeing the notebook's learner cells before that cell and a copy of the
+    package without the references in its request, connecting to the judge's socket with the request's token.
 
     Sandboxed like the kernel wherever the kernel is (COURSE_SANDBOX): its own uid, the same limits, the
     submission's folder read-only, the package copy bound over the course package's folder, and of the kernel's
     socket folder only the judge's socket, read-only: nothing the kernel wrote there (the reference's source, when
-    grading runs as one user and the kernel may write the judge's folder) reaches the witness. Unsandboxed (a local
+    grading runs as one user and the kernel may write the judge's folder) reaches a witness. Unsandboxed (a local
     `make grade`), the copy comes first on PYTHONPATH; the package's files stay readable there.
 
-    Two steps: `WitnessProcess(judge_socket, submission_dir)` starts the process, bound to an empty folder where the
-    package's copy will be, and it imports torch and IPython; `start(request, cells)` writes the copy (which only
-    the request says) and hands it the request. The grading process keeps one started ahead while a notebook asks
-    for witnesses, so that the next test cell does not wait for those imports; no learner code runs in it before
-    `start`, and one never started is killed."""
+    Started when a notebook first asks for a witness, killed when its grading ends (`kill`). The copy is written
+    only while no child runs: a witness never sees another test cell's copy."""
 
     def __init__(self, judge_socket: str, submission_dir: str | None) -> None:
         from autograder.judging import sandbox
@@ -330,6 +496,8 @@ class WitnessProcess:
         self.folder = Path(tempfile.mkdtemp(prefix="witness-"))
         self.shadow = self.folder / "shared"
         self.shadow.mkdir()
+        self.child: Witness | None = None
+        self._said = _Lines(-1)
         cmd = [sys.executable, "-P", "-m", "autograder.judging.witness", judge_socket]
         policy = sandbox.SandboxPolicy.from_env() if os.environ.get(sandbox.ENV_VAR) else None
         self.sandboxed = policy is not None and policy.enabled
@@ -337,46 +505,125 @@ class WitnessProcess:
             sandbox._make_readable(self.folder)
             packages = policy.package_dirs or sandbox.default_package_dirs()
             replace = {d: str(self.shadow) for d in packages if Path(d).resolve() == SHARED_DIR.resolve()}
-            argv = sandbox.bwrap_argv(policy, cmd, submission_dir=submission_dir, socket_dir=None,
-                                      socket_file=judge_socket, replace=replace, extra_env={"NBGRADER_EXECUTION": "autograde"})
+            argv = sandbox.bwrap_argv(policy, cmd + ["--contained"], submission_dir=submission_dir, socket_dir=None,
+                                      socket_file=judge_socket, replace=replace,
+                                      extra_env={"NBGRADER_EXECUTION": "autograde"})
             env, cwd = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}, None
         else:
             argv, cwd = cmd, submission_dir
             env = {"MINIGPT_DATA_DIR": str(REPO_ROOT / "data"),      # the copy's own folder has no data/ beside it
                    **os.environ, "PYTHONPATH": os.pathsep.join([str(self.shadow), str(REPO_ROOT)]), "MPLBACKEND": "Agg",
-                   "IPYTHONDIR": str(self.folder / "ipython"), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+                   "IPYTHONDIR": str(self.folder / "ipython"), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                   "PYTHONDONTWRITEBYTECODE": "1"}       # the copy is rewritten between children: no stale bytecode
             env.pop(sandbox.ENV_VAR, None)
-        self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+        self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, start_new_session=True)
+        self._said.fd = self.proc.stdout.fileno()
 
-    def start(self, request: dict, cells: list[str]) -> "WitnessProcess":
-        """Write the package's copy without the request's references, then hand the witness the request."""
+    def start(self, request: dict, cells: list[str]) -> "Witness":
+        """Write the package's copy without the request's references, then fork a witness for the request."""
         from autograder.judging import sandbox
         from autograder.judging.reference_removal import package_without
 
+        if self.child is not None:
+            raise RuntimeError("a witness is still running")
+        if not self.running():
+            raise RuntimeError("the witness process stopped")
+        _clear_folder(self.shadow)
         package_without(request["removals"], self.folder)
         if self.sandboxed:
             sandbox._make_readable(self.folder)
-        with contextlib.suppress(BrokenPipeError):
-            self.proc.stdin.write(json.dumps({"cells": cells, "names": request["names"], "token": request["token"],
-                                              "refused": request.get("refused", []),
-                                              "memory_allowance": request.get("memory_allowance")}).encode())
-            self.proc.stdin.close()
-        return self
+        line = json.dumps({"cells": cells, "names": request["names"], "token": request["token"],
+                           "refused": request.get("refused", []),
+                           "memory_allowance": request.get("memory_allowance")}).encode()
+        self.proc.stdin.write(line + b"\n")
+        self.proc.stdin.flush()
+        self.child = Witness(self)
+        return self.child
 
     def running(self) -> bool:
         return self.proc.poll() is None
+
+    def end_child(self) -> None:
+        """End the running witness and wait until all it left is gone; a process that does not say so is killed
+        (the next `start` fails and the grading process starts another)."""
+        child, self.child = self.child, None
+        if child is None or not self.running():
+            return
+        try:
+            self.proc.stdin.write(ENDED + b"\n")
+            self.proc.stdin.flush()
+        except OSError:
+            self.kill()
+            return
+        import time
+
+        deadline = time.monotonic() + READY_S
+        while (line := self._said.next(max(0.0, deadline - time.monotonic()))) != READY:
+            if line is None:
+                self.kill()
+                return
+
+    def child_stopped(self) -> bool:
+        """Whether the running child said it stopped (or the whole process did)."""
+        if not self.running():
+            return True
+        while (line := self._said.next(0)) is not None:
+            if line == EXITED:
+                return True
+        return False
 
     def kill(self) -> None:
         import shutil
 
         from autograder.processes import kill_group
 
+        self.child = None
         kill_group(self.proc)
         self.proc.wait()
-        with contextlib.suppress(OSError):
-            self.proc.stdin.close()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            with contextlib.suppress(OSError):
+                pipe.close()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class Witness:
+    """One test cell's witness: a child of the notebook's `WitnessProcess`."""
+
+    def __init__(self, process: WitnessProcess) -> None:
+        self.process = process
+        self.proc = process.proc          # the sandbox's root: the submission's processes descend from it
+        self._stopped = False
+
+    def running(self) -> bool:
+        self._stopped = self._stopped or self.process.child is not self or self.process.child_stopped()
+        return not self._stopped
+
+    def serving_pid(self) -> int | None:
+        """This witness's process id, as the grading process sees it: the child of the witness process (under
+        bubblewrap, the root's oldest process that is not bubblewrap)."""
+        from autograder.judging.submission_processes import SubmissionProcesses
+        from autograder.processes import children
+
+        parent = SubmissionProcesses.serving(self.proc.pid)
+        forked = children(parent) if parent else []
+        return forked[0] if len(forked) == 1 else None
+
+    def kill(self) -> None:
+        """End this witness (the process goes on for the next test cell)."""
+        if self.process.child is self:
+            self.process.end_child()
+        self._stopped = True
+
+
+def _clear_folder(folder: Path) -> None:
+    import shutil
+
+    for entry in folder.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 if __name__ == "__main__":

@@ -18,12 +18,16 @@ from autograder.judging.reference_removal import MARKER, handed_over, package_wi
 from autograder.judging.witness import cells_needed
 
 SLOT_TEST = "from autograder.lab02 import check_slot_mapping\ncheck_slot_mapping(slot_of)"
+HASH_TEST = "from autograder.lab02 import check_block_hash\ncheck_block_hash(hash_block)"
 
 HONEST = ("def slot_of(table, position, block_size):\n"
           "    index = position // block_size\n"
           "    if position < 0 or index >= len(table):\n"
           "        raise ValueError(f'position {position} is past the table')\n"
           "    return table[index] * block_size + position % block_size\n")
+
+HONEST_HASH = ("def hash_block(parent, tokens):\n"
+               "    return hash((parent, tuple(tokens)))\n")
 
 # Each wins the cell when the kernel's own report decides (COURSE_WITNESS=0): the kernel's watch is switched off,
 # or the reference runs as code the watch does not know.
@@ -195,16 +199,22 @@ def test_only_the_cells_that_define_what_the_check_reads_are_replayed():
 
 @pytest.mark.slow
 def test_an_honest_answer_passes_in_the_witness(tmp_path, monkeypatch):
-    """... and its one test cell starts one witness: none is started ahead after the last test cell."""
+    """... in each of two test cells whose checks refuse different references, and one witness process serves both:
+    it imports torch once and forks a witness per test cell, each with its own copy of the package."""
     from autograder.judging import witness
 
-    started = []
-    init = witness.WitnessProcess.__init__
+    started, forked = [], []
+    init, start = witness.WitnessProcess.__init__, witness.WitnessProcess.start
     monkeypatch.setattr(witness.WitnessProcess, "__init__", lambda self, *a: (started.append(a), init(self, *a))[1])
-    nb = _run(tmp_path, nbformat.v4.new_code_cell("import math\nprint('hello')"), nbformat.v4.new_code_cell(HONEST),
-              _test_cell(SLOT_TEST), monkeypatch=monkeypatch)
-    assert _errors(nb.cells[2]) == []
-    assert len(started) == 1, f"{len(started)} witness processes started for one test cell"
+    monkeypatch.setattr(witness.WitnessProcess, "start",
+                        lambda self, request, cells: (forked.append(request["removals"]), start(self, request, cells))[1])
+    hash_test = _test_cell(HASH_TEST)
+    hash_test.metadata["nbgrader"]["grade_id"] = "t2"
+    nb = _run(tmp_path, nbformat.v4.new_code_cell("import math\nprint('hello')"),
+              nbformat.v4.new_code_cell(HONEST + HONEST_HASH), _test_cell(SLOT_TEST), hash_test, monkeypatch=monkeypatch)
+    assert _errors(nb.cells[2]) == [] and _errors(nb.cells[3]) == []
+    assert len(forked) == 2 and forked[0] != forked[1], forked
+    assert len(started) == 1, f"{len(started)} witness processes started for one notebook"
 
 
 @pytest.mark.slow
@@ -253,3 +263,58 @@ def test_the_references_body_typed_as_calls_of_its_helpers_earns_nothing(tmp_pat
     errors = graded(kind.ATTACK)
     assert errors and errors[0].startswith("ReferenceHandedIn") and "shard_slices" in errors[0], errors
     assert graded(kind.SOLUTION) == []
+
+
+# Replayed in the first test cell's witness, whose copy still has hash_block (it lacks only slot_of), this cell leaves
+# hash_block's source wherever the next witness might look; replayed in the second's, it runs what it finds.
+RELAY = (HONEST +
+         "import contextlib, ctypes, os, pathlib, signal, socket, subprocess, sys, time\n"
+         "import minigpt.cache.prefix_cache as _module\n"
+         "import autograder.checking.reference_guard as _guard\n"
+         "_source = pathlib.Path(_module.__file__).read_text()\n"
+         "_places = ['/tmp/stash.py', '/dev/shm/stash.py', os.path.expanduser('~/stash.py'), 'stash.py']\n"
+         "if 'def hash_block' in _source and 'RuntimeError' not in _source.split('def hash_block')[1][:400]:\n"
+         "    for _place in _places:\n"
+         "        with contextlib.suppress(OSError):\n"
+         "            pathlib.Path(_place).write_text(_source)\n"
+         "    subprocess.Popen([sys.executable, '-c', 'import socket, sys, time\\n'\n"
+         "                      's = socket.socket(socket.AF_UNIX); s.bind(\"\\\\0stash\"); s.listen(1)\\n'\n"
+         "                      'while True:\\n    c, _ = s.accept(); c.sendall(sys.argv[1].encode()); c.close()',\n"
+         "                      _source], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+         "    time.sleep(1)\n"
+         "else:\n"
+         "    for _place in _places:\n"
+         "        with contextlib.suppress(OSError):\n"
+         "            _source = pathlib.Path(_place).read_text()\n"
+         "            break\n"
+         "    with contextlib.suppress(OSError):\n"
+         "        _s = socket.socket(socket.AF_UNIX); _s.connect('\\0stash'); _source = _s.recv(1 << 20).decode()\n"
+         "_copy = {}\n"
+         "exec(_source, _copy)\n"
+         "def hash_block(parent, tokens):\n"
+         "    return _copy['hash_block'](parent, tokens)\n"
+         "_guard.no_calls_into = lambda *refs, **how: contextlib.nullcontext()\n")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("autograder.judging.sandbox", fromlist=["probe"]).probe() is not None,
+                    reason="no grading sandbox here")
+def test_one_witness_hands_the_next_nothing(tmp_path, monkeypatch):
+    """Witnesses are forks of one process per notebook (autograder/judging/witness.py): the first, whose copy of
+    the package still holds hash_block, leaves its source in /tmp, /dev/shm, the home and work folders and with a
+    process serving it; the second, whose copy lacks it, finds none of them, and the cell is the reference's."""
+    from autograder.judging import sandbox
+
+    monkeypatch.setenv(sandbox.ENV_VAR, sandbox.SandboxPolicy().to_env())
+    hash_test = _test_cell(HASH_TEST)
+    hash_test.metadata["nbgrader"]["grade_id"] = "t2"
+    cells = (nbformat.v4.new_code_cell(RELAY), _test_cell(SLOT_TEST), hash_test)
+    monkeypatch.setenv("COURSE_WITNESS", "0")
+    trusting = _run(tmp_path, *cells, monkeypatch=monkeypatch)
+    assert _errors(trusting.cells[1]) == [] and _errors(trusting.cells[2]) == [], \
+        "the relayed source should win where the kernel's report decides"
+    monkeypatch.setenv("COURSE_WITNESS", "1")
+    witnessed = _run(tmp_path, *cells, monkeypatch=monkeypatch)
+    assert _errors(witnessed.cells[1]) == []
+    errors = _errors(witnessed.cells[2])
+    assert errors and errors[0].startswith("ReferenceHandedIn") and "hash_block" in errors[0], errors
