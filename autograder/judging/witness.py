@@ -258,7 +258,8 @@ def cells_to_run(sources: list[str], kept: Iterable[int]) -> list[int]:
 # What one child could hand the next (the reference a later cell's witness lacks, when its own copy still had it),
 # and what ends each channel, in the sandbox (`--contained`: its own pid, IPC and network namespaces):
 #   processes left running          kill(-1) until /proc holds nobody but the bubblewrap init and this process
-#   files (/tmp, /dev/shm)          emptied; the submission copied back into /tmp/work, as the sandbox's boot did
+#   files (/tmp, /dev/shm, any       put back as they were before the first child (sandbox_reset.py); the
+#   read-write mount)               submission copied into /tmp/work again, as the sandbox's boot did
 #   System V shared memory,         removed by id (/proc/sysvipc); POSIX message queues cannot be created
 #   semaphores, message queues      (RLIMIT_MSGQUEUE 0)
 #   this process's memory           not dumpable: a child can neither ptrace it nor read /proc/PID/mem;
@@ -285,9 +286,13 @@ def main(argv: list[str]) -> int:
 
     torch.set_num_threads(1)
     _set_dumpable(False)
+    work, baseline = os.getcwd(), None
     if contained:
+        from autograder.judging import sandbox_reset
+
         resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
-    home, work = os.environ.get("HOME", "/tmp/home"), os.getcwd()
+        with contextlib.suppress(sandbox_reset.Unrestorable):        # then: one child, and this process stops
+            baseline = sandbox_reset.snapshot()
     lines = _Lines(0)
     while (line := lines.next(None)) is not None:
         request = json.loads(line)
@@ -299,7 +304,7 @@ def main(argv: list[str]) -> int:
             finally:
                 os._exit(code)
         ended = _watch(child, lines)
-        _clear(child, contained, home, work)
+        baseline = _clear(child, contained, baseline, work)
         if not ended:
             return 0
         os.write(1, READY + b"\n")
@@ -359,17 +364,20 @@ def _watch(child: int, lines: "_Lines") -> bool:
             return True
 
 
-def _clear(child: int, contained: bool, home: str, work: str) -> None:
-    """End the child and whatever it started, and (contained) wipe what it could leave for the next one."""
-    import shutil
+def _clear(child: int, contained: bool, baseline: dict | None, work: str) -> dict | None:
+    """End the child and whatever it started, and (contained) undo what it could leave for the next one; the next
+    baseline of the sandbox's writable file systems (autograder/judging/sandbox_reset.py)."""
     import signal
+    import time
 
     if not contained:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(child, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(child, 0)
-        return
+        return None
+    from autograder.judging import sandbox_reset
+
     me = os.getpid()
     for _ in range(500):
         with contextlib.suppress(ProcessLookupError):
@@ -379,35 +387,15 @@ def _clear(child: int, contained: bool, home: str, work: str) -> None:
                 pass
         if not [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me)]:
             break
-        import time
-
         time.sleep(0.01)
     else:
         raise RuntimeError("processes a witness started outlived it")
-    for folder in ("/tmp", "/dev/shm"):
-        _empty(folder)
+    if baseline is None:
+        raise sandbox_reset.Unrestorable("no baseline of the sandbox's writable file systems")
+    baseline = sandbox_reset.restore(baseline, work)
     _remove_ipc()
-    os.makedirs(home, exist_ok=True)
-    if os.path.isdir("/submission"):
-        shutil.copytree("/submission", work, symlinks=True, dirs_exist_ok=True)
-    os.makedirs(work, exist_ok=True)
     os.chdir(work)
-
-
-def _empty(folder: str) -> None:
-    """Remove everything in `folder`, folders a child made unreadable or unwritable included."""
-    import shutil
-
-    for entry in os.scandir(folder):
-        if entry.is_dir(follow_symlinks=False):
-            os.chmod(entry.path, 0o700)
-            for root, dirs, _ in os.walk(entry.path):
-                for name in dirs:
-                    if not os.path.islink(os.path.join(root, name)):
-                        os.chmod(os.path.join(root, name), 0o700)
-            shutil.rmtree(entry.path)
-        else:
-            os.unlink(entry.path)
+    return baseline
 
 
 def _remove_ipc() -> None:

@@ -232,12 +232,13 @@ def test_the_releases_own_tags_are_not_reported_as_dropped():
 
 WITNESS_LEFTOVERS = r"""
 import ctypes, json, os, resource, signal, sys, time
-from autograder.judging import witness
+from autograder.judging import sandbox_reset, witness
 
 libc = ctypes.CDLL(None, use_errno=True)
 resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))      # as the witness process sets it before any child
 home, work = os.environ["HOME"], os.getcwd()
 witness._set_dumpable(False)
+baseline = sandbox_reset.snapshot()
 child = os.fork()
 if child == 0:              # a witness child leaving what it can for the next one
     witness._set_dumpable(True)
@@ -252,6 +253,13 @@ if child == 0:              # a witness child leaving what it can for the next o
     os.chmod("/tmp/locked/inner", 0); os.chmod("/tmp/locked", 0)
     os.symlink("/usr", "/tmp/link")
     open("/dev/shm/stash", "w").write("reference = 1")
+    open(os.path.join(home, "stash.py"), "w").write("reference = 1")
+    os.chmod(home, 0)
+    for folder in sys.argv[1:]:                               # where bubblewrap bound the judge's socket
+        try:
+            open(os.path.join(folder, "stash.py"), "w").write("reference = 1")
+        except OSError:
+            pass
     libc.shmget(0x5EED, 4096, 0o1600)                        # IPC_CREAT | 0600
     libc.semget(0x5EED, 1, 0o1600)
     libc.msgget(0x5EED, 0o1600)
@@ -270,13 +278,14 @@ queue, mem = open("/tmp/mq").read(), open("/tmp/mem").read()
 before = sorted(p for p in os.listdir("/proc") if p.isdigit())
 sysv_before = {k: len(open(f"/proc/sysvipc/{k}").read().splitlines()[1:]) for k in ("shm", "sem", "msg")}
 tmp_before, shm_before = sorted(os.listdir("/tmp")), os.listdir("/dev/shm")
-witness._clear(child, True, home, work)
+witness._clear(child, True, baseline, work)
 print(json.dumps({
     "queue": queue, "mem": mem,
     "processes_before": len(before), "sysv_before": sysv_before, "tmp_before": tmp_before, "shm_before": shm_before,
     "processes": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
     "me": os.getpid(),
     "tmp": sorted(os.listdir("/tmp")), "work": sorted(os.listdir(work)), "shm": os.listdir("/dev/shm"),
+    "home": os.listdir(home), "socket_folder": sorted(os.listdir(sys.argv[1])),
     "sysv": {k: open(f"/proc/sysvipc/{k}").read().splitlines()[1:] for k in ("shm", "sem", "msg")},
     "cwd": os.getcwd(),
 }))
@@ -287,14 +296,19 @@ print(json.dumps({
 def test_what_a_witness_child_leaves_is_gone_before_the_next(tmp_path):
     """The witness process forks one child per test cell (autograder/judging/witness.py); between two, it clears
     every channel one child could leave the next a reference it lacks: processes (one that ignores SIGTERM in a
-    session of its own), files in /tmp (in folders made unreadable), the submission's copy in /tmp/work, /dev/shm,
+    session of its own), files in /tmp (in folders made unreadable, in the home folder, beside the judge's socket,
+    which stays bound in the folder bubblewrap made for it), the submission's copy in /tmp/work, /dev/shm,
     System V shared memory, semaphores and message queues; a POSIX message queue cannot be made at all, nor
     the witness process's memory opened."""
     (tmp_path / "notebook.ipynb").write_text("{}")
     tmp_path.chmod(0o755)
-    cmd = sandbox.bwrap_argv(sandbox.SandboxPolicy(), [sys.executable, "-c", WITNESS_LEFTOVERS],
-                             submission_dir=str(tmp_path), socket_dir=None)
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    with tempfile.TemporaryDirectory(prefix="sock-", dir="/tmp") as folder:     # inside the sandbox's /tmp too
+        path = os.path.join(folder, "judge.sock")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+            server.bind(path)
+            cmd = sandbox.bwrap_argv(sandbox.SandboxPolicy(), [sys.executable, "-c", WITNESS_LEFTOVERS, folder],
+                                     submission_dir=str(tmp_path), socket_dir=None, socket_file=path)
+            run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert out["queue"] == "-1", "a POSIX message queue was created"
@@ -302,6 +316,7 @@ def test_what_a_witness_child_leaves_is_gone_before_the_next(tmp_path):
     assert out["sysv_before"] == {"shm": 1, "sem": 1, "msg": 1}, "the child's System V objects were not made"
     assert {"stash.py", "locked", "link"} <= set(out["tmp_before"]) and out["shm_before"] == ["stash"]
     assert out["processes_before"] >= 3 and out["processes"] == sorted([1, out["me"]])
-    assert out["tmp"] == ["home", "work"] and out["work"] == ["notebook.ipynb"] and out["shm"] == []
+    assert out["tmp"] == sorted(["home", "work", Path(folder).name]) and out["work"] == ["notebook.ipynb"]
+    assert out["shm"] == [] and out["home"] == [] and out["socket_folder"] == ["judge.sock"]
     assert out["sysv"] == {"shm": [], "sem": [], "msg": []}
     assert out["cwd"] == "/tmp/work"

@@ -302,9 +302,13 @@ RELAY = (HONEST +
 def test_one_witness_hands_the_next_nothing(tmp_path, monkeypatch):
     """Witnesses are forks of one process per notebook (autograder/judging/witness.py): the first, whose copy of
     the package still holds hash_block, leaves its source in /tmp, /dev/shm, the home and work folders and with a
-    process serving it; the second, whose copy lacks it, finds none of them, and the cell is the reference's."""
-    from autograder.judging import sandbox
+    process serving it; the second, forked from the same process, whose copy lacks it, finds none of them, and the
+    cell is the reference's."""
+    from autograder.judging import sandbox, witness
 
+    started = []
+    init = witness.WitnessProcess.__init__
+    monkeypatch.setattr(witness.WitnessProcess, "__init__", lambda self, *a: (started.append(a), init(self, *a))[1])
     monkeypatch.setenv(sandbox.ENV_VAR, sandbox.SandboxPolicy().to_env())
     hash_test = _test_cell(HASH_TEST)
     hash_test.metadata["nbgrader"]["grade_id"] = "t2"
@@ -318,3 +322,4 @@ def test_one_witness_hands_the_next_nothing(tmp_path, monkeypatch):
     assert _errors(witnessed.cells[1]) == []
     errors = _errors(witnessed.cells[2])
     assert errors and errors[0].startswith("ReferenceHandedIn") and "hash_block" in errors[0], errors
+    assert len(started) == 1, "the second witness came from a fresh process, not a fork of the first's"
