@@ -64,8 +64,9 @@ class Unrestorable(RuntimeError):
 
 
 def _closed(path: str) -> bool:
-    """A folder this uid can neither list nor change (bubblewrap's, holding a mount): nothing can be left in it."""
-    return not os.access(path, os.R_OK) and not os.access(path, os.W_OK)
+    """A folder of another uid that this one can neither list nor change (bubblewrap's, holding a mount): nothing
+    can be left in it. (One this uid owns, it could open with chmod.)"""
+    return os.lstat(path).st_uid != os.getuid() and not os.access(path, os.R_OK) and not os.access(path, os.W_OK)
 
 
 def snapshot() -> dict[str, Signature]:
