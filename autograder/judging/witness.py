@@ -485,7 +485,6 @@ class WitnessProcess:
         self.shadow = self.folder / "shared"
         self.shadow.mkdir()
         self.child: Witness | None = None
-        self._said = _Lines(-1)
         cmd = [sys.executable, "-P", "-m", "autograder.judging.witness", judge_socket]
         policy = sandbox.SandboxPolicy.from_env() if os.environ.get(sandbox.ENV_VAR) else None
         self.sandboxed = policy is not None and policy.enabled
@@ -506,7 +505,7 @@ class WitnessProcess:
             env.pop(sandbox.ENV_VAR, None)
         self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, start_new_session=True)
-        self._said.fd = self.proc.stdout.fileno()
+        self._said = _Lines(self.proc.stdout.fileno())      # what the process says: exited, ready
 
     def start(self, request: dict, cells: list[str]) -> "Witness":
         """Write the package's copy without the request's references, then fork a witness for the request."""
