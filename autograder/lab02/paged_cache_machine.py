@@ -10,8 +10,10 @@ changes nothing; freeing all leaks nothing. `machine_for(make_manager, hash_fn, 
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -70,6 +72,29 @@ def manager_state(m: Any) -> tuple:
             dict(cache.block_of) if cache is not None else None)
 
 
+@dataclass(frozen=True)
+class ManagerView:
+    """The manager's state, read once after each call into it: judged, every attribute read is a round trip to the
+    learner's kernel, so a step's snapshots and invariants share one reading (it is read again after the next call).
+    tables: seq -> (block_size, blocks, token_ids); cached: the prefix cache's hash -> block, None without one."""
+    num_blocks: Any
+    refs: list[int]
+    free: list[Any]
+    tables: dict[Any, tuple[Any, list[Any], list[Any]]]
+    cached: dict | None
+
+    @classmethod
+    def read(cls, m: Any) -> "ManagerView":
+        pool, cache = m.pool, getattr(m, "prefix_cache", None)
+        return cls(pool.num_blocks, [int(r) for r in pool.ref_counts], list(pool.free_blocks()),
+                   {s: (t.block_size, list(t.blocks), list(t.token_ids)) for s, t in m.tables.items()},
+                   dict(cache.block_of) if cache is not None else None)
+
+    def snapshot(self) -> tuple:
+        """What OutOfBlocks (or a refused fork) must leave as it was (manager_state's figures)."""
+        return self.refs, self.free, {s: (b, t) for s, (_, b, t) in self.tables.items()}, self.cached
+
+
 def check_copy_on_write_at_exhaustion(make_manager: Callable[[int, int, bool], Any], watch: Callable[[], Any]) -> None:
     """A corner the drawn steps reach only by chance: a write into a shared, partial last block that also opens a
     new block needs two blocks (the copy and the new one). With one free block: OutOfBlocks, nothing changed; with
@@ -121,7 +146,8 @@ class PagedCacheMachine(RuleBasedStateMachine):
     @_reports_failure
     def setup(self, num_blocks: int, block_size: int, prefix: bool) -> None:
         self.bs, self.prefix = block_size, prefix
-        with self.watch():
+        self._state: ManagerView | None = None
+        with self._calling():
             self.m = _call(f"make_manager({num_blocks}, {block_size}, {prefix})", self.make_manager, num_blocks,
                            block_size, prefix)
         self.expected: dict[int, list[int]] = {}      # seq -> tokens
@@ -130,8 +156,23 @@ class PagedCacheMachine(RuleBasedStateMachine):
         self.next_id = 0
 
     # --- helpers --------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _calling(self) -> Iterator[None]:
+        """Around every call into the manager: watched, and the state read before it is stale after it."""
+        self._state = None
+        try:
+            with self.watch():
+                yield
+        finally:
+            self._state = None
+
+    def _view(self) -> ManagerView:
+        if self._state is None:
+            self._state = ManagerView.read(self.m)
+        return self._state
+
     def _snapshot(self) -> tuple:
-        return manager_state(self.m)
+        return self._view().snapshot()
 
     def _apply(self, seq: int, reservation: Any, new_tokens: list[int], start: int, what: str) -> None:
         for src, dst in reservation.copies:
@@ -153,7 +194,7 @@ class PagedCacheMachine(RuleBasedStateMachine):
         before = self._snapshot()
         try:
             with quiet():
-                with self.watch():
+                with self._calling():
                     result = getattr(self.m, method)(*args)
             return _reservation(result, what, method)
         except OutOfBlocks as err:
@@ -214,10 +255,11 @@ class PagedCacheMachine(RuleBasedStateMachine):
                 raise AssertionError(f"{what}: expected an empty reservation (slots [], copies []) and no change; "
                                      f"got {'OutOfBlocks' if r is None else (list(r.slots), r.copies)}")
             return
-        table = self.m.tables[seq]
-        last = table.blocks[-1] if table.blocks else None
+        view = self._view()
+        blocks = view.tables[seq][1]
+        last = blocks[-1] if blocks else None
         partly_filled_and_shared = (last is not None and len(self.expected[seq]) % self.bs != 0
-                                    and self.m.pool.ref_counts[last] > 1)
+                                    and view.refs[last] > 1)
         r = self._attempt(what, "append_tokens", seq, list(tokens))
         if r is None:
             return
@@ -260,7 +302,7 @@ class PagedCacheMachine(RuleBasedStateMachine):
         """Fork a live sequence (drawn from data) into the next id; the child expects the parent's tokens."""
         parent = data.draw(st.sampled_from(sorted(self.expected)))
         child = self.next_id
-        with self.watch():
+        with self._calling():
             _call(f"fork({parent}, {child})", self.m.fork, parent, child)
         self.next_id += 1
         self.expected[child] = list(self.expected[parent])
@@ -276,7 +318,7 @@ class PagedCacheMachine(RuleBasedStateMachine):
         child = data.draw(st.sampled_from(sorted(self.expected)))
         what = f"fork({parent}, {child}) into sequence {child}, which exists"
         before = self._snapshot()
-        with self.watch():
+        with self._calling():
             expect_value_error(what, self.m.fork, parent, child, hint=" (that sequence already exists)")
         if self._snapshot() != before:
             raise AssertionError(f"{what}: raised ValueError but changed the state (ref counts, free list, tables or "
@@ -287,7 +329,7 @@ class PagedCacheMachine(RuleBasedStateMachine):
     @_reports_failure
     def free(self, data: Any) -> None:
         seq = data.draw(st.sampled_from(sorted(self.expected)))
-        with self.watch():
+        with self._calling():
             _call(f"free({seq})", self.m.free, seq)
         del self.expected[seq]
 
@@ -295,7 +337,7 @@ class PagedCacheMachine(RuleBasedStateMachine):
     @_reports_failure
     def evict(self, data: Any) -> None:
         """A request of fresh tokens as long as the free space allows: it reuses (evicts) cached free blocks."""
-        n_free = len(self.m.pool.free_blocks())
+        n_free = len(self._view().free)
         if n_free == 0:
             return
         n = data.draw(st.integers(1, n_free * self.bs))
@@ -306,32 +348,32 @@ class PagedCacheMachine(RuleBasedStateMachine):
     @invariant()
     @_reports_failure
     def check_1_blocks_partition_the_pool(self) -> None:
-        pool = self.m.pool
-        free = list(pool.free_blocks())
-        refs = [int(r) for r in pool.ref_counts]
+        view = self._view()
+        free, refs = view.free, view.refs
         if len(set(free)) != len(free):
             raise AssertionError(f"the free list holds a block twice: {free}")
-        used = {b for b in range(pool.num_blocks) if refs[b] > 0}
+        used = {b for b in range(view.num_blocks) if refs[b] > 0}
         if set(free) & used:
             raise AssertionError(f"blocks {sorted(set(free) & used)} are in the free list while still referenced "
                                  f"(ref_counts {refs}): a shared block went back to the pool too early")
-        if set(free) | used != set(range(pool.num_blocks)):
-            missing = sorted(set(range(pool.num_blocks)) - set(free) - used)
+        if set(free) | used != set(range(view.num_blocks)):
+            missing = sorted(set(range(view.num_blocks)) - set(free) - used)
             raise AssertionError(f"blocks {missing} are neither free nor referenced: they leaked "
                                  "(a free that forgot to return them, or a ref_count that did not reach 0)")
 
     @invariant()
     @_reports_failure
     def check_2_ref_counts_match_tables(self) -> None:
-        holders = [0] * self.m.pool.num_blocks
-        for seq, t in self.m.tables.items():
-            if t.block_size != self.bs:
-                raise AssertionError(f"sequence {seq}'s BlockTable has block_size {t.block_size!r}, the manager "
+        view = self._view()
+        holders = [0] * view.num_blocks
+        for seq, (block_size, blocks, _) in view.tables.items():
+            if block_size != self.bs:
+                raise AssertionError(f"sequence {seq}'s BlockTable has block_size {block_size!r}, the manager "
                                      f"{self.bs}: a table is made with the manager's block size (whoever reads the "
                                      "table maps positions to slots with it)")
-            for b in t.blocks:
+            for b in blocks:
                 holders[b] += 1
-        refs = [int(r) for r in self.m.pool.ref_counts]
+        refs = view.refs
         if holders != refs:
             bad = [b for b in range(len(refs)) if holders[b] != refs[b]]
             raise AssertionError(f"ref_counts {refs} differ from the number of tables holding each block {holders} "
@@ -340,18 +382,19 @@ class PagedCacheMachine(RuleBasedStateMachine):
     @invariant()
     @_reports_failure
     def check_3_sequences_read_their_own_tokens(self) -> None:
-        if set(self.m.tables) != set(self.expected):
-            raise AssertionError(f"the manager holds sequences {sorted(self.m.tables)}, expected {sorted(self.expected)}")
+        tables = self._view().tables
+        if set(tables) != set(self.expected):
+            raise AssertionError(f"the manager holds sequences {sorted(tables)}, expected {sorted(self.expected)}")
         for seq, tokens in self.expected.items():
-            t = self.m.tables[seq]
-            if list(t.token_ids) != tokens:
-                raise AssertionError(f"sequence {seq}: token_ids {list(t.token_ids)}, expected {tokens}")
+            _, blocks, token_ids = tables[seq]
+            if token_ids != tokens:
+                raise AssertionError(f"sequence {seq}: token_ids {token_ids}, expected {tokens}")
             need = -(-len(tokens) // self.bs)
-            if len(t.blocks) != need:
-                raise AssertionError(f"sequence {seq} of {len(tokens)} tokens holds {len(t.blocks)} blocks, expected "
+            if len(blocks) != need:
+                raise AssertionError(f"sequence {seq} of {len(tokens)} tokens holds {len(blocks)} blocks, expected "
                                      f"ceil({len(tokens)}/{self.bs}) = {need}")
             for p in range(len(tokens)):
-                slot = t.blocks[p // self.bs] * self.bs + p % self.bs
+                slot = blocks[p // self.bs] * self.bs + p % self.bs
                 got = self.shadow.get(slot)
                 if got != tuple(tokens[:p + 1]):
                     raise AssertionError(
@@ -362,10 +405,10 @@ class PagedCacheMachine(RuleBasedStateMachine):
     @invariant()
     @_reports_failure
     def check_4_cached_hashes_are_true(self) -> None:
-        cache = getattr(self.m, "prefix_cache", None)
-        if cache is None:
+        cached = self._view().cached
+        if cached is None:
             return
-        for h, b in cache.block_of.items():
+        for h, b in cached.items():
             last = self.shadow.get(b * self.bs + self.bs - 1)
             if last is None or len(last) % self.bs:
                 raise AssertionError(f"the prefix cache maps a hash to block {b}, which holds no full block "
@@ -385,11 +428,11 @@ class PagedCacheMachine(RuleBasedStateMachine):
         if not hasattr(self, "m") or getattr(self, "failed", False):
             return                  # a step already failed: that error is the one to report
         for seq in sorted(self.expected):
-            with self.watch():
+            with self._calling():
                 _call(f"free({seq}) at the end of the run", self.m.free, seq)
-        refs = [int(r) for r in self.m.pool.ref_counts]
-        free = list(self.m.pool.free_blocks())
-        if any(refs) or sorted(free) != list(range(self.m.pool.num_blocks)):
+        view = self._view()
+        refs, free = view.refs, view.free
+        if any(refs) or sorted(free) != list(range(view.num_blocks)):
             held = [b for b, r in enumerate(refs) if r]
             raise AssertionError(f"after freeing every sequence, blocks {held} still have ref_counts "
                                  f"{[refs[b] for b in held]} and the free list is {sorted(free)}: blocks leaked "
