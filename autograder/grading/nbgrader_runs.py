@@ -99,11 +99,23 @@ def run_nbgrader(args: list[str], course_root: Path, *, timeout: float | None = 
     """Run `nbgrader ARGS` in course_root. Returns (exit code or None on timeout, combined output).
 
     on_progress(text) is called, as they come, with each graded cell's progress line ("ex1_check: passed (3.2 s)",
-    preprocessors.PROGRESS_MARK). The process gets its own session so that on timeout it and its kernels are
-    killed together.
+    preprocessors.PROGRESS_MARK). The command is a fork of a process that imported nbgrader once
+    (autograder/grading/nbgrader_fork.py; COURSE_NBGRADER_FORK=0, or where that cannot start: `python -m nbgrader`).
+    It gets its own session so that on timeout it and its kernels are killed together.
     """
+    env = env or nbgrader_env()
+    if os.environ.get("COURSE_NBGRADER_FORK", "1") != "0" and hasattr(os, "fork"):
+        from autograder.grading import nbgrader_fork
+
+        kept: list[str] = []
+        try:
+            rc = nbgrader_fork.run(list(args), str(Path(course_root).resolve()), env, timeout,
+                                   lambda line: _keep_line(line, kept, on_progress))
+            return rc, "".join(kept)
+        except nbgrader_fork.NotStarted:
+            pass                          # nothing ran: as a subprocess, below
     cmd = [sys.executable, "-m", "nbgrader", *args]
-    proc = subprocess.Popen(cmd, cwd=course_root, env=env or nbgrader_env(), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, cwd=course_root, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines: list[str] = []
     reader = threading.Thread(target=_read_lines, args=(proc.stdout, lines, on_progress), daemon=True)
@@ -126,10 +138,14 @@ def run_nbgrader(args: list[str], course_root: Path, *, timeout: float | None = 
 def _read_lines(stream, lines: list[str], on_progress: Callable[[str], None] | None) -> None:
     """Keep every line of `stream`; hand progress lines (after the mark) to on_progress."""
     for line in stream:
-        lines.append(line)
-        if on_progress is not None and preprocessors.PROGRESS_MARK in line:
-            on_progress(line.split(preprocessors.PROGRESS_MARK, 1)[1].strip())
+        _keep_line(line, lines, on_progress)
     stream.close()
+
+
+def _keep_line(line: str, lines: list[str], on_progress: Callable[[str], None] | None) -> None:
+    lines.append(line)
+    if on_progress is not None and preprocessors.PROGRESS_MARK in line:
+        on_progress(line.split(preprocessors.PROGRESS_MARK, 1)[1].strip())
 
 
 def db_url_for(path: Path) -> str:
