@@ -89,6 +89,9 @@ def _child(request: dict, out: int) -> None:
         os.environ.clear()
         os.environ.update(env)
         sys.path[:0] = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        import tempfile
+
+        tempfile.tempdir = None                              # read from this environment's TMPDIR when first asked
         import warnings
 
         warnings.resetwarnings()
@@ -126,8 +129,9 @@ class ForkServer:
 
     def __init__(self, env: dict[str, str]) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        own = {k: v for k, v in env.items() if k != "PYTHONPATH"}      # each command's own PYTHONPATH, not the first's
         self.proc = subprocess.Popen([sys.executable, "-m", "autograder.grading.nbgrader_fork", str(theirs.fileno())],
-                                     pass_fds=[theirs.fileno()], env=env, cwd="/", stdin=subprocess.DEVNULL,
+                                     pass_fds=[theirs.fileno()], env=own, cwd="/", stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         theirs.close()
         self.line = ours
