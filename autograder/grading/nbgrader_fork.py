@@ -111,10 +111,9 @@ def _child(request: dict, out: int) -> None:
 
         traceback.print_exc()
     finally:
-        with contextlib.suppress(BaseException):
-            atexit._run_exitfuncs()
-            sys.stdout.flush()
-            sys.stderr.flush()
+        for finish in (atexit._run_exitfuncs, sys.stdout.flush, sys.stderr.flush):    # as the interpreter's exit
+            with contextlib.suppress(BaseException):
+                finish()
         os._exit(code)
 
 
