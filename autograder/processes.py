@@ -3,6 +3,7 @@
     children(proc.pid)                   # its child processes (Linux /proc; empty elsewhere)
     victims = descendants(proc.pid)      # children, grandchildren, ... (Linux /proc; empty elsewhere)
     kill_group(proc)                     # proc's process group and every descendant, even in other sessions
+    kill_session(pid)                    # the same for a process known by its pid (a fork of nbgrader_fork's server)
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-__all__ = ["children", "descendants", "kill_group"]
+__all__ = ["children", "descendants", "kill_group", "kill_session"]
 
 
 def _children_by_parent() -> dict[int, list[int]]:
@@ -44,9 +45,14 @@ def descendants(pid: int) -> list[int]:
 
 def kill_group(proc: subprocess.Popen) -> None:
     """Kill proc's process group and all its descendants (jupyter_client starts kernels in sessions of their own)."""
-    victims = descendants(proc.pid)
+    kill_session(proc.pid)
+
+
+def kill_session(pid: int) -> None:
+    """Kill the process group led by pid and all pid's descendants: kill_group for a process known by its pid."""
+    victims = descendants(pid)
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
     for pid in victims:

@@ -29,12 +29,13 @@ import atexit
 import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
 import threading
 from typing import Callable
+
+from autograder.processes import kill_session
 
 PRELOAD = ("nbgrader.apps.nbgraderapp", "nbgrader.apps.autogradeapp", "nbgrader.apps.generateassignmentapp",
            "nbgrader.apps.generatefeedbackapp", "nbgrader.apps.exportapp", "nbclient", "jupyter_client",
@@ -177,18 +178,18 @@ class ForkServer:
         try:
             rc = self._receive()["rc"]
         except TimeoutError:
-            _kill_group(pid)
+            kill_session(pid)
             self.line.settimeout(None)
             with contextlib.suppress(OSError, ValueError):
                 self._receive()               # the server reaped it
             reader.join(timeout=10)
             return None
         except (OSError, ValueError, KeyError):   # the server stopped during the command
-            _kill_group(pid)
+            kill_session(pid)
             reader.join(timeout=10)
             return 1
         except BaseException:                    # interrupted (Ctrl-C, a test's timeout): leave no kernel behind
-            _kill_group(pid)
+            kill_session(pid)
             raise
         finally:
             self.line.settimeout(None)
@@ -203,17 +204,6 @@ class ForkServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-
-
-def _kill_group(pid: int) -> None:
-    """Kill the forked command's session and all its descendants (jupyter_client starts kernels in sessions of
-    their own)."""
-    from autograder.processes import descendants
-
-    victims = descendants(pid)
-    for target in (-pid, *victims):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(target, signal.SIGKILL)
 
 
 def _read_lines(fd: int, on_line: Callable[[str], None]) -> None:
