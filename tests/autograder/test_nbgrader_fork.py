@@ -91,9 +91,9 @@ def test_two_commands_at_once_run_in_two_servers(course, monkeypatch):
     nbgrader_fork._close_all()
     results = []
 
-    def one(probe: str) -> None:
-        results.append(run_nbgrader(["db", "student", "list", _db(course)], course, env=_env(course, probe),
-                                    timeout=120))
+    def one(probe: str) -> None:         # a gradebook each: two nbgrader runs creating one database's tables race
+        results.append(run_nbgrader(["db", "student", "list", f"--db=sqlite:///{course / probe}.db"], course,
+                                    env=_env(course, probe), timeout=120))
 
     threads = [threading.Thread(target=one, args=(p,)) for p in ("first", "second")]
     for t in threads:
