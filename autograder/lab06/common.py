@@ -35,12 +35,14 @@ TOY_SAMPLING = SamplingParams(temperature=3.0, top_k=3)
 # speedup measured in the same run, calibrated per device class by `make calibrate` (autograder/gpu_tier/calibrate.py)
 # between the reference's ratio and that of a generator that re-runs the whole context every step (no cache)...
 SPEED_CHECK = "lab06_speculative_speedup"
-# ...and be at least MIN_OVER_PLAIN: plain decoding is only 1.8x from the reference here, too near for a fraction of
-# the reference to tell apart. Judged (the learner's call in a second process, the baseline in the judge), 2-core
-# machine, 2026-11-29, load 1-2 with a busy loop beside it: plain decoding handed in measured 0.87x to 1.19x in 36
-# checks (a 1.0 bar let it through at random: CI, stop 64), the reference's source pasted into a cell 1.64x to 2.11x
-# in 9; 1.35x sits between, and a round below it is measured again (harness.SPEED_ROUNDS).
-MIN_OVER_PLAIN = 1.35
+# ...and beat plain decoding: fewer target calls than it (counted in the judge before any timing: speed._check_calls,
+# deterministic) and a speedup of at least MIN_OVER_PLAIN. Plain decoding is only 1.8x from the reference here, too near for
+# a fraction of the reference to tell apart, so the call count is what refuses it: handed in, it measured 0.87x to
+# 1.19x against itself across two processes (2-core machine, 2026-11-29, 36 checks), which a wall-clock bar can only
+# separate from an honest loop by a margin load erases (a 1.35x bar failed an honest student at 1.23x, reference
+# 1.48x, in a loaded fresh-clone run, 2026-11-30). The floor left asks only that speculation not lose to plain
+# decoding; a round below it is measured again (harness.SPEED_ROUNDS).
+MIN_OVER_PLAIN = 1.0
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -593,8 +593,24 @@ def test_speed_check_reference_passes_and_recomputation_fails():
     from autograder.gpu_tier.slow_implementations import recompute_everything    # also measured by `make calibrate`
     result = lab06.check_speculative_speedup(own_generate)
     assert result["speedup"] > 1
-    with pytest.raises(AssertionError, match="speedup|must beat plain decoding"):
+    with pytest.raises(AssertionError, match="called the target 12 times for 12 tokens"):
         lab06.check_speculative_speedup(learner_copy(recompute_everything), new_tokens=12, repeats=1)
+
+
+def test_speed_check_refuses_plain_decoding_before_timing_it(monkeypatch):
+    """Plain cached decoding handed in (right tokens, one target call per token) is refused by the call count of the
+    correctness run, deterministically: nothing is timed (timed against itself it lands anywhere near 1x)."""
+    from autograder.lab06 import speed
+
+    def plain(target, draft, prompt, max_new_tokens, sampling=SamplingParams(), *, k=4, **kw):
+        from minigpt.engine.cached_generation import generate_kv_cache
+        return generate_kv_cache(target, prompt, max_new_tokens, **kw)
+
+    def never_timed(*args, **kwargs):
+        raise RuntimeError("timed")
+    monkeypatch.setattr(speed, "check_speedup", never_timed)
+    with pytest.raises(AssertionError, match=r"called the target 32 times for 32 tokens \(1.00 per token\)"):
+        lab06.check_speculative_speedup(learner_copy(plain))
 
 
 def test_speed_check_wants_a_real_speedup(monkeypatch):
@@ -608,9 +624,9 @@ def test_speed_check_wants_a_real_speedup(monkeypatch):
         floors.append(min_speedup)
         raise AssertionError("your speedup over the baseline is 1.02x")
     monkeypatch.setattr(speed, "check_speedup", as_fast_as_plain)
-    with pytest.raises(AssertionError, match="1.02x .*must beat plain decoding clearly"):
+    with pytest.raises(AssertionError, match="1.02x .*must beat plain decoding"):
         lab06.check_speculative_speedup(own_generate)
-    assert floors == [lab06.common.MIN_OVER_PLAIN] and lab06.common.MIN_OVER_PLAIN >= 1.3
+    assert floors == [lab06.common.MIN_OVER_PLAIN] and lab06.common.MIN_OVER_PLAIN >= 1.0
 
 
 def test_speed_check_gives_each_timed_call_a_prompt_of_its_own(monkeypatch):

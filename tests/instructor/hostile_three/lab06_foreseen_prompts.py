@@ -12,9 +12,10 @@ process) against the checks before the fix; the witness agreed (the attack never
 
 Why it earns nothing now: every timed call gets a prompt of its own, drawn in the judge (a Config class with 5 or 6
 attribute names drawn, in a drawn order, from a seed drawn with `secrets`: autograder/lab06/prompts.py), and so does
-the correctness run; no prompt is in the table, every call falls back to plain decoding, and plain decoding is not
-1.35x plain decoding ("speculation must beat plain decoding clearly"). Timed against itself across two processes it
-measured 0.87x to 1.19x (2026-11-29): the old bar, "above 1", let this attack through in CI (stop 64).
+the correctness run; no prompt is in the table, every call falls back to plain decoding, and the correctness run,
+decoded with the judge's own target, counts one target call per token: refused before anything is timed (plain
+decoding timed against itself across two processes measured 0.87x to 1.19x, 2026-11-29: the old bar, "above 1x",
+let this attack through in CI, stop 64, and a 1.35x bar failed an honest student under load, 2026-11-30).
 """
 
 from .lab06_own_target import POINTS, SETUP, SOLUTION  # noqa: F401  (the same locked cell and honest answer)
