@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 __all__ = ["AUTOGRADER_DIR", "REPO_ROOT", "SHARED_DIR", "CALIBRATION_DIR", "EXERCISE_MAP", "SANDBOX_BOOT",
-           "MUTATION_KNOWN"]
+           "MUTATION_KNOWN", "WITNESS_PLANS"]
 
 AUTOGRADER_DIR = Path(__file__).resolve().parent          # the autograder package
 REPO_ROOT = AUTOGRADER_DIR.parent                         # the course: solutions/, labs/, nbgrader_config.py, data/
@@ -22,3 +22,4 @@ CALIBRATION_DIR = AUTOGRADER_DIR / "calibration"          # speed thresholds, on
 EXERCISE_MAP = AUTOGRADER_DIR / "exercise_map.json"       # check and learner names -> exercise labels
 SANDBOX_BOOT = AUTOGRADER_DIR / "judging" / "sandbox_boot.py"     # the first process inside every grading sandbox
 MUTATION_KNOWN = AUTOGRADER_DIR / "mutation" / "known"      # per lab: equivalent, surviving and GPU-only mutants
+WITNESS_PLANS = AUTOGRADER_DIR / "witness_plans.json"     # per lab and test cell: what its witness starts without

@@ -122,6 +122,10 @@ class LabNotebook:
         gpu_cells = set() if gpu_available() else _gpu_tier_cells(released_lab[1], released_lab[0])
         lost = [c.grade_id for c in r.cells if c.grade_id not in gpu_cells and c.score != c.max_score]
         assert not lost, "the solution notebook lost points in " + ", ".join(lost) + ":\n" + _table(r)
+        unplanned = [p["grade_id"] for p in r.witness_plans if not p["used"]]
+        assert not unplanned, ("these witnessed test cells had no witness plan that covered their checks, so they ran "
+                               "twice (kernel, then witness): " + ", ".join(unplanned) + "; run `python -m autograder "
+                               "witness-plans --labs " + released_lab[0][:2] + "`")
         for c in r.cells:
             if c.grade_id in gpu_cells:
                 assert c.score == 0 and "needs a GPU" in c.note, ("a GPU-tier cell must not award points on a "

@@ -7,5 +7,5 @@ COMMANDS = {       # command -> module of autograder.commands, in the order `--h
     "similarity": "similarity", "release": "release", "normalize": "normalize", "doctor": "doctor",
     "calibrate": "calibrate", "gpu-check": "gpu_check", "workspace": "workspace", "progress": "progress",
     "runall": "runall", "exercise-map": "exercise_map", "interview": "interview", "mutation": "mutation",
-    "hub": "hub", "grading-bench": "grading_bench",
+    "hub": "hub", "grading-bench": "grading_bench", "witness-plans": "witness_plans",
 }

@@ -58,6 +58,7 @@ class SubmissionResult:
     cells: list[CellScore] = field(default_factory=list)
     seconds: float = 0.0              # wall time of grading it (its job), recording not included
     record_seconds: float = 0.0       # wall time of recording it into the gradebook (in the parent)
+    witness_plans: list[dict] = field(default_factory=list)   # its witnessed cells' plans (witness_plans.plans_logged)
 
     def line(self) -> str:
         """One status line for the instructor's batch report."""
@@ -383,6 +384,11 @@ def autograde_one(course_root: Path, assignment: str, student: str, *, db: Path 
             status = "error"
             last = [l for l in out.splitlines() if l.strip() and "SAWarning" not in l]
             notes.append("nbgrader failed: " + (last[-1].strip()[:200] if last else f"exit {rc}"))
+    from autograder.judging.witness_plans import plans_logged, stale_note
+
+    logged = plans_logged(out or "")
+    if stale_note(logged):
+        notes.append(stale_note(logged))
     total, max_total, cells = read_scores(url, assignment, student)
     if rc == 0:
         for nb_path in sorted(Path(released).glob("*.ipynb")):
@@ -399,7 +405,7 @@ def autograde_one(course_root: Path, assignment: str, student: str, *, db: Path 
     for c in cells:
         if c.score < c.max_score and not c.note:
             c.note = "failed" if rc == 0 else "not graded"
-    return SubmissionResult(student, assignment, total, max_total, status, notes, cells)
+    return SubmissionResult(student, assignment, total, max_total, status, notes, cells, witness_plans=logged)
 
 
 def submissions(course_root: Path, assignment: str) -> list[str]:

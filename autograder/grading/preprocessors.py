@@ -9,7 +9,9 @@
   it (autograder/judging/observe.py), and the cell's outputs are the judge's. COURSE_JUDGE=0 turns that off
   (test cells run in the kernel, as nbgrader does; for measuring what judging costs). A test cell whose checks
   refuse the reference is graded again in a witness whose package lacks it (autograder/judging/witness.py); COURSE_WITNESS=0
-  turns that off (for measuring what it costs). A judged cell that runs
+  turns that off (for measuring what it costs). Where the cell's witness plan is known
+  (autograder/judging/witness_plans.py), the witness grades it alone, the kernel waiting (COURSE_WITNESS_PLANS=0: kernel
+  first, always). A judged cell that runs
   past its limit is a timeout (CellTimeoutError, no points), whatever the judge saw of the interrupted kernel.
   Only the cells a grade depends on run: every cell the learner wrote or may have changed, every test cell, and
   the course's locked cells that bind a name one of those reads (autograder/judging/witness.py's `cells_to_run`);
@@ -22,6 +24,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import time
 
@@ -31,6 +34,7 @@ from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from traitlets import Bool, Enum, Integer
 
 from autograder.grading.output_limits import LimitOutputSize  # noqa: F401  (named by nbgrader_config.py)
+from autograder.judging.witness_plans import PLAN_MARK, cell_key, plan_for
 
 STUCK_ENAME = "CellTimeoutError"
 STUCK_NOTE = "ran past its time limit and did not stop when interrupted (SIGINT ignored?)"
@@ -95,6 +99,7 @@ class StoppingExecute(Execute):
         self._own_socket_dir = None     # made here when the kernel has no socket folder (no sandbox); removed after
         self._kernel_socket_dir = None  # the sandboxed kernel's (its manager removes it; again here, in case not)
         self._kernel_ready = False
+        self._passing = True            # whether the last witnessed test cell passed (see _judged_cell)
         self._judging = self.judge_test_cells and os.environ.get("COURSE_JUDGE", "1") != "0"
         self._witnessing = self.witness and os.environ.get("COURSE_WITNESS", "1") != "0"
         self._cwd = ((resources or {}).get("metadata") or {}).get("path") or None
@@ -204,8 +209,16 @@ class StoppingExecute(Execute):
         hold = SubmissionHold(self._submission_roots)
         self._judge.on_isolation = hold.handle
         token = secrets.token_hex(8)
-        self._judge.run(cell.source, token, timeout=float(self.timeout or 300), witness=self._witnessing)
+        # A plan is used while this notebook's checks pass: a failing cell fails as fast against the kernel, where
+        # no witness need start (a notebook of stubs starts none after its first failure)
+        plan = plan_for(cell.source) if self._witnessing and self._passing else None
+        if plan is not None:           # its witness starts while the kernel serves the cell, and the kernel waits for it
+            self._judge.start_witness_early = self._witness_starter(index)
+        self._judge.run(cell.source, token, timeout=float(self.timeout or 300), witness=self._witnessing, plan=plan)
         serving = new_code_cell(f"import autograder.judging.observe\nautograder.judging.observe.serve({self._judge.path!r}, {token!r})")
+        saved = self.timeout
+        if plan is not None and self.timeout:
+            self.timeout = 2 * self.timeout          # the witness's start and its run of the cell, both within the limit
         try:
             super().preprocess_cell(serving, resources, index)
         except BaseException:          # stuck or dead kernel: the judge's cell is void, the run stops here
@@ -215,12 +228,18 @@ class StoppingExecute(Execute):
             cell.outputs = []
             raise
         finally:
+            self.timeout = saved
             self.nb.cells[index] = cell    # nbclient stored the serving cell in the test cell's place
         timed_out = self._timed_out(serving)
         try:
             result = self._judge.result(wait=float(self.timeout or 300), start_witness=self._witness_starter(index))
         finally:
             hold.release()
+        if plan is not None or result.get("witness_plan"):
+            self._passing = not result["error"]
+        if result.get("witness_plan"):
+            self.log.info("%s %s", PLAN_MARK, json.dumps({"grade_id": cell.metadata.get("nbgrader", {}).get("grade_id"),
+                                                          "cell": cell_key(cell.source), **result["witness_plan"]}))
         if result["error"] and result["error"]["ename"] in ("JudgeTimeout", "JudgeFailed"):   # a fresh judge next cell
             self._judge.kill()
             self._judge = None

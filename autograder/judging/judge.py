@@ -29,6 +29,7 @@ import ast
 import builtins
 import contextlib
 import io
+import json
 import linecache
 import os
 import queue
@@ -112,11 +113,18 @@ def judge_endpoint(sock: socket.socket) -> wire.Endpoint:
     return endpoint
 
 
-def run_cell(endpoint: wire.Endpoint, source: str, push: bool = True) -> dict:
+def asked_names(source: str) -> list[str]:
+    """The notebook's names a test cell reads from the other side (what `run_cell` asks for)."""
+    loaded, _ = cell_names(source)
+    return sorted(loaded - set(grader_names(source, loaded)))
+
+
+def run_cell(endpoint: wire.Endpoint, source: str, push: bool = True, pushes_for: wire.Endpoint | None = None) -> dict:
     """Execute one test cell against the kernel behind `endpoint` (a `judge_endpoint`); {"stdout", "stderr", "error",
     "guarded", "asked"}: "guarded" lists the references its checks refused (autograder/checking/reference_guard.py),
     "asked" the notebook's names it read from the other side. `push`: set the
-    names the cell assigns on the other side afterwards."""
+    names the cell assigns on the other side afterwards. `pushes_for` (with push=False): "pushes" holds the assigned
+    values that can travel to that other endpoint as data (a witness's verdict, pushed to the kernel after it)."""
     from autograder.checking import isolation, library_refusal, reference_guard, wire
 
     wire.forget_origins()
@@ -130,7 +138,7 @@ def run_cell(endpoint: wire.Endpoint, source: str, push: bool = True) -> dict:
     try:
         loaded, assigned = cell_names(source)
         namespace.update(grader_names(source, loaded))
-        asked = sorted(loaded - set(namespace))
+        asked = sorted(loaded - set(namespace))     # = asked_names(source)
         for name in asked:
             with contextlib.suppress(NameError):
                 namespace[name] = endpoint.request("getname", name=name)
@@ -146,7 +154,9 @@ def run_cell(endpoint: wire.Endpoint, source: str, push: bool = True) -> dict:
     pushes = {k: namespace[k] for k in assigned if k in namespace and _plain(namespace[k], endpoint)} if push else {}
     with contextlib.suppress(OSError, ValueError, TypeError):
         endpoint.finish(pushes=pushes)
-    return {"stdout": out.getvalue(), "stderr": err.getvalue(), "error": error,
+    kept = ({k: namespace[k] for k in assigned if k in namespace and _plain(namespace[k], pushes_for)}
+            if pushes_for is not None and not error else {})
+    return {"stdout": out.getvalue(), "stderr": err.getvalue(), "error": error, "pushes": kept,
             "guarded": reference_guard.guarded(), "refused": library_refusal.refused(), "asked": asked,
             "memory_allowance": isolation.requested_allowance()}
 
@@ -226,11 +236,17 @@ def main(argv: list[str]) -> int:
         else:
             isolation.set_phase("kernel")
             with conn:
-                result = run_cell(judge_endpoint(conn), header["source"])
-            if header.get("witness") and (result["guarded"] or result["refused"]) and not result["error"]:
-                result = graded_again(server, control, header, result["guarded"], result["asked"], result["refused"],
-                                      result["memory_allowance"])
-        for key in ("guarded", "refused", "asked", "memory_allowance"):
+                kernel = judge_endpoint(conn)
+                plan = header.get("plan") if header.get("witness") else None
+                result = witness_first(server, control, header, plan, kernel) if plan else None
+                if result is None:           # no plan, or the witness's checks guarded what the plan did not remove
+                    result = run_cell(kernel, header["source"])
+                    if header.get("witness") and (result["guarded"] or result["refused"]) and not result["error"]:
+                        lists = plan_of(result)
+                        result = graded_again(server, control, header, result["guarded"], result["asked"],
+                                              result["refused"], result["memory_allowance"])
+                        result["witness_plan"] = {"used": False, "lists": lists, "stale": plan is not None}
+        for key in ("guarded", "refused", "asked", "memory_allowance", "pushes"):
             result.pop(key, None)
         framing.send_frame(control, {"result": result}, {})
 
@@ -262,7 +278,8 @@ def _ask_grader(control: socket.socket, request: dict) -> dict:
 
 
 def graded_again(server: socket.socket, control: socket.socket, header: dict, guarded: list[dict],
-                 names: list[str], refused: list[dict] = (), memory_allowance: int | None = None) -> dict:
+                 names: list[str], refused: list[dict] = (), memory_allowance: int | None = None,
+                 pushes_for: wire.Endpoint | None = None) -> dict:
     """The test cell's verdict from a witness (autograder/judging/witness.py): the grading process starts one whose course
     package lacks the references the cell's checks refused, the cell runs again against it, and that run's
     verdict is the cell's."""
@@ -291,11 +308,48 @@ def graded_again(server: socket.socket, control: socket.socket, header: dict, gu
     isolation.set_witness_allowance(memory_allowance)
     try:
         with conn:
-            result = run_cell(judge_endpoint(conn), header["source"], push=False)
+            result = run_cell(judge_endpoint(conn), header["source"], push=False, pushes_for=pushes_for)
     finally:
         isolation.set_phase("kernel")
         isolation.set_witness_allowance(None)
     return _reference_explained(result, guarded, refused)
+
+
+def plan_of(result: dict) -> dict:
+    """A run's witness plan: what its checks guarded and refused and the memory they asked for, each guard and refusal
+    once, in a canonical order (autograder/witness_plans.json holds the solution's, per test cell)."""
+    def once(items: list[dict]) -> list[dict]:
+        return [json.loads(key) for key in sorted({json.dumps(item, sort_keys=True) for item in items})]
+    return {"guarded": once(result.get("guarded") or []), "refused": once(result.get("refused") or []),
+            "memory_allowance": result.get("memory_allowance")}
+
+
+def covered(run: dict, plan: dict) -> bool:
+    """Whether a witness started from `plan` lacked everything its run's checks guarded and refused, and was bounded
+    to no less memory than they asked for: then its verdict is the one the kernel's run would have led to."""
+    def keys(items: list[dict]) -> set[str]:
+        return {json.dumps(item, sort_keys=True) for item in items}
+    asked, allowed = run.get("memory_allowance"), plan.get("memory_allowance")
+    return (keys(run["guarded"]) <= keys(plan["guarded"]) and keys(run["refused"]) <= keys(plan["refused"])
+            and (asked is None or (allowed is not None and allowed >= asked)))
+
+
+def witness_first(server: socket.socket, control: socket.socket, header: dict, plan: dict,
+                  kernel: wire.Endpoint) -> dict | None:
+    """The test cell graded in a witness started from the solution's plan (what the cell's checks guard, refuse and
+    ask for: autograder/witness_plans.json), without running it against the kernel first; the kernel waits, and gets
+    the values the cell assigned afterwards. Its verdict stands when the witness lacked every reference its own
+    checks guarded (`covered`) or when it failed; None otherwise (a stale plan): the caller grades the cell as
+    without a plan, kernel first."""
+    result = graded_again(server, control, header, plan["guarded"], asked_names(header["source"]), plan["refused"],
+                          plan.get("memory_allowance"), pushes_for=kernel)
+    ran = "guarded" in result               # the witness started and the cell ran there
+    if ran and not result["error"] and not covered(plan_of(result), plan):
+        return None
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        kernel.finish(pushes=result.get("pushes", {}))
+    result["witness_plan"] = {"used": True, "lists": plan_of(result) if ran else None, "stale": False}
+    return result
 
 
 def _reference_explained(result: dict, guarded: list[dict], refused: list[dict] = ()) -> dict:
@@ -383,6 +437,9 @@ class JudgeProcess:
         self.control = ours
         self.on_isolation: Callable[[dict], dict] | None = None
         self.witness: Any = None           # the witness of the cell being judged, while there is one
+        # set while a cell with a witness plan runs: the judge asks for its witness while the kernel still serves
+        # the cell (judge.witness_first), so the thread that answers isolation requests starts it
+        self.start_witness_early: Callable[[dict], Any] | None = None
         self._said: queue.Queue = queue.Queue()
         self._send_lock = threading.Lock()
         self._ready = False
@@ -415,6 +472,9 @@ class JudgeProcess:
             except (framing.ChannelClosed, OSError, ValueError):
                 self._said.put(None)
                 return
+            if "witness" in header and self.start_witness_early is not None:
+                self.witness = self._witness_for(header["witness"], self.start_witness_early)
+                continue
             if "isolation" not in header:
                 self._said.put(header)
                 continue
@@ -428,10 +488,12 @@ class JudgeProcess:
         with self._send_lock:
             framing.send_frame(self.control, header, {})
 
-    def run(self, source: str, token: str, timeout: float, witness: bool = False) -> None:
-        """Start a test cell. `witness`: the judge may ask for a witness (see `result`)."""
+    def run(self, source: str, token: str, timeout: float, witness: bool = False, plan: dict | None = None) -> None:
+        """Start a test cell. `witness`: the judge may ask for a witness (see `result`); `plan`: its witness plan
+        (autograder/judging/witness_plans.py): then set `start_witness_early` before the kernel serves the cell."""
         self.ready()
-        self._send({"op": "cell", "source": source, "token": token, "timeout": timeout, "witness": witness})
+        self._send({"op": "cell", "source": source, "token": token, "timeout": timeout, "witness": witness,
+                    **({"plan": plan} if plan is not None else {})})
 
     def result(self, wait: float, start_witness: Callable[[dict], Any] | None = None) -> dict:
         """The verdict of the cell started last, once the kernel has stopped serving it: the judge is finishing,
@@ -467,11 +529,14 @@ class JudgeProcess:
         except (framing.ChannelClosed, OSError):
             return _failed("JudgeFailed", "the grader's judge process stopped")
         finally:
-            self.witness = None
-            if witness is not None:
-                witness.kill()
+            early, self.witness, self.start_witness_early = self.witness, None, None
+            for started in {id(w): w for w in (witness, early) if w is not None}.values():
+                started.kill()
 
     def _witness_for(self, request: dict, start_witness: Callable[[dict], Any] | None) -> Any:
+        if self.witness is not None:      # one witness at a time: a stale plan's, before the cell's second
+            self.witness.kill()
+            self.witness = None
         try:
             if start_witness is None:
                 raise RuntimeError("this grader starts no witness")

@@ -3,7 +3,8 @@ reference (a fork, for each test cell, of one process per notebook that imported
 
 What the learner's kernel reports about its own code (that it did not call the reference, its trace) is the
 kernel's to forge: a notebook can rewrite the course's serving loop or guards there. So a test cell whose checks
-refuse the reference, once it has passed against the kernel, is graded again against a witness:
+refuse the reference, once it has passed against the kernel, is graded again against a witness (or, when the cell's
+witness plan is known, autograder/judging/witness_plans.py, graded in the witness alone, the kernel waiting):
 
     grading process (trusted)            judge (trusted)                    witness (learner's code, sandboxed)
     StoppingExecute <--- "witness": the references the cell's checks refused, the names it reads
