@@ -32,6 +32,8 @@
     grading-bench [--labs NN ...]    maintenance: seconds to grade each lab's solution (sandboxed, witness on) and
               [--class-size 30]      a class of lab 05 with --jobs N; data/bench/grading.json and a Markdown table
               [--jobs 2] [--quick]   (--quick: lab 00 and a class of 4); --readme: README's table from that JSON
+    witness-plans [--labs NN ...]    maintenance: grade each lab's solution and write what each witnessed test cell
+                                     guards (autograder/witness_plans.json: its witness starts before the cell runs)
 """
 
 from __future__ import annotations
