@@ -387,8 +387,9 @@ def autograde_one(course_root: Path, assignment: str, student: str, *, db: Path 
     from autograder.judging.witness_plans import plans_logged, stale_note
 
     logged = plans_logged(out or "")
-    if stale_note(logged):
-        notes.append(stale_note(logged))
+    stale = stale_note(logged)
+    if stale:
+        notes.append(stale)
     total, max_total, cells = read_scores(url, assignment, student)
     if rc == 0:
         for nb_path in sorted(Path(released).glob("*.ipynb")):
