@@ -77,6 +77,10 @@ class FusedModel:
         x1, x2 = x.float().chunk(2, dim=-1)
         return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
 
+    def _linear(self, x: Tensor, w: Tensor) -> Tensor:
+        """x (..., K) @ w (K, N), w K-major (lab 12's `InvariantModel` fixes its reduction order)."""
+        return x @ w
+
     @torch.inference_mode()
     def __call__(self, tokens: Tensor, positions: Tensor, kv_caches: Sequence[LayerCache] | None = None) -> Tensor:
         if self._stale():
@@ -86,17 +90,17 @@ class FusedModel:
         x = self.model.tok_emb(tokens)                                                 # (B, T, d)
         B, T, d = x.shape
         for i, block in enumerate(self.model.layers):
-            q, k, v = (F.rms_norm(x, (d,), block.attn_norm.weight, eps) @ self.qkv[i]).split(
+            q, k, v = self._linear(F.rms_norm(x, (d,), block.attn_norm.weight, eps), self.qkv[i]).split(
                 [H * D, Hkv * D, Hkv * D], dim=-1)
             qk = self._rope(torch.cat([q, k], dim=-1).view(B, T, H + Hkv, D), positions)
             q, k, v = qk[:, :, :H], qk[:, :, H:], v.view(B, T, Hkv, D)
             if kv_caches is not None:
                 k, v = kv_caches[i].update(k, v)
             out = block.attn.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))   # (B, H, T, D)
-            x = x + out.transpose(1, 2).reshape(B, T, H * D) @ self.wo[i]
-            gate, up = (F.rms_norm(x, (d,), block.mlp_norm.weight, eps) @ self.gate_up[i]).chunk(2, dim=-1)
-            x = x + (F.silu(gate) * up) @ self.down[i]
-        return F.rms_norm(x, (d,), self.model.norm.weight, eps) @ self.head
+            x = x + self._linear(out.transpose(1, 2).reshape(B, T, H * D), self.wo[i])
+            gate, up = self._linear(F.rms_norm(x, (d,), block.mlp_norm.weight, eps), self.gate_up[i]).chunk(2, dim=-1)
+            x = x + self._linear(F.silu(gate) * up, self.down[i])
+        return self._linear(F.rms_norm(x, (d,), self.model.norm.weight, eps), self.head)
 
 
 @torch.inference_mode()

@@ -10,6 +10,10 @@ the raw row's. Two layouts of the same step:
   `packed_batch.varlen_paged_attention`. Rows computed = N = tokens scheduled.
 * "padded": lab 02's layout, (B, Tq) with Tq the longest chunk; padding rows are never written or read,
   but they still go through every matmul: rows computed = B * Tq.
+
+`invariant=True` (packed layout, plain models): every matmul and the attention in a reduction order fixed
+independently of the batch (lab 12, `engine.batch_invariant`): each sequence's logits are the same bits
+whoever shares its step and however its prefill is chunked.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from torch import Tensor
 
 from minigpt.cache.block_table import block_tables_tensor
 from minigpt.cache.paged import PagedBatch, PagedKVCache
+from minigpt.engine.batch_invariant import InvariantModel, invariant_packed_attention
 from minigpt.engine.cuda_graph import using_attention
 from minigpt.engine.fused_decode import FusedModel, fusable
 from minigpt.engine.packed_batch import pack_chunks, packed_attention, packed_layers
@@ -59,13 +64,18 @@ def padded_batch(chunks: list[ScheduledChunk], cache: PagedKVCache) -> PagedBatc
 
 
 class ModelRunner:
-    def __init__(self, model: GPT, cache: PagedKVCache, layout: Layout = "packed", *, fused: bool = False) -> None:
+    def __init__(self, model: GPT, cache: PagedKVCache, layout: Layout = "packed", *, fused: bool = False,
+                 invariant: bool = False) -> None:
         """`fused`: run the step on the model's fused, K-major weights (`minigpt.engine.fused_decode`, as the serving
-        engine does), where every projection is a plain nn.Linear; the model as written otherwise."""
+        engine does), where every projection is a plain nn.Linear; the model as written otherwise. `invariant`:
+        batch-invariant steps (`engine.batch_invariant`; fused weights, packed layout)."""
         if layout not in ("packed", "padded"):
             raise ValueError(f"layout must be 'packed' or 'padded', got {layout!r}")
-        self.model, self.cache, self.layout = model, cache, layout
-        self.forward_fn = FusedModel(model) if fused and fusable(model) else model
+        if invariant and (layout != "packed" or not fusable(model)):
+            raise ValueError("batch-invariant steps need the packed layout and plain nn.Linear projections "
+                             "(not quantized, sharded or adapted weights)")
+        self.model, self.cache, self.layout, self.invariant = model, cache, layout, invariant
+        self.forward_fn = InvariantModel(model) if invariant else FusedModel(model) if fused and fusable(model) else model
         self.num_forward_calls = 0
         self.num_rows = 0
         self.last_logprobs: dict[Hashable, tuple[float, list[tuple[int, float]]]] = {}
@@ -80,7 +90,8 @@ class ModelRunner:
         if self.layout == "packed":
             batch = pack_chunks([(c.seq_id, c.tokens, c.start, c.slots) for c in chunks], self.cache.manager,
                                 self.cache.device)
-            with using_attention(self.model, packed_attention(batch)):
+            attention = invariant_packed_attention(batch) if self.invariant else packed_attention(batch)
+            with using_attention(self.model, attention):
                 logits = self.forward_fn(batch.tokens, positions=batch.positions,
                                          kv_caches=packed_layers(self.cache, batch))
             return logits[0, batch.last_index]

@@ -62,6 +62,7 @@ class EngineConfig:
     fused_weights: bool = True           # on a CPU, steps on fused K-major weight copies (engine.fused_decode);
                                          # a GPU runs the model as written until the GPU tier has measured both
     speculative_k: int = 0
+    batch_invariant: bool = False        # each request's logits independent of its batch (lab 12; fp32 weights)
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size"):
@@ -73,6 +74,8 @@ class EngineConfig:
         if self.speculative_k:
             raise ValueError("speculative decoding is not implemented in this engine (speculative_k must be 0); "
                              "see minigpt.engine.speculative for lab 06's standalone version")
+        if self.batch_invariant and self.weights != "fp32":
+            raise ValueError("EngineConfig.batch_invariant needs fp32 weights (the invariant step runs plain matmuls)")
         self.scheduler_config()                      # validates max_num_seqs and max_num_batched_tokens
 
     def scheduler_config(self) -> SchedulerConfig:
@@ -109,7 +112,11 @@ class LLMEngine(EngineBase):
         self.scheduler: Scheduler = scheduler_cls(self.cache.manager, config.scheduler_config(),
                                                   max_model_len=model.config.max_seq_len)
         fused = config.fused_weights and model.device.type == "cpu"
-        self.runner = (ModelRunner(model, self.cache, fused=fused) if runner_factory is ModelRunner
+        if config.batch_invariant and runner_factory is not ModelRunner:
+            raise ValueError("EngineConfig.batch_invariant runs the engine's own ModelRunner; this engine was given "
+                             "another runner (multi-LoRA runners are not batch-invariant)")
+        self.runner = (ModelRunner(model, self.cache, fused=fused, invariant=config.batch_invariant)
+                       if runner_factory is ModelRunner
                        else runner_factory(model, self.cache))
         self.num_preemptions = 0
         self._last_batch = (0, 0)
