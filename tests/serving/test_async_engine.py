@@ -19,12 +19,13 @@ from minigpt.serving.launch import serve_in_thread
 from minigpt.serving.naive import NaiveEngine
 
 
-def _engine(tiny) -> LLMEngine:
-    return LLMEngine(tiny, EngineConfig(num_blocks=32, block_size=8))
+def _engine(tiny, **config) -> LLMEngine:
+    return LLMEngine(tiny, EngineConfig(num_blocks=32, block_size=8, **config))
 
 
-def test_streams_abort_and_shutdown(tiny):
-    engine = _engine(tiny)
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["serial", "overlapped"])
+def test_streams_abort_and_shutdown(tiny, async_scheduling):
+    engine = _engine(tiny, async_scheduling=async_scheduling)
     aengine = AsyncLLMEngine(engine, num_threads=1).start()
 
     async def scenario():
@@ -53,7 +54,8 @@ def test_streams_abort_and_shutdown(tiny):
     assert outs_a[-1].finished and rest[-1].finish_reason == "abort"
     assert aengine.stats().num_blocks_used == 0 and aengine.stats().num_running == 0
     aengine.shutdown()
-    assert not aengine.is_running and "minigpt-engine" not in [t.name for t in threading.enumerate()]
+    threads = [t.name for t in threading.enumerate()]
+    assert not aengine.is_running and not [t for t in threads if t.startswith(("minigpt-engine", "model-step"))]
 
 
 def test_shutdown_ends_open_streams(tiny):

@@ -121,13 +121,17 @@ class BlockManager:
             t.blocks[-1] = new
         t.blocks.extend(self.pool.allocate(blocks_needed(n + len(tokens), self.block_size) - len(t.blocks)))
         t.token_ids.extend(tokens)
-        if self.prefix_cache is not None:
-            hashes = self.hashes[seq_id]
-            for i in range(len(hashes), t.num_tokens // self.block_size):        # blocks that just became full
-                parent = hashes[-1] if hashes else self.roots.get(seq_id)
-                hashes.append(hash_block(parent, t.token_ids[i * self.block_size:(i + 1) * self.block_size]))
-                self.prefix_cache.register(t.blocks[i], hashes[-1])
+        self._register_full_blocks(seq_id)
         return Reservation(t.slots(n, t.num_tokens), copies)
+
+    def resolve_token(self, seq_id: Hashable, index: int, token: int) -> None:
+        """Token `index` of the sequence was reserved as a placeholder (a negative id: overlap scheduling, lab 12);
+        now its value is known: it takes its place, and a block it completes is hashed for the prefix cache."""
+        t = self.table(seq_id)
+        if not 0 <= index < t.num_tokens or t.token_ids[index] >= 0:
+            raise ValueError(f"sequence {seq_id!r} has no placeholder at token {index}")
+        t.token_ids[index] = int(token)
+        self._register_full_blocks(seq_id)
 
     def fork(self, parent: Hashable, child: Hashable) -> None:
         """The child shares every block of the parent (no copy now: copy-on-write at the first write)."""
@@ -160,6 +164,19 @@ class BlockManager:
         del self.hashes[seq_id][num_tokens // self.block_size:]
         if num_tokens % self.block_size and self.prefix_cache is not None and self.pool.ref_counts[t.blocks[-1]] == 1:
             self.prefix_cache.forget(t.blocks[-1])     # it will be overwritten in place: its hash would go stale
+
+    def _register_full_blocks(self, seq_id: Hashable) -> None:
+        """Hash the sequence's full blocks not hashed yet, in order, stopping at a block that holds a placeholder
+        (its hash waits for the token: `resolve_token`)."""
+        if self.prefix_cache is None:
+            return
+        t, hashes = self.tables[seq_id], self.hashes[seq_id]
+        for i in range(len(hashes), t.num_tokens // self.block_size):        # blocks that just became full
+            tokens = t.token_ids[i * self.block_size:(i + 1) * self.block_size]
+            if min(tokens) < 0:
+                return
+            hashes.append(hash_block(hashes[-1] if hashes else self.roots.get(seq_id), tokens))
+            self.prefix_cache.register(t.blocks[i], hashes[-1])
 
     def _cached(self, block: int) -> bool:
         return self.prefix_cache is not None and self.prefix_cache.is_cached(block)

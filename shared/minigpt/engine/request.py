@@ -9,6 +9,10 @@ A sequence's tokens are prompt + output. `num_computed` trails `num_tokens` by t
 prefilled (possibly in chunks), then by exactly one token (the last sampled one) while it decodes.
 Preemption by recomputation frees the cache and sets `num_computed` back to 0: the output tokens stay,
 and the next prefill recomputes prompt + output, so generation continues where it stopped.
+
+Overlap scheduling (lab 12, `engine.overlap`) schedules the next step before this step's token is known: the
+sequence then holds a PLACEHOLDER as its last token (`append_placeholder`), counted in `num_tokens` and read by
+`token_slice`, never in `output_tokens`, until `resolve_placeholder` puts the sampled token in its place.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from minigpt.generate import StopRule
 from minigpt.sampling import SamplingParams, make_generator
 from minigpt.tokenizer import EOT_ID
 
-__all__ = ["Request", "Sequence", "SequenceStatus"]
+__all__ = ["Request", "Sequence", "SequenceStatus", "PLACEHOLDER"]
+
+PLACEHOLDER = -1          # the token of a step still running (overlap scheduling); no real token id is negative
 
 
 class SequenceStatus(str, Enum):
@@ -77,6 +83,7 @@ class Sequence:
         self.token_times: list[float] = []        # time each output token was produced
         self.finish_time: float | None = None
         self.num_preemptions = 0
+        self.pending = False                      # the last token is a PLACEHOLDER (overlap scheduling)
 
     @property
     def seq_id(self) -> Hashable:
@@ -96,16 +103,17 @@ class Sequence:
 
     @property
     def tokens(self) -> list[int]:
-        return list(self.request.prompt) + self.stop.tokens
+        return list(self.request.prompt) + self.stop.tokens + [PLACEHOLDER] * self.pending
 
     def token_slice(self, start: int, end: int) -> list[int]:
         """tokens[start:end] without building the whole list (a decode step reads one token)."""
         p = len(self.request.prompt)
-        return list(self.request.prompt[start:end]) + self.stop.tokens[max(start - p, 0):max(end - p, 0)]
+        out = self.stop.tokens + [PLACEHOLDER] if self.pending else self.stop.tokens
+        return list(self.request.prompt[start:end]) + out[max(start - p, 0):max(end - p, 0)]
 
     @property
     def num_tokens(self) -> int:
-        return len(self.request.prompt) + len(self.stop.tokens)
+        return len(self.request.prompt) + len(self.stop.tokens) + self.pending
 
     @property
     def num_remaining(self) -> int:
@@ -124,6 +132,22 @@ class Sequence:
         if reason != "stop_token":          # the stop token itself is not part of the output
             self.token_times.append(now)
         return reason
+
+    def append_placeholder(self) -> str | None:
+        """The token of a step still running, value unknown (overlap scheduling): "length" if it will be the last
+        one the request may have, else None (a stop token or string is known only once it is resolved)."""
+        if self.pending:
+            raise ValueError(f"sequence {self.seq_id!r} already waits for a token: resolve it first")
+        self.pending = True
+        return "length" if len(self.stop.tokens) + 1 >= self.request.max_new_tokens else None
+
+    def resolve_placeholder(self, token: int, now: float) -> str | None:
+        """Put the sampled token in the placeholder's place; returns why the sequence stops, or None
+        (`append_token`'s rules)."""
+        if not self.pending:
+            raise ValueError(f"sequence {self.seq_id!r} has no placeholder to resolve")
+        self.pending = False
+        return self.append_token(token, now)
 
     def __repr__(self) -> str:
         return (f"Sequence({self.seq_id!r}, {self.status.value}, prompt={len(self.prompt)}, "

@@ -18,6 +18,7 @@ whoever shares its step and however its prefill is chunked.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Hashable, Literal
 
 import torch
@@ -28,12 +29,12 @@ from minigpt.cache.paged import PagedBatch, PagedKVCache
 from minigpt.engine.batch_invariant import InvariantModel, invariant_packed_attention
 from minigpt.engine.cuda_graph import using_attention
 from minigpt.engine.fused_decode import FusedModel, fusable
-from minigpt.engine.packed_batch import pack_chunks, packed_attention, packed_layers
+from minigpt.engine.packed_batch import PackedBatch, pack_chunks, packed_attention, packed_layers
 from minigpt.engine.scheduler import ScheduledChunk, SchedulerOutput
 from minigpt.model import GPT
 from minigpt.sampling import sample_next, token_logprobs
 
-__all__ = ["ModelRunner", "padded_batch", "rows_computed"]
+__all__ = ["ModelRunner", "PreparedStep", "padded_batch", "rows_computed"]
 
 Layout = Literal["packed", "padded"]
 
@@ -63,6 +64,16 @@ def padded_batch(chunks: list[ScheduledChunk], cache: PagedKVCache) -> PagedBatc
                       torch.tensor([len(c.tokens) for c in chunks], dtype=torch.int32, device=dev), [0] * B)
 
 
+@dataclass
+class PreparedStep:
+    """One step's inputs, made from the scheduler's chunks: the copy-on-write block copies to do first, the batch
+    (packed or padded) and the token rows it pushes through the weights."""
+
+    copies: list[tuple[int, int]]
+    batch: PackedBatch | PagedBatch
+    rows: int
+
+
 class ModelRunner:
     def __init__(self, model: GPT, cache: PagedKVCache, layout: Layout = "packed", *, fused: bool = False,
                  invariant: bool = False) -> None:
@@ -80,25 +91,37 @@ class ModelRunner:
         self.num_rows = 0
         self.last_logprobs: dict[Hashable, tuple[float, list[tuple[int, float]]]] = {}
 
-    @torch.inference_mode()
-    def forward(self, chunks: list[ScheduledChunk]) -> Tensor:
-        """Logits (B, V) at each chunk's last token, one model call."""
-        for c in chunks:
-            self.cache.copy_blocks(c.copies)
-        self.num_forward_calls += 1
-        self.num_rows += rows_computed(chunks, self.layout)
+    def prepare(self, chunks: list[ScheduledChunk]) -> PreparedStep:
+        """The step's input tensors, read from the block manager (on the thread that schedules: overlap scheduling
+        changes the manager while the previous step runs)."""
+        copies = [pair for c in chunks for pair in c.copies]
         if self.layout == "packed":
             batch = pack_chunks([(c.seq_id, c.tokens, c.start, c.slots) for c in chunks], self.cache.manager,
                                 self.cache.device)
+        else:
+            batch = padded_batch(chunks, self.cache)
+        return PreparedStep(copies, batch, rows_computed(chunks, self.layout))
+
+    @torch.inference_mode()
+    def compute(self, step: PreparedStep) -> Tensor:
+        """Logits (B, V) at each chunk's last token, one model call on tensors only (any thread)."""
+        self.cache.copy_blocks(step.copies)
+        self.num_forward_calls += 1
+        self.num_rows += step.rows
+        batch = step.batch
+        if self.layout == "packed":
             attention = invariant_packed_attention(batch) if self.invariant else packed_attention(batch)
             with using_attention(self.model, attention):
                 logits = self.forward_fn(batch.tokens, positions=batch.positions,
                                          kv_caches=packed_layers(self.cache, batch))
             return logits[0, batch.last_index]
-        batch = padded_batch(chunks, self.cache)
         with using_attention(self.model, self.cache.attention(batch)):
             logits = self.forward_fn(batch.tokens, positions=batch.positions, kv_caches=self.cache.layers(batch))
         return batch.last_logits(logits)
+
+    def forward(self, chunks: list[ScheduledChunk]) -> Tensor:
+        """Logits (B, V) at each chunk's last token, one model call."""
+        return self.compute(self.prepare(chunks))
 
     def execute(self, output: SchedulerOutput) -> dict[Hashable, int]:
         """Run the step; sample the next token of every chunk that reached its sequence's end. For a request whose
@@ -106,10 +129,15 @@ class ModelRunner:
         self.last_logprobs = {}
         if not output.chunks:
             return {}
-        logits = self.forward(output.chunks)
+        return self.sample(output.chunks, self.forward(output.chunks))
+
+    def sample(self, chunks: list[ScheduledChunk], logits: Tensor, samples: set | None = None) -> dict[Hashable, int]:
+        """The next token of each chunk in `samples` (seq ids; default: the chunks that reach their sequence's end),
+        from its row of `logits`, with the sequence's own generator and logits processor."""
+        self.last_logprobs = {}
         sampled = {}
-        for row, c in enumerate(output.chunks):
-            if c.samples:
+        for row, c in enumerate(chunks):
+            if c.seq_id in samples if samples is not None else c.samples:
                 seq = c.seq
                 sampling = seq.request.sampling
                 processor = seq.logits_processor

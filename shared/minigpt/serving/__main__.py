@@ -28,6 +28,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--max-num-batched-tokens", type=int, default=256)
     p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--async-scheduling", action="store_true",
+                   help="schedule the next step while the model runs this one (lab 12; vLLM's flag of that name)")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="each request's logits independent of its batch (lab 12; fp32 weights, no LoRA adapters)")
     p.add_argument("--lora-adapters", default=None, metavar="PATH",
                    help="serve these LoRA adapters (a file written by LoRAAdapters.save); a request names one in `model`")
     p.add_argument("--served-model-name", default=None, help="the `model` name clients use (default: the checkpoint)")
@@ -59,14 +63,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     name = args.served_model_name or str(args.checkpoint)
     if args.engine == "naive":
-        if args.weights != "fp32" or args.lora_adapters:
-            print("--weights and --lora-adapters apply to the continuous engine only", file=sys.stderr)
+        if args.weights != "fp32" or args.lora_adapters or args.async_scheduling or args.batch_invariant:
+            print("--weights, --lora-adapters, --async-scheduling and --batch-invariant apply to the continuous engine "
+                  "only", file=sys.stderr)
             return 2
         engine = NaiveEngine.from_checkpoint(args.checkpoint, model_name=name, max_model_len=args.max_model_len)
     else:
-        config = EngineConfig(num_blocks=args.num_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
-                              max_num_batched_tokens=args.max_num_batched_tokens,
-                              enable_prefix_caching=not args.no_prefix_caching, weights=args.weights)
+        if args.batch_invariant and args.lora_adapters:
+            print("--batch-invariant does not apply to LoRA adapters (their runner is not batch-invariant)",
+                  file=sys.stderr)
+            return 2
+        try:
+            config = EngineConfig(num_blocks=args.num_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
+                                  max_num_batched_tokens=args.max_num_batched_tokens,
+                                  enable_prefix_caching=not args.no_prefix_caching, weights=args.weights,
+                                  async_scheduling=args.async_scheduling, batch_invariant=args.batch_invariant)
+        except ValueError as err:
+            print(err, file=sys.stderr)
+            return 2
         if args.lora_adapters:                        # multi-LoRA serving (serving/lora.py, lora_runner.py)
             from minigpt.checkpoint import load_model
             from minigpt.serving.lora import LoRAAdapters

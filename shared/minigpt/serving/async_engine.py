@@ -90,7 +90,8 @@ class AsyncLLMEngine:
         return self
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        """Stop the loop, abort every unfinished request (their streams end), join the thread."""
+        """Stop the loop, abort every unfinished request (their streams end), join the thread, and close the engine
+        (an engine with threads of its own stops them: `LLMEngine.close`)."""
         if self._thread is None:
             return
         self._stopping = True
@@ -99,6 +100,9 @@ class AsyncLLMEngine:
         if self._thread.is_alive():
             raise RuntimeError(f"the engine thread did not stop within {timeout} s")
         self._thread = None
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
 
     @property
     def is_running(self) -> bool:

@@ -29,6 +29,7 @@ import torch
 
 from minigpt.cache.block_table import blocks_needed
 from minigpt.cache.paged import PagedKVCache
+from minigpt.engine.overlap import InFlight, ModelThread, apply_ahead, launch, ready, resolve
 from minigpt.engine.prefix_scheduler import PrefixCachingScheduler
 from minigpt.engine.request import Request
 from minigpt.engine.runner import ModelRunner
@@ -62,6 +63,7 @@ class EngineConfig:
     fused_weights: bool = True           # on a CPU, steps on fused K-major weight copies (engine.fused_decode);
                                          # a GPU runs the model as written until the GPU tier has measured both
     speculative_k: int = 0
+    async_scheduling: bool = False       # schedule step N+1 while step N runs (lab 12, engine.overlap)
     batch_invariant: bool = False        # each request's logits independent of its batch (lab 12; fp32 weights)
 
     def __post_init__(self) -> None:
@@ -120,6 +122,8 @@ class LLMEngine(EngineBase):
                        else runner_factory(model, self.cache))
         self.num_preemptions = 0
         self._last_batch = (0, 0)
+        self._in_flight: InFlight | None = None            # async scheduling: the step running on the model's thread
+        self._model_thread = ModelThread() if config.async_scheduling else None
 
     @classmethod
     def from_checkpoint(cls, name: str = "target", config: EngineConfig = EngineConfig(), *,
@@ -163,7 +167,11 @@ class LLMEngine(EngineBase):
         """One scheduler step and one model call; an output for every request that got a token or finished.
 
         A request whose part of the step fails (its sampling raises, say) fails ALONE: the step is re-run one chunk
-        at a time to find it, it ends with finish_reason "abort" and `error`, and every other request goes on."""
+        at a time to find it, it ends with finish_reason "abort" and `error`, and every other request goes on.
+        With `async_scheduling`, the step handed out is the one that landed, the next one already running
+        (`_step_overlapped`)."""
+        if self.config.async_scheduling:
+            return self._step_overlapped()
         out = self.scheduler.schedule()
         failed: dict[Hashable, str] = {}
         sampled, logprobs = self._execute(out, failed)
@@ -171,8 +179,56 @@ class LLMEngine(EngineBase):
             out = SchedulerOutput([c for c in out.chunks if c.seq_id not in failed], out.preempted)
         now = self.now()
         self.scheduler.update(out, sampled, now)
-        self.num_steps += 1
         self.num_preemptions += len(out.preempted)
+        return self._emit(out, sampled, logprobs, failed, now)
+
+    def _step_overlapped(self) -> list[RequestOutput]:
+        """Overlap scheduling (`engine.overlap`): while step N runs on the model's thread, move the scheduler past
+        it with placeholders and schedule step N+1; when N lands, sample, resolve, launch N+1, and hand out N's
+        outputs while N+1 runs. A sampling that raises fails its request alone; a model call that raises fails
+        every request of its step."""
+        if self._in_flight is None:
+            out = self.scheduler.schedule()
+            self.num_preemptions += len(out.preempted)
+            if not out.chunks:
+                return self._emit(out, {}, {}, {}, self.now())
+            self._in_flight = launch(self.runner, self._model_thread, out)
+        step, self._in_flight = self._in_flight, None
+        apply_ahead(self.scheduler, step, self.now())
+        ahead = self.scheduler.schedule()                       # while step N runs
+        self.num_preemptions += len(ahead.preempted)
+        failed: dict[Hashable, str] = {}
+        sampled, logprobs = {}, {}
+        try:
+            logits = step.wait()
+        except Exception as err:                               # noqa: BLE001  (the whole step's requests fail)
+            failed = {c.seq_id: f"{type(err).__name__}: {err}" for c in step.output.chunks}
+        else:
+            for row, chunk in enumerate(step.output.chunks):
+                if chunk.seq_id not in step.samples or not chunk.seq.pending:   # aborted before it was applied
+                    continue
+                try:
+                    sampled.update(self.runner.sample([chunk], logits[row:row + 1], step.samples))
+                    logprobs.update(self.runner.last_logprobs)
+                except Exception as err:                       # noqa: BLE001
+                    failed[chunk.seq_id] = f"{type(err).__name__}: {err}"
+        for request_id in failed:
+            seq = self.scheduler.sequences.get(request_id)
+            if seq is not None and not seq.is_finished:
+                self.scheduler.abort(request_id)
+        now = self.now()
+        resolve(self.scheduler, step, {k: v for k, v in sampled.items() if k not in failed}, now)
+        following = ready(ahead)
+        if following.chunks:
+            self._in_flight = launch(self.runner, self._model_thread, following)
+        out = SchedulerOutput([c for c in step.output.chunks if c.seq_id not in failed], step.output.preempted)
+        return self._emit(out, sampled, logprobs, failed, now)
+
+    def _emit(self, out: SchedulerOutput, sampled: dict, logprobs: dict, failed: dict[Hashable, str],
+              now: float) -> list[RequestOutput]:
+        """The outputs of an executed step: each request's new tokens, finish reason and logprobs; the failed ones
+        aborted with their error."""
+        self.num_steps += 1
         self._last_batch = (len(out.chunks), out.num_batched_tokens)
         outputs = []
         for chunk in out.chunks:
@@ -190,7 +246,7 @@ class LLMEngine(EngineBase):
             t.num_emitted += len(new)
             reason = openai_finish_reason(seq.finish_reason) if seq.is_finished else None
             if seq.is_finished:
-                del self.scheduler.sequences[seq.seq_id]   # the engine forgets finished requests (long-running server)
+                self.scheduler.sequences.pop(seq.seq_id, None)   # the engine forgets finished requests (a server)
             outputs.append(self._output(seq.seq_id, new, reason, now))
         for request_id, error in failed.items():
             log.warning("request %r failed in an engine step (the others go on): %s", request_id, error)
@@ -217,8 +273,14 @@ class LLMEngine(EngineBase):
                 failed[chunk.seq_id] = f"{type(err).__name__}: {err}"
         return sampled, logprobs
 
+    def close(self) -> None:
+        """Stop the model's thread (async scheduling), after the step in flight, if any, has run."""
+        if self._model_thread is not None:
+            self._model_thread.close()
+            self._model_thread = None
+
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._in_flight is not None
 
     def stats(self) -> EngineStats:
         pool = self.cache.manager.pool
