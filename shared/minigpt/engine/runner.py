@@ -11,6 +11,9 @@ the raw row's. Two layouts of the same step:
 * "padded": lab 02's layout, (B, Tq) with Tq the longest chunk; padding rows are never written or read,
   but they still go through every matmul: rows computed = B * Tq.
 
+`static` (lab 12, `engine.static_step`): decode-only steps run a step whose shapes are fixed per batch-size bucket
+(eager or compiled); prefills and mixed steps run as above.
+
 `invariant=True` (packed layout, plain models): every matmul and the attention in a reduction order fixed
 independently of the batch (lab 12, `engine.batch_invariant`): each sequence's logits are the same bits
 whoever shares its step and however its prefill is chunked.
@@ -31,6 +34,7 @@ from minigpt.engine.cuda_graph import using_attention
 from minigpt.engine.fused_decode import FusedModel, fusable
 from minigpt.engine.packed_batch import PackedBatch, pack_chunks, packed_attention, packed_layers
 from minigpt.engine.scheduler import ScheduledChunk, SchedulerOutput
+from minigpt.engine.static_step import StaticDecodeStep, StaticInputs, decode_only
 from minigpt.model import GPT
 from minigpt.sampling import sample_next, token_logprobs
 
@@ -70,13 +74,13 @@ class PreparedStep:
     (packed or padded) and the token rows it pushes through the weights."""
 
     copies: list[tuple[int, int]]
-    batch: PackedBatch | PagedBatch
+    batch: PackedBatch | PagedBatch | StaticInputs
     rows: int
 
 
 class ModelRunner:
     def __init__(self, model: GPT, cache: PagedKVCache, layout: Layout = "packed", *, fused: bool = False,
-                 invariant: bool = False) -> None:
+                 invariant: bool = False, static: StaticDecodeStep | None = None) -> None:
         """`fused`: run the step on the model's fused, K-major weights (`minigpt.engine.fused_decode`, as the serving
         engine does), where every projection is a plain nn.Linear; the model as written otherwise. `invariant`:
         batch-invariant steps (`engine.batch_invariant`; fused weights, packed layout)."""
@@ -85,7 +89,9 @@ class ModelRunner:
         if invariant and (layout != "packed" or not fusable(model)):
             raise ValueError("batch-invariant steps need the packed layout and plain nn.Linear projections "
                              "(not quantized, sharded or adapted weights)")
-        self.model, self.cache, self.layout, self.invariant = model, cache, layout, invariant
+        if invariant and static is not None:
+            raise ValueError("a static decode step is not batch-invariant: choose one")
+        self.model, self.cache, self.layout, self.invariant, self.static = model, cache, layout, invariant, static
         self.forward_fn = InvariantModel(model) if invariant else FusedModel(model) if fused and fusable(model) else model
         self.num_forward_calls = 0
         self.num_rows = 0
@@ -95,6 +101,9 @@ class ModelRunner:
         """The step's input tensors, read from the block manager (on the thread that schedules: overlap scheduling
         changes the manager while the previous step runs)."""
         copies = [pair for c in chunks for pair in c.copies]
+        if self.static is not None and decode_only(chunks) and len(chunks) <= self.static.buckets[-1]:
+            inputs = self.static.inputs(chunks)
+            return PreparedStep(copies, inputs, len(inputs.tokens))
         if self.layout == "packed":
             batch = pack_chunks([(c.seq_id, c.tokens, c.start, c.slots) for c in chunks], self.cache.manager,
                                 self.cache.device)
@@ -109,6 +118,8 @@ class ModelRunner:
         self.num_forward_calls += 1
         self.num_rows += step.rows
         batch = step.batch
+        if isinstance(batch, StaticInputs):
+            return self.static(batch)
         if self.layout == "packed":
             attention = invariant_packed_attention(batch) if self.invariant else packed_attention(batch)
             with using_attention(self.model, attention):

@@ -34,6 +34,7 @@ from minigpt.engine.prefix_scheduler import PrefixCachingScheduler
 from minigpt.engine.request import Request
 from minigpt.engine.runner import ModelRunner
 from minigpt.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from minigpt.engine.static_step import DEFAULT_BUCKETS, StaticDecodeStep
 from minigpt.model import GPT
 from minigpt.sampling import SamplingParams, make_generator
 from minigpt.serving.base import EngineBase, Prompt
@@ -43,6 +44,7 @@ from minigpt.tokenizer import stop_token_ids
 __all__ = ["EngineConfig", "EngineRequest", "LLMEngine", "RunnerFactory", "quantized"]
 
 Weights = Literal["fp32", "int8", "int4"]
+StaticDecode = Literal["off", "eager", "compiled"]
 RunnerFactory = Callable[[GPT, PagedKVCache], ModelRunner]
 log = logging.getLogger(__name__)
 INT4_GROUP_SIZE = 32          # divides every course model's widths (64 .. 1024)
@@ -65,6 +67,9 @@ class EngineConfig:
     speculative_k: int = 0
     async_scheduling: bool = False       # schedule step N+1 while step N runs (lab 12, engine.overlap)
     batch_invariant: bool = False        # each request's logits independent of its batch (lab 12; fp32 weights)
+    static_decode: StaticDecode = "off"  # decode-only steps with shapes fixed per batch-size bucket, "eager" or
+                                         # "compiled" (torch.compile, one graph a bucket; lab 12, engine.static_step)
+    compile_backend: str = "inductor"    # torch.compile's backend for "compiled" ("eager" compiles in seconds: tests)
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size"):
@@ -76,9 +81,17 @@ class EngineConfig:
         if self.speculative_k:
             raise ValueError("speculative decoding is not implemented in this engine (speculative_k must be 0); "
                              "see minigpt.engine.speculative for lab 06's standalone version")
+        if self.static_decode not in ("off", "eager", "compiled"):
+            raise ValueError(f"EngineConfig.static_decode must be 'off', 'eager' or 'compiled', got {self.static_decode!r}")
+        if self.static_decode != "off" and (self.weights != "fp32" or self.batch_invariant):
+            raise ValueError("EngineConfig.static_decode needs fp32 weights and is not batch-invariant")
         if self.batch_invariant and self.weights != "fp32":
             raise ValueError("EngineConfig.batch_invariant needs fp32 weights (the invariant step runs plain matmuls)")
         self.scheduler_config()                      # validates max_num_seqs and max_num_batched_tokens
+
+    def decode_buckets(self) -> tuple[int, ...]:
+        """Batch-size buckets of the static decode step: powers of two below max_num_seqs, and max_num_seqs."""
+        return tuple(b for b in DEFAULT_BUCKETS if b < self.max_num_seqs) + (self.max_num_seqs,)
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens, self.enable_chunked_prefill)
@@ -114,10 +127,13 @@ class LLMEngine(EngineBase):
         self.scheduler: Scheduler = scheduler_cls(self.cache.manager, config.scheduler_config(),
                                                   max_model_len=model.config.max_seq_len)
         fused = config.fused_weights and model.device.type == "cpu"
-        if config.batch_invariant and runner_factory is not ModelRunner:
-            raise ValueError("EngineConfig.batch_invariant runs the engine's own ModelRunner; this engine was given "
-                             "another runner (multi-LoRA runners are not batch-invariant)")
-        self.runner = (ModelRunner(model, self.cache, fused=fused, invariant=config.batch_invariant)
+        if (config.batch_invariant or config.static_decode != "off") and runner_factory is not ModelRunner:
+            raise ValueError("EngineConfig.batch_invariant and static_decode run the engine's own ModelRunner; this "
+                             "engine was given another runner (multi-LoRA runners have neither)")
+        static = None if config.static_decode == "off" else StaticDecodeStep(
+            model, self.cache, config.decode_buckets(), compile=config.static_decode == "compiled",
+            backend=config.compile_backend)
+        self.runner = (ModelRunner(model, self.cache, fused=fused, invariant=config.batch_invariant, static=static)
                        if runner_factory is ModelRunner
                        else runner_factory(model, self.cache))
         self.num_preemptions = 0
@@ -143,8 +159,9 @@ class LLMEngine(EngineBase):
         """EngineBase.validate, plus: the request's K/V (prompt + max_tokens - 1 tokens) must fit the whole pool."""
         ids = super().validate(request_id, prompt, max_tokens, sampling, stop=stop, adapter=adapter)
         need = blocks_needed(len(ids) + max_tokens - 1, self.config.block_size)
-        if need > self.config.num_blocks:
-            raise ValueError(f"the request needs up to {need} KV blocks but the pool has only {self.config.num_blocks}; "
+        usable = self.config.num_blocks - (self.config.static_decode != "off")     # the static step's null block
+        if need > usable:
+            raise ValueError(f"the request needs up to {need} KV blocks but the pool has only {usable}; "
                              "ask for fewer tokens")
         return ids
 

@@ -1,0 +1,107 @@
+"""Static shapes and a compiled decode step (lab 12): batch-size buckets, the engine's logits to rounding with the
+static step eager or compiled, one compilation per bucket and none after warm-up whatever the batch sizes, and
+padding rows that touch no real sequence's K/V."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minigpt.config import ModelConfig
+from minigpt.engine.static_step import StaticDecodeStep, bucket_for
+from minigpt.model import GPT
+from minigpt.sampling import SamplingParams
+from minigpt.serving.engine import EngineConfig, LLMEngine
+from minigpt.timing import fixed_threads
+
+CONFIG = ModelConfig(vocab_size=512, max_seq_len=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    with fixed_threads(1):
+        yield
+
+
+@pytest.fixture(scope="module")
+def model() -> GPT:
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return GPT(CONFIG).eval()
+
+
+def test_bucket_is_the_smallest_that_holds_the_batch():
+    assert [bucket_for(n, (1, 2, 4, 8)) for n in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
+    with pytest.raises(ValueError, match="largest bucket"):
+        bucket_for(9, (1, 2, 4, 8))
+
+
+def _recorded(engine: LLMEngine) -> dict:
+    logits: dict = {}
+    compute = engine.runner.compute
+
+    def recording(step):
+        out = compute(step)
+        logits.setdefault("steps", []).append((type(step.batch).__name__, out.clone()))
+        return out
+    engine.runner.compute = recording
+    return logits
+
+
+def _workload() -> list[list[int]]:
+    g = torch.Generator().manual_seed(3)
+    return [torch.randint(0, 512, (n,), generator=g).tolist() for n in (5, 17, 3, 30, 9)]
+
+
+@pytest.mark.parametrize("static", ["eager", "compiled"])
+def test_static_decode_gives_the_engines_logits_and_compiles_once_per_bucket(model, static):
+    config = {"num_blocks": 40, "block_size": 8, "max_num_seqs": 4, "max_num_batched_tokens": 32,
+              "compile_backend": "eager"}
+    plain, ours = LLMEngine(model, EngineConfig(**config)), LLMEngine(model, EngineConfig(static_decode=static, **config))
+    want, got = _recorded(plain), _recorded(ours)
+    budgets = [6, 14, 3, 9, 12]
+    for engine in (plain, ours):
+        for i, (prompt, n) in enumerate(zip(_workload(), budgets)):
+            engine.add_request(f"r{i}", prompt, max_tokens=n, sampling=SamplingParams())
+        while engine.has_unfinished():
+            engine.step()
+    kinds = {kind for kind, _ in got["steps"]}
+    assert "StaticInputs" in kinds, "no decode step ran on the static step"
+    assert len(want["steps"]) == len(got["steps"])
+    for (_, a), (_, b) in zip(want["steps"], got["steps"]):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+    step = ours.runner.static
+    assert ours.cache.manager.pool.num_used == 1, "only the null block stays allocated"
+    if static == "compiled":
+        used = step.compilations
+        assert 1 <= used <= len(step.buckets)
+        for i, prompt in enumerate(_workload()):                       # batch sizes 5 .. 1 again: nothing new
+            ours.add_request(f"again{i}", prompt, max_tokens=7, sampling=SamplingParams())
+        while ours.has_unfinished():
+            ours.step()
+        assert step.compilations == used, "a bucket compiled again after warm-up"
+
+
+def test_padding_rows_write_only_the_null_block(model):
+    engine = LLMEngine(model, EngineConfig(num_blocks=16, block_size=8, max_num_seqs=4, static_decode="eager"))
+    for i, prompt in enumerate(_workload()[:3]):
+        engine.add_request(f"r{i}", prompt, max_tokens=4, sampling=SamplingParams())
+    engine.step()                                           # the three prefills (32 tokens fit one step)
+    step = engine.runner.static
+    out = engine.scheduler.schedule()
+    inputs = step.inputs(out.chunks)                        # three decodes, padded to the bucket of 4
+    assert len(inputs.tokens) == 4 and inputs.batch == 3
+    before = [p.clone() for p in engine.cache.k_pools + engine.cache.v_pools]
+    step(inputs)
+    written = {c.slots[0] for c in out.chunks} | set(range(step.null_block * 8, step.null_block * 8 + 8))
+    for old, new in zip(before, engine.cache.k_pools + engine.cache.v_pools):
+        rows_old, rows_new = old.view(-1, *old.shape[2:]), new.view(-1, *new.shape[2:])
+        changed = {r for r in range(rows_old.shape[0]) if not torch.equal(rows_old[r], rows_new[r])}
+        assert changed <= written, f"the step wrote pool rows {sorted(changed - written)} it was not given"
+
+
+def test_static_decode_is_refused_where_it_cannot_run():
+    for bad in ({"static_decode": "graphs"}, {"static_decode": "eager", "weights": "int8"},
+                {"static_decode": "compiled", "batch_invariant": True}):
+        with pytest.raises(ValueError, match="static_decode"):
+            EngineConfig(**bad)
