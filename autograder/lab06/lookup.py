@@ -26,6 +26,7 @@ _NGRAM_CASES: list[tuple[list[int], int, int, str]] = [
     ([9, 8, 7, 1, 8, 7], 5, 3, "copy at most what follows, here 2 tokens, even if k is larger"),
     ([5, 1, 5], 2, 3, "a single-token match (n = 1)"),
     ([4, 4], 2, 1, "the shortest context with a match: its last token occurred just before it (n = 1)"),
+    ([1, 2, 3, 9, 7, 2, 3, 5, 1, 2, 3], 2, 2, "max_n = 2 bounds the suffix: [2, 3], not the older [1, 2, 3]"),
     ([1, 2, 1, 2, 1, 2], 0, 3, "k = 0: nothing to propose"),
     ([1, 2, 1, 2, 1, 2], 1, 3, "k = 1: one token"),
 ]

@@ -406,6 +406,17 @@ def test_wrong_ngram_rejected():
     with pytest.raises(AssertionError, match="shortest context"):
         lab06.check_ngram_propose(n_below_l_minus_1)
 
+    def one_past_max_n(context, k, max_n=3):
+        """n from min(max_n, L - 1) + 1: a suffix one token longer than max_n allows (a mutant that survived)."""
+        L = len(context)
+        for n in range(min(max_n, L - 1) + 1, 0, -1):
+            for s in range(L - n - 1, -1, -1):
+                if context[s:s + n] == context[L - n:]:
+                    return context[s + n:s + n + k]
+        return []
+    with pytest.raises(AssertionError, match="max_n = 2 bounds"):
+        lab06.check_ngram_propose(one_past_max_n)
+
 
 def test_wrong_stats_rejected():
     with pytest.raises(AssertionError, match="without the clip"):
