@@ -5,7 +5,7 @@
 # Instructor: make release | make grade NB=path.ipynb | make autograde | make feedback | make export
 #             make hub [HUB_ARGS="--students 20 --port 8000"]  (a class on JupyterHub on this machine, as root)
 # Machine:    make doctor | make calibrate | make gpu-check [CALIBRATE=1] | make data | make models
-# Speed:      make bench [BENCH_ARGS=--quick] [GRADING_BENCH_ARGS=--quick]  (decode, batching, serving, speculative:
+# Speed:      make bench [BENCH_ARGS=--quick] [GRADING_BENCH_ARGS=--quick]  (decode ... overheads:
 #             data/bench/ledger.json; seconds to grade each lab and a class of 30: data/bench/grading.json)
 # Practice:   make interview [INTERVIEW_ARGS="--seed 7 -n 5"]  (interview questions with fresh numbers)
 # Serving:    make serve [SERVE_ARGS="--checkpoint draft --engine naive --port 8001"]  (OpenAI-compatible, loopback)

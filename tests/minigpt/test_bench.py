@@ -246,10 +246,10 @@ def _fabricated_parts():
 
 
 def _decode_only() -> dict:
-    """The committed ledger without its batching, serving, speculative and structured parts (the tests add fabricated
+    """The committed ledger without its batching, serving, speculative, structured and overheads parts (the tests add fabricated
     ones)."""
     led = {k: v for k, v in copy.deepcopy(ledger.read(data_dir() / "bench")).items()
-           if k not in ("batching", "serving", "speculative", "structured")}
+           if k not in ("batching", "serving", "speculative", "structured", "overheads")}
     led["figures"] = figures(led)
     return led
 
@@ -295,3 +295,20 @@ def test_a_part_measured_alone_is_merged_into_the_ledger(monkeypatch):
     assert "serving measured on its own" not in ledger.render_table(alone)
     with pytest.raises(ValueError, match="unknown parts"):
         bench.measure(quick=True, quiet=True, parts=("warp drive",))
+
+
+def test_the_overheads_rows_compare_each_mode_with_the_default_engine():
+    from minigpt.bench import overheads
+
+    def row(seconds: float, mbu: float | None = None) -> dict:
+        return {"seconds_per_token": seconds, "samples_s": [seconds], **({"mbu_percent": mbu} if mbu else {})}
+    section = {"settings": overheads.settings(quick=False), "compile_s": 12.0, "compilations": 2,
+               "results": {"1": {"default": row(0.008, 40.0), "overlapped": row(0.010, 32.0),
+                                 "static compiled": row(0.005, 64.0), "batch-invariant": row(0.02, 16.0)},
+                           "8": {"default": row(0.002), "overlapped": row(0.0025), "batch-invariant": row(0.004)}}}
+    rows = {r["what"].split(":")[0]: r for r in overheads.figures(section)}
+    assert rows["overlap scheduling, batch 1"]["ratio"] == pytest.approx(0.8)
+    assert rows["overlap scheduling, 8 requests at once"]["ratio"] == pytest.approx(0.8)
+    assert rows["static shapes, batch 1"]["ratio"] == pytest.approx(1.6)
+    assert rows["batch-invariant mode, 8 requests"]["ratio"] == pytest.approx(0.5)
+    assert "2 graph(s) compiled in the warm-up (12 s)" in overheads.notes(section)[0]

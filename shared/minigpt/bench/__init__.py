@@ -20,7 +20,9 @@ What it measures, every figure beside its baseline, interleaved, warmed up, medi
   against `transformers`' assisted generation, with the acceptance and step costs that explain the ratio;
 * structured.py ("structured"): lab 10's token masks (ContextCache, MaskIndex, the trie walk and the naive scan)
   against XGrammar and llguidance on the same schemas, tokenizer and decoding traces (mask_engines.py puts each
-  engine behind one interface): mask time per token, compile time per schema, and the decode step with masks.
+  engine behind one interface): mask time per token, compile time per schema, and the decode step with masks;
+* overheads.py ("overheads"): the engine's modes of lab 12 against its default step: overlap scheduling, the
+  static-shape compiled decode step, and what batch-invariant (deterministic) mode costs.
 
 ledger.py writes `data/bench/ledger.json` (machine, load, versions, settings, raw samples, figures, each part's
 notes) and renders the Markdown table that README carries between its `bench` markers.

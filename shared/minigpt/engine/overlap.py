@@ -11,7 +11,8 @@ sequence that reaches its token budget finishes at once (its length is known wit
 scheduled on that state, the placeholders as its decode inputs. When step N lands: sample, `resolve` (each
 placeholder replaced by its token, the block it completes hashed; stop tokens and strings decide now), and
 `ready` drops from step N+1 the sequences that stopped or were aborted and puts the real tokens in its inputs.
-Then step N+1 is launched, and step N's outputs are handed out while it runs.
+Then step N+1 is launched (`launch_ready`: its inputs were made while step N ran, and only their tokens change,
+unless a sequence left it), and step N's outputs are handed out while it runs.
 
 What stays true (tested in tests/minigpt/test_overlap.py): the model's steps run one after another on one thread,
 so a block freed early (a finished sequence) is written by a later owner only after the step in flight has
@@ -29,21 +30,25 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Hashable, Mapping
 
+import torch
 from torch import Tensor
 
 from minigpt.engine.request import SequenceStatus
-from minigpt.engine.runner import ModelRunner
+from minigpt.engine.runner import ModelRunner, PreparedStep
 from minigpt.engine.scheduler import Scheduler, SchedulerOutput
 
-__all__ = ["InFlight", "ModelThread", "launch", "apply_ahead", "resolve", "ready"]
+__all__ = ["InFlight", "ModelThread", "launch", "apply_ahead", "resolve", "ready", "launch_ready"]
 
 
 class ModelThread:
     """One worker thread that runs the model's steps in the order they are launched (torch releases the GIL
-    inside its kernels, so the scheduling thread runs meanwhile)."""
+    inside its kernels, so the scheduling thread runs meanwhile), with the torch thread count of the thread that
+    made it (a new thread starts with OpenMP's default, every core, whatever torch.set_num_threads said)."""
 
     def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-step")
+        threads = torch.get_num_threads()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-step",
+                                        initializer=torch.set_num_threads, initargs=(threads,))
 
     def submit(self, fn, *args) -> Future:
         return self._pool.submit(fn, *args)
@@ -65,11 +70,12 @@ class InFlight:
         return self.logits.result()
 
 
-def launch(runner: ModelRunner, thread: ModelThread, output: SchedulerOutput) -> InFlight:
-    """Make step N's inputs here (they read the block manager, which the next schedule changes) and start its
-    model call on the model's thread."""
+def launch(runner: ModelRunner, thread: ModelThread, output: SchedulerOutput,
+           prepared: PreparedStep | None = None) -> InFlight:
+    """Start step N's model call on the model's thread, its inputs made here (they read the block manager, which
+    the next schedule changes), or made ahead (`prepared`, its tokens put right by `runner.refresh_tokens`)."""
     samples = {c.seq_id for c in output.chunks if c.samples}
-    prepared = runner.prepare(output.chunks)
+    prepared = runner.prepare(output.chunks) if prepared is None else prepared
     return InFlight(output, samples, thread.submit(runner.compute, prepared))
 
 
@@ -116,3 +122,16 @@ def ready(output: SchedulerOutput) -> SchedulerOutput:
     for c in chunks:
         c.tokens = c.seq.token_slice(c.start, c.start + len(c.tokens))
     return SchedulerOutput(chunks, output.preempted)
+
+
+def launch_ready(runner: ModelRunner, thread: ModelThread, ahead: SchedulerOutput,
+                 prepared: PreparedStep | None) -> InFlight | None:
+    """Launch the step scheduled ahead once step N has been resolved (`ready`): with the inputs made ahead, their
+    placeholders replaced, when no sequence left it; made again otherwise. None when nothing is left to run."""
+    following = ready(ahead)
+    if not following.chunks:
+        return None
+    if prepared is not None and len(following.chunks) == len(ahead.chunks):
+        runner.refresh_tokens(prepared, following.chunks)
+        return launch(runner, thread, following, prepared)
+    return launch(runner, thread, following)

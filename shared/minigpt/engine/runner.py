@@ -111,6 +111,18 @@ class ModelRunner:
             batch = padded_batch(chunks, self.cache)
         return PreparedStep(copies, batch, rows_computed(chunks, self.layout))
 
+    def refresh_tokens(self, step: PreparedStep, chunks: list[ScheduledChunk]) -> None:
+        """Put the chunks' tokens into a step prepared from the same chunks before some of their tokens were known
+        (overlap scheduling: a placeholder resolved since)."""
+        batch = step.batch
+        if isinstance(batch, StaticInputs):
+            batch.tokens[:len(chunks)] = torch.tensor([c.tokens[0] for c in chunks])
+        elif isinstance(batch, PackedBatch):
+            batch.tokens[0] = torch.tensor([t for c in chunks for t in c.tokens])
+        else:
+            for row, c in enumerate(chunks):
+                batch.tokens[row, :len(c.tokens)] = torch.tensor(c.tokens)
+
     @torch.inference_mode()
     def compute(self, step: PreparedStep) -> Tensor:
         """Logits (B, V) at each chunk's last token, one model call on tensors only (any thread)."""

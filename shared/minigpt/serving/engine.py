@@ -29,7 +29,7 @@ import torch
 
 from minigpt.cache.block_table import blocks_needed
 from minigpt.cache.paged import PagedKVCache
-from minigpt.engine.overlap import InFlight, ModelThread, apply_ahead, launch, ready, resolve
+from minigpt.engine.overlap import InFlight, ModelThread, apply_ahead, launch, launch_ready, resolve
 from minigpt.engine.prefix_scheduler import PrefixCachingScheduler
 from minigpt.engine.request import Request
 from minigpt.engine.runner import ModelRunner
@@ -212,8 +212,9 @@ class LLMEngine(EngineBase):
             self._in_flight = launch(self.runner, self._model_thread, out)
         step, self._in_flight = self._in_flight, None
         apply_ahead(self.scheduler, step, self.now())
-        ahead = self.scheduler.schedule()                       # while step N runs
+        ahead = self.scheduler.schedule()                       # while step N runs: the next step, and its inputs
         self.num_preemptions += len(ahead.preempted)
+        prepared = self.runner.prepare(ahead.chunks) if ahead.chunks else None
         failed: dict[Hashable, str] = {}
         sampled, logprobs = {}, {}
         try:
@@ -221,25 +222,34 @@ class LLMEngine(EngineBase):
         except Exception as err:                               # noqa: BLE001  (the whole step's requests fail)
             failed = {c.seq_id: f"{type(err).__name__}: {err}" for c in step.output.chunks}
         else:
-            for row, chunk in enumerate(step.output.chunks):
-                if chunk.seq_id not in step.samples or not chunk.seq.pending:   # aborted before it was applied
-                    continue
-                try:
-                    sampled.update(self.runner.sample([chunk], logits[row:row + 1], step.samples))
-                    logprobs.update(self.runner.last_logprobs)
-                except Exception as err:                       # noqa: BLE001
-                    failed[chunk.seq_id] = f"{type(err).__name__}: {err}"
+            sampled, logprobs = self._sample(step, logits, failed)
         for request_id in failed:
             seq = self.scheduler.sequences.get(request_id)
             if seq is not None and not seq.is_finished:
                 self.scheduler.abort(request_id)
         now = self.now()
         resolve(self.scheduler, step, {k: v for k, v in sampled.items() if k not in failed}, now)
-        following = ready(ahead)
-        if following.chunks:
-            self._in_flight = launch(self.runner, self._model_thread, following)
+        self._in_flight = launch_ready(self.runner, self._model_thread, ahead, prepared)
         out = SchedulerOutput([c for c in step.output.chunks if c.seq_id not in failed], step.output.preempted)
         return self._emit(out, sampled, logprobs, failed, now)
+
+    def _sample(self, step: InFlight, logits, failed: dict[Hashable, str]) -> tuple[dict, dict]:
+        """The landed step's tokens (and logprobs) for the sequences still waiting for them; if sampling the batch
+        raises, each chunk alone, the failing ones put in `failed`."""
+        rows = [(row, c) for row, c in enumerate(step.output.chunks) if c.seq_id in step.samples and c.seq.pending]
+        try:
+            sampled = self.runner.sample([c for _, c in rows], logits[[row for row, _ in rows]], step.samples)
+            return sampled, self.runner.last_logprobs
+        except Exception:                                      # noqa: BLE001  (find whose it is)
+            pass
+        sampled, logprobs = {}, {}
+        for row, chunk in rows:
+            try:
+                sampled.update(self.runner.sample([chunk], logits[row:row + 1], step.samples))
+                logprobs.update(self.runner.last_logprobs)
+            except Exception as err:                           # noqa: BLE001
+                failed[chunk.seq_id] = f"{type(err).__name__}: {err}"
+        return sampled, logprobs
 
     def _emit(self, out: SchedulerOutput, sampled: dict, logprobs: dict, failed: dict[Hashable, str],
               now: float) -> list[RequestOutput]:
