@@ -157,3 +157,15 @@ def test_batch_invariant_mode_is_refused_where_it_cannot_hold():
         model = GPT(MEDIUM).eval()
     with pytest.raises(ValueError, match="runner"):
         LLMEngine(model, EngineConfig(num_blocks=16, batch_invariant=True), runner_factory=lambda m, c: None)
+
+
+def test_the_dense_form_pads_the_last_block_and_equals_the_blockwise_one():
+    from minigpt.engine.batch_invariant import invariant_attention_dense
+
+    g = torch.Generator().manual_seed(4)
+    q, k, v = torch.randn(3, 4, 8, generator=g), torch.randn(3, 13, 2, 8, generator=g), torch.randn(3, 13, 2, 8, generator=g)
+    positions = torch.tensor([12, 0, 6])
+    got = invariant_attention_dense(q, positions, k, v, 4)
+    for n, p in enumerate(positions.tolist()):
+        want = naive_attention(q[n][None, :, None], k[n, :p + 1].transpose(0, 1)[None], v[n, :p + 1].transpose(0, 1)[None])
+        torch.testing.assert_close(got[n], want[0, :, 0], rtol=1e-5, atol=1e-5)

@@ -167,3 +167,15 @@ def test_blocks_completed_by_decoded_tokens_are_cached_as_in_the_serial_engine(m
         hits.append(engine.stats().prefix_cache_hit_tokens - before)
         engine.close()
     assert hits[0] == hits[1] == 24, f"cached prompt tokens of the next turn (serial, overlapped): {hits}"
+
+
+def test_the_timeline_hides_the_cpu_work_behind_the_model_step_when_overlapped():
+    from minigpt.engine.overlap import step_timeline
+
+    model, cpu = [4.0, 4.0, 4.0], [1.0, 1.0, 6.0]
+    assert step_timeline(model, cpu, overlapped=False) == [(1.0, 5.0), (6.0, 10.0), (16.0, 20.0)]
+    # step 1's CPU work ran beside step 0 (from 1 to 2): it launches when step 0 ends; step 2's (6 s) outlasts
+    # step 1's model call and delays it by 2 s; every launch pays the hand-off
+    assert step_timeline(model, cpu, overlapped=True, handoff_s=0.5) == [(1.5, 5.5), (6.0, 10.0), (12.5, 16.5)]
+    with pytest.raises(ValueError, match="one of each"):
+        step_timeline([1.0], [1.0, 2.0], overlapped=True)

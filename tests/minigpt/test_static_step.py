@@ -105,3 +105,17 @@ def test_static_decode_is_refused_where_it_cannot_run():
                 {"static_decode": "compiled", "batch_invariant": True}):
         with pytest.raises(ValueError, match="static_decode"):
             EngineConfig(**bad)
+
+
+def test_padded_inputs_have_the_buckets_shapes_and_padding_points_at_the_null_block():
+    from minigpt.engine.static_step import DecodeRow, pad_decode_batch
+
+    rows = [DecodeRow(7, 9, 21, [2, 3]), DecodeRow(5, 0, 40, [5])]
+    out = pad_decode_batch(rows, 4, 3, 0, 8)
+    assert {k: tuple(v.shape) for k, v in out.items()} == {"tokens": (4,), "positions": (4,), "slots": (4,),
+                                                          "block_tables": (4, 3), "seq_lens": (4,)}
+    assert out["tokens"].tolist() == [7, 5, 0, 0] and out["seq_lens"].tolist() == [10, 1, 1, 1]
+    assert out["slots"].tolist() == [21, 40, 0, 0]
+    assert out["block_tables"].tolist() == [[2, 3, 0], [5, 0, 0], [0, 0, 0], [0, 0, 0]]
+    with pytest.raises(ValueError, match="bucket"):
+        pad_decode_batch(rows, 1, 3, 0, 8)

@@ -36,8 +36,8 @@ from minigpt.attention import AttentionFn
 from minigpt.engine.fused_decode import FusedModel
 from minigpt.engine.packed_batch import PackedBatch
 
-__all__ = ["DEFAULT_TILE", "invariant_matmul", "invariant_attention", "invariant_packed_attention", "InvariantModel",
-           "rows_changed"]
+__all__ = ["DEFAULT_TILE", "invariant_matmul", "invariant_attention", "invariant_attention_dense",
+           "invariant_packed_attention", "InvariantModel", "rows_changed"]
 
 DEFAULT_TILE = 8
 
@@ -86,6 +86,21 @@ def invariant_attention(q: Tensor, positions: Tensor, k_blocks: Callable[[int], 
         o = o * scale[..., None] + (p[..., None] * v).sum(-2)
         m = m_new
     return o / l[..., None]
+
+
+def invariant_attention_dense(q: Tensor, positions: Tensor, keys: Tensor, values: Tensor, block_size: int) -> Tensor:
+    """`invariant_attention` over keys held per row: keys, values (N, L, Hkv, D), row n's sequence's keys at
+    positions 0..L-1 (those past `positions[n]` are masked, whatever they hold). Returns (N, Hq, D) float32."""
+    N, L = keys.shape[:2]
+    pad = -L % block_size
+    if pad:
+        keys = torch.cat([keys, keys.new_zeros(N, pad, *keys.shape[2:])], dim=1)
+        values = torch.cat([values, values.new_zeros(N, pad, *values.shape[2:])], dim=1)
+    blocks = keys.shape[1] // block_size
+
+    def block(b: int) -> tuple[Tensor, Tensor]:
+        return keys[:, b * block_size:(b + 1) * block_size], values[:, b * block_size:(b + 1) * block_size]
+    return invariant_attention(q, positions, block, blocks, block_size)
 
 
 def invariant_packed_attention(batch: PackedBatch) -> AttentionFn:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Hashable, Mapping
+from typing import Hashable, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -37,7 +37,34 @@ from minigpt.engine.request import SequenceStatus
 from minigpt.engine.runner import ModelRunner, PreparedStep
 from minigpt.engine.scheduler import Scheduler, SchedulerOutput
 
-__all__ = ["InFlight", "ModelThread", "launch", "apply_ahead", "resolve", "ready", "launch_ready"]
+__all__ = ["step_timeline", "InFlight", "ModelThread", "launch", "apply_ahead", "resolve", "ready", "launch_ready"]
+
+
+def step_timeline(model_s: Sequence[float], cpu_s: Sequence[float], *, overlapped: bool,
+                  handoff_s: float = 0.0) -> list[tuple[float, float]]:
+    """(start, end) of each model step, in seconds from 0, for steps whose model call takes model_s[i] and whose
+    CPU work (scheduling, inputs) before it can launch takes cpu_s[i]; `handoff_s` the cost of handing a launched
+    step to the model's thread and its result back (overlapped only).
+
+    serial:      start_0 = cpu_0;  start_i = end_(i-1) + cpu_i
+    overlapped:  start_0 = cpu_0 + handoff;  start_i = max(end_(i-1), start_(i-1) + cpu_i) + handoff
+                 (step i's CPU work starts once step i-1 is launched, and runs beside it)
+    end_i = start_i + model_i. The time between tokens is end_i - end_(i-1): cpu_i + model_i serially,
+    max(model_(i-1), cpu_i) + handoff + model_i - model_(i-1) overlapped."""
+    if len(model_s) != len(cpu_s):
+        raise ValueError(f"model_s has {len(model_s)} steps and cpu_s {len(cpu_s)}: one of each per step")
+    if any(t < 0 for t in (*model_s, *cpu_s, handoff_s)):
+        raise ValueError("times must be >= 0 seconds")
+    out: list[tuple[float, float]] = []
+    for i, (m, c) in enumerate(zip(model_s, cpu_s)):
+        if not out:
+            start = c + (handoff_s if overlapped else 0.0)
+        elif overlapped:
+            start = max(out[-1][1], out[-1][0] + c) + handoff_s
+        else:
+            start = out[-1][1] + c
+        out.append((start, start + m))
+    return out
 
 
 class ModelThread:

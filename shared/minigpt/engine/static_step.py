@@ -33,7 +33,8 @@ from minigpt.engine.scheduler import ScheduledChunk
 from minigpt.engine.static_decode import fuse_weights
 from minigpt.model import GPT
 
-__all__ = ["DEFAULT_BUCKETS", "bucket_for", "StaticInputs", "StaticDecodeStep", "decode_only"]
+__all__ = ["DEFAULT_BUCKETS", "bucket_for", "DecodeRow", "pad_decode_batch", "PADDED_KEYS", "StaticInputs",
+           "StaticDecodeStep", "decode_only"]
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32)
 
@@ -49,6 +50,42 @@ def bucket_for(n: int, buckets: Sequence[int]) -> int:
 def decode_only(chunks: Sequence[ScheduledChunk]) -> bool:
     """Whether a step is decodes only: one new token for each sequence, after its whole prompt."""
     return all(len(c.tokens) == 1 and not c.is_prefill for c in chunks)
+
+
+@dataclass(frozen=True)
+class DecodeRow:
+    """One sequence of a decode step: its new token at `position`, written to pool row `slot`; `blocks` its table."""
+
+    token: int
+    position: int
+    slot: int
+    blocks: list[int]
+
+
+PADDED_KEYS = ("tokens", "positions", "slots", "block_tables", "seq_lens")
+
+
+def pad_decode_batch(rows: Sequence[DecodeRow], bucket: int, max_blocks: int, null_block: int,
+                     block_size: int) -> dict[str, Tensor]:
+    """A decode step's inputs padded to `bucket` rows, every shape set by (bucket, max_blocks) alone:
+
+    tokens, positions, slots, seq_lens (bucket,) int64 and block_tables (bucket, max_blocks) int64. Row i < len(rows):
+    its token, position, slot, length position + 1, and its blocks then `null_block` to the width. A padding row:
+    token 0 at position 0, length 1, its slot the null block's first row and its table the null block throughout
+    (it writes and reads nothing of any sequence)."""
+    if len(rows) > bucket:
+        raise ValueError(f"{len(rows)} rows do not fit a bucket of {bucket}")
+    tables = torch.full((bucket, max_blocks), null_block, dtype=torch.long)
+    tokens = torch.zeros(bucket, dtype=torch.long)
+    positions = torch.zeros(bucket, dtype=torch.long)
+    slots = torch.full((bucket,), null_block * block_size, dtype=torch.long)
+    seq_lens = torch.ones(bucket, dtype=torch.long)
+    for i, row in enumerate(rows):
+        if len(row.blocks) > max_blocks:
+            raise ValueError(f"row {i} has {len(row.blocks)} blocks, more than the table's {max_blocks}")
+        tables[i, :len(row.blocks)] = torch.tensor(row.blocks, dtype=torch.long)
+        tokens[i], positions[i], slots[i], seq_lens[i] = row.token, row.position, row.slot, row.position + 1
+    return {"tokens": tokens, "positions": positions, "slots": slots, "block_tables": tables, "seq_lens": seq_lens}
 
 
 @dataclass
@@ -94,18 +131,12 @@ class StaticDecodeStep:
         """The step's padded inputs, read from the block manager (a decode-only step of at most max(buckets))."""
         if not chunks or not decode_only(chunks):
             raise ValueError("a static decode step takes decodes only (one token per sequence, prompts done)")
-        B, bucket, bs = len(chunks), bucket_for(len(chunks), self.buckets), self.cache.block_size
-        tables = torch.full((bucket, self.max_blocks), self.null_block, dtype=torch.long)
-        tokens = torch.zeros(bucket, dtype=torch.long)
-        positions = torch.zeros(bucket, dtype=torch.long)
-        slots = torch.full((bucket,), self.null_block * bs, dtype=torch.long)
-        seq_lens = torch.ones(bucket, dtype=torch.long)
-        for row, c in enumerate(chunks):
-            blocks = self.cache.manager.table(c.seq_id).blocks
-            tables[row, :len(blocks)] = torch.tensor(blocks)
-            tokens[row], positions[row], slots[row], seq_lens[row] = c.tokens[0], c.start, c.slots[0], c.start + 1
+        rows = [DecodeRow(c.tokens[0], c.start, c.slots[0], list(self.cache.manager.table(c.seq_id).blocks))
+                for c in chunks]
+        padded = pad_decode_batch(rows, bucket_for(len(rows), self.buckets), self.max_blocks, self.null_block,
+                                  self.cache.block_size)
         dev = self.cache.device
-        return StaticInputs(tokens.to(dev), positions.to(dev), slots.to(dev), tables.to(dev), seq_lens.to(dev), B)
+        return StaticInputs(*(padded[k].to(dev) for k in PADDED_KEYS), len(rows))
 
     @torch.inference_mode()
     def __call__(self, inputs: StaticInputs) -> Tensor:
