@@ -21,7 +21,7 @@ into a few C++ loops on a CPU; `mode="reduce-overhead"` replays a CUDA graph on 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -52,9 +52,9 @@ def decode_only(chunks: Sequence[ScheduledChunk]) -> bool:
     return all(len(c.tokens) == 1 and not c.is_prefill for c in chunks)
 
 
-@dataclass(frozen=True)
-class DecodeRow:
-    """One sequence of a decode step: its new token at `position`, written to pool row `slot`; `blocks` its table."""
+class DecodeRow(NamedTuple):
+    """One sequence of a decode step: its new token at `position`, written to pool row `slot`; `blocks` its table
+    (a plain (token, position, slot, blocks) tuple works as well)."""
 
     token: int
     position: int
@@ -80,11 +80,11 @@ def pad_decode_batch(rows: Sequence[DecodeRow], bucket: int, max_blocks: int, nu
     positions = torch.zeros(bucket, dtype=torch.long)
     slots = torch.full((bucket,), null_block * block_size, dtype=torch.long)
     seq_lens = torch.ones(bucket, dtype=torch.long)
-    for i, row in enumerate(rows):
-        if len(row.blocks) > max_blocks:
-            raise ValueError(f"row {i} has {len(row.blocks)} blocks, more than the table's {max_blocks}")
-        tables[i, :len(row.blocks)] = torch.tensor(row.blocks, dtype=torch.long)
-        tokens[i], positions[i], slots[i], seq_lens[i] = row.token, row.position, row.slot, row.position + 1
+    for i, (token, position, slot, blocks) in enumerate(rows):
+        if len(blocks) > max_blocks:
+            raise ValueError(f"row {i} has {len(blocks)} blocks, more than the table's {max_blocks}")
+        tables[i, :len(blocks)] = torch.tensor(list(blocks), dtype=torch.long)
+        tokens[i], positions[i], slots[i], seq_lens[i] = token, position, slot, position + 1
     return {"tokens": tokens, "positions": positions, "slots": slots, "block_tables": tables, "seq_lens": seq_lens}
 
 
