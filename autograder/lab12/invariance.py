@@ -80,8 +80,8 @@ def check_invariant_matmul(fn: Callable) -> None:
     got = _tensor(call_learner(EX3, fn, x3.clone(), w3.clone(), 4, context=what), (2, 5, 8), what)
     if not torch.allclose(got, x3 @ w3, atol=1e-4):
         raise AssertionError(f"{what}: leading dimensions are rows too: reshape to (-1, K), multiply, reshape back")
-    for bad in (0, -2):
-        expect_value_error(f"{EX3}: tile={bad}", fn, x3, w3, bad)
+    for bad in (0, -2, 2.0):
+        expect_value_error(f"{EX3}: tile={bad!r}", fn, x3, w3, bad)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -144,6 +144,16 @@ def check_invariant_attention(fn: Callable) -> None:
                                      "max, sum and output exactly as they were (in a batch, or after chunking, a "
                                      "sequence's keys are padded to another length)")
         _check_chunks(fn, g, block_size, what)
+    for hq, hkv in ((2, 2), (3, 1)):                            # MHA and MQA: one KV head per query head, or for all
+        q, keys, values = _draw(g, 3, 11, hq, hkv)
+        positions = torch.tensor([10, 4, 0])
+        label = f"{EX4}, {hq} query heads over {hkv} KV head(s), block_size=4"
+        got = _tensor(call_learner(EX4, fn, q.clone(), positions.clone(), keys.clone(), values.clone(), 4,
+                                   context=label), (3, hq, 16), label)
+        err = (got.double() - _exact_attention(q, positions, keys, values)).abs().max().item()
+        if not err <= 1e-4:
+            raise AssertionError(f"{label}: off from causal attention by up to {err:.3g} (query head h reads KV head "
+                                 "h // (Hq // Hkv): with as many KV heads as query heads, each its own)")
 
 
 def _check_chunks(fn: Callable, g: torch.Generator, block_size: int, what: str) -> None:

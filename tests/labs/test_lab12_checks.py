@@ -170,7 +170,7 @@ def test_wrong_matmuls_are_named(fn, message):
 def test_a_row_at_a_time_product_is_invariant_and_passes():
     """Every row its own (1, K) @ (K, N) product: invariant, and slow; the notebook measures what it costs."""
     def row_by_row(x, w, tile):
-        if tile < 1:
+        if not isinstance(tile, int) or tile < 1:
             raise ValueError("tile")
         rows = x.reshape(-1, x.shape[-1])
         return torch.stack([r @ w for r in rows]).reshape(*x.shape[:-1], w.shape[-1])
@@ -195,6 +195,16 @@ def _padded_sdpa(q, positions, keys, values, block_size):
                                           attn_mask=mask, enable_gqa=True)[:, :, 0]
 
 
+def _repeat_on_the_wrong_axis(q, positions, keys, values, block_size):
+    """repeat_interleave(2, group) for repeat_interleave(group, 2): right when the group is 2, wrong otherwise."""
+    group = q.shape[1] // keys.shape[2]
+    keys = keys.repeat_interleave(2, group) if group != 2 else keys
+    values = values.repeat_interleave(2, group) if group != 2 else values
+    L = keys.shape[1]
+    return as_learner(invariant_attention_dense, invariant_attention=as_learner(invariant_attention))(
+        q, positions.clamp(max=L - 1), keys, values, block_size)
+
+
 def _no_gqa(q, positions, keys, values, block_size):
     k, v = keys.repeat(1, 1, q.shape[1] // keys.shape[2], 1), values.repeat(1, 1, q.shape[1] // keys.shape[2], 1)
     return as_learner(invariant_attention_dense, invariant_attention=as_learner(invariant_attention))(
@@ -203,8 +213,8 @@ def _no_gqa(q, positions, keys, values, block_size):
 
 @pytest.mark.parametrize("fn, message", [
     (_batched_softmax, "computed alone gives other bits"), (_padded_sdpa, "more \\(masked\\) keys"),
-    (_no_gqa, "off from causal attention"),
-], ids=["batched-softmax", "padded-sdpa", "heads-tiled-not-grouped"])
+    (_no_gqa, "off from causal attention"), (_repeat_on_the_wrong_axis, "each its own"),
+], ids=["batched-softmax", "padded-sdpa", "heads-tiled-not-grouped", "repeat-on-the-wrong-axis"])
 def test_wrong_attentions_are_named(fn, message):
     with pytest.raises(AssertionError, match=message):
         lab12.check_invariant_attention(fn)
