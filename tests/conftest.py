@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# torch.compile's caches (inductor's generated code, dynamo's and AOT autograd's, even for the "eager" backend) go to
+# /tmp/torchinductor_<user> unless told: here into a folder of this process, removed at its end (lab 12's Run All and
+# its tests compile). Set before torch._inductor is imported; the notebooks' kernels inherit it.
+_INDUCTOR_CACHE = tempfile.mkdtemp(prefix="course-inductor-")
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = _INDUCTOR_CACHE
 
 # Before anything imports triton: on a machine without a GPU, minigpt.kernels sets TRITON_INTERPRET=1, which
 # triton reads when its language module is built. A test that imported triton first would leave the interpreter
@@ -61,3 +69,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     whys = [why for check in marker.args for fraction, why in [status(check, device_class("cuda"))] if fraction is None]
     if whys:
         pytest.skip("; ".join(whys))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove this process's torch.compile cache (see _INDUCTOR_CACHE)."""
+    shutil.rmtree(_INDUCTOR_CACHE, ignore_errors=True)
