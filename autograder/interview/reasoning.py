@@ -16,7 +16,8 @@ import string
 from dataclasses import dataclass
 
 from autograder.interview.questions import Verdict
-from minigpt.costmodel.calculators import GiB, PRESETS, attention_flops, kv_cache_bytes, prefill_flops
+from minigpt.costmodel.calculators import (GiB, PRESETS, ModelShape, attention_flops, kv_cache_bytes,
+                                          prefill_flops, weight_bytes)
 from minigpt.costmodel.hardware import ACCELERATORS
 from minigpt.disagg.goodput_sim import SimConfig, costs_for
 from minigpt.moe.arithmetic import DEEPSEEK_V3, dispatch_combine_bytes_per_token
@@ -36,6 +37,11 @@ _MIXED_MS = _STEP.mixed_step_s(32, 32 * 4096, [(0, _CHUNK)]) * 1e3
 _WHOLE_MS = _STEP.prefill_s([4096]) * 1e3
 # Question 19's wire bytes: DeepSeek-V3 (256 experts, 8 a token) over 64 ranks, FP8 out and BF16 back.
 _EP64 = dispatch_combine_bytes_per_token(DEEPSEEK_V3, 64)
+# Question 21's step: Llama-3.2-1B in bf16 at batch 1 on an H100 (weights read once), beside 0.9 ms of scheduling.
+_LLAMA_1B = ModelShape("Llama-3.2-1B", n_layers=16, d_model=2048, n_heads=32, n_kv_heads=8, head_dim=64, d_ff=8192,
+                       vocab_size=128_256, tie_embeddings=True)
+_STEP_1B_MS = weight_bytes(_LLAMA_1B, 2) / _H100.memory_bandwidth * 1e3
+_SCHEDULER_MS = 0.9
 
 
 @dataclass(frozen=True)
@@ -417,4 +423,53 @@ CHOICE_QUESTIONS: tuple[ChoiceQuestion, ...] = (
         "for the slowest, so load balance matters as much as bandwidth: EPLB gives spare slots to the experts with the "
         "most tokens per replica and packs the replicas greedily; a capacity factor caps what an expert accepts and "
         "drops the rest."),
+    ChoiceQuestion(
+        20, "Deterministic inference", "12",
+        "The same prompt, temperature 0, sent to a busy vLLM server twice, comes back with two different answers. "
+        "Why, and what makes the answers repeat?",
+        "A request's logits depend on the batch it shares a step with: libraries choose a reduction order (and a kernel) "
+        "by shape, and floating-point sums depend on their order; batch-invariant kernels fix every reduction's order "
+        "independently of the batch (vLLM's VLLM_BATCH_INVARIANT, SGLang's --enable-deterministic-inference), at a cost",
+        (("Sampling is random even at temperature 0; a fixed seed makes it repeat",
+          "temperature 0 is the argmax, no random draw at all; the logits themselves change with the batch, so the "
+          "argmax can flip where two tokens are close, seed or no seed."),
+         ("GPUs finish their threads in a random order, so every run differs; nothing can be done on a GPU",
+          "the same batch run twice gives the same bits: kernels that would depend on timing (atomics) are not in a "
+          "forward pass; what changes from run to run is the batch, and fixing each reduction's order for every batch "
+          "makes the output repeat (lab 12 measures it: a request alone and batched with three others differ at "
+          "nearly every step, and not at all in batch-invariant mode)."),
+         ("Turn off batching: serve one request at a time",
+          "that repeats, but throws away what batching buys (lab 03: several times the throughput); batch-invariant "
+          "kernels keep batching and the same bits.")),
+        "Float addition is not associative, and a matmul, a norm or an attention kernel picks how to split its sums by "
+        "the shapes it is given: the number of rows in the step, how many keys a sequence has, how a prefill is "
+        "chunked. A request's row then gets other bits in another batch, and greedy decoding diverges where two "
+        "candidates are near. The fix fixes the order: tiles of one shape whatever the number of rows (no split of "
+        "the reduction dimension that depends on the batch), attention over KV in blocks of a fixed size rather than a "
+        "fixed number of splits. It costs the fastest kernel for each shape: Thinking Machines Lab measured 61.5% "
+        "slower, SGLang 34.35% (September 2025), the course's CPU engine 0.36x at batch 1 and 0.93x at 8."),
+    ChoiceQuestion(
+        21, "Engine overheads: graphs and overlap", "12",
+        "A 1B model on an H100 decodes one request at a tenth of what its memory bandwidth allows, and a profile shows "
+        "the GPU idle most of the time. What do you try, and why does it work there?",
+        "Capture the decode step in CUDA graphs (or compile it) for a set of batch sizes, and overlap the scheduler "
+        "with the GPU: the step's time is the CPU's launches and scheduling, not the GPU's work",
+        (("Quantize the weights to INT4: four times fewer bytes to read",
+          f"the step at the bandwidth roofline is already only {_STEP_1B_MS:.2f} ms; a GPU idle most of the time is "
+          "waiting for the CPU (launching hundreds of small kernels, scheduling the next step), which fewer bytes do "
+          "not shorten."),
+         ("Raise the batch size: the idle time is the GPU waiting for work",
+          "more requests fill each step, which raises throughput, but a single request's latency stays the CPU's "
+          "launch and scheduling time per step; the question's request decodes alone."),
+         ("Nothing: a 1B model is too small for an H100",
+          "small models are where the CPU's per-step costs dominate, and where graphs and overlap pay the most "
+          "(lab 01 measured a CUDA-graph decode several times eager on an H200).")),
+        f"Llama-3.2-1B's bf16 weights take {_STEP_1B_MS:.2f} ms to read at an H100's bandwidth. An eager step launches "
+        "every operation from Python (microseconds each, hundreds a step); a CUDA graph replays the whole step with one "
+        "launch, but only for the shapes it was captured with, so engines pad a batch to the next capture size "
+        f"(vLLM's cudagraph_capture_sizes). A scheduler taking {_SCHEDULER_MS} ms a step serially leaves the GPU idle "
+        f"{_SCHEDULER_MS / (_STEP_1B_MS + _SCHEDULER_MS):.0%} of the time; overlapped (SGLang's zero-overhead "
+        "scheduler, vLLM's async scheduling), the next step is scheduled while this one runs, with placeholders for "
+        "its tokens, and the step takes the longer of the two instead of their sum."),
+
 )
