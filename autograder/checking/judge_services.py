@@ -5,7 +5,8 @@ services=judge_services())`) hands out only objects whose type is listed here, a
 `Service` allows: a model may be called and its config, dtype and device read; a collective (a ring pass too) may
 be called; a KV cache's layers listed, read and their length set to an int; a block manager's tables read; lab 11's
 logged layer runner run, its channels sent to or received from, its decode-side block store allocated, freed and
-written; a `Callback` a check made on purpose may be called. Every other request is `Refused`, and so is every
+written; lab 12's overlap driver's operations called (ids in, ids out); a `Callback` a check made on purpose may be
+called. Every other request is `Refused`, and so is every
 `_`-prefixed name.
 """
 
@@ -74,6 +75,7 @@ def judge_services() -> dict[type, Service]:
     from minigpt.disagg.timeline import LoggedRunner, RecordingChannel, ScriptedChannel
     from minigpt.model import GPT
     from minigpt.parallel.comm import CountingComm
+    from minigpt.serving.overlap_driver import OverlapDriver
     from minigpt.structured.regex_automaton import CountingAutomaton
 
     return {
@@ -92,6 +94,9 @@ def judge_services() -> dict[type, Service]:
         ScriptedChannel: Service(methods=frozenset({"recv"})),
         DecodeKVStore: Service(methods=frozenset({"allocate", "free", "write"}),
                                get=frozenset({"block_size", "n_layers", "num_free"})),
+        # lab 12's engine driven one operation at a time: it records the order itself, and checks each operation
+        OverlapDriver: Service(methods=frozenset({"has_unfinished", "schedule", "launch", "apply_ahead", "land",
+                                                  "ready"})),
         Callback: Service(call=True),
         BoundService: Service(call=True),
     }

@@ -1,4 +1,4 @@
-"""Exercise 2: a decode step padded to its batch-size bucket (static shapes for a compiled step)."""
+"""Exercise 3: a decode step padded to its batch-size bucket (static shapes for a compiled step)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from autograder.checking.reference_guard import own_work, watched
 from autograder.harness import call_learner, expect_value_error
 from minigpt.engine.static_step import PADDED_KEYS, pad_decode_batch
 
-EX2 = "Exercise 2 (pad_decode_batch)"
+EX3 = "Exercise 3 (pad_decode_batch)"
 REFERENCES = (pad_decode_batch,)
 
 
@@ -55,11 +55,11 @@ def _hint(key: str, got: torch.Tensor, want: torch.Tensor, n: int) -> str:
 def check_pad_decode_batch(fn: Callable) -> None:
     """fn(rows, bucket, max_blocks, null_block, block_size) -> {tokens, positions, slots, block_tables, seq_lens}
     exactly the reference's on hand-made and drawn steps; more rows than the bucket refused."""
-    own_work(fn, REFERENCES, what=EX2)
-    fn = watched(fn, REFERENCES, EX2)
+    own_work(fn, REFERENCES, what=EX3)
+    fn = watched(fn, REFERENCES, EX3)
     for rows, bucket, width, null, bs in _cases():
-        what = f"{EX2}, {len(rows)} rows, bucket {bucket}, max_blocks {width}, null_block {null}, block_size {bs}"
-        got = call_learner(EX2, fn, [(t, p, s, list(b)) for t, p, s, b in rows], bucket, width, null, bs, context=what)
+        what = f"{EX3}, {len(rows)} rows, bucket {bucket}, max_blocks {width}, null_block {null}, block_size {bs}"
+        got = call_learner(EX3, fn, [(t, p, s, list(b)) for t, p, s, b in rows], bucket, width, null, bs, context=what)
         want = pad_decode_batch(rows, bucket, width, null, bs)
         if not isinstance(got, dict) or set(got) != set(PADDED_KEYS):
             keys = sorted(got) if isinstance(got, dict) else type(got).__name__
@@ -72,4 +72,4 @@ def check_pad_decode_batch(fn: Callable) -> None:
             if value.shape != want[key].shape or not torch.equal(value, want[key]):
                 raise AssertionError(f"{what}: {key} is {value.tolist()}, expected {want[key].tolist()}. "
                                      f"{_hint(key, value, want[key], len(rows))}")
-    expect_value_error(f"{EX2}: 3 rows for a bucket of 2", fn, [(1, 0, 0, [1])] * 3, 2, 2, 0, 8)
+    expect_value_error(f"{EX3}: 3 rows for a bucket of 2", fn, [(1, 0, 0, [1])] * 3, 2, 2, 0, 8)

@@ -15,6 +15,7 @@ from minigpt.costmodel.hardware import ACCELERATORS
 from minigpt.engine.batch_invariant import invariant_attention, invariant_attention_dense, invariant_matmul
 from minigpt.engine.overlap import step_timeline
 from minigpt.engine.static_step import pad_decode_batch
+from minigpt.serving.overlap_driver import run_overlapped
 from minigpt.timing import fixed_threads
 
 
@@ -36,6 +37,7 @@ def _wrapper(fn):
 
 ANSWERS = {
     "timeline": (lab12.check_step_timeline, lambda: as_learner(step_timeline), step_timeline),
+    "loop": (lab12.check_overlapped_loop, lambda: as_learner(run_overlapped), run_overlapped),
     "padding": (lab12.check_pad_decode_batch, lambda: as_learner(pad_decode_batch), pad_decode_batch),
     "matmul": (lab12.check_invariant_matmul, lambda: as_learner(invariant_matmul), invariant_matmul),
     "attention": (lab12.check_invariant_attention, lambda: as_learner(
@@ -95,6 +97,58 @@ def test_wrong_timelines_are_named(start_of, message):
 
 # --- Exercise 2 ----------------------------------------------------------------------------------
 
+def _serial_loop(driver):
+    while driver.has_unfinished():
+        flight = driver.launch(driver.schedule())
+        driver.apply_ahead(flight)
+        driver.land(flight)
+
+
+def _never_ready(driver):
+    flight = None
+    while driver.has_unfinished():
+        if flight is None:
+            flight = driver.launch(driver.schedule())
+        driver.apply_ahead(flight)
+        ahead = driver.schedule()
+        driver.land(flight)
+        flight = driver.launch(ahead) if ahead is not None else None
+
+
+def _lands_before_applying(driver):
+    flight = None
+    while driver.has_unfinished():
+        if flight is None:
+            flight = driver.launch(driver.schedule())
+        ahead = driver.schedule()
+        driver.land(flight)
+        flight = driver.launch(driver.ready(ahead)) if ahead is not None else None
+
+
+def _stops_at_the_first_idle_moment(driver):
+    flight = driver.launch(driver.schedule())
+    while flight is not None:
+        driver.apply_ahead(flight)
+        ahead = driver.schedule()
+        driver.land(flight)
+        ahead = driver.ready(ahead) if ahead is not None else None
+        flight = driver.launch(ahead) if ahead is not None else None
+        if len(driver.tokens) > 2:
+            return
+
+
+@pytest.mark.parametrize("fn, message", [
+    (_serial_loop, "ran beside the scheduling of the next"), (_never_ready, "ready\\(\\) it once"),
+    (_lands_before_applying, "scheduled and not launched|before apply_ahead"),
+    (_stops_at_the_first_idle_moment, "requests unfinished"),
+], ids=["serial", "never-ready", "lands-before-applying", "returns-early"])
+def test_wrong_loops_are_named(fn, message):
+    with pytest.raises(AssertionError, match=message):
+        lab12.check_overlapped_loop(fn)
+
+
+# --- Exercise 3 ----------------------------------------------------------------------------------
+
 def _padding(**wrong):
     def pad(rows, bucket, max_blocks, null_block, block_size):
         if len(rows) > bucket:
@@ -124,7 +178,7 @@ def test_wrong_paddings_are_named(wrong, message):
         lab12.check_pad_decode_batch(_padding(**wrong))
 
 
-# --- Exercise 3 ----------------------------------------------------------------------------------
+# --- Exercise 4 ----------------------------------------------------------------------------------
 
 def _plain(x, w, tile):
     if tile < 1:
@@ -177,7 +231,7 @@ def test_a_row_at_a_time_product_is_invariant_and_passes():
     lab12.check_invariant_matmul(row_by_row)
 
 
-# --- Exercise 4 ----------------------------------------------------------------------------------
+# --- Exercise 5 ----------------------------------------------------------------------------------
 
 def _batched_softmax(q, positions, keys, values, block_size):
     """One einsum over all rows, one softmax: the reduction has the batch's shape."""

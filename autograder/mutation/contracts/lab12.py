@@ -3,13 +3,14 @@
 ex1_code  step_timeline(model_s, cpu_s, *, overlapped, handoff_s): 0 to 8 steps of times 0 to 10 (integers and
           fractions), now and then lists of unequal length or a negative time (both refused), either mode, a hand-off
           of 0 to 2 (or negative). Compared: the (start, end) pairs exactly, or the exception's type.
-ex2_code  pad_decode_batch(rows, bucket, max_blocks, null_block, block_size): 0 to bucket + 1 rows (too many are
+ex2_code  run_overlapped(driver): none (a loop over the judge's driver); its mutants are graded by the check alone.
+ex3_code  pad_decode_batch(rows, bucket, max_blocks, null_block, block_size): 0 to bucket + 1 rows (too many are
           refused), buckets 1 to 8, tables 1 to 5 wide, a null block 0 to 9, blocks of 1 to 16 slots; each row's
           blocks 1 to max_blocks long. Compared: every tensor of the dict, dtype and shape included.
-ex3_code  invariant_matmul(x, w, tile): x of 1 to 20 rows (2-D, or 3-D with 1 to 3 leading rows), K and N 1 to 12,
+ex4_code  invariant_matmul(x, w, tile): x of 1 to 20 rows (2-D, or 3-D with 1 to 3 leading rows), K and N 1 to 12,
           float32, tiles 1 to 9 and refused ones (0, -1, True, 2.0). Compared: the result bit for bit, or the
           exception's type.
-ex4_code  invariant_attention(q, positions, keys, values, block_size): 1 to 4 rows, 1 to 20 keys, 1 or 2 KV heads and
+ex5_code  invariant_attention(q, positions, keys, values, block_size): 1 to 4 rows, 1 to 20 keys, 1 or 2 KV heads and
           1 or 2 query heads per KV head, head dimension 1 to 8, each position below the key count, blocks of 1 to 8.
           Compared: the result bit for bit.
 """
@@ -120,8 +121,8 @@ def _attention_run(fn, value):
 
 CONTRACTS = {
     "ex1_code": Contract("step_timeline", _timeline_inputs, corners=_timeline_corners, examples=300),
-    "ex2_code": Contract("pad_decode_batch", _padding_inputs, corners=_padding_corners, examples=200),
-    "ex3_code": Contract("invariant_matmul", _matmul_inputs, run=_matmul_run, corners=_matmul_corners, examples=200),
-    "ex4_code": Contract("invariant_attention", _attention_inputs, run=_attention_run, corners=_attention_corners,
+    "ex3_code": Contract("pad_decode_batch", _padding_inputs, corners=_padding_corners, examples=200),
+    "ex4_code": Contract("invariant_matmul", _matmul_inputs, run=_matmul_run, corners=_matmul_corners, examples=200),
+    "ex5_code": Contract("invariant_attention", _attention_inputs, run=_attention_run, corners=_attention_corners,
                          examples=150),
 }
