@@ -45,3 +45,13 @@ def tiny_course_lm() -> GPT:
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=generator) * 0.5)
     return model
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a module's engine tests (`pytestmark = pytest.mark.usefixtures("one_torch_thread")`):
+    tiny models run fastest so, and a busy 2-core machine punishes oversubscription."""
+    from minigpt.timing import fixed_threads
+
+    with fixed_threads(1):
+        yield

@@ -13,16 +13,12 @@ from minigpt.engine.batch_invariant import invariant_attention, invariant_matmul
 from minigpt.model import GPT
 from minigpt.sampling import SamplingParams
 from minigpt.serving.engine import EngineConfig, LLMEngine
-from minigpt.timing import fixed_threads
 
 # wide enough that the BLAS blocks its products (the tiny test model's 32 columns may not show what varies)
 MEDIUM = ModelConfig(vocab_size=512, max_seq_len=128, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=384)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    with fixed_threads(1):
-        yield
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.parametrize("tile", [1, 8, 16])

@@ -13,17 +13,13 @@ from minigpt.engine.request import PLACEHOLDER, Request, Sequence
 from minigpt.model import GPT
 from minigpt.sampling import SamplingParams
 from minigpt.serving.engine import EngineConfig, LLMEngine
-from minigpt.timing import fixed_threads
 from minigpt.tokenizer import EOT_ID
 
 CONFIG = ModelConfig(vocab_size=EOT_ID + 1, max_seq_len=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128)
 STOP_BIAS = ((EOT_ID, 6.0),)      # the end-of-text token drawn every 15 steps or so by a random model at temperature 1
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    with fixed_threads(1):
-        yield
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -12,15 +12,11 @@ from minigpt.engine.static_step import StaticDecodeStep, bucket_for
 from minigpt.model import GPT
 from minigpt.sampling import SamplingParams
 from minigpt.serving.engine import EngineConfig, LLMEngine
-from minigpt.timing import fixed_threads
 
 CONFIG = ModelConfig(vocab_size=512, max_seq_len=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    with fixed_threads(1):
-        yield
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -215,6 +215,14 @@ class LLMEngine(EngineBase):
         ahead = self.scheduler.schedule()                       # while step N runs: the next step, and its inputs
         self.num_preemptions += len(ahead.preempted)
         prepared = self.runner.prepare(ahead.chunks) if ahead.chunks else None
+        landed = self._land(step)
+        self._in_flight = launch_ready(self.runner, self._model_thread, ahead, prepared)
+        return self._emit(*landed)
+
+    def _land(self, step: InFlight) -> tuple[SchedulerOutput, dict, dict, dict[Hashable, str], float]:
+        """A launched step (applied ahead) lands: wait for its logits, sample, abort the requests whose part failed,
+        resolve the placeholders. Returns what `_emit` takes: (the step without the failed requests, sampled tokens,
+        logprobs, failures, now)."""
         failed: dict[Hashable, str] = {}
         sampled, logprobs = {}, {}
         try:
@@ -229,9 +237,8 @@ class LLMEngine(EngineBase):
                 self.scheduler.abort(request_id)
         now = self.now()
         resolve(self.scheduler, step, {k: v for k, v in sampled.items() if k not in failed}, now)
-        self._in_flight = launch_ready(self.runner, self._model_thread, ahead, prepared)
         out = SchedulerOutput([c for c in step.output.chunks if c.seq_id not in failed], step.output.preempted)
-        return self._emit(out, sampled, logprobs, failed, now)
+        return out, sampled, logprobs, failed, now
 
     def _sample(self, step: InFlight, logits, failed: dict[Hashable, str]) -> tuple[dict, dict]:
         """The landed step's tokens (and logprobs) for the sequences still waiting for them; if sampling the batch

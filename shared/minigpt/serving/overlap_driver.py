@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 from typing import Hashable
 
-from minigpt.engine.overlap import InFlight, apply_ahead, launch, ready, resolve
+from minigpt.engine.overlap import InFlight, apply_ahead, launch, ready
 from minigpt.engine.request import PLACEHOLDER
 from minigpt.engine.scheduler import SchedulerOutput
 from minigpt.serving.engine import LLMEngine
@@ -112,16 +112,7 @@ class OverlapDriver:
             raise ValueError(f"step {flight} lands before apply_ahead({flight}): the scheduler must be moved past a "
                              "launched step first (its sequences wait for placeholders that landing resolves)")
         del self._in_flight[flight]
-        failed: dict[Hashable, str] = {}
-        sampled, logprobs = self.engine._sample(step, step.wait(), failed)
-        for request_id in failed:
-            seq = self.engine.scheduler.sequences.get(request_id)
-            if seq is not None and not seq.is_finished:
-                self.engine.scheduler.abort(request_id)
-        now = self.engine.now()
-        resolve(self.engine.scheduler, step, {k: v for k, v in sampled.items() if k not in failed}, now)
-        out = SchedulerOutput([c for c in step.output.chunks if c.seq_id not in failed], step.output.preempted)
-        for output in self.engine._emit(out, sampled, logprobs, failed, now):
+        for output in self.engine._emit(*self.engine._land(step)):
             self.tokens.setdefault(output.request_id, []).extend(output.new_token_ids)
         self.log.append(("land", flight))
 
