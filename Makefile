@@ -211,5 +211,6 @@ bench: setup
 
 models: setup
 	$(PY) -m minigpt.training.train target draft target-long
+	$(PY) -m minigpt.training.draft_head
 	$(PY) -m minigpt.longctx.retrieval
 	$(PY) -m minigpt.moe.course_model
