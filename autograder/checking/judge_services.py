@@ -83,8 +83,11 @@ def judge_services() -> dict[type, Service]:
         CountingComm: Service(methods=frozenset({"all_reduce", "all_gather", "all_to_all", "ring_pass"}),
                               get=frozenset({"rank", "world_size"})),
         KVCache: Service(items=True, get=frozenset({"length", "max_seq_len", "batch_size"})),
-        LayerKVCache: Service(get=frozenset({"length", "max_seq_len", "batch_size", "n_kv_heads", "head_dim", "k",
-                                             "v"}), set=frozenset({"length"})),
+        # a layer's own protocol (update) too: a model run by the learner's code writes into the judge's cache (lab 06's
+        # draft head), so the judge sees every key and value written as it is written
+        LayerKVCache: Service(methods=frozenset({"update"}), get=frozenset({"length", "max_seq_len", "batch_size",
+                                                                           "n_kv_heads", "head_dim", "k", "v"}),
+                              set=frozenset({"length"})),
         BlockManager: Service(methods=frozenset({"table", "num_tokens"}), get=frozenset({"block_size"})),
         CountingAutomaton: Service(methods=frozenset({"step", "walk", "accepting", "live", "start_state"}),
                                    get=frozenset({"start"})),

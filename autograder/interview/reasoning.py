@@ -37,6 +37,10 @@ _MIXED_MS = _STEP.mixed_step_s(32, 32 * 4096, [(0, _CHUNK)]) * 1e3
 _WHOLE_MS = _STEP.prefill_s([4096]) * 1e3
 # Question 19's wire bytes: DeepSeek-V3 (256 experts, 8 a token) over 64 ranks, FP8 out and BF16 back.
 _EP64 = dispatch_combine_bytes_per_token(DEEPSEEK_V3, 64)
+# Question 22: a tree's verify is compute-bound once B * nodes positions pass the ridge point (bf16: 2 FLOP per weight
+# per position over 2 bytes per weight = 1 FLOP per byte per position)
+_TREE_NODES, _RIDGE_H100 = 16, _H100.ridge_point("bf16")
+_TREE_BATCH = -(-int(_RIDGE_H100) // _TREE_NODES)
 # Question 21's step: Llama-3.2-1B in bf16 at batch 1 on an H100 (weights read once), beside 0.9 ms of scheduling.
 _LLAMA_1B = ModelShape("Llama-3.2-1B", n_layers=16, d_model=2048, n_heads=32, n_kv_heads=8, head_dim=64, d_ff=8192,
                        vocab_size=128_256, tie_embeddings=True)
@@ -471,5 +475,30 @@ CHOICE_QUESTIONS: tuple[ChoiceQuestion, ...] = (
         f"{_SCHEDULER_MS / (_STEP_1B_MS + _SCHEDULER_MS):.0%} of the time; overlapped (SGLang's zero-overhead "
         "scheduler, vLLM's async scheduling), the next step is scheduled while this one runs, with placeholders for "
         "its tokens, and the step takes the longer of the two instead of their sum."),
+    ChoiceQuestion(
+        22, "Draft heads and token trees", "06",
+        "An EAGLE head drafts a chain of 5 tokens for Llama 3.1 8B on an H100 at batch 1. A colleague proposes verifying a "
+        f"tree of {_TREE_NODES} candidate tokens each round instead. When does the tree pay, and why do engines shrink "
+        "trees and switch speculation off as the batch grows?",
+        f"At batch 1 the target over {_TREE_NODES} positions still costs about one memory-bound step, so siblings that "
+        "rescue a wrong first guess come nearly free; the verify's positions multiply with the batch, and once they "
+        "pass the ridge point the extra nodes cost full compute",
+        (("Always: the tree is verified in one forward pass whatever its size",
+          f"one pass, but it costs what it computes once it is compute-bound: bf16 weights give {_TREE_NODES} FLOP per "
+          f"weight byte per request in the tree, and the H100's ridge point is {_RIDGE_H100:.0f}, passed from a batch of "
+          f"{_TREE_BATCH} (lab 06 measured the course target over 11 positions at almost two steps on a 2-core CPU)."),
+         ("Never with sampling: a tree of candidates changes the output distribution, so trees are greedy-only",
+          "recursive rejection sampling tries the siblings in order against the residual and keeps the target's "
+          "distribution exactly (lab 06's chi-square test passes for trees as for chains)."),
+         ("When the head is accurate: a good head makes the tree's extra branches pay",
+          "the more often the first guess is right, the less the siblings add; trees pay where the head hesitates "
+          "between a few tokens, and only while the extra positions are nearly free.")),
+        "A round costs depth head calls plus one target forward over the tree's nodes and earns the accepted path plus "
+        "one token. At batch 1 the target reads its weights once whatever the number of positions, so a tree that "
+        "accepts more tokens a round wins (SGLang's EAGLE defaults grow 5 levels, 4 children a node, verify 8 nodes). "
+        f"In a batch of B requests the verify runs B x nodes positions: with {_TREE_NODES} nodes an H100 reaches its "
+        f"ridge point ({_RIDGE_H100:.0f} FLOP/byte in bf16) at B = {_TREE_BATCH}, and every position beyond costs "
+        "compute the batch would have spent on real tokens. Engines narrow the tree, draft fewer tokens, or stop "
+        "speculating at large batches (vLLM's disable_by_batch_size)."),
 
 )

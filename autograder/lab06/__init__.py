@@ -34,6 +34,16 @@ CPU tier, one module per exercise group:
                                              decoding and the calibrated fraction of the reference's speedup
 Exercise 4 and the speed grades run the learner's generator with the package's truncate_cache, sampling_probs and
 verify_draft (common.with_reference_pieces), so they grade its loop alone.
+Part two (draft heads and token trees):
+    head_chain.check_draft_chain(fn)         greedy chain drafting with a draft head: drafts and the head's cache (keys
+                                             written, length) against the reference on a small random target and head
+    trees.check_tree_attention_inputs(fn)    tree attention mask and positions on fixed and drawn trees; bad parents refused
+    trees.check_verify_tree(fn)              greedy walks (the argmax in any sibling, stops, accepted leaves) exact;
+                                             sampled verification by a chi-square test on the bigram toy (trees of depth
+                                             2, two children a node drawn from the draft)
+    trees.check_keep_path(fn)                the accepted nodes' keys and values moved down, lengths, refusal unchanged
+    Each check makes its expected answers before the learner's code runs (the reference guard refuses any call into
+    the reference inside the checked block).
 Interview questions (questions.py, keys computed from first principles, not with the calculator the notebook
 imports): check_q1_acceptance, check_q2_best_k (pick k when acceptance decays with the draft position, each wrong pick
 diagnosed), check_q3_speedup_from_logs (alpha recovered from a logged mean acceptance length, then priced at another
@@ -55,16 +65,20 @@ from autograder.lab06.common import (ENGINE_SAMPLES, SIGNIFICANCE, SPEED_CHECK, 
 from autograder.lab06.generator import _tiny_pair, check_generate_speculative, engine_distribution_test
 from autograder.lab06.lookup import check_acceptance_stats, check_ngram_propose
 from autograder.lab06.probabilities import check_sampling_probs
+from autograder.lab06.head_chain import check_draft_chain
 from autograder.lab06.questions import (check_q1_acceptance, check_q2_best_k, check_q3_speedup_from_logs,
-                                        check_q4_break_even_batch)
+                                        check_q4_break_even_batch, check_q5_chain_or_tree, check_q6_head_share)
 from autograder.lab06.rollback import check_truncate_cache
 from autograder.lab06.prompts import code_edit_prompts
 from autograder.lab06.speed import check_speculative_speedup, check_target_calls
+from autograder.lab06.trees import check_keep_path, check_tree_attention_inputs, check_verify_tree, tree_distribution_test
 from autograder.lab06.verify import check_verify_draft, verify_distribution_test
 
 __all__ = ["check_truncate_cache", "check_sampling_probs", "check_verify_draft", "check_generate_speculative",
            "check_ngram_propose", "check_acceptance_stats", "check_speculative_speedup", "check_target_calls",
            "check_q1_acceptance", "check_q2_best_k", "check_q3_speedup_from_logs", "check_q4_break_even_batch",
+           "check_draft_chain", "check_tree_attention_inputs", "check_verify_tree", "check_keep_path",
+           "check_q5_chain_or_tree", "check_q6_head_share", "tree_distribution_test",
            "SIGNIFICANCE", "VERIFY_SAMPLES", "ENGINE_SAMPLES", "SPEED_CHECK", "TOY_SAMPLING", "BigramLM", "toy_pair",
            "verify_distribution_test", "engine_distribution_test", "code_edit_prompts", "rejection_threshold",
            "noncentrality_for_power", "samples_for_power", "_toy_tables", "_tiny_pair", "with_reference_pieces"]

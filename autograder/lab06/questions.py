@@ -184,3 +184,69 @@ def check_q4_break_even_batch(answer: Any) -> None:
                  unit="sequences",
                  hint="speedup(B) = E * t(B) / (3 * 0.1 t(B) + t(4B)) with t(n) = 10 + 0.04 n; find the first integer B "
                       "with speedup < 1 (the inequality is linear in B).")
+
+
+# Q5: four draft nodes spent as a chain or as a tree (greedy verification, a head whose k-th likeliest token is the
+# target's argmax with a fixed probability at every level, independently).
+Q5 = {"top1": 0.6, "top2": 0.2}
+
+
+def _chain_tokens(top1: float, depth: int) -> float:
+    """Expected tokens a round emits with a greedy chain of `depth` drafts: 1 + sum_i top1^i."""
+    return 1 + sum(top1 ** i for i in range(1, depth + 1))
+
+
+def _forked_tokens(top1: float, top2: float) -> float:
+    """Root with its two likeliest tokens as children, each child with its own likeliest token below it."""
+    return 1 + (top1 + top2) + (top1 + top2) * top1
+
+
+def q5_best_tokens() -> float:
+    return max(_chain_tokens(Q5["top1"], 4), _forked_tokens(Q5["top1"], Q5["top2"]))
+
+
+def check_q5_chain_or_tree(answer: Any) -> None:
+    """The expected tokens per round of the better use of four draft nodes."""
+    t1, t2 = Q5["top1"], Q5["top2"]
+    check_answer(answer, q5_best_tokens(), "Q5 (four draft nodes: chain or tree)",
+                 {_forked_tokens(t1, t2): "that is the forked tree's; compare it with the chain of four: on these numbers "
+                                          "the chain's deeper levels are worth more than the second branch.",
+                  _chain_tokens(t1, 2): "that is a chain of two drafts; the chain of four uses all four nodes.",
+                  _chain_tokens(t1, 4) - 1: "count the token every round emits after the last accepted draft (+1).",
+                  1 + (t1 + t2) + (t1 + t2) ** 2: "a child's own child is its likeliest token only: the level below a "
+                                                  "fork accepts with top1, not top1 + top2."},
+                 unit="tokens per round", rel=1e-6,
+                 hint="Expected tokens = 1 + sum over depths of P(the walk reaches that depth); a level with the top two "
+                      "tokens as siblings is passed with probability top1 + top2.")
+
+
+# Q6: an EAGLE head for Llama 3.1 8B: what one head step reads, as a share of what a target decode step reads.
+Q6 = {"d": 4096, "d_ff": 14336, "layers": 32, "kv_dim": 1024, "vocab": 128_256}
+
+
+def _layer_params(d: int, d_ff: int, kv_dim: int) -> int:
+    return 2 * d * d + 2 * d * kv_dim + 3 * d * d_ff        # wq, wo; wk, wv; gate, up, down
+
+
+def q6_head_share() -> float:
+    d, ff, kv, V, L = Q6["d"], Q6["d_ff"], Q6["kv_dim"], Q6["vocab"], Q6["layers"]
+    layer = _layer_params(d, ff, kv)
+    head = 2 * d * d + layer + d * V                          # fc over [feature ; embedding], one layer, the LM head
+    target = L * layer + d * V                                # every layer and the LM head (one embedding row only)
+    return head / target
+
+
+def check_q6_head_share(answer: Any) -> None:
+    d, ff, kv, V, L = Q6["d"], Q6["d_ff"], Q6["kv_dim"], Q6["vocab"], Q6["layers"]
+    layer = _layer_params(d, ff, kv)
+    head, target = 2 * d * d + layer + d * V, L * layer + d * V
+    check_answer(answer, q6_head_share(), "Q6 (a head step's share of a target step)",
+                 {(2 * d * d + layer) / target: "the head has no LM head of its own but reads the target's at every step: "
+                                                "its d x vocab bytes count.",
+                  (layer + d * V) / target: "the head's first matrix, [feature ; embedding] (2d) -> d, is read too.",
+                  head / (target + d * V): "a decode step reads one row of the embedding table, not all of it.",
+                  1 / L: "one layer of 32 is not the share: the LM head is a large part of both steps.",
+                  head / (L * layer): "the target's step reads its LM head too."},
+                 unit="fraction of a target step", rel=1e-3,
+                 hint="Count what each step reads, in parameters: the head's fc, its layer and the shared LM head, against "
+                      "the target's 32 layers and its LM head.")

@@ -10,7 +10,8 @@ from torch import Tensor
 
 from autograder.harness import call_learner, expect_value_error, quiet
 from autograder.checking.reference_guard import no_calls_into, own_work
-from autograder.lab06.common import (SIGNIFICANCE, TOY_VOCAB, _chi2_report, _exact_three, _toy_tables, drawn_seeds)
+from autograder.lab06.common import (SIGNIFICANCE, TOY_VOCAB, _chi2_report, _exact_three, _toy_tables, drawn_seeds,
+                                     where_it_runs)
 from minigpt.cache.contiguous import KVCache
 from minigpt.config import ModelConfig
 from minigpt.engine.speculative import sampling_probs
@@ -261,34 +262,49 @@ def check_keep_path(fn: Callable) -> None:
         _check_keep_path(fn, what)
 
 
+KEEP_CONFIG = ModelConfig(vocab_size=32, max_seq_len=24, d_model=16, n_layers=3, n_heads=2, n_kv_heads=1, d_ff=32)
+
+
+def filled_cache(seed: int, positions: int) -> KVCache:
+    """A cache of KEEP_CONFIG's shape holding `positions` positions of seeded keys k and values 2k in every layer
+    (the same on either side of the wire: the check builds one where the learner's code runs, one here)."""
+    cache = KVCache.for_model(KEEP_CONFIG)
+    g = torch.Generator().manual_seed(seed)
+    for layer in cache:
+        k = torch.randn(1, positions, 1, KEEP_CONFIG.head_dim, generator=g)
+        layer.update(k, 2 * k)
+    return cache
+
+
 def _check_keep_path(fn: Callable, what: str) -> None:
-    cfg = ModelConfig(vocab_size=32, max_seq_len=24, d_model=16, n_layers=3, n_heads=2, n_kv_heads=1, d_ff=32)
-    g = torch.Generator().manual_seed(next(drawn_seeds(fn)) % 2 ** 31)
+    """The cache is built where fn runs (judged: in the kernel, since keep_path writes into its buffers in place, and
+    the judge's tensors reach the kernel as copies); what it holds afterwards is read back and compared here."""
+    seed = next(drawn_seeds(fn)) % 2 ** 31
     for start, n, nodes in ((5, 7, [0, 2, 5]), (3, 6, [0]), (0, 4, [0, 1, 2, 3]), (8, 9, [0, 1, 4, 8]), (6, 5, [])):
-        cache = KVCache.for_model(cfg)
-        ks = [torch.randn(1, start + n, 1, cfg.head_dim, generator=g) for _ in range(cfg.n_layers)]
-        for layer, k in zip(cache, ks):
-            layer.update(k, 2 * k)
+        here = filled_cache(seed, start + n)
+        ks = [layer.k[:, :start + n].clone() for layer in here]
+        cache = where_it_runs(fn, filled_cache, seed, start + n, here=here)
         call = f"{what}: keep_path(cache, start={start}, nodes={nodes}) on a cache of {start + n} positions"
         call_learner(call, fn, cache, start, list(nodes))
-        lengths = [layer.length for layer in cache]
-        if lengths != [start + len(nodes)] * cfg.n_layers:
+        layers = list(cache)
+        lengths = [layer.length for layer in layers]
+        if lengths != [start + len(nodes)] * KEEP_CONFIG.n_layers:
             raise AssertionError(f"{call}: every layer's length should be {start + len(nodes)} (start + the nodes kept), "
                                  f"got {lengths}")
-        for i, (layer, k) in enumerate(zip(cache, ks)):
+        for i, (layer, k) in enumerate(zip(layers, ks)):
             want = torch.cat([k[:, :start], k[:, [start + j for j in nodes]]], 1)
-            got = layer.k[:, :start + len(nodes)]
-            got_v = layer.v[:, :start + len(nodes)]
+            got, got_v = layer.k[:, :start + len(nodes)], layer.v[:, :start + len(nodes)]
             if not torch.equal(got, want) or not torch.equal(got_v, 2 * want):
                 bad = next(j for j in range(want.shape[1])
                            if not torch.equal(got[:, j], want[:, j]) or not torch.equal(got_v[:, j], 2 * want[:, j]))
                 raise AssertionError(f"{call}: layer {i}, position {bad} does not hold what it should "
                                      f"({'the cached context must stay' if bad < start else f'node {nodes[bad - start]} written at ' + str(start + nodes[bad - start])})"
                                      "; keys and values both move")
-    cache = KVCache.for_model(cfg)
-    for layer in cache:
-        layer.update(torch.ones(1, 6, 1, cfg.head_dim), torch.ones(1, 6, 1, cfg.head_dim))
-    expect_value_error(f"{what}: keep_path(cache, 2, [0, 5]) on a cache of 6 positions (node 5 would be position 7)",
-                       fn, cache, 2, [0, 5], naming=("6",))
-    if [layer.length for layer in cache] != [6] * cfg.n_layers:
-        raise AssertionError(f"{what}: the refused keep_path changed the cache's lengths; check before changing anything")
+        seed += 1
+    for node in (4, 5):                       # position 6 is one past the last of 6 positions, 7 further still
+        cache = where_it_runs(fn, filled_cache, seed, 6, here=filled_cache(seed, 6))
+        expect_value_error(f"{what}: keep_path(cache, 2, [0, {node}]) on a cache of 6 positions (node {node} would be "
+                           f"position {2 + node})", fn, cache, 2, [0, node], naming=("6",))
+        if [layer.length for layer in list(cache)] != [6] * KEEP_CONFIG.n_layers:
+            raise AssertionError(f"{what}: the refused keep_path changed the cache's lengths; check before changing "
+                                 "anything")

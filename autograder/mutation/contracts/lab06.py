@@ -1,6 +1,7 @@
 """Lab 06 (speculative decoding): the exercises' contracts for the differential tests (equivalence.py).
 
-ex1 truncate_cache, ex2 sampling_probs, ex3 verify_draft, ex4 generate_speculative, ex5 ngram_propose. Random
+ex1 truncate_cache, ex2 sampling_probs, ex3 verify_draft, ex4 generate_speculative, ex5 ngram_propose; part two:
+ex7 draft_chain, ex8 tree_attention_inputs, ex9 verify_tree, ex10 keep_path. Random
 draws are compared with the same seed on both sides (a seeded torch.Generator, SamplingParams.seed), so a mutant
 that draws differently, or consumes a draw the solution does not, is told apart on the tokens.
 """
@@ -376,4 +377,135 @@ EX6 = Contract("acceptance_rate", lambda ns: _acceptance(), run=_run_acceptance,
                + [("rate", torch.eye(3), torch.eye(3)[[1, 2, 0]]), ("rate", torch.full((4,), 0.25), torch.eye(4)[0])])
 
 
-CONTRACTS = {"ex1_code": EX1, "ex2_code": EX2, "ex3_code": EX3, "ex4_code": EX4, "ex5_code": EX5, "ex6_code": EX6}
+# ---------------------------------------------------------------------------------------------------
+# Exercise 7: draft_chain(head, target, cache, features, tokens, k) -> k greedy drafts; the head's cache after
+# ---------------------------------------------------------------------------------------------------
+
+@st.composite
+def _chains(draw):
+    length = draw(st.integers(2, 12))
+    read = draw(st.integers(1, length - 1))
+    return draw(st.integers(0, 2 ** 20)), length, read, draw(st.integers(0, 5))
+
+
+def _run_chain(fn, value):
+    from autograder.lab06.head_chain import tiny_target_and_head
+    from minigpt.engine.draft_head import head_cache, target_features
+
+    seed, length, read, k = value
+    target, head = tiny_target_and_head(seed)
+    prompt = torch.randint(0, target.config.vocab_size, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+    before = length - 1 - read
+    with torch.inference_mode():
+        f, _ = target_features(target, torch.tensor([prompt]))
+        cache = head_cache(head, 32)
+        if before:
+            head(f[:, :before], torch.tensor([prompt[1:1 + before]]), target, torch.arange(1, 1 + before), cache)
+    out = call_with(fn, (head, target, cache, f[0, before:length - 1].clone(), list(prompt[1 + before:]), k))
+    return out[0], cache.length, cache[0].k[:, :cache.length].clone()
+
+
+EX7 = Contract("draft_chain", lambda ns: _chains(), run=_run_chain,
+               corners=lambda ns: [(0, 2, 1, 0), (0, 2, 1, 1), (1, 9, 3, 4), (2, 12, 1, 5), (3, 6, 5, 3)], examples=30)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Exercise 8: tree_attention_inputs(parents, past_len) -> (mask, positions); ValueError for what is not a tree
+# ---------------------------------------------------------------------------------------------------
+
+@st.composite
+def _trees(draw, n_max: int = 10):
+    n = draw(st.integers(1, n_max))
+    return [-1] + [draw(st.integers(0, i - 1)) for i in range(1, n)]
+
+
+@st.composite
+def _tree_inputs(draw):
+    parents = draw(_trees())
+    if draw(st.integers(0, 9)) == 0:            # sometimes not a tree
+        parents = draw(st.sampled_from([[0], [], [-1, 1], [-1, 0, 3], [-1, -1], [0, 0]]))
+    return parents, draw(st.integers(0, 6))
+
+
+EX8 = Contract("tree_attention_inputs", lambda ns: _tree_inputs(),
+               corners=lambda ns: [([-1], 0), ([-1], 3), ([-1, 0, 1, 2], 0), ([-1, 0, 0, 1, 2, 2], 2), ([-1, 0, 0, 0], 1),
+                                   ([0, 0], 0), ([-1, 1], 0), ([-1, 0, 3, 0], 0), ([], 0)])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Exercise 9: verify_tree(tokens, parents, p, q, *, greedy, generator) -> (path, emitted), same seed both sides
+# ---------------------------------------------------------------------------------------------------
+
+@st.composite
+def _tree_verifications(draw):
+    parents = draw(_trees(8))
+    n, vocab = len(parents), draw(st.integers(2, 5))
+    q = torch.stack([draw(_distribution(vocab)) for _ in range(n)])
+    p = torch.stack([draw(_distribution(vocab)) for _ in range(n)])
+    if draw(st.booleans()):                  # drafts that often agree with the target
+        p = torch.where(torch.tensor([draw(st.booleans()) for _ in range(n)])[:, None], q, p)
+    greedy = draw(st.booleans())
+    tokens = [0] * n
+    for i in range(1, n):
+        row = p[parents[i]] if greedy and draw(st.booleans()) else q[parents[i]]
+        tokens[i] = draw(st.sampled_from(torch.nonzero(row > 0).flatten().tolist()))
+    return tokens, parents, p, q, greedy, draw(st.integers(0, 2 ** 32 - 1))
+
+
+def _run_tree_verify(fn, value):
+    tokens, parents, p, q, greedy, seed = value
+    return call_with(fn, ((list(tokens), list(parents), p, q), {"greedy": greedy,
+                                                                "generator": torch.Generator().manual_seed(seed)}))
+
+
+def _tree_verify_corners(ns):
+    one_hot = lambda *ids: torch.nn.functional.one_hot(torch.tensor(ids), 4).float()   # noqa: E731
+    out = []
+    # greedy: the argmax in the second sibling; an accepted leaf's bonus; no child holds it
+    out.append(([0, 1, 2, 3], [-1, 0, 0, 2], one_hot(2, 0, 3, 1), one_hot(0, 0, 0, 0), True, 0))
+    out.append(([0, 1, 2], [-1, 0, 0], one_hot(3, 0, 0), one_hot(0, 0, 0), True, 0))
+    # sampled: a sibling rejected, then the next tried against the residual; q(t) = p(t) exactly
+    soft = lambda *rows: torch.softmax(torch.tensor(rows, dtype=torch.float32), -1)   # noqa: E731
+    for seed in (0, 1, 2, 3):
+        out.append(([0, 1, 2, 0], [-1, 0, 0, 1], soft([0.0, 1.0, -1.0], [0.5, 0.0, 0.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0]),
+                    soft([0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]), False, seed))
+    out.append(([0, 1], [-1, 0], soft([0.0, -_INF], [0.0, 0.0]), soft([0.0, -20.0], [0.0, 0.0]), False, 5))
+    return out
+
+
+EX9 = Contract("verify_tree", lambda ns: _tree_verifications(), run=_run_tree_verify, corners=_tree_verify_corners)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Exercise 10: keep_path(cache, start, nodes): nodes' positions moved down, length set; ValueError changing nothing
+# ---------------------------------------------------------------------------------------------------
+
+@st.composite
+def _paths(draw):
+    layers, filled = draw(st.integers(1, 3), ), draw(st.integers(1, 8))
+    start = draw(st.integers(0, filled - 1))
+    nodes, node = [0], 0
+    while node < filled - start - 1 and draw(st.booleans()):
+        node = draw(st.integers(node + 1, filled - start - 1))
+        nodes.append(node)
+    if draw(st.integers(0, 7)) == 0:
+        nodes = nodes + [filled - start + draw(st.integers(0, 2))]          # past the cache's end
+    if draw(st.integers(0, 7)) == 0:
+        nodes = []
+    return layers, filled, draw(st.integers(0, 99)), start, nodes
+
+
+def _run_keep(fn, value):
+    layers, filled, seed, start, nodes = value
+    cache = _cache(layers, 10, filled, seed)
+    out = call_with(fn, (cache, start, list(nodes)))
+    return out, [(layer.length, layer.k.clone(), layer.v.clone()) for layer in cache]
+
+
+EX10 = Contract("keep_path", lambda ns: _paths(), run=_run_keep,
+                corners=lambda ns: [(2, 8, 0, 3, [0, 2, 4]), (1, 4, 0, 0, [0, 1, 2, 3]), (2, 5, 0, 4, [0]),
+                                    (2, 5, 0, 2, [0, 3]), (1, 3, 0, 1, []), (3, 8, 1, 1, [0, 1, 6])])
+
+
+CONTRACTS = {"ex1_code": EX1, "ex2_code": EX2, "ex3_code": EX3, "ex4_code": EX4, "ex5_code": EX5, "ex6_code": EX6,
+             "ex7_code": EX7, "ex8_code": EX8, "ex9_code": EX9, "ex10_code": EX10}

@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from minigpt.attention import resolve_attention
-from minigpt.cache.contiguous import KVCache
+from minigpt.cache.contiguous import KVCache, LayerKVCache
 from minigpt.checkpoint import STORAGE_DTYPE, CheckpointError, checkpoint_paths, sha256_file
 from minigpt.config import ModelConfig
 from minigpt.model import GPT, Block, LayerCache, RMSNorm, default_linear, rope_angles
@@ -54,7 +54,7 @@ class DraftHead(nn.Module):
         """
         x = self.fc(torch.cat([features.to(self.fc.weight.dtype), target.tok_emb(tokens).to(self.fc.weight.dtype)], -1))
         angles = rope_angles(positions, self.config.head_dim, self.config.rope_theta, self.config.rope_scaling)
-        layer = kv_cache[0] if isinstance(kv_cache, KVCache) else kv_cache
+        layer = kv_cache if kv_cache is None or isinstance(kv_cache, LayerKVCache) else kv_cache[0]   # a KVCache: its layer
         predicted = self.norm(self.block(x, angles, layer))
         return predicted, target.lm_head(predicted.to(target.lm_head.weight.dtype))
 

@@ -18,7 +18,7 @@ distribution (sampling), as lab 06's loop does.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -27,13 +27,13 @@ from minigpt.cache.contiguous import KVCache
 from minigpt.cache.rollback import truncate_cache
 from minigpt.engine.draft_head import DraftHead, head_cache, target_features, tree_attention, with_attention
 from minigpt.engine.speculative import sampling_probs
-from minigpt.engine.token_tree import TokenTree, keep_path, tree_attention_inputs, verify_tree
+from minigpt.engine.token_tree import TokenTree, keep_path, tree_attention_inputs, tree_depths, verify_tree
 from minigpt.generate import FinishReason, Generation, StopRule, check_request
 from minigpt.model import GPT
 from minigpt.sampling import SamplingParams, make_generator
 from minigpt.tokenizer import EOT_ID
 
-__all__ = ["TreeShape", "TreeRound", "HeadGeneration", "draft_chain", "grow_tree", "generate_with_head",
+__all__ = ["TreeShape", "TreeRound", "HeadGeneration", "draft_chain", "grow_tree", "head_rounds", "generate_with_head",
            "chain_acceptance", "card_acceptance"]
 
 
@@ -57,14 +57,34 @@ class TreeShape:
         return 1 + (self.branch * (1 + (self.depth - 1) * self.width) if self.depth else 0)
 
 
-@dataclass
+@dataclass(frozen=True)
 class TreeRound:
-    """One round: the tree's size and depth, the accepted path's length, and the tokens emitted."""
+    """One round: the tree drafted below the root (node 0, the context's last token; parents[i] < i), the nodes the
+    target accepted, the tokens the round emitted, and what the generation keeps of them."""
 
-    nodes: int
-    depth: int
-    accepted: int
-    emitted: list[int]
+    tokens: list[int]
+    parents: list[int]
+    path: list[int]                     # the accepted nodes below the root, in order (`verify_tree`)
+    emitted: list[int]                  # the path's tokens, then the target's token where the walk stopped
+    new_tokens: list[int]               # `emitted`, cut where a stop rule ends the generation
+    finish_reason: FinishReason | None  # None while the generation goes on
+
+    @property
+    def nodes(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def depth(self) -> int:
+        return max(tree_depths(self.parents))
+
+    @property
+    def accepted(self) -> int:
+        return len(self.path)
+
+    @property
+    def extra(self) -> int:
+        """The token the target adds after the accepted path."""
+        return self.emitted[len(self.path)]
 
 
 @dataclass
@@ -156,11 +176,12 @@ def _head_mask(parents: list[int], fed: list[int], new: list[int], committed: in
 
 
 @torch.inference_mode()
-def generate_with_head(target: GPT, head: DraftHead, prompt: Sequence[int], max_new_tokens: int,
-                       sampling: SamplingParams = SamplingParams(), *, shape: TreeShape = TreeShape(4),
-                       stop_token_ids: Sequence[int] = (EOT_ID,), stop_strings: Sequence[str] = (),
-                       tokenizer: object | None = None) -> HeadGeneration:
-    """Speculative decoding with the head's trees; arguments, stops and output distribution as `generate_kv_cache`."""
+def head_rounds(target: GPT, head: DraftHead, prompt: Sequence[int], max_new_tokens: int,
+                sampling: SamplingParams = SamplingParams(), *, shape: TreeShape = TreeShape(4),
+                stop_token_ids: Sequence[int] = (EOT_ID,), stop_strings: Sequence[str] = (),
+                tokenizer: object | None = None) -> Iterator[TreeRound]:
+    """Speculative decoding with the head's trees, a round per `next()` (see the module docstring); ends after the
+    round whose finish_reason is set, at once when max_new_tokens is 0."""
     ids = check_request(target, prompt, max_new_tokens)
     size = len(ids) + max_new_tokens + shape.nodes
     stop = StopRule(max_new_tokens, stop_token_ids, stop_strings, tokenizer)
@@ -173,7 +194,6 @@ def generate_with_head(target: GPT, head: DraftHead, prompt: Sequence[int], max_
         f, _ = target_features(target, torch.tensor([ids[:-1]]), cache.next_positions(len(ids) - 1), cache)
         features = f[0]
     pending = context[1:]                        # tokens x_t whose pairs (f_{t-1}, x_t) the head has not read
-    rounds: list[TreeRound] = []
     reason: FinishReason | None = "length" if max_new_tokens == 0 else None
     while reason is None:
         depth = min(shape.depth, max_new_tokens - len(stop.tokens) - 1)
@@ -191,19 +211,31 @@ def generate_with_head(target: GPT, head: DraftHead, prompt: Sequence[int], max_
         path, emitted = verify_tree(tree.tokens, tree.parents, sampling_probs(logits[0], sampling), tree.q,
                                     greedy=sampling.greedy, generator=generator)
         keep_path(cache, L, [0] + path)
-        rounds.append(TreeRound(len(tree), depth, len(path), emitted))
         landed = f[0, [0] + path]                # f at the root and the accepted nodes: the features of `emitted`
         if read:
             truncate_cache(hcache, committed)    # drop the speculative nodes, keep the pairs read
             features, pending = landed, list(emitted)
         else:
             features, pending = torch.cat([features, landed]), pending + emitted
+        before = len(stop.tokens)
         for t in emitted:
             reason = stop.add(t)
             context.append(t)
             if reason is not None:
                 break
-    return HeadGeneration(stop.tokens, reason, prompt_tokens=len(ids), rounds=rounds)
+        yield TreeRound(list(tree.tokens), list(tree.parents), path, emitted, stop.tokens[before:], reason)
+
+
+def generate_with_head(target: GPT, head: DraftHead, prompt: Sequence[int], max_new_tokens: int,
+                       sampling: SamplingParams = SamplingParams(), *, shape: TreeShape = TreeShape(4),
+                       stop_token_ids: Sequence[int] = (EOT_ID,), stop_strings: Sequence[str] = (),
+                       tokenizer: object | None = None) -> HeadGeneration:
+    """Speculative decoding with the head's trees; arguments, stops and output distribution as `generate_kv_cache`."""
+    rounds = list(head_rounds(target, head, prompt, max_new_tokens, sampling, shape=shape,
+                              stop_token_ids=stop_token_ids, stop_strings=stop_strings, tokenizer=tokenizer))
+    tokens = [t for r in rounds for t in r.new_tokens]
+    reason = rounds[-1].finish_reason if rounds else "length"
+    return HeadGeneration(tokens, reason, prompt_tokens=len(prompt), rounds=rounds)
 
 
 def chain_acceptance(rounds: Sequence[TreeRound], depth: int) -> list[float]:

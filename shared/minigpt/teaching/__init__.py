@@ -10,7 +10,8 @@ speculative calculator) lives below them in `minigpt.costmodel`, which the engin
 * `attention_traffic` (HBM bytes of naive vs flash attention), `flash_stepper` (online-softmax
   stepper widget) and `peak_memory`, lab 04.
 * `quant_explorer` (weights, quantization grid, error and memory per format), lab 05.
-* `goodness_of_fit` (chi-square test) and `speculative_player` (round-by-round widget), lab 06.
+* `goodness_of_fit` (chi-square test), `speculative_player` (round-by-round widget) and `tree_view` (a drafted token
+  tree verified, round by round), lab 06.
 * `parallel_planner` (the widget over `costmodel.parallel_cost`) and `pipeline_schedule`, lab 07.
 * `serving_plots` (throughput and p99 TTFT against request rate), `serving_dashboard`, lab 08.
 * `retrieval_view` (pass keys retrieved against depth and length, perplexity per band), lab 09.
