@@ -174,6 +174,77 @@ def test_speculative_fails_loudly_on_other_tokens(tiny_model, monkeypatch):
         speculative.compare_speculative(tiny_model, tiny_model, [[1, 2, 3]], new_tokens=4, k=2, repeats=1)
 
 
+def test_the_draft_head_runs_in_the_same_comparison_against_greedy_decode(tiny_model, tiny_config):
+    from minigpt.bench import speculative
+    from minigpt.engine.draft_head import DraftHead
+    from minigpt.engine.head_speculative import TreeShape
+    from minigpt.model import GPT
+
+    torch.manual_seed(2)
+    draft, head = GPT(tiny_config).eval(), DraftHead(tiny_config).eval()
+    shapes = (TreeShape(2), TreeShape(2, 2, 2))
+    found = speculative.compare_speculative(tiny_model, draft, [[1, 2, 3, 4], [5, 6, 7]], new_tokens=6, k=2,
+                                            repeats=1, head=head, shapes=shapes)
+    names = [speculative.head_candidate(s) for s in shapes]
+    assert set(found["tokens_per_s"]) == set(speculative.CANDIDATES) | set(names) and found["tokens_identical"]
+    costs, chain, tree = found["head"]["costs"], found["head"]["shapes"]["chain of 2"], \
+        found["head"]["shapes"]["tree (2, 2, 2)"]
+    assert set(costs["verify_s"]) == {"3", "7"} and costs["head_call_s"] > 0
+    assert len(chain["acceptance_by_position"]) == 2 and "acceptance_by_position" not in tree
+    h, v = costs["head_call_s"] / costs["target_step_s"], costs["verify_s"]["7"] / costs["target_step_s"]
+    assert tree["predicted_speedup"] == pytest.approx(tree["tokens_per_round"] / (2 * h + v))
+    rows = speculative.figures(found)[6:]
+    greedy = found["tokens_per_s"]["lab 01 generate_kv_cache"]
+    assert [r["ratio"] for r in rows[:2]] == pytest.approx([found["tokens_per_s"][n] / greedy for n in names])
+    assert [r.get("goal") for r in rows] == [speculative.GOAL] * 2 + [None] * 4
+    assert rows[4]["ratio"] == pytest.approx(1 / h) and rows[5]["ratio"] == pytest.approx(1 / v)
+    assert len(speculative.notes(found)) == 3 + 1 + 2 + 1
+
+
+def test_shape_parents_lay_out_as_many_nodes_a_level_as_grow_tree(tiny_model, tiny_config):
+    from minigpt.bench.speculative import shape_parents
+    from minigpt.engine.draft_head import DraftHead, head_cache
+    from minigpt.engine.head_speculative import TreeShape, grow_tree
+    from minigpt.engine.token_tree import tree_attention_inputs
+
+    assert shape_parents(TreeShape(3, 2, 2)) == [-1, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert shape_parents(TreeShape(4)) == [-1, 0, 1, 2, 3]
+    torch.manual_seed(3)
+    head = DraftHead(tiny_config).eval()
+    for shape in (TreeShape(2), TreeShape(4, 2, 2), TreeShape(3, 1, 3), TreeShape(2, 3, 2)):
+        with torch.inference_mode():
+            tree = grow_tree(head, tiny_model, head_cache(head, 32), torch.zeros(3, tiny_config.d_model), [1, 2, 3],
+                             shape)
+        grown = sorted(tree_attention_inputs(tree.parents, 0)[1].tolist())          # each node's depth
+        laid = sorted(tree_attention_inputs(shape_parents(shape), 0)[1].tolist())
+        assert laid == grown, f"{shape}: grow_tree makes nodes at depths {grown}, shape_parents {laid}"
+
+
+def test_the_draft_head_goal_note_computes_why_it_is_not_met():
+    from minigpt.bench import speculative
+
+    def shape(depth, nodes, per_round, h=0.3, step=0.005, verify=None):
+        v = verify / step
+        return {"shape": [depth, 1, 1] if nodes == depth + 1 else [depth, 2, 2], "nodes": nodes, "rounds": 10,
+                "tokens_per_round": per_round, "head_share": h, "verify_steps": v, "steps_per_round": depth * h + v,
+                "predicted_speedup": per_round / (depth * h + v)}
+    section = {"settings": {"head": "draft-head"},
+               "tokens_per_s": {"lab 01 generate_kv_cache": 200.0, "draft head, chain of 2": 220.0,
+                                "draft head, tree (3, 2, 2)": 180.0},
+               "head": {"costs": {"context": 64, "target_step_s": 0.005, "head_call_s": 0.0015,
+                                  "verify_s": {"3": 0.006, "11": 0.0095}, "target_weight_bytes": 44e6,
+                                  "head_weight_bytes": 13.8e6},
+                        "shapes": {"chain of 2": shape(2, 3, 2.4, verify=0.006),
+                                   "tree (3, 2, 2)": shape(3, 11, 3.0, verify=0.0095)}}}
+    why = speculative._head_notes(section)[-1]
+    assert "not met; the best, the chain of 2, gives 1.10x" in why, why
+    assert "h = 0.30 a head call, v = 1.20 to 1.90 steps for 3 to 11 nodes" in why, why
+    assert "2.70 for the chain of 2 (at most 3) against 2.40 measured" in why, why       # 1.5 (2 x 0.3 + 1.2)
+    assert "4.20 for the tree (3, 2, 2) (at most 4) against 3.00 measured" in why, why    # 1.5 (3 x 0.3 + 1.9)
+    section["tokens_per_s"]["draft head, chain of 2"] = 320.0
+    assert speculative._head_notes(section)[-1].endswith("met by the chain of 2 (1.60x).")
+
+
 def test_natural_prompts_are_corpus_windows_of_the_asked_lengths():
     from minigpt.bench.speculative import natural_prompts
 

@@ -17,7 +17,8 @@ What it measures, every figure beside its baseline, interleaved, warmed up, medi
 * batching.py ("batching"): continuous against static batching at equal KV memory, long-tailed and uniform outputs;
 * serving.py ("serving"): the serving engine against the naive server, at saturation and at low load;
 * speculative.py ("speculative"): speculative decoding with the draft model against its own greedy decode and
-  against `transformers`' assisted generation, with the acceptance and step costs that explain the ratio;
+  against `transformers`' assisted generation, and with lab 06's draft head (chains and token trees), with the
+  acceptance, head-call and tree-verify costs that explain each ratio;
 * structured.py ("structured"): lab 10's token masks (ContextCache, MaskIndex, the trie walk and the naive scan)
   against XGrammar and llguidance on the same schemas, tokenizer and decoding traces (mask_engines.py puts each
   engine behind one interface): mask time per token, compile time per schema, and the decode step with masks;

@@ -40,7 +40,7 @@ __all__ = ["TreeShape", "TreeRound", "HeadGeneration", "draft_chain", "grow_tree
 @dataclass(frozen=True)
 class TreeShape:
     """depth levels below the root; each node expanded gets `branch` children; `width` nodes a level are expanded.
-    TreeShape(k) is a chain of k drafts. Nodes: 1 + branch * (1 + (depth - 1) * width)."""
+    TreeShape(k) is a chain of k drafts."""
 
     depth: int
     width: int = 1
@@ -54,7 +54,13 @@ class TreeShape:
 
     @property
     def nodes(self) -> int:
-        return 1 + (self.branch * (1 + (self.depth - 1) * self.width) if self.depth else 0)
+        """Nodes of the tree `grow_tree` grows (root included): level 1 has `branch`, each next level `branch` per
+        node expanded, at most `width` of the level before."""
+        total, level = 1, 1
+        for _ in range(self.depth):
+            level = self.branch * min(level, self.width)
+            total += level
+        return total
 
 
 @dataclass(frozen=True)
