@@ -247,6 +247,6 @@ def check_q6_head_share(answer: Any) -> None:
                   head / (target + d * V): "a decode step reads one row of the embedding table, not all of it.",
                   1 / L: "one layer of 32 is not the share: the LM head is a large part of both steps.",
                   head / (L * layer): "the target's step reads its LM head too."},
-                 unit="fraction of a target step", rel=1e-3,
+                 unit="fraction of a target step", rel=1e-6,
                  hint="Count what each step reads, in parameters: the head's fc, its layer and the shared LM head, against "
                       "the target's 32 layers and its LM head.")

@@ -239,6 +239,7 @@ def _check_verify_tree(fn: Callable, what: str, cases: list) -> None:
                 raise AssertionError(f"{call}: got path {path} and tokens {emitted}, expected path {want_path} and tokens "
                                      f"{want} (the target's argmax after each accepted node picks the child to follow, "
                                      "whichever sibling holds it; where no child holds it, the argmax is emitted)")
+    _check_sampled_corners(fn, what)
     results = tree_distribution_test(fn, seed=0)
     labels = ("the first emitted token", "the first two tokens", "the second and third tokens")
     for res, label in zip(results, labels):
@@ -248,6 +249,39 @@ def _check_verify_tree(fn: Callable, what: str, cases: list) -> None:
                 + _chi2_report(res, label) + ". At each node try the children in order: accept child x with probability "
                 "min(1, r(x) / q(x)), r starting as the target's p at the node; after a rejection r becomes "
                 "max(0, r - q) normalised; when every child is rejected draw from r; at an accepted leaf draw from p")
+
+
+def _check_sampled_corners(fn: Callable, what: str) -> None:
+    """A residual that rounds to nothing is not divided by its zero sum; the same generator seed gives the same walk
+    (the draws come from `generator`, not from torch's global generator, which the check moves between the calls)."""
+    soft = lambda *rows: torch.softmax(torch.tensor(rows, dtype=torch.float32), -1)     # noqa: E731
+    p, q = soft([0.0, -float("inf")], [0.0, 0.0]), soft([0.0, -20.0], [0.0, 0.0])      # q(1) = 2e-9: 1 - q(0) is 0
+    call = f"{what}: sampled, p = [1, 0] at the root, q = [1 - 2e-9, 2e-9], the child drafted token 1"
+    path, emitted = _path_and_tokens(_run(fn, call, [0, 1], [-1, 0], p, q, greedy=False,
+                                          generator=torch.Generator().manual_seed(0)), [0, 1], [-1, 0], call)
+    if emitted != [0]:
+        raise AssertionError(f"{call}: emitted {emitted}; token 1 has target probability 0, so it is rejected and the "
+                             "token drawn must be 0. max(0, r - q) rounds to all zeros here: where the residual sums to "
+                             "0, keep r (a rejection had probability ~0)")
+    g = torch.Generator().manual_seed(7)
+    t_table, d_table = _toy_tables(3)
+    s = SamplingParams(temperature=1.0)
+    P, Q = sampling_probs(t_table, s), sampling_probs(d_table, s)
+    for trial in range(12):
+        tokens, parents = _toy_tree(Q, trial % TOY_VOCAB, g)
+        idx = torch.tensor(tokens)
+        outs = []
+        with torch.random.fork_rng(devices=[]):         # the learner's global generator is left as it was
+            for global_seed in (trial, trial + 1000):
+                torch.manual_seed(global_seed)
+                call = f"{what} (sampled, tree parents {parents})"
+                out = _run(fn, call, list(tokens), list(parents), P[idx], Q[idx], greedy=False,
+                           generator=torch.Generator().manual_seed(100 + trial))
+                outs.append(_path_and_tokens(out, tokens, parents, call)[1])
+        if outs[0] != outs[1]:
+            raise AssertionError(f"{what}: the same generator seed gave two different walks of one tree "
+                                 f"({outs[0]} and {outs[1]}): draw every uniform and the last token with "
+                                 "generator=generator, not from torch's global generator")
 
 
 # ---------------------------------------------------------------------------------------------------

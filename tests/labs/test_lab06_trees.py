@@ -78,7 +78,9 @@ def test_wrong_masks_rejected(name):
 # --- wrong verification --------------------------------------------------------------------------
 
 def _verify(tokens, parents, p, q=None, *, greedy, generator=None, first_child_only=False, keep_r=False,
-            last_from_p=False, q_of_child=False, leaf_argmax=False):
+            last_from_p=False, q_of_child=False, leaf_argmax=False, global_rng=False, residual_ge=False):
+    if global_rng:
+        generator = None
     n = len(parents)
     kids = [[i for i in range(n) if parents[i] == node] for node in range(n)]
     path, node = [], 0
@@ -104,7 +106,7 @@ def _verify(tokens, parents, p, q=None, *, greedy, generator=None, first_child_o
                 break
             if not keep_r:
                 res = (r - qq).clamp_min(0)
-                if res.sum() > 0:
+                if res.sum() > 0 or (residual_ge and res.sum() >= 0):
                     r = res / res.sum()
         else:
             last = p[node] if last_from_p else r
@@ -117,6 +119,8 @@ WRONG_VERIFY = {
     "the last token drawn from p, not the residual": dict(last_from_p=True),
     "the child's q instead of its parent's": dict(q_of_child=True),
     "an accepted leaf emits the argmax": dict(leaf_argmax=True),
+    "draws from torch's global generator": dict(global_rng=True),
+    "a residual that rounds to zero divided by its sum": dict(residual_ge=True),
 }
 
 
@@ -208,3 +212,9 @@ def test_wrong_chains_rejected(name):
     options = WRONG_CHAINS[name]
     with pytest.raises(AssertionError):
         check_draft_chain(lambda *args: _chain(*args, **options))
+
+
+def test_the_tree_checks_leave_the_global_rng_alone():
+    state = torch.random.get_rng_state()
+    check_verify_tree(own_verify)
+    assert torch.equal(torch.random.get_rng_state(), state)
