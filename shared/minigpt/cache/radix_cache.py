@@ -24,7 +24,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from minigpt.cache.block_pool import BlockPool
 
@@ -143,15 +143,27 @@ class RadixCache:
         node.children[leaf.tokens[:bs]] = leaf
         return len(new)
 
-    def evict(self, n_blocks: int) -> int:
+    def prefix_of(self, node: RadixNode) -> Key:
+        """The tokens from the root to the end of `node`'s edge."""
+        parts = []
+        while node is not None and node is not self.root:
+            parts.append(node.tokens)
+            node = node.parent
+        return tuple(t for part in reversed(parts) for t in part)
+
+    def evict(self, n_blocks: int, on_evict: Callable[[Key, int], None] | None = None) -> int:
         """Free up to `n_blocks` unreferenced blocks (the tree's reference their only one), from leaves, least recently
-        used first; a leaf emptied this way may make its parent a leaf in turn. Returns how many were freed."""
+        used first; a leaf emptied this way may make its parent a leaf in turn. on_evict(prefix, block), where given,
+        is told each block before it is freed, with the tokens up to the block's end (a slower tier may keep it).
+        Returns how many were freed."""
         heap = [(leaf.last_used, id(leaf), leaf) for leaf in self.nodes() if not leaf.children]
         heapq.heapify(heap)
         freed = 0
         while heap and freed < n_blocks:
             _, _, leaf = heapq.heappop(heap)
             while leaf.blocks and freed < n_blocks and self.pool.ref_counts[leaf.blocks[-1]] == 1:
+                if on_evict is not None:
+                    on_evict(self.prefix_of(leaf), leaf.blocks[-1])
                 self.pool.free(leaf.blocks.pop())
                 leaf.tokens = leaf.tokens[:len(leaf.blocks) * self.block_size]
                 freed += 1
