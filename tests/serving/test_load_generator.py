@@ -210,3 +210,17 @@ def test_command_line_prints_the_summary(replica: str, capsys) -> None:
     assert "6/6 ok" in out and "TTFT p50/90/99" in out and "goodput" in out
     with pytest.raises(ValueError, match="loopback"):
         main(["--url", "http://192.168.1.1:8000", "--num-prompts", "1"])
+
+
+def test_a_trace_sets_the_arrivals_and_the_output_lengths(replica: str) -> None:
+    from minigpt.serving.trace import TraceRecord, replay_over_http
+    records = [TraceRecord(0, 3, 2, (0,)), TraceRecord(40, 3, 4, (0,)), TraceRecord(90, 3, 1, (1,))]
+    done = replay_over_http(replica, records, [[5, 6, 7], [5, 6, 7], [8, 9, 10]])
+    t0 = done[0].send_time
+    assert all(r.ok for r in done)
+    assert all(r.send_time - t0 >= rec.timestamp / 1000 - 1e-3 for r, rec in zip(done, records))
+    assert [r.output_tokens for r in done] == [2, 4, 1]
+    with pytest.raises(ValueError, match="arrivals"):
+        benchmark(replica, ["a", "b"], arrivals=[1.0, 0.5], max_tokens=1)
+    with pytest.raises(ValueError, match="max_tokens"):
+        benchmark(replica, ["a", "b"], max_tokens=[1], model="m")

@@ -109,7 +109,7 @@ def shared_prefix_prompts(num_prefixes: int, questions_per_prefix: int, *, prefi
     return Workload([pairs[k][1] for k in order], [pairs[k][0] for k in order])
 
 
-def _body(prompt: str, *, chat: bool, model: str, max_tokens: int, temperature: float) -> dict:
+def _body(prompt: str | list[int], *, chat: bool, model: str, max_tokens: int, temperature: float) -> dict:
     body: dict = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "stream": True,
                   "stream_options": {"include_usage": True}}
     if chat:
@@ -167,19 +167,31 @@ async def _first_model(client: httpx.AsyncClient, base: str) -> str:
     return response.json()["data"][0]["id"]
 
 
-async def run_benchmark(base_url: str, prompts: Sequence[str] | Workload, *, rate: float = math.inf,
-                        max_tokens: int = 32, chat: bool = False, model: str | None = None, temperature: float = 0.0,
-                        seed: int = 0, max_requests: int | None = None, max_duration: float = 60.0,
-                        max_concurrency: int | None = None) -> list[RequestRecord]:
-    """Send the prompts to `base_url` (/v1/completions, or /v1/chat/completions if chat) at Poisson `rate`;
-    return one RequestRecord per request sent, in prompt order. Bounded by max_requests and max_duration (s).
-    `model` defaults to the first model the server lists at GET /v1/models."""
+async def run_benchmark(base_url: str, prompts: Sequence[str | list[int]] | Workload, *, rate: float = math.inf,
+                        max_tokens: int | Sequence[int] = 32, chat: bool = False, model: str | None = None,
+                        temperature: float = 0.0, seed: int = 0, max_requests: int | None = None,
+                        max_duration: float = 60.0, max_concurrency: int | None = None,
+                        arrivals: Sequence[float] | None = None) -> list[RequestRecord]:
+    """Send the prompts to `base_url` (/v1/completions, or /v1/chat/completions if chat) at Poisson `rate`, or at
+    `arrivals` (seconds from the start, one per prompt: a trace's timestamps); return one RequestRecord per request
+    sent, in prompt order. A prompt is text or token ids (completions only); max_tokens is one limit or one per
+    prompt. Bounded by max_requests and max_duration (s). `model` defaults to the first model the server lists at
+    GET /v1/models."""
     base = check_loopback(base_url)
     prompts = list(prompts.prompts if isinstance(prompts, Workload) else prompts)[:max_requests]
     if not max_duration > 0:
         raise ValueError(f"max_duration must be > 0 seconds, got {max_duration}")
+    limits_per = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)[:len(prompts)]
+    if len(limits_per) != len(prompts):
+        raise ValueError(f"max_tokens gives {len(limits_per)} limits for {len(prompts)} prompts")
     url = base + ("/v1/chat/completions" if chat else "/v1/completions")
-    offsets = poisson_arrivals(len(prompts), rate, seed)
+    if arrivals is None:
+        offsets = poisson_arrivals(len(prompts), rate, seed)
+    else:
+        offsets = [float(t) for t in list(arrivals)[:len(prompts)]]
+        if len(offsets) != len(prompts) or any(b < a for a, b in zip(offsets, offsets[1:])) or \
+                any(not t >= 0 for t in offsets):
+            raise ValueError("arrivals must give one time >= 0 per prompt, in order")
     limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     records: list[RequestRecord] = []
     limits = httpx.Limits(max_connections=max(10, max_concurrency or len(prompts)))
@@ -198,7 +210,7 @@ async def run_benchmark(base_url: str, prompts: Sequence[str] | Workload, *, rat
             try:
                 record = RequestRecord(request_id=i, send_time=time.perf_counter())
                 records.append(record)
-                body = _body(prompt, chat=chat, model=model, max_tokens=max_tokens, temperature=temperature)
+                body = _body(prompt, chat=chat, model=model, max_tokens=limits_per[i], temperature=temperature)
                 await _one(client, url, body, record, chat)
             finally:
                 if limit is not None:

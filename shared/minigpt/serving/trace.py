@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-__all__ = ["TraceRecord", "read_trace", "write_trace", "trace_prompts", "shared_prefix_blocks", "conversation_trace"]
+__all__ = ["TraceRecord", "read_trace", "write_trace", "trace_prompts", "shared_prefix_blocks", "conversation_trace",
+           "replay_over_http"]
 
 MOONCAKE_BLOCK = 512
 
@@ -135,3 +136,18 @@ def conversation_trace(seed: int = 0, *, sessions: int = 24, turns: tuple[int, i
     records.sort(key=lambda r: r.timestamp)
     first = records[0].timestamp if records else 0
     return [TraceRecord(r.timestamp - first, r.input_length, r.output_length, r.hash_ids) for r in records]
+
+
+def replay_over_http(base_url: str, records: Sequence[TraceRecord], prompts: Sequence[Sequence[int]], *,
+                     speed: float = 1.0, max_duration: float = 600.0, **kwargs):
+    """Send each record's prompt (token ids) to an OpenAI-compatible server on loopback at the record's timestamp
+    (divided by `speed`), asking for its output_length tokens; the `RequestRecord`s, for
+    `minigpt.serving.client_metrics.summarize_records` (TTFT, inter-token latency, goodput)."""
+    from minigpt.serving.load_generator import benchmark
+
+    if len(prompts) != len(records):
+        raise ValueError(f"{len(prompts)} prompts for {len(records)} records")
+    if not speed > 0:
+        raise ValueError(f"speed must be > 0, got {speed!r}")
+    return benchmark(base_url, [list(map(int, p)) for p in prompts], arrivals=[r.timestamp / 1000 / speed for r in records],
+                     max_tokens=[max(1, r.output_length) for r in records], max_duration=max_duration, **kwargs)
