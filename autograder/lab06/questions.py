@@ -220,33 +220,37 @@ def check_q5_chain_or_tree(answer: Any) -> None:
                       "tokens as siblings is passed with probability top1 + top2.")
 
 
-# Q6: an EAGLE head for Llama 3.1 8B: what one head step reads, as a share of what a target decode step reads.
-Q6 = {"d": 4096, "d_ff": 14336, "layers": 32, "kv_dim": 1024, "vocab": 128_256}
+# Q6: an EAGLE-3-style head for Llama 3.1 8B, with an LM head of its own over a 32,000-token draft vocabulary: what one
+# head step reads, as a share of what a target decode step reads.
+Q6 = {"d": 4096, "d_ff": 14336, "layers": 32, "kv_dim": 1024, "vocab": 128_256, "draft_vocab": 32_000}
 
 
 def _layer_params(d: int, d_ff: int, kv_dim: int) -> int:
     return 2 * d * d + 2 * d * kv_dim + 3 * d * d_ff        # wq, wo; wk, wv; gate, up, down
 
 
+def _q6_parts() -> tuple[int, int, int, int, int]:
+    d, ff, kv, L = Q6["d"], Q6["d_ff"], Q6["kv_dim"], Q6["layers"]
+    return d, _layer_params(d, ff, kv), L, Q6["vocab"], Q6["draft_vocab"]
+
+
 def q6_head_share() -> float:
-    d, ff, kv, V, L = Q6["d"], Q6["d_ff"], Q6["kv_dim"], Q6["vocab"], Q6["layers"]
-    layer = _layer_params(d, ff, kv)
-    head = 2 * d * d + layer + d * V                          # fc over [feature ; embedding], one layer, the LM head
-    target = L * layer + d * V                                # every layer and the LM head (one embedding row only)
-    return head / target
+    d, layer, L, V, Vd = _q6_parts()
+    return (2 * d * d + layer + d * Vd) / (L * layer + d * V)   # fc, one layer, its own LM head / layers and LM head
 
 
 def check_q6_head_share(answer: Any) -> None:
-    d, ff, kv, V, L = Q6["d"], Q6["d_ff"], Q6["kv_dim"], Q6["vocab"], Q6["layers"]
-    layer = _layer_params(d, ff, kv)
-    head, target = 2 * d * d + layer + d * V, L * layer + d * V
+    d, layer, L, V, Vd = _q6_parts()
+    target = L * layer + d * V
     check_answer(answer, q6_head_share(), "Q6 (a head step's share of a target step)",
-                 {(2 * d * d + layer) / target: "the head has no LM head of its own but reads the target's at every step: "
-                                                "its d x vocab bytes count.",
-                  (layer + d * V) / target: "the head's first matrix, [feature ; embedding] (2d) -> d, is read too.",
-                  head / (target + d * V): "a decode step reads one row of the embedding table, not all of it.",
-                  1 / L: "one layer of 32 is not the share: the LM head is a large part of both steps.",
-                  head / (L * layer): "the target's step reads its LM head too."},
-                 unit="fraction of a target step", rel=1e-6,
-                 hint="Count what each step reads, in parameters: the head's fc, its layer and the shared LM head, against "
-                      "the target's 32 layers and its LM head.")
+                 {(2 * d * d + layer + d * V) / target: "that is a head reading the target's LM head (128,256 rows, as "
+                                                        "this lab's does); this head has its own over 32,000 tokens.",
+                  (2 * d * d + layer) / target: "the head's LM head is read at every step too: d x 32,000 weights.",
+                  (layer + d * Vd) / target: "the head's first matrix, [feature ; embedding] (2d) -> d, is read too.",
+                  (2 * d * d + layer + d * Vd) / (target + d * V): "a decode step reads one row of the embedding "
+                                                                    "table, not all of it.",
+                  (2 * d * d + layer + d * Vd) / (L * layer): "the target's step reads its LM head too.",
+                  1 / L: "one layer of 32 is not the share: the LM heads weigh in both steps."},
+                 unit="fraction of a target step", rel=1e-7,
+                 hint="Count what each step reads, in parameters: the head's input matrix, its layer and its own LM "
+                      "head, against the target's 32 layers and its LM head.")
