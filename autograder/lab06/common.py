@@ -20,7 +20,7 @@ from minigpt.config import ModelConfig
 from minigpt.engine.speculative import sampling_probs, verify_draft
 from minigpt.model import GPT
 from minigpt.sampling import SamplingParams
-from minigpt.teaching.goodness_of_fit import ChiSquareResult, chi2_sf
+from minigpt.teaching.goodness_of_fit import ChiSquareResult, chi2_sf, chi_square_test
 
 
 SIGNIFICANCE = 1e-3          # reject "same distribution" when the p-value is below this
@@ -202,3 +202,19 @@ def _exact_three(table: Tensor, first: int, sampling: SamplingParams) -> tuple[T
     p12 = p1[:, None] * P                               # joint p(x1) p(x2 | x1)
     p2 = p12.sum(0)
     return p1, p12.flatten(), (p2[:, None] * P).flatten()      # p(x2) p(x3 | x2)
+
+
+def three_token_tests(contexts: list[list[int]], table: Tensor, sampling: SamplingParams
+                      ) -> tuple[ChiSquareResult, ChiSquareResult, ChiSquareResult]:
+    """Chi-square tests of emulated sequences (each the start token, then at least three emitted) against the bigram
+    target's exact laws: the first emitted token, the first two, and the second and third."""
+    V = table.shape[0]
+    first = torch.zeros(V, dtype=torch.long)
+    pairs = torch.zeros(V * V, dtype=torch.long)
+    later = torch.zeros(V * V, dtype=torch.long)
+    for c in contexts:
+        first[c[1]] += 1
+        pairs[c[1] * V + c[2]] += 1
+        later[c[2] * V + c[3]] += 1
+    p1, p12, p23 = _exact_three(table, contexts[0][0], sampling)
+    return chi_square_test(first, p1), chi_square_test(pairs, p12), chi_square_test(later, p23)

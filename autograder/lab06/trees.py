@@ -10,14 +10,14 @@ from torch import Tensor
 
 from autograder.harness import call_learner, expect_value_error, quiet
 from autograder.checking.reference_guard import no_calls_into, own_work
-from autograder.lab06.common import (SIGNIFICANCE, TOY_VOCAB, _chi2_report, _exact_three, _toy_tables, drawn_seeds,
-                                     where_it_runs)
+from autograder.lab06.common import (SIGNIFICANCE, TOY_VOCAB, _chi2_report, _toy_tables, drawn_seeds,
+                                     three_token_tests, where_it_runs)
 from minigpt.cache.contiguous import KVCache
 from minigpt.config import ModelConfig
 from minigpt.engine.speculative import sampling_probs
 from minigpt.engine.token_tree import check_parents, keep_path, tree_attention_inputs, tree_depths, verify_tree
 from minigpt.sampling import SamplingParams
-from minigpt.teaching.goodness_of_fit import ChiSquareResult, chi_square_test
+from minigpt.teaching.goodness_of_fit import ChiSquareResult
 
 TREE_SAMPLES = 1500          # emulated sequences for check_verify_tree's distribution test
 DOC_TREE = [-1, 0, 0, 1, 2, 2]          # the notebook's example
@@ -118,13 +118,10 @@ def tree_distribution_test(verify_fn: Callable, n: int = TREE_SAMPLES, seed: int
     t_table, d_table = _toy_tables(seed)
     s = SamplingParams(temperature=1.0)
     P, Q = sampling_probs(t_table, s), sampling_probs(d_table, s)
-    start, V = 2, TOY_VOCAB
     g = torch.Generator().manual_seed(2000 + seed)
-    first = torch.zeros(V, dtype=torch.long)
-    pairs = torch.zeros(V * V, dtype=torch.long)
-    later = torch.zeros(V * V, dtype=torch.long)
+    contexts = []
     for _ in range(n):
-        context = [start]
+        context = [2]
         while len(context) < 4:
             tokens, parents = _toy_tree(Q, context[-1], g)
             idx = torch.tensor(tokens)
@@ -132,13 +129,9 @@ def tree_distribution_test(verify_fn: Callable, n: int = TREE_SAMPLES, seed: int
             q[[i for i in range(len(tokens)) if i not in parents]] = 0.0        # leaves are never expanded
             out = _run(verify_fn, "Exercise 9 (verify_tree)", list(tokens), list(parents), P[idx], q, greedy=False,
                        generator=g)
-            path, emitted = _path_and_tokens(out, tokens, parents, "Exercise 9 (verify_tree)")
-            context += emitted
-        first[context[1]] += 1
-        pairs[context[1] * V + context[2]] += 1
-        later[context[2] * V + context[3]] += 1
-    p1, p12, p23 = _exact_three(t_table, start, s)
-    return chi_square_test(first, p1), chi_square_test(pairs, p12), chi_square_test(later, p23)
+            context += _path_and_tokens(out, tokens, parents, "Exercise 9 (verify_tree)")[1]
+        contexts.append(context)
+    return three_token_tests(contexts, t_table, s)
 
 
 def _run(fn: Callable, what: str, *args: Any, **kwargs: Any) -> Any:

@@ -8,7 +8,7 @@ from typing import Any, Callable
 import torch
 
 from autograder.harness import at_least, call_learner, quiet, within
-from autograder.lab06.common import SIGNIFICANCE, TOY_VOCAB, VERIFY_SAMPLES, _chi2_report, _exact_three, _toy_tables
+from autograder.lab06.common import SIGNIFICANCE, VERIFY_SAMPLES, _chi2_report, _toy_tables, three_token_tests
 from autograder.checking.reference_guard import no_calls_into, own_work
 from minigpt.engine.speculative import sampling_probs, verify_draft
 from minigpt.sampling import SamplingParams
@@ -27,14 +27,10 @@ def verify_distribution_test(verify_fn: Callable, n: int = VERIFY_SAMPLES, k: in
     t_table, d_table = _toy_tables(seed)
     s = SamplingParams(temperature=1.0)
     P, Q = sampling_probs(t_table, s), sampling_probs(d_table, s)
-    start = 2
-    V = TOY_VOCAB
     g = torch.Generator().manual_seed(1000 + seed)
-    first = torch.zeros(V, dtype=torch.long)
-    pairs = torch.zeros(V * V, dtype=torch.long)
-    later = torch.zeros(V * V, dtype=torch.long)
+    contexts = []
     for _ in range(n):
-        context = [start]
+        context = [2]
         while len(context) < 4:
             last = context[-1]
             drafted, q_rows = [], []
@@ -51,11 +47,8 @@ def verify_distribution_test(verify_fn: Callable, n: int = VERIFY_SAMPLES, k: in
                 raise AssertionError(f"verify_draft returned {len(emitted)} tokens for {k} drafts; it must return the "
                                      f"accepted drafts plus exactly one more token (1 to {k + 1} tokens)")
             context += emitted
-        first[context[1]] += 1
-        pairs[context[1] * V + context[2]] += 1
-        later[context[2] * V + context[3]] += 1
-    p1, p12, p23 = _exact_three(t_table, start, s)
-    return chi_square_test(first, p1), chi_square_test(pairs, p12), chi_square_test(later, p23)
+        contexts.append(context)
+    return three_token_tests(contexts, t_table, s)
 
 
 def check_verify_draft(verify_fn: Callable) -> None:
