@@ -140,6 +140,19 @@ def _all_earned(results: list) -> bool:
     return bool(results) and all(r.status == "ok" and missed(r) == 0 for r in results)
 
 
+def profile(cell_times: list[dict], job_seconds: float | None, slowest: int = 3) -> dict[str, Any]:
+    """Where one submission's job went: seconds in the learner's cells ('solution'), the course's cells the grading
+    slice kept ('course'), the test cells (checks, judge and witness), the rest of the job (sandbox, nbgrader, kernel
+    start and shutdown, the notebook written back), and the slowest cells by grade id (or 'cell N')."""
+    by_kind = {kind: round(sum(c["seconds"] for c in cell_times if c["kind"] == kind), 2)
+               for kind in ("course", "solution", "test")}
+    in_cells = sum(by_kind.values())
+    top = sorted(cell_times, key=lambda c: -c["seconds"])[:slowest]
+    return {"cells_run": len(cell_times), **{f"{k}_s": v for k, v in by_kind.items()},
+            "outside_cells_s": round(job_seconds - in_cells, 2) if job_seconds is not None else None,
+            "slowest": [[c["grade_id"] or f"cell {c['index'] + 1}", round(c["seconds"], 2)] for c in top]}
+
+
 def measure_lab(course_root: Path, assignment: str, *, timeout: float, log: Callable[[str], None]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="grading-bench-") as tmp:
         course = build_class(course_root, assignment, Path(tmp) / "course", 1)
@@ -153,7 +166,8 @@ def measure_lab(course_root: Path, assignment: str, *, timeout: float, log: Call
             "record_seconds": round(r.record_seconds, 2) if r else None,
             "score": r.score if r else None, "max_score": r.max_score if r else None,
             "status": r.status if r else "not graded", "lost": _lost(results), "load_before": before,
-            "load_after": after, "goal_s": goal, "met": bool(_all_earned(results) and seconds <= goal)}
+            "load_after": after, "goal_s": goal, "met": bool(_all_earned(results) and seconds <= goal),
+            "profile": profile(r.cell_times, r.seconds) if r else None}
 
 
 def measure_class(course_root: Path, assignment: str, size: int, jobs: int, *, timeout: float,
@@ -252,6 +266,23 @@ def render_table(data: dict[str, Any]) -> str:
         lines.append(f"| a class: {k['submissions']} x {k['assignment']}, --jobs {k['jobs']} | {k['seconds']:.1f} s | "
                      f"{k['seconds_per_submission'] or 0:.1f} s ({k['per_minute'] or 0:.2f} a minute) | "
                      f"{scores} / {k['max_score'] or 0:g} ({statuses}) | {_load(k)} | {goal} |")
+    profiled = [row for row in data["labs"] if row.get("profile")]
+    if profiled:
+        lines += ["", "Where one submission's time went (seconds of its job: the course cells the grading slice runs, "
+                      "the learner's cells, the test cells with their judge and witness, and the rest: sandbox, "
+                      "nbgrader, kernel start; then its slowest cells; outside the job, once per assignment however "
+                      "many submit: the release nbgrader makes to grade against, the gradebook's template and "
+                      "record):", "",
+                  "| lab | course cells | learner cells | test cells | rest of the job | slowest cells | "
+                  "outside the job |",
+                  "|---|---|---|---|---|---|---|"]
+        for row in profiled:
+            p = row["profile"]
+            slow = ", ".join(f"{name} {s:.1f}" for name, s in p["slowest"])
+            rest = f"{p['outside_cells_s']:.1f}" if p["outside_cells_s"] is not None else "?"
+            outside = (f"{row['seconds'] - row['job_seconds']:.1f}" if row.get("job_seconds") is not None else "?")
+            lines.append(f"| {row['assignment']} ({p['cells_run']} cells run) | {p['course_s']:.1f} | "
+                         f"{p['solution_s']:.1f} | {p['test_s']:.1f} | {rest} | {slow} | {outside} |")
     lost = [(row["assignment"], row.get("lost")) for row in [*data["labs"], *([k] if k else [])] if row.get("lost")]
     if lost:
         lines += ["", "Points not earned (cell: score / max, and why):"]

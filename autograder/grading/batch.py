@@ -36,7 +36,8 @@ from tqdm import tqdm
 from autograder.grading import gradebook_guard, intake, preprocessors
 from autograder.judging import sandbox
 from autograder.grading.nbgrader_runs import (CONFIG_NAME, DEFAULT_STUDENT, SUBMISSION_TIMEOUT_S, GradingError, Reading,
-                                SubmissionResult, assignments, db_url_for, find_assignment, generate_assignment,
+                                SubmissionResult, assignments, cell_times, db_url_for, find_assignment,
+                                generate_assignment,
                                 make_temp_course, nbgrader_env, precheck, read_executed, read_scores,
                                 run_nbgrader, submissions)
 from autograder.paths import REPO_ROOT
@@ -76,6 +77,7 @@ class JobOutcome:
     log_tail: str
     notebooks: dict[str, str] = field(default_factory=dict)   # executed notebooks: name -> JSON text
     seconds: float = 0.0
+    cell_times: list[dict] = field(default_factory=list)      # nbgrader_runs.cell_times of its whole output
 
 
 def run_job(job: GradingJob, on_progress: Callable[[str], None] | None = None) -> JobOutcome:
@@ -102,7 +104,8 @@ def run_job(job: GradingJob, on_progress: Callable[[str], None] | None = None) -
                                on_progress=on_progress)
         done = course / "autograded" / job.student / job.assignment
         notebooks = {p.name: p.read_text(encoding="utf-8") for p in sorted(done.glob("*.ipynb"))} if rc == 0 else {}
-    return JobOutcome(job.student, job.assignment, rc, out[-4000:], notebooks, time.perf_counter() - start)
+    return JobOutcome(job.student, job.assignment, rc, out[-4000:], notebooks, time.perf_counter() - start,
+                      cell_times(out))
 
 
 # ----------------------------------------------------------------------------- where jobs run
@@ -460,7 +463,7 @@ def _finish(outcome: JobOutcome, api, guard: gradebook_guard.Guard, db_url: str,
             c.note = "failed" if outcome.notebooks else "not graded"
     final = "tampered" if tampered else (status if status != "ok" else reading.status)
     result = SubmissionResult(s, a, total, max_total, final, notes + reading.notes, cells, outcome.seconds,
-                              time.perf_counter() - started)
+                              time.perf_counter() - started, cell_times=outcome.cell_times)
     log(result.line())
     bar.update()
     return result

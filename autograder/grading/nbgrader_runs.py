@@ -59,6 +59,7 @@ class SubmissionResult:
     seconds: float = 0.0              # wall time of grading it (its job), recording not included
     record_seconds: float = 0.0       # wall time of recording it into the gradebook (in the parent)
     witness_plans: list[dict] = field(default_factory=list)   # its witnessed cells' plans (witness_plans.plans_logged)
+    cell_times: list[dict] = field(default_factory=list)      # every code cell run: cell_times(nbgrader's output)
 
     def line(self) -> str:
         """One status line for the instructor's batch report."""
@@ -92,6 +93,21 @@ def nbgrader_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     if extra:
         env.update(extra)
     return env
+
+
+def cell_times(out: str) -> list[dict]:
+    """The code cells a grading ran, from nbgrader's output (preprocessors.TIME_MARK lines), in order: index, kind
+    ('course', 'solution' or 'test'), seconds, grade_id (None for a cell without one)."""
+    rows = []
+    for line in out.splitlines():
+        if preprocessors.TIME_MARK not in line:
+            continue
+        fields = line.split(preprocessors.TIME_MARK, 1)[1].split()
+        if len(fields) < 3:
+            continue
+        grade_id = fields[3] if len(fields) > 3 and fields[3] != "-" else None
+        rows.append({"index": int(fields[0]), "kind": fields[1], "seconds": float(fields[2]), "grade_id": grade_id})
+    return rows
 
 
 def run_nbgrader(args: list[str], course_root: Path, *, timeout: float | None = None,
@@ -406,7 +422,8 @@ def autograde_one(course_root: Path, assignment: str, student: str, *, db: Path 
     for c in cells:
         if c.score < c.max_score and not c.note:
             c.note = "failed" if rc == 0 else "not graded"
-    return SubmissionResult(student, assignment, total, max_total, status, notes, cells, witness_plans=logged)
+    return SubmissionResult(student, assignment, total, max_total, status, notes, cells, witness_plans=logged,
+                            cell_times=cell_times(out or ""))
 
 
 def submissions(course_root: Path, assignment: str) -> list[str]:

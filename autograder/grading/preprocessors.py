@@ -46,7 +46,7 @@ LEFT_OUT_NOTE = "not run when grading: no graded cell depends on this cell (Run 
 WARM_UP_TIMEOUT_S = 300     # importing the judge's counterpart (and torch) in a fresh kernel, before the first test cell
 HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 PROGRESS_MARK = "course-progress:"   # nbgrader's log line of a graded cell done (`make grade` shows them as they come)
-TIME_MARK = "course-cell-time:"      # nbgrader's log line of every code cell run: index, kind, seconds (grading profile)
+TIME_MARK = "course-cell-time:"      # nbgrader's log line of every code cell run: index, kind, seconds, grade id or - (profile)
 
 
 def error_output(ename: str, evalue: str, lines: list[str] | None = None) -> NotebookNode:
@@ -166,7 +166,8 @@ class StoppingExecute(Execute):
         finally:
             self._report_progress(cell, time.monotonic() - started)
             if cell.cell_type == "code" and cell.source.strip():
-                self.log.info("%s %d %s %.2f", TIME_MARK, index, _kind(cell), time.monotonic() - started)
+                self.log.info("%s %d %s %.2f %s", TIME_MARK, index, _kind(cell), time.monotonic() - started,
+                              cell.metadata.get("nbgrader", {}).get("grade_id") or "-")
         return cell, resources
 
     def _report_progress(self, cell, seconds: float) -> None:

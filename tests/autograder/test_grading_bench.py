@@ -45,7 +45,11 @@ def graded(monkeypatch):
         jobs = kw["jobs"]
         clock[0] += (LAB_SECONDS[assignment[:2]] if len(subs) == 1 else
                      CLASS["seconds_per_submission"] * len(subs) / jobs)
-        return [SubmissionResult(p.name, assignment, 10.0, 10.0, "ok", seconds=5.0, record_seconds=0.5) for p in subs]
+        times = [{"index": 0, "kind": "course", "seconds": 0.5, "grade_id": None},
+                 {"index": 2, "kind": "solution", "seconds": 0.25, "grade_id": "ex1_code"},
+                 {"index": 3, "kind": "test", "seconds": 3.0, "grade_id": "ex1_check"}]
+        return [SubmissionResult(p.name, assignment, 10.0, 10.0, "ok", seconds=5.0, record_seconds=0.5,
+                                 cell_times=times) for p in subs]
 
     monkeypatch.setattr(batch, "autograde", fake_autograde)
     monkeypatch.setattr(gb, "_clock", lambda: clock[0])
@@ -79,6 +83,11 @@ def test_labs_and_a_class_of_30_are_measured_and_judged(course, graded, tmp_path
     assert "<= 20 s **not met**" in table
     assert "a class: 30 x 05_quantization, --jobs 2 | 240.0 s | 8.0 s (7.50 a minute)" in table
     assert "<= 300 s met" in table
+    # where the job's 5 s went: 0.5 course, 0.25 learner, 3.0 test, the rest 1.25; slowest cells by name
+    assert lab05["profile"] == {"cells_run": 3, "course_s": 0.5, "solution_s": 0.25, "test_s": 3.0,
+                                "outside_cells_s": 1.25, "slowest": [["ex1_check", 3.0], ["cell 1", 0.5],
+                                                                     ["ex1_code", 0.25]]}
+    assert "| 05_quantization (3 cells run) | 0.5 | 0.2 | 3.0 | 1.2 | ex1_check 3.0, cell 1 0.5, ex1_code 0.2 | 20.0 |" in table
     assert table.startswith("Measured by `make bench` (`python -m autograder grading-bench --labs 00 05 "
                             "--class-size 30 --jobs 2`)")
 
@@ -142,3 +151,14 @@ def test_readme_block_from_the_json_or_not_measured_yet(course, graded, tmp_path
     (tmp_path / "bare.md").write_text("no markers\n")
     with pytest.raises(ValueError, match="grading-bench markers"):
         gb.sync_readme(tmp_path / "bare.md", "x\n")
+
+
+def test_cell_times_read_from_nbgrader_output():
+    from autograder.grading import preprocessors
+    from autograder.grading.nbgrader_runs import cell_times
+
+    mark = preprocessors.TIME_MARK
+    out = (f"[AutogradeApp | INFO] {mark} 0 course 1.50 -\nnoise\n[AutogradeApp | INFO] {mark} 4 test 12.25 ex2_check\n"
+           f"[AutogradeApp | INFO] {mark} 5\n")
+    assert cell_times(out) == [{"index": 0, "kind": "course", "seconds": 1.5, "grade_id": None},
+                               {"index": 4, "kind": "test", "seconds": 12.25, "grade_id": "ex2_check"}]
