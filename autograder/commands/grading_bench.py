@@ -283,11 +283,29 @@ def render_table(data: dict[str, Any]) -> str:
             outside = (f"{row['seconds'] - row['job_seconds']:.1f}" if row.get("job_seconds") is not None else "?")
             lines.append(f"| {row['assignment']} ({p['cells_run']} cells run) | {p['course_s']:.1f} | "
                          f"{p['solution_s']:.1f} | {p['test_s']:.1f} | {rest} | {slow} | {outside} |")
+    missed = [row for row in profiled if row["met"] is False]
+    if missed:
+        lines += ["", "Where the missed goals' seconds are (the largest part of each submission's time):"]
+        lines += [f"- {row['assignment']}: {_largest_part(row)}" for row in missed]
     lost = [(row["assignment"], row.get("lost")) for row in [*data["labs"], *([k] if k else [])] if row.get("lost")]
     if lost:
         lines += ["", "Points not earned (cell: score / max, and why):"]
         lines += [f"- {a}: {'; '.join(cells)}" for a, cells in lost]
     return "\n".join(lines) + "\n"
+
+
+def _largest_part(row: dict[str, Any]) -> str:
+    """One sentence: a lab's seconds against its goal and the largest of its parts (test cells, course cells, the
+    rest of the job, outside the job), with the slowest cells where the test cells are the largest."""
+    p = row["profile"]
+    outside = row["seconds"] - row["job_seconds"] if row.get("job_seconds") is not None else 0.0
+    parts = {"its test cells (judge and witness inside)": p["test_s"], "the course cells the slice runs": p["course_s"],
+             "the rest of the job (sandbox, nbgrader, kernel)": p["outside_cells_s"] or 0.0,
+             "outside the job (the release and gradebook, once per assignment)": outside}
+    name, seconds = max(parts.items(), key=lambda kv: kv[1])
+    slow = ", ".join(f"{cell} {s:.1f} s" for cell, s in p["slowest"])
+    return (f"{row['seconds']:.1f} s against {row['goal_s']:g} s; the largest part, {seconds:.1f} s, is {name}"
+            + (f" (slowest: {slow})" if name.startswith("its test") else f"; its job {row['job_seconds']:.1f} s"))
 
 
 def sync_readme(readme: Path, table: str) -> bool:

@@ -88,6 +88,9 @@ def test_labs_and_a_class_of_30_are_measured_and_judged(course, graded, tmp_path
                                 "outside_cells_s": 1.25, "slowest": [["ex1_check", 3.0], ["cell 1", 0.5],
                                                                      ["ex1_code", 0.25]]}
     assert "| 05_quantization (3 cells run) | 0.5 | 0.2 | 3.0 | 1.2 | ex1_check 3.0, cell 1 0.5, ex1_code 0.2 | 20.0 |" in table
+    # the missed goal names its largest part (here the 20 s outside the 5-s job); the met one is not listed
+    assert ("- 05_quantization: 25.0 s against 20 s; the largest part, 20.0 s, is outside the job (the release and "
+            "gradebook, once per assignment); its job 5.0 s") in table and "- 00_token_factory:" not in table
     assert table.startswith("Measured by `make bench` (`python -m autograder grading-bench --labs 00 05 "
                             "--class-size 30 --jobs 2`)")
 
