@@ -114,3 +114,19 @@ def test_invariants_under_random_requests(steps):
         for node in tree.nodes():
             assert len(node.tokens) == len(node.blocks) * BS and node.blocks
             assert all(content[b] == node.tokens[i * BS:(i + 1) * BS] for i, b in enumerate(node.blocks))
+        leaves = [node.last_used for node in tree.nodes() if not node.children]
+        assert len(leaves) == len(set(leaves))                    # eviction's LRU order needs no tie-break
+
+
+def test_a_split_stamps_the_shared_part_only():
+    pool = BlockPool(12, BS)
+    tree = RadixCache(pool)
+    _, a = _request(pool, tree, [1, 1, 2, 2, 3, 3])
+    _, b = _request(pool, tree, [4, 4])
+    _, c = _request(pool, tree, [1, 1, 5, 5])                    # splits a's edge after [1, 1]
+    for table in (a, b, c):
+        _release(pool, table)
+    # c's match counted a's whole edge as used (after b), c's insert stamped only the shared [1, 1] and its new leaf:
+    # LRU leaves are b's [4, 4], then a's own part [2, 2, 3, 3] (from its end), then c's [5, 5]
+    assert tree.evict(2) == 2 and tree.match([4, 4]) == [] and tree.match([1, 1, 2, 2, 3, 3]) == a[:2]
+    assert tree.match([1, 1, 5, 5]) == c

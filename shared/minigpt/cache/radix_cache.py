@@ -15,7 +15,9 @@ prompts that share 3 of an edge's 5 blocks share exactly those 3.
 References are shared with the pool: the tree holds one on every block it caches, a request one on every block in
 its table. A cached block is *unreferenced* when the tree's is its only one (ref_count 1); only unreferenced blocks
 can be evicted, and only from leaves (a block's descendants are worthless without it), least recently matched or
-inserted first. Inserting a block whose tokens are already cached at that place keeps the first copy: two requests
+inserted first (every node on the path a match or an insert walks is stamped with one tick of a clock; an edge a
+prompt leaves part way counts as used by a match, and is split by an insert, whose shared upper part alone is
+stamped: so no two leaves ever carry the same stamp, and eviction's order is fully determined). Inserting a block whose tokens are already cached at that place keeps the first copy: two requests
 that computed the same prefix in one step cache it once (the second's copy stays its own and is freed with it).
 """
 
@@ -125,16 +127,13 @@ class RadixCache:
         if full == 0:
             return 0
         _, path = self._walk(tokens[:full * bs])
-        node, at = self.root, 0
+        node, at, now = self.root, 0, next(self._clock)
         for child, n in path:
             if n < len(child.blocks):
-                child = self._split(child, n)
+                child = self._split(child, n)      # the part this prompt shares is used now, the rest is not
+            child.last_used = now
             node, at = child, at + n
-        now = next(self._clock)
-        for step, _ in path:
-            step.last_used = now
         if at == full:
-            node.last_used = now
             return 0
         new = [int(b) for b in blocks[at:full]]
         for b in new:
