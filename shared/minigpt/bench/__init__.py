@@ -23,7 +23,10 @@ What it measures, every figure beside its baseline, interleaved, warmed up, medi
   against XGrammar and llguidance on the same schemas, tokenizer and decoding traces (mask_engines.py puts each
   engine behind one interface): mask time per token, compile time per schema, and the decode step with masks;
 * overheads.py ("overheads"): the engine's modes of lab 12 against its default step: overlap scheduling, the
-  static-shape compiled decode step, and what batch-invariant (deterministic) mode costs.
+  static-shape compiled decode step, and what batch-invariant (deterministic) mode costs;
+* kv_hierarchy.py ("kv_hierarchy"): lab 13's caches on a seeded trace, no model and nothing timed: block hit rates of
+  lab 02's hash cache, the radix cache and the radix cache with a host tier at three pool sizes against the ideal,
+  and longest-prefix-first admission against first come, first served (hit rate, TTFT, throughput, longest wait).
 
 ledger.py writes `data/bench/ledger.json` (machine, load, versions, settings, raw samples, figures, each part's
 notes) and renders the Markdown table that README carries between its `bench` markers.
