@@ -180,6 +180,23 @@ class World:
                 raise AssertionError(f"{self.what}: match({list(tokens)}) returned block {b}, which the tree holds no "
                                      "reference on (freed or never inserted): a matched block must be cached")
 
+    def edges(self) -> dict[tuple[int, ...], int]:
+        """The tree's edges, each named by the prefix it ends at, with the rank of its last-use stamp among the tree's
+        stamps (0 the oldest; equal stamps, equal ranks): read through the tree's nodes() and prefix_of(node) and each
+        node's last_used (the notebook's RadixNode)."""
+        try:
+            nodes = list(self._call("nodes()", self.tree.nodes))
+            stamps = {}
+            for node in nodes:
+                prefix = self._call("prefix_of(node)", self.tree.prefix_of, node)
+                stamps[tuple(int(t) for t in prefix)] = int(node.last_used)
+        except (AttributeError, TypeError, ValueError) as err:
+            raise AssertionError(f"{self.what}: reading the tree's edges failed ({type(err).__name__}: "
+                                 f"{str(err)[:120]}): keep the given nodes() and prefix_of(node), and RadixNode's "
+                                 "last_used") from None
+        rank = {stamp: i for i, stamp in enumerate(sorted(set(stamps.values())))}
+        return {prefix: rank[stamp] for prefix, stamp in stamps.items()}
+
     def cached(self) -> list[tuple[int, ...]]:
         """The prefixes the tree's blocks hold (checked: references, no partial block, no duplicate, prefix-closed)."""
         out = []
@@ -222,6 +239,27 @@ def _same(learner: World, shadow: World, what: str, got: Any, want: Any) -> None
         raise AssertionError(f"{learner.what}: after {what}, the tree caches other prefixes than it should"
                              + (f"; it holds {extra} it should not" if extra else "")
                              + (f"; it lacks {missing}" if missing else ""))
+
+
+def _same_edges(learner: World, shadow: World, when: str) -> None:
+    """The learner's edges end where the shadow's do, and their last uses come in the same order."""
+    mine, theirs = learner.edges(), shadow.edges()
+    if set(mine) != set(theirs):
+        extra = [list(p) for p in mine if p not in theirs][:2]
+        missing = [list(p) for p in theirs if p not in mine][:2]
+        raise AssertionError(f"{learner.what}: {when}, the tree's edges end at other places than they should"
+                             + (f"; an edge of yours ends after {extra}" if extra else "")
+                             + (f"; none ends after {missing}, where the reference splits" if missing else "")
+                             + ": split an edge exactly where a prompt leaves it, and nowhere else")
+    order = sorted(theirs, key=lambda p: (theirs[p], p))
+    for a, b in zip(order, order[1:]):
+        if (theirs[a] < theirs[b]) != (mine[a] < mine[b]) or (theirs[a] == theirs[b]) != (mine[a] == mine[b]):
+            raise AssertionError(
+                f"{learner.what}: {when}, the edges ending after {list(a)} and after {list(b)} were last used in "
+                f"another order than the reference's ({'the same tick' if theirs[a] == theirs[b] else 'the first one earlier'} "
+                "there): one tick per match and per insert, given to every node on the path walked (a match's edge "
+                "left part way too), to an insert's new leaf and to the upper part of a split, not to the part below "
+                "it; eviction takes leaves in this order")
 
 
 class Pair:
@@ -269,12 +307,14 @@ def _match_insert_scenarios(pair_of: Callable[[int], Pair]) -> None:
     p.finish(3, what="its insert, splitting the edge after 2 blocks, its partial last block left out: blocks added")
     p.arrive(a[:4], evict=False, what="the 2 blocks both prompts share, after the split: blocks matched")
     p.finish(4)
+    _same_edges(p.learner, p.shadow, "after a full-prefix hit and a split")
     q = pair_of(16)
     c = [6, 6, 7, 7]
     q.arrive(c, evict=False, what="request 1 of 2 with the same uncached prompt in one step: blocks matched")
     q.arrive(c, evict=False, what="request 2 of 2 with the same uncached prompt in one step: blocks matched")
     q.finish(1, what="request 1's insert: blocks added")
     q.finish(2, what="request 2's insert of the same prefix, computed into blocks of its own: blocks added")
+    _same_edges(q.learner, q.shadow, "after the same prefix was computed twice in one step")
 
 
 def _evict_scenarios(pair_of: Callable[[int], Pair]) -> None:
@@ -284,6 +324,7 @@ def _evict_scenarios(pair_of: Callable[[int], Pair]) -> None:
         p.finish(i)
     p.evict(2, what="evict(2) after three requests finished (LRU leaves first, each leaf from its end): blocks freed")
     p.evict(1, what="evict(1) next: blocks freed")
+    _same_edges(p.learner, p.shadow, "after evicting least recently used leaves")
     q = pair_of(12)
     for i, prompt in enumerate(([1, 1, 2, 2], [1, 1, 3, 3]), 1):       # an edge [1, 1] with two children
         q.arrive(prompt, evict=False)
@@ -306,21 +347,33 @@ def _machine(make_tree: Callable, *, evict: bool, watch: Callable[[], Any], what
             super().__init__()
             self.pair = Pair(make_tree, 10 if evict else 64, what, watch)
             self.running: list[int] = []
+            self.failed = False
+
+        def _step(self, fn: Callable[[], Any]) -> Any:
+            try:
+                return fn()
+            except BaseException:
+                self.failed = True           # reported as it is, not replaced by teardown's comparison
+                raise
+
+        def teardown(self) -> None:
+            if not self.failed:
+                _same_edges(self.pair.learner, self.pair.shadow, "at the end of the drawn requests")
 
         @rule(prompt=tokens)
         def arrive(self, prompt: list[int]) -> None:
-            if self.pair.arrive(prompt, evict=evict):
+            if self._step(lambda: self.pair.arrive(prompt, evict=evict)):
                 self.running.append(self.pair.n)
 
         @precondition(lambda self: self.running)
         @rule(i=st.integers(0, 7))
         def finish(self, i: int) -> None:
-            self.pair.finish(self.running.pop(i % len(self.running)))
+            self._step(lambda: self.pair.finish(self.running.pop(i % len(self.running))))
 
         if evict:
             @rule(n=st.integers(1, 6))
             def evict_some(self, n: int) -> None:
-                self.pair.evict(n)
+                self._step(lambda: self.pair.evict(n))
 
     return RadixMachine
 

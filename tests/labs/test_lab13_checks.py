@@ -120,6 +120,13 @@ WRONG_TREES = {
                                                                       "len(child.blocks) else []")],
                          "blocks matched"),
     "insert-counts-all": ([("        return len(new)\n", "        return full\n")], "blocks added"),
+    "match-stamps-nothing": ([("        for node, _ in path:\n            node.last_used = now\n", "")], "another order"),
+    "split-stamps-the-lower-part": ([("                child = self._split(child, n)      # the part this prompt "
+                                      "shares is used now, the rest is not\n            child.last_used = now\n",
+                                      "                child.last_used = now\n                child = "
+                                      "self._split(child, n)\n            else:\n                child.last_used = "
+                                      "now\n")], "another order"),
+    "new-leaf-unstamped": ([("new, node, {}, now)", "new, node, {}, 0)")], "another order"),
 }
 
 
