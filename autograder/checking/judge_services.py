@@ -3,7 +3,7 @@
 The kernel's end answers whatever the judge asks (the judge is trusted); the judge's end (`wire.Endpoint(...,
 services=judge_services())`) hands out only objects whose type is listed here, and answers only what each
 `Service` allows: a model may be called and its config, dtype and device read; a collective (a ring pass too) may
-be called; a KV cache's layers listed, read and their length set to an int; a block manager's tables read; a block pool's references taken and dropped and its counts read (lab 13); lab 11's
+be called; a KV cache's layers listed, read and their length set to an int; a block manager's tables read; a block pool's references taken and dropped and its counts read, a host loader's copies started and waited for (lab 13); lab 11's
 logged layer runner run, its channels sent to or received from, its decode-side block store allocated, freed and
 written; lab 12's overlap driver's operations called (ids in, ids out); a `Callback` a check made on purpose may be
 called. Every other request is `Refused`, and so is every
@@ -71,6 +71,7 @@ def judge_services() -> dict[type, Service]:
     """The judge's objects a learner's code may use, and how (everything else of the judge's is refused)."""
     from minigpt.cache.block_manager import BlockManager
     from minigpt.cache.block_pool import BlockPool
+    from minigpt.cache.host_loader import HostLoader
     from minigpt.cache.contiguous import KVCache, LayerKVCache
     from minigpt.disagg.receiver import DecodeKVStore
     from minigpt.disagg.timeline import LoggedRunner, RecordingChannel, ScriptedChannel
@@ -93,6 +94,8 @@ def judge_services() -> dict[type, Service]:
         # lab 13's radix tree takes and drops references on the judge's pool, which counts them itself
         BlockPool: Service(methods=frozenset({"incref", "free"}),
                            get=frozenset({"ref_counts", "block_size", "num_blocks"})),
+        # lab 13's copies from the host tier: started and waited for; the loader logs both itself
+        HostLoader: Service(methods=frozenset({"has", "load", "wait"})),
         CountingAutomaton: Service(methods=frozenset({"step", "walk", "accepting", "live", "start_state"}),
                                    get=frozenset({"start"})),
         # lab 11's ends of a connector: they take plain data and note what happened themselves, after it happened

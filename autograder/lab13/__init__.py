@@ -15,6 +15,10 @@ CPU tier (correctness):
                                             judge's queues (hand-made, each mistake named, and drawn)
     offload.check_crossover_tokens(fn)      Exercise 4: the shortest prefix at which loading beats recomputing,
                                             exactly the package's on real shapes, links and accelerators
+    restore.check_restore_prefix(fn)        Exercise 5: a cached prefix loaded back from the judge's host tier
+                                            through its HostLoader (copies land only when waited for): the run
+                                            loaded, the cost model asked, every copy started before the other work
+                                            and waited for before the prefill, each block holding its key's KV
 Interview questions (questions.py): check_q1_load_speedup (Llama-3-70B over PCIe 4.0), check_q2_mha_from_nvme
 (Llama-2-7B from an NVMe SSD), check_q3_radix_nodes (a tree's nodes after three inserts); each mistake diagnosed.
 """
@@ -23,6 +27,7 @@ from autograder.lab13.admission import check_admission_order
 from autograder.lab13.offload import check_crossover_tokens
 from autograder.lab13.questions import check_q1_load_speedup, check_q2_mha_from_nvme, check_q3_radix_nodes
 from autograder.lab13.radix import check_radix_evict, check_radix_match_insert
+from autograder.lab13.restore import check_restore_prefix
 
-__all__ = ["check_radix_match_insert", "check_radix_evict", "check_admission_order", "check_crossover_tokens",
+__all__ = ["check_radix_match_insert", "check_radix_evict", "check_admission_order", "check_crossover_tokens", "check_restore_prefix",
            "check_q1_load_speedup", "check_q2_mha_from_nvme", "check_q3_radix_nodes"]

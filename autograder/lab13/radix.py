@@ -307,7 +307,18 @@ def _match_insert_scenarios(pair_of: Callable[[int], Pair]) -> None:
     p.finish(3, what="its insert, splitting the edge after 2 blocks, its partial last block left out: blocks added")
     p.arrive(a[:4], evict=False, what="the 2 blocks both prompts share, after the split: blocks matched")
     p.finish(4)
+    p.arrive([9], evict=False, what="a prompt shorter than one block: blocks matched")
+    p.finish(5, what="its insert (no full block to cache): blocks added")
     _same_edges(p.learner, p.shadow, "after a full-prefix hit and a split")
+    r = pair_of(24)
+    for i, prompt in enumerate(([1, 1, 2, 2, 3, 3, 4, 4], [1, 1, 2, 2, 3, 3, 5, 5]), 1):   # an edge with 2 children
+        r.arrive(prompt, evict=False)
+        r.finish(i)
+    r.arrive([1, 1, 2, 2, 4, 4, 6], evict=False, what="a prompt leaving an edge after 2 of its 3 blocks, its next "
+                                                      "block equal to a child's first (cached after the whole edge, "
+                                                      "not after the 2): blocks matched")
+    r.finish(3, what="its insert: blocks added")
+    _same_edges(r.learner, r.shadow, "after a prompt left an edge part way")
     q = pair_of(16)
     c = [6, 6, 7, 7]
     q.arrive(c, evict=False, what="request 1 of 2 with the same uncached prompt in one step: blocks matched")

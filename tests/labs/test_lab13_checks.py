@@ -234,3 +234,44 @@ def test_questions_accept_the_answer_and_name_mistakes(check, right):
         check(right * 1.5 if isinstance(right, float) else right + 1)
     with pytest.raises(AssertionError, match="not|answer|GQA|K AND V|split|RUN|node"):
         check(None)
+
+
+# --- Exercise 5 ----------------------------------------------------------------------------------
+
+from minigpt.cache.host_loader import restore_prefix  # noqa: E402
+
+WRONG_RESTORES = {
+    "past-the-hole": ([("    while n < len(keys) and loader.has(keys[n]):\n        n += 1\n",
+                        "    n = sum(1 for key in keys if loader.has(key))\n")], "no tier holds|expected|copies started"),
+    "no-cost-model": ([("    if n and not worth_loading(n * block_size):\n        n = 0\n", "")], "worth_loading was asked"),
+    "asks-in-blocks": ([("worth_loading(n * block_size)", "worth_loading(n)")], "asked|does not pay|expected"),
+    "waits-before-other-work": ([("    events = [loader.load(key, block) for key, block in zip(keys[:n], blocks)]\n"
+                                  "    other_work()\n    for event in events:\n        loader.wait(event)\n",
+                                  "    for key, block in zip(keys[:n], blocks):\n        "
+                                  "loader.wait(loader.load(key, block))\n    other_work()\n")], "overlap"),
+    "never-waits": ([("    for event in events:\n        loader.wait(event)\n", "")], "before its copy landed"),
+    "waits-for-the-first-only": ([("    for event in events:\n        loader.wait(event)\n",
+                                   "    for event in events[:1]:\n        loader.wait(event)\n")],
+                                 "before its copy landed"),
+    "blocks-swapped": ([("zip(keys[:n], blocks)", "zip(keys[:n], blocks[::-1])")], "copies started"),
+    "prefill-first": ([("    other_work()\n    for event in events:\n        loader.wait(event)\n    prefill(blocks, n)\n",
+                        "    for event in events:\n        loader.wait(event)\n    prefill(blocks, n)\n"
+                        "    other_work()\n")], "had been waited for|prefill ran before other_work"),
+}
+
+
+def test_a_learners_restore_passes_and_the_reference_is_refused():
+    lab13.check_restore_prefix(as_learner(restore_prefix))
+    with pytest.raises(AssertionError, match="not implemented"):
+        lab13.check_restore_prefix(_stub)
+    with pytest.raises(AssertionError, match="reference"):
+        lab13.check_restore_prefix(restore_prefix)
+    with pytest.raises(AssertionError, match="reference"):
+        lab13.check_restore_prefix(_wrapper(restore_prefix))
+
+
+@pytest.mark.parametrize("name", WRONG_RESTORES)
+def test_wrong_restores_are_named(name):
+    edits, message = WRONG_RESTORES[name]
+    with pytest.raises(AssertionError, match=message):
+        lab13.check_restore_prefix(edited(restore_prefix, *edits))
