@@ -36,7 +36,7 @@ def check_q1_load_speedup(answer: Any) -> None:
                   (_ratio(**Q1, kv_factor=0.5), "the cache holds K AND V."),
                   (_ratio(**{**Q1, "mfu": 1.0}), "the prefill runs at mfu 0.5 of the peak, not at the peak."),
                   (1 / _ratio(**Q1), "the question asks recompute / load (above 1: loading is faster).")],
-                 unit="x", rel=2e-3,
+                 unit="x", rel=1e-4,
                  hint="load = latency + tokens * kv_bytes_per_token / bandwidth; recompute = prefill_flops / "
                       "(bf16 peak * mfu); answer = recompute / load.")
 
@@ -50,7 +50,7 @@ def check_q2_mha_from_nvme(answer: Any) -> None:
                   (_ratio(**Q2, kv_factor=0.5), "the cache holds K AND V."),
                   (_ratio(**{**Q2, "link": "PCIe 5.0 x16"}), "the prefix comes from the NVMe SSD, not host memory."),
                   (1 / _ratio(**Q2), "the question asks recompute / load (below 1: recomputing is faster).")],
-                 unit="x", rel=2e-3,
+                 unit="x", rel=1e-4,
                  hint="Same rule as Q1, with this model's KV bytes per token and this link.")
 
 
