@@ -317,10 +317,10 @@ def _fabricated_parts():
 
 
 def _decode_only() -> dict:
-    """The committed ledger without its batching, serving, speculative, structured, overheads and kv_hierarchy parts (the
-    tests add fabricated ones)."""
+    """The committed ledger without its batching, serving, speculative, structured, overheads, kv_engine and
+    kv_hierarchy parts (the tests add fabricated ones)."""
     led = {k: v for k, v in copy.deepcopy(ledger.read(data_dir() / "bench")).items()
-           if k not in ("batching", "serving", "speculative", "structured", "overheads", "kv_hierarchy")}
+           if k not in ("batching", "serving", "speculative", "structured", "overheads", "kv_engine", "kv_hierarchy")}
     led["figures"] = figures(led)
     return led
 

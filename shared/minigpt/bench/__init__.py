@@ -26,7 +26,9 @@ What it measures, every figure beside its baseline, interleaved, warmed up, medi
   static-shape compiled decode step, and what batch-invariant (deterministic) mode costs;
 * kv_hierarchy.py ("kv_hierarchy"): lab 13's caches on a seeded trace, no model and nothing timed: block hit rates of
   lab 02's hash cache, the radix cache and the radix cache with a host tier at three pool sizes against the ideal,
-  and longest-prefix-first admission against first come, first served (hit rate, TTFT, throughput, longest wait).
+  and longest-prefix-first admission against first come, first served (hit rate, TTFT, throughput, longest wait);
+* kv_engine.py ("kv_engine"): the serving engine with lab 02's hash cache and with lab 13's radix tree on the trace's
+  first 30 requests (the target model): prompt tokens found cached (exact) and throughput (timed).
 
 ledger.py writes `data/bench/ledger.json` (machine, load, versions, settings, raw samples, figures, each part's
 notes) and renders the Markdown table that README carries between its `bench` markers.

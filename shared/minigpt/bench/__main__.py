@@ -1,5 +1,5 @@
-"""python -m minigpt.bench [--quick] [--only decode,batching,serving,speculative,structured,overheads,kv_hierarchy]
-[--out data/bench] [--readme]: see minigpt/bench/__init__.py."""
+"""python -m minigpt.bench [--quick] [--only decode,batching,serving,speculative,structured,overheads,kv_hierarchy,
+kv_engine] [--out data/bench] [--readme]: see minigpt/bench/__init__.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from minigpt.bench import batching, kv_hierarchy, ledger, overheads, serving, speculative, structured
+from minigpt.bench import batching, kv_engine, kv_hierarchy, ledger, overheads, serving, speculative, structured
 from minigpt.bench.bandwidth import matmul_peak, memory_bandwidth
 from minigpt.bench.decode import (BATCH1, decode_runs, matmul_passes, model_steps, per_token_seconds,
                                   profile_steps, step_cost)
@@ -23,7 +23,7 @@ COURSE = ("lab 01 generate_kv_cache", "fused decode step", "serving engine")    
 EAGER, COMPILED = "transformers generate (eager)", "transformers generate (static cache, compiled)"
 MBU_GOAL, EAGER_GOAL, COMPILED_GOAL = 50.0, 1.3, 1.0
 PARTS = {"decode": 4, "batching": 2, "serving": 1, "speculative": 1, "structured": 1, "overheads": 1,
-         "kv_hierarchy": 1}                                                   # what to run: progress steps
+         "kv_hierarchy": 1, "kv_engine": 1}                                   # what to run: progress steps
 
 
 def _progress(total: int, quiet: bool):
@@ -75,12 +75,15 @@ def measure(*, quick: bool, threads: int = 1, quiet: bool = False, parts: tuple[
         elif part == "kv_hierarchy":
             section = kv_hierarchy.measure_kv_hierarchy(quick=quick)
             bar.update()
+        elif part == "kv_engine":
+            section = kv_engine.measure_kv_engine(_model("target"), quick=quick, threads=threads)
+            bar.update()
         else:
             bandwidth = (led.get("bandwidth") or {}).get("bytes_per_s")
             section = overheads.measure_overheads(_model("target"), quick=quick, threads=threads, bandwidth=bandwidth)
             bar.update()
         module = {"batching": batching, "serving": serving, "speculative": speculative, "structured": structured,
-                  "overheads": overheads, "kv_hierarchy": kv_hierarchy}[part]
+                  "overheads": overheads, "kv_hierarchy": kv_hierarchy, "kv_engine": kv_engine}[part]
         section["notes"] = module.notes(section)
         section["measured"] = {"command": command, "date": datetime.date.today().isoformat(), "quick": quick,
                                "load_before": before, "load_after": ledger.machine()["load_1min"]}
@@ -154,7 +157,8 @@ def figures(led: dict[str, Any]) -> list[dict[str, Any]]:
     """The table's rows, from the ledger's measurements: decode's, then those of each other part measured."""
     rows = decode_figures(led) if "batch1" in led else []
     for part, module in (("batching", batching), ("serving", serving), ("speculative", speculative),
-                         ("structured", structured), ("overheads", overheads), ("kv_hierarchy", kv_hierarchy)):
+                         ("structured", structured), ("overheads", overheads), ("kv_engine", kv_engine),
+                         ("kv_hierarchy", kv_hierarchy)):
         if part in led:
             rows += module.figures(led[part])
     return rows

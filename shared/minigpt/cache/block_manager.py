@@ -70,6 +70,14 @@ class BlockManager:
         cow = t.num_tokens % self.block_size != 0 and self.pool.ref_counts[t.blocks[-1]] > 1
         return blocks_needed(t.num_tokens + n, self.block_size) - len(t.blocks) + int(cow)
 
+    def cached_prefix_len(self, tokens: Sequence[int], salt: Hashable | None = None) -> int:
+        """Tokens of `tokens` whose K/V the prefix cache holds (what add_sequence would reuse): full cached blocks,
+        at most (len - 1) // block_size of them; 0 without prefix caching."""
+        if self.prefix_cache is None:
+            return 0
+        hits = self.prefix_cache.lookup(block_hashes(tokens, self.block_size, salt))
+        return min(len(hits), (len(tokens) - 1) // self.block_size) * self.block_size
+
     # --- changes ---------------------------------------------------------------------------------
 
     def add_sequence(self, seq_id: Hashable, prompt: Sequence[int], *, salt: Hashable | None = None) -> Reservation:
@@ -164,6 +172,16 @@ class BlockManager:
         del self.hashes[seq_id][num_tokens // self.block_size:]
         if num_tokens % self.block_size and self.prefix_cache is not None and self.pool.ref_counts[t.blocks[-1]] == 1:
             self.prefix_cache.forget(t.blocks[-1])     # it will be overwritten in place: its hash would go stale
+
+    def forget_uncomputed(self, seq_id: Hashable, num_computed: int) -> None:
+        """The sequence's blocks past its first num_computed tokens were reserved (and hashed if full) but will never
+        be computed (it is preempted before its step runs): forget their hashes, so nobody reuses garbage. A block
+        shared with another sequence keeps its hash (that sequence found it cached: it was computed)."""
+        if self.prefix_cache is None:
+            return
+        for block in self.table(seq_id).blocks[num_computed // self.block_size:]:
+            if self.pool.ref_counts[block] == 1:
+                self.prefix_cache.forget(block)
 
     def _register_full_blocks(self, seq_id: Hashable) -> None:
         """Hash the sequence's full blocks not hashed yet, in order, stopping at a block that holds a placeholder

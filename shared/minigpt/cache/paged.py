@@ -14,7 +14,8 @@ ignored. Padding keeps the model's (B, T, d_model) shapes; packing all tokens in
 does, avoids the wasted rows but needs per-token metadata in every layer (lab 03's batched runner).
 
 `minigpt.engine.paged_generation` runs whole generations on it. Pools per layer:
-(num_blocks, block_size, n_kv_heads, head_dim); see `paged_attention` for the attention.
+(num_blocks, block_size, n_kv_heads, head_dim); see `paged_attention` for the attention. With `prefix_cache="radix"`
+the manager keeps its cached blocks in lab 13's radix tree (`radix_manager.RadixBlockManager`), not lab 02's hashes.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from minigpt.attention import AttentionFn
 from minigpt.cache.block_manager import BlockManager
 from minigpt.cache.block_table import block_tables_tensor
 from minigpt.cache.paged_attention import paged_attention, write_kv
+from minigpt.cache.radix_manager import RadixBlockManager
 from minigpt.config import ModelConfig
 from minigpt.model import GPT
 
@@ -75,8 +77,11 @@ class PagedKVCache:
 
     def __init__(self, n_layers: int, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int, *,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                 enable_prefix_caching: bool = False) -> None:
-        self.manager = BlockManager(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
+                 enable_prefix_caching: bool = False, prefix_cache: str = "hash") -> None:
+        if prefix_cache not in ("hash", "radix"):
+            raise ValueError(f"prefix_cache must be 'hash' (lab 02) or 'radix' (lab 13), got {prefix_cache!r}")
+        self.manager = (RadixBlockManager(num_blocks, block_size) if enable_prefix_caching and prefix_cache == "radix"
+                        else BlockManager(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching))
         shape = (num_blocks, block_size, n_kv_heads, head_dim)
         self.k_pools = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.v_pools = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
@@ -84,14 +89,14 @@ class PagedKVCache:
 
     @classmethod
     def for_model(cls, model: GPT | ModelConfig, num_blocks: int, block_size: int = 16, *,
-                  enable_prefix_caching: bool = False, dtype: torch.dtype | None = None,
+                  enable_prefix_caching: bool = False, prefix_cache: str = "hash", dtype: torch.dtype | None = None,
                   device: torch.device | str | None = None) -> "PagedKVCache":
         is_config = isinstance(model, ModelConfig)     # a model: anything with .config, .dtype, .device (a handle too)
         cfg = model if is_config else model.config
         dtype = dtype or (torch.float32 if is_config else model.dtype)
         device = device or ("cpu" if is_config else model.device)
         return cls(cfg.n_layers, num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim, dtype=dtype, device=device,
-                   enable_prefix_caching=enable_prefix_caching)
+                   enable_prefix_caching=enable_prefix_caching, prefix_cache=prefix_cache)
 
     @property
     def block_size(self) -> int:

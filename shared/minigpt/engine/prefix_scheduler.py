@@ -1,7 +1,8 @@
 """Continuous batching WITH prefix caching (lab 08): lab 03's scheduler, admitting from the cached prefix.
 
 On admission, a sequence's tokens (prompt, plus output after a preemption) are looked up in the prefix
-cache by chained block hashes (lab 02). The longest cached run of full blocks is reused, at most
+cache (`manager.cached_prefix_len`): by chained block hashes (lab 02), or down a radix tree with a
+`cache.radix_manager.RadixBlockManager` (lab 13). The longest cached run of full blocks is reused, at most
 (len - 1) // block_size blocks, because the last token must be computed for its logits. Then
 
     num_cached = cached blocks * block_size
@@ -18,7 +19,8 @@ blocks only with requests of the same adapter (vLLM does the same with the LoRA 
 
 One subtlety: blocks are registered in the prefix cache when they are RESERVED full, and computed by the
 step that follows. A sequence preempted in the same schedule() call as its reservation never computes
-them, so on preemption the hashes of its not-yet-computed blocks are forgotten (nobody may reuse garbage).
+them, so on preemption the hashes of its not-yet-computed blocks are forgotten, or the radix tree drops them
+(`manager.forget_uncomputed`: nobody may reuse garbage).
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from __future__ import annotations
 from typing import ClassVar, Hashable
 
 from minigpt.cache.block_pool import OutOfBlocks
-from minigpt.cache.prefix_cache import block_hashes
 from minigpt.engine.request import Sequence, SequenceStatus
 from minigpt.engine.scheduler import ScheduledChunk, Scheduler
 
@@ -40,10 +41,9 @@ def cache_salt(seq: Sequence) -> Hashable | None:
 
 
 def cached_prefix_len(manager: "object", tokens: list[int], salt: Hashable | None = None) -> int:
-    """Tokens of `tokens` whose K/V the prefix cache holds: full cached blocks, at most (len - 1) // block_size."""
-    cache, bs = manager.prefix_cache, manager.block_size
-    hits = cache.lookup(block_hashes(tokens, bs, salt))
-    return min(len(hits), (len(tokens) - 1) // bs) * bs
+    """Tokens of `tokens` whose K/V the prefix cache holds: full cached blocks, at most (len - 1) // block_size
+    (the manager's `cached_prefix_len`: chained hashes, or a radix tree's walk)."""
+    return manager.cached_prefix_len(tokens, salt)
 
 
 class PrefixCachingScheduler(Scheduler):
@@ -84,10 +84,6 @@ class PrefixCachingScheduler(Scheduler):
         return ScheduledChunk(seq, num_cached, tokens[num_cached:num_cached + n], r.slots, r.copies)
 
     def _preempt(self, seq: Sequence) -> None:
-        m = self.manager
-        if m.prefix_cache is not None and seq.seq_id in m.tables:
-            blocks = m.tables[seq.seq_id].blocks
-            for block in blocks[seq.num_computed // m.block_size:]:      # reserved but not computed yet
-                if m.pool.ref_counts[block] == 1:
-                    m.prefix_cache.forget(block)
+        if self.manager.prefix_cache is not None and seq.seq_id in self.manager.tables:
+            self.manager.forget_uncomputed(seq.seq_id, seq.num_computed)      # reserved but not computed yet
         super()._preempt(seq)

@@ -8,7 +8,8 @@
     engine.generate(["Once upon", "def f("], SamplingParams(), max_tokens=16)   # offline, like LLM.generate
 
 Every step: the scheduler (lab 03: token budget, chunked prefill, preemption by recomputation; admission
-from the prefix cache, `engine.prefix_scheduler`) picks the chunks, the runner (lab 03's packed varlen
+from the prefix cache, `engine.prefix_scheduler`: lab 02's hashed blocks, or lab 13's radix tree with
+`EngineConfig(prefix_cache="radix")`, `cache.radix_manager`) picks the chunks, the runner (lab 03's packed varlen
 layout over lab 02's paged KV cache) runs them in ONE model call and samples the next token of every
 sequence whose chunk reached its end, and the scheduler applies the tokens and frees finished sequences.
 Weights may be INT8/INT4 weight-only (lab 05). Speculative decoding is not part of this engine: a config
@@ -44,6 +45,7 @@ from minigpt.tokenizer import stop_token_ids
 __all__ = ["EngineConfig", "EngineRequest", "LLMEngine", "RunnerFactory", "quantized"]
 
 Weights = Literal["fp32", "int8", "int4"]
+PrefixCacheKind = Literal["hash", "radix"]
 StaticDecode = Literal["off", "eager", "compiled"]
 RunnerFactory = Callable[[GPT, PagedKVCache], ModelRunner]
 log = logging.getLogger(__name__)
@@ -52,14 +54,17 @@ INT4_GROUP_SIZE = 32          # divides every course model's widths (64 .. 1024)
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """KV pool (num_blocks x block_size tokens), batch limits (sequences, tokens per step), prefix caching,
-    weight precision, fused weights. `speculative_k` > 0 (speculative decoding) is not implemented and is refused."""
+    """KV pool (num_blocks x block_size tokens), batch limits (sequences, tokens per step), prefix caching (hashed
+    blocks or a radix tree), weight precision, fused weights. `speculative_k` > 0 (speculative decoding) is not
+    implemented and is refused."""
 
     num_blocks: int = 256
     block_size: int = 16
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 256
     enable_prefix_caching: bool = True
+    prefix_cache: PrefixCacheKind = "hash"  # with prefix caching: lab 02's chained block hashes, or "radix": lab
+                                         # 13's tree (it holds its blocks; LRU leaves evicted when the pool runs dry)
     enable_chunked_prefill: bool = True
     weights: Weights = "fp32"
     fused_weights: bool = True           # on a CPU, steps on fused K-major weight copies (engine.fused_decode);
@@ -76,6 +81,12 @@ class EngineConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {v!r}")
+        if self.prefix_cache not in ("hash", "radix"):
+            raise ValueError(f"EngineConfig.prefix_cache must be 'hash' (lab 02) or 'radix' (lab 13), "
+                             f"got {self.prefix_cache!r}")
+        if self.prefix_cache == "radix" and not self.enable_prefix_caching:
+            raise ValueError("EngineConfig.prefix_cache='radix' needs enable_prefix_caching=True (without prefix "
+                             "caching there is no cache to keep in a tree)")
         if self.weights not in ("fp32", "int8", "int4"):
             raise ValueError(f"EngineConfig.weights must be 'fp32', 'int8' or 'int4', got {self.weights!r}")
         if self.speculative_k:
@@ -122,7 +133,8 @@ class LLMEngine(EngineBase):
         super().__init__(model, tokenizer=tokenizer, model_name=model_name, adapter_names=adapter_names, clock=clock)
         self.config = config
         self.cache = PagedKVCache.for_model(model, config.num_blocks, config.block_size,
-                                            enable_prefix_caching=config.enable_prefix_caching)
+                                            enable_prefix_caching=config.enable_prefix_caching,
+                                            prefix_cache=config.prefix_cache)
         scheduler_cls = PrefixCachingScheduler if config.enable_prefix_caching else Scheduler
         self.scheduler: Scheduler = scheduler_cls(self.cache.manager, config.scheduler_config(),
                                                   max_model_len=model.config.max_seq_len)
@@ -317,9 +329,9 @@ class LLMEngine(EngineBase):
         return self.scheduler.has_unfinished() or self._in_flight is not None
 
     def stats(self) -> EngineStats:
-        pool = self.cache.manager.pool
+        pool = self.cache.manager.pool      # num_free counts cached blocks nobody uses (queued, or evictable: radix)
         sched = self.scheduler
-        return EngineStats(len(sched.running), len(sched.waiting), pool.num_blocks, pool.num_used,
+        return EngineStats(len(sched.running), len(sched.waiting), pool.num_blocks, pool.num_blocks - pool.num_free,
                            getattr(sched, "hit_rate", 0.0), self.num_preemptions, self.num_steps, self.num_finished,
                            self.num_generated_tokens, *self._last_batch, getattr(sched, "lookup_tokens", 0),
                            getattr(sched, "hit_tokens", 0))
