@@ -45,8 +45,10 @@ def test_the_committed_exact_figures_are_what_the_engine_finds_now(committed):
     records = conversation_trace(s["trace"]["seed"])[:s["trace"]["requests"]]
     prompts = trace_prompts(records, s["block_size"], load_tokens("val").tolist())
     model = load_model(s["model"])
+    pools = kv_engine.exact(committed)["pools"]
+    smallest = min(pools, key=int)              # the pool that evicts: one pool keeps the suite's time down
     with fixed_threads(s["threads"]):
-        for pool, caches in kv_engine.exact(committed)["pools"].items():
+        for pool, caches in [(smallest, pools[smallest])]:
             for name, counts in caches.items():
                 found, _, _ = kv_engine.replay(model, records, prompts, kv_engine.CACHES[name], int(pool), s)
                 assert found == counts, f"{pool} blocks, {name}: committed {counts}, a run now {found}: rerun the part"
