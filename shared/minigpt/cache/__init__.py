@@ -6,4 +6,9 @@
   copy-on-write forks, prefix reuse), `paged_attention` (pure-PyTorch reference, decode and prefill)
   and `paged` (`PagedKVCache`: per-layer block pools serving a batch of sequences).
 * `rollback` (lab 06): `truncate_cache`, forgetting the positions of rejected draft tokens.
+* lab 13, the hierarchy: `radix_cache` (`RadixCache`: prefixes as runs of blocks in a radix tree, LRU eviction of
+  unreferenced leaves), `radix_manager` (the engine's `prefix_cache="radix"`), `cache_aware` (longest cached prefix
+  first, with a starvation bound), `tiers` (`TieredStore`: host and file tiers of evicted blocks), `host_loader`
+  (copies back into the pool, overlapped: `HostLoader`, `restore_prefix`), `trace_replay` and `admission_replay`
+  (a trace replayed against a bounded pool, no model).
 """

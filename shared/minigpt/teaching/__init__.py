@@ -17,5 +17,7 @@ speculative calculator) lives below them in `minigpt.costmodel`, which the engin
 * `retrieval_view` (pass keys retrieved against depth and length, perplexity per band), lab 09.
 * `grammar_stepper` (constrained decoding a token at a time: the mask, the model, the grammar's state), lab 10.
 * `goodput_view` (colocated vs disaggregated goodput), lab 11.
+* `timeline_view` (serial against overlapped engine steps), lab 12.
+* `radix_view` (the radix tree, the pool and a host tier as a trace's requests arrive), lab 13.
 * `learner_fallback` (a demo runs on the reference until the learner's exercise does).
 """
