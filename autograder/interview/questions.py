@@ -23,6 +23,7 @@ from minigpt.costmodel.calculators import (GB, GiB, ModelShape, PRESETS, count_p
                                           decode_bytes, decode_flops, decode_tokens_per_second, kv_bytes_per_token,
                                           kv_cache_bytes, weight_bytes, weight_bytes_read)
 from minigpt.costmodel.hardware import ACCELERATORS, Accelerator
+from minigpt.costmodel.offload import LINKS, load_seconds, recompute_seconds
 from minigpt.costmodel.parallel_cost import tp_allreduce_bytes_per_token
 from minigpt.costmodel.speculative_calculator import expected_tokens_per_round
 
@@ -302,6 +303,33 @@ def quantized_weights_question(rng: random.Random) -> NumericQuestion:
     return _question("Quantized weight bytes", "05", text, want, "GB", mistakes, solution)
 
 
+def offload_question(rng: random.Random) -> NumericQuestion:
+    """Recompute time over load time for a cached prefix kept in a slower tier (lab 13)."""
+    shape, gpu = MODELS[_pick(rng, MODELS)], GPUS[_pick(rng, GPUS)]
+    link_name = _pick(rng, LINKS)
+    link = LINKS[link_name]
+    tokens = rng.choice([512, 1024, 2048, 4096, 8192])
+    mfu = rng.choice([0.4, 0.5, 0.6])
+    want = recompute_seconds(shape, tokens, gpu, mfu=mfu) / load_seconds(shape, tokens, link)
+    per_token = kv_bytes_per_token(shape, 2)
+    text = (f"{shape.name} ({shape.n_layers} layers, {shape.n_kv_heads} KV heads of {shape.head_dim}) serves in "
+            f"bf16 on one {gpu.name} ({gpu.peak('bf16') / 1e12:,.0f} TFLOP/s bf16 peak), its prefill at {mfu} of that "
+            f"peak. An evicted {tokens:,}-token prefix waits behind {link_name} ({link.bandwidth / 1e9:.3g} GB/s, "
+            f"{link.latency * 1e6:g} us a transfer). Recompute time over load time? (Prefill FLOPs as lab 00 counts "
+            "them, attention included; above 1, loading wins.)")
+    load = load_seconds(shape, tokens, link)
+    k_only = link.latency + tokens * per_token / 2 / link.bandwidth
+    mistakes = [(recompute_seconds(shape, tokens, gpu, mfu=mfu) / k_only,
+                 "the cache holds K AND V: 2 x layers x KV heads x head_dim x 2 bytes a token."),
+                (recompute_seconds(shape, tokens, gpu, mfu=1.0) / load, f"the prefill runs at {mfu} of the peak."),
+                (1 / want, "the question asks recompute / load.")]
+    solution = (f"KV = {per_token:,} B/token; load = {link.latency * 1e6:g} us + {tokens:,} x {per_token:,} B / "
+                f"{link.bandwidth / 1e9:.3g} GB/s = {load * 1e3:.4g} ms; recompute = prefill FLOPs / "
+                f"({gpu.peak('bf16') / 1e12:,.0f} TFLOP/s x {mfu}) = "
+                f"{recompute_seconds(shape, tokens, gpu, mfu=mfu) * 1e3:.4g} ms; ratio {want:.4g}.")
+    return _question("Offload or recompute a cached prefix", "13", text, want, "x", mistakes, solution)
+
+
 FAMILIES: dict[str, Callable[[random.Random], NumericQuestion]] = {
     "kv-cache": kv_cache_question,
     "decode-speed": decode_speed_question,
@@ -310,4 +338,5 @@ FAMILIES: dict[str, Callable[[random.Random], NumericQuestion]] = {
     "tp-bytes": tp_bytes_question,
     "paged-capacity": paged_capacity_question,
     "quantized-weights": quantized_weights_question,
+    "offload": offload_question,
 }

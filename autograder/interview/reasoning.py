@@ -19,6 +19,7 @@ from autograder.interview.questions import Verdict
 from minigpt.costmodel.calculators import (GiB, PRESETS, ModelShape, attention_flops, kv_cache_bytes,
                                           prefill_flops, weight_bytes)
 from minigpt.costmodel.hardware import ACCELERATORS
+from minigpt.costmodel.offload import LINKS, crossover_tokens
 from minigpt.disagg.goodput_sim import SimConfig, costs_for
 from minigpt.moe.arithmetic import DEEPSEEK_V3, dispatch_combine_bytes_per_token
 
@@ -40,6 +41,10 @@ _EP64 = dispatch_combine_bytes_per_token(DEEPSEEK_V3, 64)
 # Question 22: a tree's verify is compute-bound once B * nodes positions pass the ridge point (bf16: 2 FLOP per weight
 # per position over 2 bytes per weight = 1 FLOP per byte per position)
 _TREE_NODES, _RIDGE_H100 = 16, _H100.ridge_point("bf16")
+# lab 13: where loading a cached prefix from one NVMe SSD starts to beat recomputing it on an H100 (mfu 0.5)
+_NVME = LINKS["NVMe SSD (PCIe 4.0 x4)"]
+_CROSS_8B = crossover_tokens(PRESETS["Llama-3-8B"], _NVME, _H100)
+_CROSS_MHA = crossover_tokens(PRESETS["Llama-2-7B (MHA)"], _NVME, _H100)
 _TREE_BATCH = -(-int(_RIDGE_H100) // _TREE_NODES)
 # Question 21's step: Llama-3.2-1B in bf16 at batch 1 on an H100 (weights read once), beside 0.9 ms of scheduling.
 _LLAMA_1B = ModelShape("Llama-3.2-1B", n_layers=16, d_model=2048, n_heads=32, n_kv_heads=8, head_dim=64, d_ff=8192,
@@ -500,5 +505,51 @@ CHOICE_QUESTIONS: tuple[ChoiceQuestion, ...] = (
         f"ridge point ({_RIDGE_H100:.0f} FLOP/byte in bf16) at B = {_TREE_BATCH}, and every position beyond costs "
         "compute the batch would have spent on real tokens. Engines narrow the tree, draft fewer tokens, or stop "
         "speculating at large batches (vLLM's disable_by_batch_size)."),
-
+    ChoiceQuestion(
+        23, "Radix prefix cache and cache-aware scheduling", "13",
+        "SGLang keeps cached prefixes in a radix tree, vLLM in a table of chained block hashes. What does the tree "
+        "change, and how should the scheduler use it?",
+        "Both find the same longest cached prefix in whole blocks and both evict least recently used blocks nobody "
+        "holds; the tree makes the shared structure explicit, so the scheduler can admit the requests with the longest "
+        "cached prefix first (with a bound against starvation) while that prefix is still cached",
+        (("The tree hits far more often: a hash table cannot find prefixes",
+          "a chained hash per block finds the same longest prefix, block by block; lab 13 replays a conversation trace "
+          "and both caches reach the ideal hit rate once the pool holds the working set, and stay within a few points "
+          "of each other below it: eviction order, not the data structure, decides the hit rate."),
+         ("The tree stores each token once, so it needs less GPU memory than paged blocks",
+          "the tree's edges hold the same KV blocks the pool holds; what it adds is metadata (nodes, stamps), not "
+          "savings in KV bytes."),
+         ("Longest prefix first is always best: admit the most cached request every step",
+          "alone it starves requests that share nothing with anybody; a waiting-time bound (or aging) puts them "
+          "ahead, and SGLang falls back to first come first served when more than 128 requests wait (v0.5.23), where "
+          "matching every prompt costs too much.")),
+        "A radix tree walks a prompt down edges of blocks and splits an edge where prompts part; a hash table hashes "
+        "each block with its parent's hash. Either gives the longest cached prefix in whole blocks, and either evicts "
+        "unreferenced blocks least recently used first (leaves of the tree, the front of vLLM's free queue). The tree "
+        "lets the scheduler see what is cached as structure: ordering the waiting queue by cached prefix length turns "
+        "hits FCFS loses to eviction into saved prefill (lab 13: a higher hit rate and a lower TTFT on a tight pool), "
+        "and requests sharing a prefix run together; a starvation bound keeps the longest wait finite."),
+    ChoiceQuestion(
+        24, "Offload or recompute evicted KV", "13",
+        "An engine evicts KV blocks from GPU memory under load. Should it keep them in CPU memory or on an SSD and "
+        "load them back, or recompute the prefix, and when does a hierarchical cache not pay?",
+        "Compare bytes over the link with the prefill FLOPs at the GPU's achieved rate: for GQA models of billions of "
+        "parameters loading wins from the first tokens, even from an SSD; it loses for models whose KV is large "
+        "against their FLOPs, over slow or badly used links, and whenever the hot prefixes fit on the GPU anyway",
+        (("Always recompute: GPUs are fast and PCIe is slow",
+          f"Llama-3-8B's prefill at half an H100's bf16 peak is slower than reading its KV back from one NVMe SSD "
+          f"from {_CROSS_8B} tokens on: its KV (GQA, 8 KV heads) is small against the FLOPs that made it."),
+         ("Always load: a copy is cheaper than any computation",
+          f"a multi-head model has four times the KV of its GQA sibling: Llama-2-7B's prefix from one NVMe SSD loads "
+          f"faster than it recomputes only from {_CROSS_MHA:,} tokens, far beyond its context; and a transfer path "
+          "that moves many small pages reaches a fraction of the link (SGLang issue 7059)."),
+         ("It depends only on the hit rate",
+          "the hit rate says how often there is something to load; whether loading beats recomputing is the cost "
+          "of each, bytes over a link against FLOPs over a peak.")),
+        "Loading L tokens costs latency + L x KV bytes per token / link bandwidth; recomputing costs the prefill's "
+        "FLOPs / (peak x MFU), which grows a little faster than L. Short prefixes recompute, long ones load; the "
+        "crossover is the shortest L at which loading wins (lab 13 computes it per model and link and measures both "
+        "on a CPU). When loading pays, the copies overlap other work and the prefill waits for their events (SGLang's "
+        "HiCache loads layer by layer). It does not pay when the working set fits in GPU memory, when hits are rare, "
+        "or when the transfers use the link badly."),
 )
