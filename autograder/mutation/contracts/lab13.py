@@ -13,6 +13,11 @@ ex3_code  admission_order(waiting, cached, waited, max_wait): 0 to 9 requests, c
           exception's type.
 ex4_code  crossover_tokens(shape, link, accelerator, mfu, limit): the calculator's presets, links of 1 to 100 GB/s
           and 1 us to 1 ms, every accelerator, mfu 0.1 to 1, limits 1 to 2**20. Compared: the crossover (or None).
+ex5_code  restore_prefix(keys, loader, allocate, other_work, prefill, worth_loading, block_size): 0 to 8 keys, the
+          tier holding each with probability 0.7 (and others), loading paying from 1 to 32 tokens, on the check's own
+          judge (autograder/lab13/restore.py: copies land only when waited for). Compared: the return value, every
+          call of the four functions with its argument and what the loader had done by then, the loader's log of
+          copies started and waited for, and what the prefill found.
 """
 
 from __future__ import annotations
@@ -163,6 +168,36 @@ def _crossover_run(fn, value):
         return Raised(type(err).__name__)
 
 
+# -- ex5: restore_prefix -------------------------------------------------------------------------------------------
+
+def _restore_inputs(ns: dict):
+    def build(draw):
+        keys = draw(st.lists(st.integers(0, 12), max_size=8, unique=True))
+        held = [k for k in keys if draw(st.integers(0, 9)) < 7] + draw(st.lists(st.integers(13, 20), max_size=2))
+        return keys, held, draw(st.integers(1, 32)), draw(st.integers(0, 2**16))
+    return st.composite(lambda draw: build(draw))()
+
+
+def _restore_corners(ns: dict) -> list:
+    return [([], [1], 1, 0), ([1, 2, 3], [1, 2, 3], 1, 1), ([1, 2, 3, 4], [1, 2, 4], 1, 2), ([1, 2], [2], 1, 3),
+            ([1, 2, 3], [1, 2, 3], 13, 4), ([1, 2, 3], [1, 2, 3], 12, 5)]
+
+
+def _restore_run(fn, value):
+    from autograder.lab13.restore import BS, _Judge
+
+    keys, held, threshold, seed = value
+    j = _Judge(keys, held, threshold, seed)
+    try:
+        got = fn(list(keys), j.loader, j.allocate, j.other_work, j.prefill, j.worth, BS)
+        return (got, [(kind, repr(arg), at) for kind, arg, at in j.calls],
+                [(kind, event, repr(arg)) for kind, event, arg in j.loader.log], repr(j.prefilled))
+    except Exception as err:                        # noqa: BLE001
+        return Raised(type(err).__name__)
+    finally:
+        j.close()
+
+
 CONTRACTS = {
     "ex1_code": Contract("RadixCache", _tree_inputs(False), run=_tree_run(False), corners=_tree_corners(False),
                          examples=200),
@@ -171,4 +206,5 @@ CONTRACTS = {
     "ex3_code": Contract("admission_order", _order_inputs, run=_order_run, corners=_order_corners, examples=200),
     "ex4_code": Contract("crossover_tokens", _crossover_inputs, run=_crossover_run, corners=_crossover_corners,
                          examples=150),
+    "ex5_code": Contract("restore_prefix", _restore_inputs, run=_restore_run, corners=_restore_corners, examples=150),
 }

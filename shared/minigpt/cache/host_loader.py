@@ -127,7 +127,7 @@ def restore_prefix(keys: Sequence[Hashable], loader: HostLoader, allocate: Calla
         n += 1
     if n and not worth_loading(n * block_size):
         n = 0
-    blocks = list(allocate(n)) if n else []
+    blocks = list(allocate(n))
     events = [loader.load(key, block) for key, block in zip(keys[:n], blocks)]
     other_work()
     for event in events:
