@@ -28,6 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--max-num-batched-tokens", type=int, default=256)
     p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--prefix-cache", choices=["hash", "radix"], default="hash",
+                   help="lab 02's chained block hashes or lab 13's radix tree")
     p.add_argument("--async-scheduling", action="store_true",
                    help="schedule the next step while the model runs this one (lab 12; vLLM's flag of that name)")
     p.add_argument("--batch-invariant", action="store_true",
@@ -77,7 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             config = EngineConfig(num_blocks=args.num_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
                                   max_num_batched_tokens=args.max_num_batched_tokens,
                                   enable_prefix_caching=not args.no_prefix_caching, weights=args.weights,
-                                  async_scheduling=args.async_scheduling, batch_invariant=args.batch_invariant)
+                                  async_scheduling=args.async_scheduling, batch_invariant=args.batch_invariant,
+                                  prefix_cache=args.prefix_cache)
         except ValueError as err:
             print(err, file=sys.stderr)
             return 2

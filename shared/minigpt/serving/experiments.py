@@ -11,6 +11,9 @@
 * `compare_routing`: two engine replicas (child processes) behind the router, once per policy (fresh
   replicas each time, so every policy starts with cold prefix caches), on a shared-system-prompt
   workload: prefix-cache hit rate (from the replicas' /metrics) and mean TTFT.
+* `serve_trace` (lab 13): a Mooncake-format trace replayed at its timestamps against a fresh server per prefix cache
+  (lab 02's hash, lab 13's radix): the server's prefix-cache hit rate over the replay and the client's TTFT,
+  inter-token latency and goodput.
 
 The defaults are the notebook's small runs (in-process servers, about 15-20 s each on 2 cores);
 scripts/measure_lab08_serving.py runs bigger ones with child processes (processes=True).
@@ -30,7 +33,7 @@ from minigpt.serving.client_metrics import BenchmarkSummary, RequestRecord, summ
 from minigpt.serving.load_generator import benchmark, corpus_prompts, shared_prefix_prompts
 
 __all__ = ["RatePoint", "EngineComparison", "compare_engines", "SustainedPoint", "steady_window_rates", "sustained_goodput", "RoutingPoint",
-           "compare_routing"]
+           "compare_routing", "TraceServed", "serve_trace"]
 
 
 @dataclass(frozen=True)
@@ -249,4 +252,55 @@ def compare_routing(policies: Sequence[str] = ("round_robin", "prefix"), *, num_
                 stats = httpx.get(router + "/stats", trust_env=False).json()["replicas"]
             hit = prefix_hit_rate(urls)
         out.append(RoutingPoint(policy, hit, [stats[u]["requests"] for u in urls], summarize_records(records)))
+    return out
+
+
+@dataclass(frozen=True)
+class TraceServed:
+    """A trace replayed against one server: the client's summary (TTFT, inter-token latency, goodput) and the
+    server's own prefix-cache counters over the replay (prompt tokens looked up and found)."""
+    cache: str
+    summary: BenchmarkSummary
+    queried_tokens: float
+    hit_tokens: float
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+
+def _prefix_counters(url: str) -> tuple[float, float]:
+    from minigpt.serving.replicas import read_metrics
+
+    m = read_metrics(url)
+    return m.get("minigpt_prefix_cache_queried_tokens_total", 0.0), m.get("minigpt_prefix_cache_hit_tokens_total", 0.0)
+
+
+def serve_trace(records: Sequence, prompts: Sequence[Sequence[int]], *, caches: Sequence[str] = ("hash", "radix"),
+                checkpoint: str = "target", speed: float = 1.0, threads: int = 1, block_size: int = 16,
+                num_blocks: int = 256, max_duration: float = 300.0, ttft_limit: float = 1.0, tpot_limit: float = 0.1,
+                processes: bool = False) -> list[TraceServed]:
+    """Replay a trace (`minigpt.serving.trace`: records and their token prompts) at its timestamps (divided by
+    `speed`) against the course's server with each prefix cache, one fresh server at a time (a child process on
+    `threads` threads, or with processes=False `thread_replicas` in this process), and read the server's
+    prefix-cache counters (/metrics) before and after the replay."""
+    from minigpt.serving.engine import EngineConfig
+    from minigpt.serving.replicas import engine_replicas, thread_replicas
+    from minigpt.serving.trace import replay_over_http
+
+    out = []
+    for cache in caches:
+        args = ["--checkpoint", checkpoint, "--prefix-cache", cache, "--block-size", str(block_size),
+                "--num-blocks", str(num_blocks), "--max-queue", str(len(records) + 8)]
+        server = (engine_replicas(1, args, threads=threads) if processes else
+                  thread_replicas(1, checkpoint, config=EngineConfig(block_size=block_size, num_blocks=num_blocks,
+                                                                     prefix_cache=cache),
+                                  max_queue=len(records) + 8))
+        with server as (url,):
+            benchmark(url, ["warm-up"], max_tokens=2, max_duration=max_duration)
+            queried0, hits0 = _prefix_counters(url)
+            served = replay_over_http(url, records, prompts, speed=speed, max_duration=max_duration)
+            queried1, hits1 = _prefix_counters(url)
+        out.append(TraceServed(cache, summarize_records(served, ttft_limit=ttft_limit, tpot_limit=tpot_limit),
+                               queried1 - queried0, hits1 - hits0))
     return out
