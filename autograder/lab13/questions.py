@@ -3,6 +3,7 @@ each likely mistake is diagnosed, the expected value never shown."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from autograder.harness import check_answer
@@ -22,7 +23,7 @@ def _ratio(model: str, link: str, tokens: int, mfu: float, *, kv_heads: int | No
     """Recompute seconds over load seconds for `tokens` of a prefix (above 1: loading wins)."""
     shape = PRESETS[model]
     if kv_heads is not None:
-        shape = shape.__class__(**{**shape.__dict__, "n_kv_heads": kv_heads})
+        shape = dataclasses.replace(shape, n_kv_heads=kv_heads)
     lk = LINKS[link]
     load = (lk.latency if latency else 0.0) + tokens * kv_bytes_per_token(shape) * kv_factor / lk.bandwidth
     return prefill_flops(shape, tokens) / (H100.peak("bf16") * mfu) / load

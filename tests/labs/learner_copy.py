@@ -13,10 +13,14 @@ import textwrap
 from typing import Any
 
 
-def as_learner(obj: Any, **replace: Any) -> Any:
-    """A copy of the function or class `obj` compiled from its source as notebook code. `replace`: module-level
-    names to rebind in the copy's globals (e.g. LayerKVCache=<a learner copy>)."""
+def as_learner(obj: Any, *edits: tuple[str, str], **replace: Any) -> Any:
+    """A copy of the function or class `obj` compiled from its source as notebook code. `edits`: (old, new) text
+    edits made once each in the source (a plausible wrong implementation; the old text must be there). `replace`:
+    module-level names to rebind in the copy's globals (e.g. LayerKVCache=<a learner copy>)."""
     source = textwrap.dedent(inspect.getsource(obj))
+    for old, new in edits:
+        assert old in source, f"edit not applicable: {old!r}"
+        source = source.replace(old, new, 1)
     namespace = dict(vars(sys.modules[obj.__module__]))
     namespace.update(replace)
     namespace["__name__"] = "__main__"

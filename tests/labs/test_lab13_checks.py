@@ -1,12 +1,8 @@
 """Lab 13's checks: a learner's copy of each reference passes; the stub, the reference handed in, a wrapper around
 it and plausible wrong implementations fail, each with the message that names its mistake. Wrong implementations
-are the reference's source with one plausible edit (`edited`), compiled as notebook code."""
+are the reference's source with one plausible edit (`as_learner`'s edits), compiled as notebook code."""
 
 from __future__ import annotations
-
-import inspect
-import sys
-import textwrap
 
 import pytest
 
@@ -14,6 +10,7 @@ from autograder import lab13
 from autograder.checking.reference_guard import ReferenceHandedIn
 from learner_copy import as_learner
 from minigpt.cache.cache_aware import admission_order
+from minigpt.cache.host_loader import restore_prefix
 from minigpt.cache.radix_cache import RadixCache
 from minigpt.costmodel import offload
 from minigpt.costmodel.offload import crossover_tokens
@@ -29,25 +26,12 @@ def _wrapper(fn):
     return learner
 
 
-def edited(obj, *edits, **replace):
-    """A learner copy of `obj` with each (old, new) text edit made once in its source (the old text must be there)."""
-    source = textwrap.dedent(inspect.getsource(obj))
-    for old, new in edits:
-        assert source.count(old) >= 1, f"edit not applicable: {old!r}"
-        source = source.replace(old, new, 1)
-    namespace = dict(vars(sys.modules[obj.__module__]))
-    namespace.update(replace)
-    namespace["__name__"] = "__main__"
-    exec(compile(source, f"<learner cell: {obj.__qualname__}>", "exec"), namespace)
-    return namespace[obj.__name__]
-
-
 def _own_crossover(**edits_of):
     """crossover_tokens with the learner's own should_load / load_seconds / recompute_seconds (the notebook's)."""
-    load = edited(offload.load_seconds, *edits_of.get("load", ()))
-    recompute = edited(offload.recompute_seconds, *edits_of.get("recompute", ()))
-    should = edited(offload.should_load, *edits_of.get("should", ()), load_seconds=load, recompute_seconds=recompute)
-    return edited(crossover_tokens, *edits_of.get("crossover", ()), should_load=should)
+    load = as_learner(offload.load_seconds, *edits_of.get("load", ()))
+    recompute = as_learner(offload.recompute_seconds, *edits_of.get("recompute", ()))
+    should = as_learner(offload.should_load, *edits_of.get("should", ()), load_seconds=load, recompute_seconds=recompute)
+    return as_learner(crossover_tokens, *edits_of.get("crossover", ()), should_load=should)
 
 
 class _Stub:
@@ -134,7 +118,7 @@ WRONG_TREES = {
 def test_wrong_trees_are_named(name):
     edits, message = WRONG_TREES[name]
     with pytest.raises(AssertionError, match=message):
-        lab13.check_radix_match_insert(edited(RadixCache, *edits))
+        lab13.check_radix_match_insert(as_learner(RadixCache, *edits))
 
 
 # --- Exercise 2 ----------------------------------------------------------------------------------
@@ -161,11 +145,11 @@ WRONG_EVICTIONS = {
 def test_wrong_evictions_are_named(name):
     edits, message = WRONG_EVICTIONS[name]
     with pytest.raises(AssertionError, match=message):
-        lab13.check_radix_evict(edited(RadixCache, *edits))
+        lab13.check_radix_evict(as_learner(RadixCache, *edits))
 
 
 def test_an_on_evict_complaint_cannot_be_swallowed():
-    wrong = edited(RadixCache, ("                    on_evict(self.prefix_of(leaf), leaf.blocks[-1])\n",
+    wrong = as_learner(RadixCache, ("                    on_evict(self.prefix_of(leaf), leaf.blocks[-1])\n",
                                 "                    try:\n                        on_evict((), leaf.blocks[-1])\n"
                                 "                    except AssertionError:\n                        pass\n"))
     with pytest.raises(AssertionError, match="on_evict was told prefix"):
@@ -195,7 +179,7 @@ WRONG_ORDERS = {
 def test_wrong_orders_are_named(name):
     edits, message = WRONG_ORDERS[name]
     with pytest.raises(AssertionError, match=message):
-        lab13.check_admission_order(edited(admission_order, *edits))
+        lab13.check_admission_order(as_learner(admission_order, *edits))
 
 
 # --- Exercise 4 ----------------------------------------------------------------------------------
@@ -238,8 +222,6 @@ def test_questions_accept_the_answer_and_name_mistakes(check, right):
 
 # --- Exercise 5 ----------------------------------------------------------------------------------
 
-from minigpt.cache.host_loader import restore_prefix  # noqa: E402
-
 WRONG_RESTORES = {
     "past-the-hole": ([("    while n < len(keys) and loader.has(keys[n]):\n        n += 1\n",
                         "    n = sum(1 for key in keys if loader.has(key))\n")], "no tier holds|expected|copies started"),
@@ -274,4 +256,4 @@ def test_a_learners_restore_passes_and_the_reference_is_refused():
 def test_wrong_restores_are_named(name):
     edits, message = WRONG_RESTORES[name]
     with pytest.raises(AssertionError, match=message):
-        lab13.check_restore_prefix(edited(restore_prefix, *edits))
+        lab13.check_restore_prefix(as_learner(restore_prefix, *edits))

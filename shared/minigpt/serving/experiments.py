@@ -269,13 +269,6 @@ class TraceServed:
         return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
 
 
-def _prefix_counters(url: str) -> tuple[float, float]:
-    from minigpt.serving.replicas import read_metrics
-
-    m = read_metrics(url)
-    return m.get("minigpt_prefix_cache_queried_tokens_total", 0.0), m.get("minigpt_prefix_cache_hit_tokens_total", 0.0)
-
-
 def serve_trace(records: Sequence, prompts: Sequence[Sequence[int]], *, caches: Sequence[str] = ("hash", "radix"),
                 checkpoint: str = "target", speed: float = 1.0, threads: int = 1, block_size: int = 16,
                 num_blocks: int = 256, max_duration: float = 300.0, ttft_limit: float = 1.0, tpot_limit: float = 0.1,
@@ -285,7 +278,7 @@ def serve_trace(records: Sequence, prompts: Sequence[Sequence[int]], *, caches: 
     `threads` threads, or with processes=False `thread_replicas` in this process), and read the server's
     prefix-cache counters (/metrics) before and after the replay."""
     from minigpt.serving.engine import EngineConfig
-    from minigpt.serving.replicas import engine_replicas, thread_replicas
+    from minigpt.serving.replicas import engine_replicas, prefix_cache_counters, thread_replicas
     from minigpt.serving.trace import replay_over_http
 
     out = []
@@ -298,9 +291,9 @@ def serve_trace(records: Sequence, prompts: Sequence[Sequence[int]], *, caches: 
                                   max_queue=len(records) + 8))
         with server as (url,):
             benchmark(url, ["warm-up"], max_tokens=2, max_duration=max_duration)
-            queried0, hits0 = _prefix_counters(url)
+            queried0, hits0 = prefix_cache_counters(url)
             served = replay_over_http(url, records, prompts, speed=speed, max_duration=max_duration)
-            queried1, hits1 = _prefix_counters(url)
+            queried1, hits1 = prefix_cache_counters(url)
         out.append(TraceServed(cache, summarize_records(served, ttft_limit=ttft_limit, tpot_limit=tpot_limit),
                                queried1 - queried0, hits1 - hits0))
     return out

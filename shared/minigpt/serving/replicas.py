@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from minigpt.serving.load_generator import check_loopback
 
-__all__ = ["engine_replicas", "thread_replicas", "read_metrics", "prefix_hit_rate"]
+__all__ = ["engine_replicas", "thread_replicas", "read_metrics", "prefix_cache_counters", "prefix_hit_rate"]
 
 
 @contextlib.contextmanager
@@ -83,12 +83,15 @@ def read_metrics(base_url: str) -> dict[str, float]:
     return out
 
 
+def prefix_cache_counters(base_url: str) -> tuple[float, float]:
+    """(prompt tokens looked up in, found in) a server's prefix cache since it started: its
+    `minigpt_prefix_cache_queried_tokens_total` and `minigpt_prefix_cache_hit_tokens_total`."""
+    m = read_metrics(base_url)
+    return m.get("minigpt_prefix_cache_queried_tokens_total", 0.0), m.get("minigpt_prefix_cache_hit_tokens_total", 0.0)
+
+
 def prefix_hit_rate(replica_urls: Sequence[str]) -> float:
-    """Prefix-cache hit rate over replicas: sum of `minigpt_prefix_cache_hit_tokens_total` / sum of
-    `minigpt_prefix_cache_queried_tokens_total` (prompt tokens found in / looked up in the cache, since start)."""
-    hits = queried = 0.0
-    for url in replica_urls:
-        m = read_metrics(url)
-        hits += m.get("minigpt_prefix_cache_hit_tokens_total", 0.0)
-        queried += m.get("minigpt_prefix_cache_queried_tokens_total", 0.0)
+    """Prefix-cache hit rate over replicas: tokens found / tokens looked up, summed over them (`prefix_cache_counters`)."""
+    counters = [prefix_cache_counters(url) for url in replica_urls]
+    queried, hits = sum(q for q, _ in counters), sum(h for _, h in counters)
     return hits / queried if queried else 0.0
