@@ -1,6 +1,6 @@
 """minigpt.bench.kv_engine: the committed ledger's exact figures (prompt tokens found cached, preemptions, evictions,
 steps) are what the engine finds now on the target model; the part runs end to end on a tiny configuration and its
-rows compare the radix cache with the hash cache; caches whose tokens differ fail loudly; `--only kv_engine` merges
+rows compare the radix cache, alone and with its host tier, with the hash cache; caches whose tokens differ fail loudly; `--only kv_engine` merges
 it into the ledger like any other part. No test here asserts a time."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from minigpt.model import GPT
 from minigpt.paths import data_dir
 from minigpt.serving.trace import conversation_trace, trace_prompts
 
-TINY = {"trace": {"seed": 0, "requests": 6}, "pools": [24], "repeats": 1}
+TINY = {"trace": {"seed": 0, "requests": 6}, "pools": [16], "repeats": 1}     # a pool that evicts what is asked again
 
 
 @pytest.fixture(scope="module")
@@ -57,19 +57,23 @@ def test_the_committed_exact_figures_are_what_the_engine_finds_now(committed):
 
 def test_the_part_runs_on_a_tiny_configuration_and_its_rows_compare_radix_with_hash(tiny_lm):
     section = kv_engine.measure_kv_engine(tiny_lm, quick=True, overrides=TINY)
-    caches = section["pools"]["24"]
+    caches = section["pools"]["16"]
     assert set(caches) == set(kv_engine.CACHES)
     assert all(c["output_tokens"] == section["trace"]["output_tokens"] for c in caches.values())
     assert caches["radix cache"]["evicted"] > 0 and caches["hash cache (lab 02)"]["evicted"] is None
+    host = caches["radix cache + host tier"]
+    assert host["restored_tokens"] > 0 and caches["radix cache"]["restored_tokens"] == 0
+    assert host["hit_tokens"] > caches["radix cache"]["hit_tokens"], "the host tier should find more than the tree"
     rows = kv_engine.figures(section)
-    assert [r["unit"] for r in rows] == ["tokens", "tok/s"]
-    assert rows[0]["value"] == caches["radix cache"]["hit_tokens"]
-    assert rows[0]["baseline"] == caches["hash cache (lab 02)"]["hit_tokens"]
-    assert all(r["against"] == "hash cache (lab 02)" and "24-block pool" in r["what"] for r in rows)
+    assert [r["unit"] for r in rows] == ["tokens", "tok/s"] * 2
+    assert rows[0]["value"] == caches["radix cache"]["hit_tokens"] and rows[2]["value"] == host["hit_tokens"]
+    assert rows[0]["baseline"] == rows[2]["baseline"] == caches["hash cache (lab 02)"]["hit_tokens"]
+    assert all(r["against"] == "hash cache (lab 02)" and "16-block pool" in r["what"] for r in rows)
     assert "measured here" in rows[1]["what"] and "measured" not in rows[0]["what"]
+    assert rows[2]["what"].endswith("radix cache + host tier")
     lines = kv_engine.notes(section)
-    assert len(lines) == 1 and lines[0].startswith("kv_engine (lab 13)") and "24 blocks: hash cache" in lines[0]
-    assert kv_engine.exact(section)["pools"]["24"]["radix cache"] == {k: caches["radix cache"][k]
+    assert len(lines) == 1 and lines[0].startswith("kv_engine (lab 13)") and "16 blocks: hash cache" in lines[0] and "(112 loaded back from host memory)" in lines[0]
+    assert kv_engine.exact(section)["pools"]["16"]["radix cache"] == {k: caches["radix cache"][k]
                                                                       for k in kv_engine.EXACT}
 
 
@@ -80,7 +84,7 @@ def radix_with_other_tokens(monkeypatch):
 
     def wrong(model, records, prompts, cache, pool, s):
         counts, tokens, busy = replay(model, records, prompts, cache, pool, s)
-        if cache == "radix":
+        if cache.get("prefix_cache") == "radix":
             tokens[0] = tokens[0][:-1] + [tokens[0][-1] + 1]
         return counts, tokens, busy
     monkeypatch.setattr(kv_engine, "replay", wrong)

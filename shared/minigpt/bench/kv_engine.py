@@ -1,19 +1,19 @@
-"""The KV cache hierarchy in the serving engine (lab 13): lab 02's hash cache against lab 13's radix tree, serving
-the first requests of the conversation trace on the course's target model at one thread.
+"""The KV cache hierarchy in the serving engine (lab 13): lab 02's hash cache against lab 13's radix tree, alone and
+with a host tier behind it, serving the first requests of the conversation trace on the course's target model at one
+thread.
 
     requests   the first 30 of `conversation_trace(0)`, each prompt's hash ids turned into validation-corpus tokens
                (`trace_prompts`, 16-token blocks), each asking for its trace output length, greedy; a request joins at
                the first engine step whose simulated time (ms_per_step a step) has reached its timestamp, so the
                schedule is the same on any machine
-    caches     EngineConfig(prefix_cache="hash") and ("radix"), on pools of 64 and 128 blocks (the trace's prompts
-               hold about 250 blocks: both caches evict)
-    exact      prompt tokens found in the prefix cache on admission (and looked up, preemptions, evictions, steps):
-               the same in every run, and asserted so; the greedy tokens of both caches are asserted equal
+    caches     EngineConfig(prefix_cache="hash"), ("radix") and ("radix", host_tier_blocks=256: every block the tree
+               evicts kept in host memory and loaded back for a later prompt), on pools of 64 and 128 blocks (the
+               trace's prompts hold about 250 blocks: every cache evicts)
+    exact      prompt tokens found in the prefix cache on admission (with the host tier: found in the tree or loaded
+               back from host memory), looked up, restored, preemptions, evictions, steps: the same in every run, and
+               asserted so; the greedy tokens of every cache are asserted equal
     timed      output tokens / seconds spent in engine steps (simulated waits for arrivals excluded), medians over
                interleaved runs (`minigpt.timing.compare`), measured on this machine
-
-A host tier behind the radix tree (evicted blocks' K/V kept in host memory and loaded back) is not in the engine; the
-trace replay of `kv_hierarchy` measures what it would find.
 """
 
 from __future__ import annotations
@@ -31,8 +31,12 @@ from minigpt.timing import compare
 
 __all__ = ["CACHES", "settings", "replay", "measure_kv_engine", "figures", "notes"]
 
-CACHES = {"hash cache (lab 02)": "hash", "radix cache": "radix"}
-EXACT = ("hit_tokens", "lookup_tokens", "preemptions", "evicted", "steps", "output_tokens")
+CACHES: dict[str, dict[str, Any]] = {          # name -> EngineConfig's cache settings
+    "hash cache (lab 02)": {"prefix_cache": "hash"},
+    "radix cache": {"prefix_cache": "radix"},
+    "radix cache + host tier": {"prefix_cache": "radix", "host_tier_blocks": 256},
+}
+EXACT = ("hit_tokens", "lookup_tokens", "restored_tokens", "preemptions", "evicted", "steps", "output_tokens")
 
 
 def settings(quick: bool = False, threads: int = 1) -> dict[str, Any]:
@@ -42,11 +46,12 @@ def settings(quick: bool = False, threads: int = 1) -> dict[str, Any]:
             "repeats": 1 if quick else 3}
 
 
-def replay(model: GPT, records: list[TraceRecord], prompts: list[list[int]], cache: str, pool: int,
+def replay(model: GPT, records: list[TraceRecord], prompts: list[list[int]], cache: dict[str, Any], pool: int,
            s: dict[str, Any]) -> tuple[dict[str, Any], list[list[int]], float]:
-    """Serve the requests on a fresh engine: (the exact counts, each request's tokens, seconds in engine steps)."""
+    """Serve the requests on a fresh engine with `cache` (one of CACHES' settings): (the exact counts, each
+    request's tokens, seconds in engine steps)."""
     engine = LLMEngine(model, EngineConfig(num_blocks=pool, block_size=s["block_size"], max_num_seqs=s["max_num_seqs"],
-                                           max_num_batched_tokens=s["max_num_batched_tokens"], prefix_cache=cache))
+                                           max_num_batched_tokens=s["max_num_batched_tokens"], **cache))
     tokens: dict[int, list[int]] = {i: [] for i in range(len(records))}
     queue, step, busy = list(range(len(records))), 0, 0.0
     while queue or engine.has_unfinished():
@@ -61,6 +66,7 @@ def replay(model: GPT, records: list[TraceRecord], prompts: list[list[int]], cac
         step += 1
     st = engine.stats()
     counts = {"hit_tokens": st.prefix_cache_hit_tokens, "lookup_tokens": st.prefix_cache_queried_tokens,
+              "restored_tokens": getattr(engine.cache.manager, "restored_tokens", None),
               "preemptions": st.num_preemptions, "evicted": getattr(engine.cache.manager.pool, "evicted", None),
               "steps": st.num_steps, "output_tokens": st.num_generated_tokens}
     engine.close()
@@ -115,16 +121,18 @@ def exact(section: dict[str, Any]) -> dict[str, Any]:
 
 
 def figures(section: dict[str, Any]) -> list[dict[str, Any]]:
-    """Rows: at each pool, the radix cache's prompt tokens found cached against the hash cache's (exact), then its
-    throughput against the hash cache's (measured)."""
+    """Rows: at each pool, for the radix cache and then the radix cache with its host tier, the prompt tokens found
+    cached against the hash cache's (exact), then throughput against the hash cache's (measured)."""
     rows = []
-    hashed, radix = CACHES
+    hashed, *others = CACHES
     for pool, caches in section["pools"].items():
-        h, r = caches[hashed], caches[radix]
-        rows.append(figure(f"KV engine, {pool}-block pool: prompt tokens found cached, {radix}", r["hit_tokens"],
-                           "tokens", against=hashed, baseline=h["hit_tokens"]))
-        rows.append(figure(f"KV engine, {pool}-block pool: throughput (measured here), {radix}", r["tokens_per_s"],
-                           "tok/s", against=hashed, baseline=h["tokens_per_s"]))
+        h = caches[hashed]
+        for name in others:
+            r = caches[name]
+            rows.append(figure(f"KV engine, {pool}-block pool: prompt tokens found cached, {name}", r["hit_tokens"],
+                               "tokens", against=hashed, baseline=h["hit_tokens"]))
+            rows.append(figure(f"KV engine, {pool}-block pool: throughput (measured here), {name}", r["tokens_per_s"],
+                               "tok/s", against=hashed, baseline=h["tokens_per_s"]))
     return rows
 
 
@@ -132,8 +140,9 @@ def notes(section: dict[str, Any]) -> list[str]:
     s, t = section["settings"], section["trace"]
     per_pool = "; ".join(
         f"{pool} blocks: " + ", ".join(
-            f"{name} {c['hit_tokens']:,} of {c['lookup_tokens']:,} looked-up tokens found, {c['preemptions']} "
-            f"preemptions" + (f", {c['evicted']} blocks evicted" if c["evicted"] is not None else "")
+            f"{name} {c['hit_tokens']:,} of {c['lookup_tokens']:,} looked-up tokens found"
+            + (f" ({c['restored_tokens']:,} loaded back from host memory)" if c.get("restored_tokens") is not None and CACHES.get(name, {}).get("host_tier_blocks") else "")
+            + f", {c['preemptions']} preemptions" + (f", {c['evicted']} blocks evicted" if c["evicted"] is not None else "")
             for name, c in caches.items()) for pool, caches in section["pools"].items())
     return [f"kv_engine (lab 13): the engine on the {s['model']} model at {s['threads']} thread(s) serving the first "
             f"{t['records']} requests of `conversation_trace({s['trace']['seed']})` ({t['prompt_tokens']:,} prompt "

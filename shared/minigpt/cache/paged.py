@@ -15,7 +15,10 @@ does, avoids the wasted rows but needs per-token metadata in every layer (lab 03
 
 `minigpt.engine.paged_generation` runs whole generations on it. Pools per layer:
 (num_blocks, block_size, n_kv_heads, head_dim); see `paged_attention` for the attention. With `prefix_cache="radix"`
-the manager keeps its cached blocks in lab 13's radix tree (`radix_manager.RadixBlockManager`), not lab 02's hashes.
+the manager keeps its cached blocks in lab 13's radix tree (`radix_manager.RadixBlockManager`), not lab 02's hashes,
+and with `host_tier_blocks` > 0 the blocks it evicts go to a host tier (`host_tier.HostTier`) from which later prompts
+load them back. Those copies are queued by the manager and run before the step that needs them: at once here
+(`prepare`), by the engine's runner on the model's thread (`take_host_ops`, `run_host_ops`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from torch import Tensor
 from minigpt.attention import AttentionFn
 from minigpt.cache.block_manager import BlockManager
 from minigpt.cache.block_table import block_tables_tensor
+from minigpt.cache.host_tier import HostTier
 from minigpt.cache.paged_attention import paged_attention, write_kv
 from minigpt.cache.radix_manager import RadixBlockManager
 from minigpt.config import ModelConfig
@@ -77,10 +81,16 @@ class PagedKVCache:
 
     def __init__(self, n_layers: int, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int, *,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                 enable_prefix_caching: bool = False, prefix_cache: str = "hash") -> None:
+                 enable_prefix_caching: bool = False, prefix_cache: str = "hash", host_tier_blocks: int = 0) -> None:
         if prefix_cache not in ("hash", "radix"):
             raise ValueError(f"prefix_cache must be 'hash' (lab 02) or 'radix' (lab 13), got {prefix_cache!r}")
-        self.manager = (RadixBlockManager(num_blocks, block_size) if enable_prefix_caching and prefix_cache == "radix"
+        radix = enable_prefix_caching and prefix_cache == "radix"
+        if host_tier_blocks and not radix:
+            raise ValueError("a host tier (host_tier_blocks > 0) keeps what the radix tree evicts: it needs "
+                             "enable_prefix_caching=True and prefix_cache='radix'")
+        self.host = (HostTier(host_tier_blocks, n_layers=n_layers, block_size=block_size, n_kv_heads=n_kv_heads,
+                              head_dim=head_dim, dtype=dtype) if host_tier_blocks else None)
+        self.manager = (RadixBlockManager(num_blocks, block_size, host=self.host) if radix
                         else BlockManager(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching))
         shape = (num_blocks, block_size, n_kv_heads, head_dim)
         self.k_pools = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
@@ -89,14 +99,15 @@ class PagedKVCache:
 
     @classmethod
     def for_model(cls, model: GPT | ModelConfig, num_blocks: int, block_size: int = 16, *,
-                  enable_prefix_caching: bool = False, prefix_cache: str = "hash", dtype: torch.dtype | None = None,
-                  device: torch.device | str | None = None) -> "PagedKVCache":
+                  enable_prefix_caching: bool = False, prefix_cache: str = "hash", host_tier_blocks: int = 0,
+                  dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> "PagedKVCache":
         is_config = isinstance(model, ModelConfig)     # a model: anything with .config, .dtype, .device (a handle too)
         cfg = model if is_config else model.config
         dtype = dtype or (torch.float32 if is_config else model.dtype)
         device = device or ("cpu" if is_config else model.device)
         return cls(cfg.n_layers, num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim, dtype=dtype, device=device,
-                   enable_prefix_caching=enable_prefix_caching, prefix_cache=prefix_cache)
+                   enable_prefix_caching=enable_prefix_caching, prefix_cache=prefix_cache,
+                   host_tier_blocks=host_tier_blocks)
 
     @property
     def block_size(self) -> int:
@@ -137,6 +148,7 @@ class PagedKVCache:
             else:
                 start = 0
                 r = m.add_sequence(seq_id, tokens)
+            self.run_host_ops(self.take_host_ops())
             self.copy_blocks(r.copies)
             rows.append((tokens[r.num_cached:], r.slots))
             starts.append(start + r.num_cached)
@@ -156,6 +168,20 @@ class PagedKVCache:
                           block_tables_tensor([m.table(s).blocks for s in seq_ids], dev),
                           torch.tensor([m.num_tokens(s) for s in seq_ids], dtype=torch.int32, device=dev),
                           torch.tensor([len(t) for t, _ in rows], dtype=torch.int32, device=dev), cached)
+
+    def take_host_ops(self) -> list[tuple[str, int, int]]:
+        """The host tier's copies decided since the last call ([] without a host tier)."""
+        return self.host.take_ops() if self.host is not None else []
+
+    def give_back_host_ops(self, ops: Sequence[tuple[str, int, int]]) -> None:
+        """Copies taken for a step that will not run: the next `take_host_ops` returns them first."""
+        if ops:
+            self.host.give_back(ops)
+
+    def run_host_ops(self, ops: Sequence[tuple[str, int, int]]) -> None:
+        """Run copies taken by `take_host_ops`, in order, before anything reads or writes the blocks they touch."""
+        if ops:
+            self.host.run(ops, self.k_pools, self.v_pools)
 
     def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
         """Copy-on-write: block src -> block dst in every layer's pools."""

@@ -19,6 +19,11 @@ tokens under different salts never match, and one LRU order covers them all.
 Every method either succeeds or raises (OutOfBlocks, ValueError) with nothing changed but the tree's recency stamps
 (a lookup marks the prefix it walked as used). Blocks the tree evicts are told to `on_evict(key, block)` first (the
 key: the salted tokens up to the block's end), where a slower tier may copy them.
+
+With a host tier (`host=HostTier(...)`, the engine's `host_tier_blocks`), that is where evicted blocks go, and a
+prompt's cached prefix is the tree's match followed by the run of blocks the host tier holds after it: those blocks
+are allocated, queued to be loaded back (`HostTier.restore`: the next step copies them in before it reads them) and
+put into the tree, so a request reuses them as it reuses the tree's own (`restored_tokens` counts them).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from typing import Callable, Hashable, Sequence
 from minigpt.cache.block_manager import BlockManager, Reservation
 from minigpt.cache.block_pool import BlockPool, OutOfBlocks
 from minigpt.cache.block_table import BlockTable, blocks_needed
+from minigpt.cache.host_tier import HostTier
 from minigpt.cache.radix_cache import RadixCache, RadixNode
 
 __all__ = ["SALT_STRIDE", "RadixPool", "RadixBlockManager"]
@@ -119,11 +125,18 @@ class RadixPool(BlockPool):
 class RadixBlockManager(BlockManager):
     """`BlockManager` with prefix caching in a radix tree over its pool (see the module docstring)."""
 
-    def __init__(self, num_blocks: int, block_size: int, *, on_evict: OnEvict | None = None) -> None:
+    def __init__(self, num_blocks: int, block_size: int, *, on_evict: OnEvict | None = None,
+                 host: HostTier | None = None) -> None:
+        if host is not None and on_evict is not None:
+            raise ValueError("give on_evict or a host tier, not both (the host tier is told of every eviction)")
+        if host is not None and host.block_size != block_size:
+            raise ValueError(f"the host tier's blocks hold {host.block_size} tokens, the pool's {block_size}")
         super().__init__(num_blocks, block_size)
-        self.pool = RadixPool(num_blocks, block_size, on_evict=on_evict)
+        self.host = host
+        self.pool = RadixPool(num_blocks, block_size, on_evict=host.save if host is not None else on_evict)
         self.prefix_cache = self.pool.tree          # not None: schedulers see prefix caching on
         self.salts: dict[Hashable, int] = {}        # salt -> k (its keys k * SALT_STRIDE up); None is 0
+        self.restored_tokens = 0                    # prompt tokens loaded back from the host tier
         # self.hashes[seq_id]: the sequence's blocks known to the tree (its first full blocks), as in lab 02
         # self.roots[seq_id]: the sequence's salt
 
@@ -143,8 +156,16 @@ class RadixBlockManager(BlockManager):
     def cached_prefix_len(self, tokens: Sequence[int], salt: Hashable | None = None) -> int:
         """Tokens of the longest cached prefix (full blocks), at most (len - 1) // block_size blocks; the walk marks
         that prefix used now."""
-        hits = self.tree.match(self.key(tokens, salt))
-        return min(len(hits), (len(tokens) - 1) // self.block_size) * self.block_size
+        key, cap = self.key(tokens, salt), (len(tokens) - 1) // self.block_size
+        hits = min(len(self.tree.match(key)), cap)
+        return (hits + len(self._host_run(key, hits, cap))) * self.block_size
+
+    def _host_run(self, key: list[int], start: int, cap: int) -> list[tuple[int, ...]]:
+        """The keys of blocks start, start + 1, ... (below cap) that the host tier holds, in an unbroken run."""
+        if self.host is None or start >= cap:
+            return []
+        bs = self.block_size
+        return self.host.run_from(tuple(key[:(i + 1) * bs]) for i in range(start, cap))
 
     # --- changes ---------------------------------------------------------------------------------
 
@@ -156,7 +177,8 @@ class RadixBlockManager(BlockManager):
         prompt = [int(t) for t in prompt]
         if not prompt:
             raise ValueError(f"sequence {seq_id!r}: the prompt is empty")
-        hits = self.tree.match(self.key(prompt, salt))[:(len(prompt) - 1) // self.block_size]
+        key, cap = self.key(prompt, salt), (len(prompt) - 1) // self.block_size
+        hits = self.tree.match(key)[:cap]
         for b in hits:
             self.pool.incref(b)
         needed = blocks_needed(len(prompt), self.block_size) - len(hits)
@@ -165,6 +187,14 @@ class RadixBlockManager(BlockManager):
             for b in hits:
                 self.pool.free(b)                   # the tree's reference stays: nothing changed
             raise OutOfBlocks(needed, free)
+        run = self._host_run(key, len(hits), cap)
+        if run:                                     # from the host tier: fresh blocks, loaded by the next step
+            with self.host.pinned(run):             # making room may save evicted blocks, never over these
+                restored = self.pool.allocate(len(run))
+            self.host.restore(run, restored)
+            self.tree.insert(run[-1], hits + restored)
+            hits = hits + restored
+            self.restored_tokens += len(run) * self.block_size
         num_cached = len(hits) * self.block_size
         self.tables[seq_id] = BlockTable(self.block_size, list(hits), prompt[:num_cached])
         self.hashes[seq_id] = list(hits)

@@ -156,6 +156,8 @@ def launch_ready(runner: ModelRunner, thread: ModelThread, ahead: SchedulerOutpu
     """Launch the step scheduled ahead once step N has been resolved (`ready`): with the inputs made ahead, their
     placeholders replaced, when no sequence left it; made again otherwise. None when nothing is left to run."""
     following = ready(ahead)
+    if prepared is not None and len(following.chunks) != len(ahead.chunks):
+        runner.cache.give_back_host_ops(prepared.host_ops)     # that step is dropped, not the copies it was to run
     if not following.chunks:
         return None
     if prepared is not None and len(following.chunks) == len(ahead.chunks):

@@ -21,7 +21,7 @@ whoever shares its step and however its prefill is chunked.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Hashable, Literal
 
 import torch
@@ -76,6 +76,7 @@ class PreparedStep:
     copies: list[tuple[int, int]]
     batch: PackedBatch | PagedBatch | StaticInputs
     rows: int
+    host_ops: list[tuple[str, int, int]] = field(default_factory=list)   # host-tier saves and loads, run first
 
 
 class ModelRunner:
@@ -101,15 +102,16 @@ class ModelRunner:
         """The step's input tensors, read from the block manager (on the thread that schedules: overlap scheduling
         changes the manager while the previous step runs)."""
         copies = [pair for c in chunks for pair in c.copies]
+        host_ops = self.cache.take_host_ops()          # decided while scheduling this step; run by it, first
         if self.static is not None and decode_only(chunks) and len(chunks) <= self.static.buckets[-1]:
             inputs = self.static.inputs(chunks)
-            return PreparedStep(copies, inputs, len(inputs.tokens))
+            return PreparedStep(copies, inputs, len(inputs.tokens), host_ops)
         if self.layout == "packed":
             batch = pack_chunks([(c.seq_id, c.tokens, c.start, c.slots) for c in chunks], self.cache.manager,
                                 self.cache.device)
         else:
             batch = padded_batch(chunks, self.cache)
-        return PreparedStep(copies, batch, rows_computed(chunks, self.layout))
+        return PreparedStep(copies, batch, rows_computed(chunks, self.layout), host_ops)
 
     def refresh_tokens(self, step: PreparedStep, chunks: list[ScheduledChunk]) -> None:
         """Put the chunks' tokens into a step prepared from the same chunks before some of their tokens were known
@@ -126,6 +128,7 @@ class ModelRunner:
     @torch.inference_mode()
     def compute(self, step: PreparedStep) -> Tensor:
         """Logits (B, V) at each chunk's last token, one model call on tensors only (any thread)."""
+        self.cache.run_host_ops(step.host_ops)
         self.cache.copy_blocks(step.copies)
         self.num_forward_calls += 1
         self.num_rows += step.rows

@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--prefix-cache", choices=["hash", "radix"], default="hash",
                    help="lab 02's chained block hashes or lab 13's radix tree")
+    p.add_argument("--host-tier-blocks", type=int, default=0,
+                   help="with --prefix-cache radix: keep this many evicted KV blocks in host memory and load them "
+                        "back instead of recomputing (lab 13)")
     p.add_argument("--async-scheduling", action="store_true",
                    help="schedule the next step while the model runs this one (lab 12; vLLM's flag of that name)")
     p.add_argument("--batch-invariant", action="store_true",
@@ -80,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   max_num_batched_tokens=args.max_num_batched_tokens,
                                   enable_prefix_caching=not args.no_prefix_caching, weights=args.weights,
                                   async_scheduling=args.async_scheduling, batch_invariant=args.batch_invariant,
-                                  prefix_cache=args.prefix_cache)
+                                  prefix_cache=args.prefix_cache, host_tier_blocks=args.host_tier_blocks)
         except ValueError as err:
             print(err, file=sys.stderr)
             return 2

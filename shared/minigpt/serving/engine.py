@@ -65,6 +65,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     prefix_cache: PrefixCacheKind = "hash"  # with prefix caching: lab 02's chained block hashes, or "radix": lab
                                          # 13's tree (it holds its blocks; LRU leaves evicted when the pool runs dry)
+    host_tier_blocks: int = 0            # radix only: blocks the tree evicts kept in host memory (an LRU of this
+                                         # many) and loaded back for a later prompt instead of recomputed (lab 13)
     enable_chunked_prefill: bool = True
     weights: Weights = "fp32"
     fused_weights: bool = True           # on a CPU, steps on fused K-major weight copies (engine.fused_decode);
@@ -87,6 +89,12 @@ class EngineConfig:
         if self.prefix_cache == "radix" and not self.enable_prefix_caching:
             raise ValueError("EngineConfig.prefix_cache='radix' needs enable_prefix_caching=True (without prefix "
                              "caching there is no cache to keep in a tree)")
+        if isinstance(self.host_tier_blocks, bool) or not isinstance(self.host_tier_blocks, int) \
+                or self.host_tier_blocks < 0:
+            raise ValueError(f"EngineConfig.host_tier_blocks must be an int >= 0, got {self.host_tier_blocks!r}")
+        if self.host_tier_blocks and self.prefix_cache != "radix":
+            raise ValueError("EngineConfig.host_tier_blocks keeps the blocks lab 13's radix tree evicts: it needs "
+                             "prefix_cache='radix'")
         if self.weights not in ("fp32", "int8", "int4"):
             raise ValueError(f"EngineConfig.weights must be 'fp32', 'int8' or 'int4', got {self.weights!r}")
         if self.speculative_k:
@@ -134,7 +142,8 @@ class LLMEngine(EngineBase):
         self.config = config
         self.cache = PagedKVCache.for_model(model, config.num_blocks, config.block_size,
                                             enable_prefix_caching=config.enable_prefix_caching,
-                                            prefix_cache=config.prefix_cache)
+                                            prefix_cache=config.prefix_cache,
+                                            host_tier_blocks=config.host_tier_blocks)
         scheduler_cls = PrefixCachingScheduler if config.enable_prefix_caching else Scheduler
         self.scheduler: Scheduler = scheduler_cls(self.cache.manager, config.scheduler_config(),
                                                   max_model_len=model.config.max_seq_len)
