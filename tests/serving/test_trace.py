@@ -59,15 +59,15 @@ def test_the_conversation_trace_is_seeded_and_reuses_its_prefixes():
 def test_a_trace_served_by_the_course_server_with_each_prefix_cache():
     """The first 12 requests of the seeded conversation trace, sped up 10x, against a fresh server per prefix cache
     (in this process, the draft model): every request served, and the server's own counters find the prefixes
-    the trace shares (a roomy pool: both caches find exactly what the ideal cache finds, in whole blocks)."""
+    the trace shares (a roomy pool: every cache finds exactly what the ideal cache finds, in whole blocks)."""
     from minigpt.serving.experiments import serve_trace
     from minigpt.training.data import load_tokens
 
     records = conversation_trace(0)[:12]
     prompts = trace_prompts(records, 16, load_tokens("val").tolist())
     served = serve_trace(records, prompts, checkpoint="draft", speed=10.0, num_blocks=512, max_duration=120.0)
-    assert [s.cache for s in served] == ["hash", "radix"]
+    assert [s.cache for s in served] == ["hash", "radix", "radix+host"]
     for s in served:
         assert s.summary.num_ok == len(records) and s.summary.num_failed == 0
         assert s.queried_tokens == sum(r.input_length for r in records)
-    assert served[0].hit_tokens == served[1].hit_tokens > 0
+    assert served[0].hit_tokens == served[1].hit_tokens == served[2].hit_tokens > 0

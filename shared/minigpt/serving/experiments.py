@@ -269,25 +269,29 @@ class TraceServed:
         return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
 
 
-def serve_trace(records: Sequence, prompts: Sequence[Sequence[int]], *, caches: Sequence[str] = ("hash", "radix"),
-                checkpoint: str = "target", speed: float = 1.0, threads: int = 1, block_size: int = 16,
-                num_blocks: int = 256, max_duration: float = 300.0, ttft_limit: float = 1.0, tpot_limit: float = 0.1,
-                processes: bool = False) -> list[TraceServed]:
+def serve_trace(records: Sequence, prompts: Sequence[Sequence[int]], *,
+                caches: Sequence[str] = ("hash", "radix", "radix+host"), checkpoint: str = "target",
+                speed: float = 1.0, threads: int = 1, block_size: int = 16, num_blocks: int = 256,
+                host_tier_blocks: int = 256, max_duration: float = 300.0, ttft_limit: float = 1.0,
+                tpot_limit: float = 0.1, processes: bool = False) -> list[TraceServed]:
     """Replay a trace (`minigpt.serving.trace`: records and their token prompts) at its timestamps (divided by
-    `speed`) against the course's server with each prefix cache, one fresh server at a time (a child process on
-    `threads` threads, or with processes=False `thread_replicas` in this process), and read the server's
-    prefix-cache counters (/metrics) before and after the replay."""
+    `speed`) against the course's server with each prefix cache ("hash", "radix", or "radix+host": the radix tree
+    with a host tier of `host_tier_blocks`), one fresh server at a time (a child process on `threads` threads, or
+    with processes=False `thread_replicas` in this process), and read the server's prefix-cache counters (/metrics)
+    before and after the replay."""
     from minigpt.serving.engine import EngineConfig
     from minigpt.serving.replicas import engine_replicas, prefix_cache_counters, thread_replicas
     from minigpt.serving.trace import replay_over_http
 
     out = []
     for cache in caches:
-        args = ["--checkpoint", checkpoint, "--prefix-cache", cache, "--block-size", str(block_size),
-                "--num-blocks", str(num_blocks), "--max-queue", str(len(records) + 8)]
+        kind, host = ("radix", host_tier_blocks) if cache == "radix+host" else (cache, 0)
+        args = ["--checkpoint", checkpoint, "--prefix-cache", kind, "--block-size", str(block_size),
+                "--num-blocks", str(num_blocks), "--max-queue", str(len(records) + 8),
+                *(["--host-tier-blocks", str(host)] if host else [])]
         server = (engine_replicas(1, args, threads=threads) if processes else
                   thread_replicas(1, checkpoint, config=EngineConfig(block_size=block_size, num_blocks=num_blocks,
-                                                                     prefix_cache=cache),
+                                                                     prefix_cache=kind, host_tier_blocks=host),
                                   max_queue=len(records) + 8))
         with server as (url,):
             benchmark(url, ["warm-up"], max_tokens=2, max_duration=max_duration)
