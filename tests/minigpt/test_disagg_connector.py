@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from minigpt_fixtures import seeded
+from recorded_logprobs import assert_same_steps, record_results, record_sampling, with_logprobs
 
 from minigpt.cache.block_table import blocks_needed
 from minigpt.cache.contiguous import KVCache
@@ -20,8 +21,10 @@ from minigpt.config import ModelConfig
 from minigpt.disagg import (DecodeKVStore, FailingChannel, GlooChannel, KVMessage, LayerRunner, QueueChannel,
                             TransferError, TransferTimeout, decode_from_blocks, prefill_and_send, prefill_then_send,
                             receive_kv)
+from minigpt.disagg import receiver
 from minigpt.disagg.channel import HEADER_BYTES
 from minigpt.disagg.transfer_cost import kv_bytes_per_request
+from minigpt.engine import cached_generation
 from minigpt.engine.cached_generation import generate_kv_cache
 from minigpt.model import GPT
 from minigpt.parallel.launch import run_ranks
@@ -208,7 +211,9 @@ def test_a_failed_transfer_raises_and_leaves_the_pool_as_it_began(make_channel, 
 # ------------------------------------------------------------------------------------------- decoding
 
 @pytest.mark.parametrize("producer", [prefill_and_send, prefill_then_send], ids=["layer-wise", "whole request"])
-def test_decoding_from_received_blocks_equals_colocated_greedy_decoding(producer) -> None:
+def test_decoding_from_received_blocks_equals_colocated_greedy_decoding(producer, monkeypatch) -> None:
+    """The same tokens, and the decoded ones with the same log-probabilities (this random model mostly repeats its
+    last token: K/V received wrong would leave the tokens as they were)."""
     model = _model(3)
     for length in (1, 4, 10):                                  # block_size 4: a full block, a partial one
         prompt = _prompt(length, seed=length)
@@ -217,10 +222,14 @@ def test_decoding_from_received_blocks_equals_colocated_greedy_decoding(producer
         store = DecodeKVStore.for_model(model, num_blocks=16, block_size=4)
         before = _pool_state(store)
         blocks = receive_kv(channel, "q", CFG.n_layers, length, store)
+        logits = record_results(monkeypatch, receiver, "paged_forward")
         tokens = [first] + decode_from_blocks(model, store, blocks, length, first, 9)
         store.free(blocks)
+        sampled = record_sampling(monkeypatch, cached_generation)
         want = generate_kv_cache(model, prompt, 10, stop_token_ids=()).tokens
         assert tokens == want, f"{length}-token prompt: disaggregated {tokens}, colocated {want}"
+        assert_same_steps([with_logprobs(torch.cat(logits), tokens[1:])], [sampled[0][1:]],
+                            f"decoding from the received blocks ({length}-token prompt)")
         assert _pool_state(store) == before, "decode_from_blocks must free the blocks it allocated"
 
 

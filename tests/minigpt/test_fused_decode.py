@@ -1,14 +1,17 @@
 """The engine-style fused model: the model's logits to float32 rounding (prefill, decode, batches, caches, any
-attention function), the same greedy tokens, fresh copies when the weights change, clear refusals."""
+attention function), the same greedy tokens with the same log-probabilities, fresh copies when the weights change,
+clear refusals."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from minigpt_fixtures import TINY
+from recorded_logprobs import assert_same_steps, record_sampling, with_logprobs
 
 from minigpt.cache.contiguous import KVCache
 from minigpt.config import Llama3RopeScaling, ModelConfig
+from minigpt.engine import cached_generation
 from minigpt.engine.cached_generation import generate_kv_cache
 from minigpt.engine.fused_decode import FusedModel, fusable, generate_fused
 from minigpt.model import GPT
@@ -51,9 +54,20 @@ def test_per_sequence_positions(tiny_model):
                                rtol=1e-4, atol=1e-5)
 
 
-def test_greedy_tokens_equal_lab_01s(tiny_model):
+def test_greedy_tokens_equal_lab_01s(tiny_model, monkeypatch):
+    """With their log-probabilities: this random model mostly repeats its last token, so a cache read wrong would
+    leave the tokens as they were."""
     prompt = [5, 9, 2, 7]
-    assert generate_fused(tiny_model, prompt, 12) == generate_kv_cache(tiny_model, prompt, 12, stop_token_ids=()).tokens
+    fused, rows = FusedModel(tiny_model), []
+
+    def recording(tokens, **kwargs):
+        logits = fused(tokens, **kwargs)
+        rows.append(logits[0, -1])
+        return logits
+    want = record_sampling(monkeypatch, cached_generation)
+    tokens = generate_fused(tiny_model, prompt, 12, fused=recording)
+    assert tokens == generate_kv_cache(tiny_model, prompt, 12, stop_token_ids=()).tokens
+    assert_same_steps([with_logprobs(torch.stack(rows), tokens)], want, "generate_fused")
     assert generate_fused(tiny_model, prompt, 0) == []
 
 

@@ -2,10 +2,13 @@
 
 import pytest
 import torch
+from recorded_logprobs import assert_same_steps, record_sampling
 
+import minigpt.generate as naive_generation
 from minigpt.config import TARGET_CONFIG
 from minigpt.generate import generate_naive
 from minigpt.cache.contiguous import KVCache, LayerKVCache
+from minigpt.engine import cached_generation
 from minigpt.engine.cached_generation import generate_kv_cache
 from minigpt.engine.cuda_graph import GraphedDecodeStep, static_attention
 from minigpt.attention import naive_attention
@@ -64,18 +67,25 @@ def test_cached_logits_match_full_recompute(tiny_model):
 
 
 @pytest.mark.parametrize("prompt_len,new", [(1, 20), (5, 27), (31, 1), (4, 0)])
-def test_greedy_identical_to_naive(tiny_model, prompt_len, new):
+def test_greedy_identical_to_naive(tiny_model, prompt_len, new, monkeypatch):
+    """The same tokens, with the same log-probabilities to rounding (this random model mostly repeats its last token:
+    a cache read wrong leaves the tokens as they were, not their log-probabilities)."""
     prompt = torch.randint(0, 64, (prompt_len,), generator=torch.Generator().manual_seed(prompt_len)).tolist()
-    assert generate_kv_cache(tiny_model, prompt, new, stop_token_ids=()) == generate_naive(tiny_model, prompt, new, stop_token_ids=())
+    sampled = record_sampling(monkeypatch, naive_generation, cached_generation)
+    want = generate_naive(tiny_model, prompt, new, stop_token_ids=())
+    assert generate_kv_cache(tiny_model, prompt, new, stop_token_ids=()) == want
+    assert_same_steps(sampled[1:], sampled[:1], "the KV cache")
 
 
-def test_sampling_and_stops_identical_to_naive(tiny_model):
+def test_sampling_and_stops_identical_to_naive(tiny_model, monkeypatch):
     params = SamplingParams(temperature=0.8, top_k=10, top_p=0.95, seed=3)
+    sampled = record_sampling(monkeypatch, naive_generation, cached_generation)
     a = generate_naive(tiny_model, [1, 2, 3], 20, params, stop_token_ids=())
     assert generate_kv_cache(tiny_model, [1, 2, 3], 20, params, stop_token_ids=()) == a
     stop = (a.tokens[4],)
     assert generate_kv_cache(tiny_model, [1, 2, 3], 20, params, stop_token_ids=stop) == \
         generate_naive(tiny_model, [1, 2, 3], 20, params, stop_token_ids=stop)
+    assert_same_steps(sampled[1:3], [sampled[0], sampled[3]], "the KV cache")
 
 
 def test_request_checks(tiny_model):

@@ -1,11 +1,13 @@
 """The paged KV cache (minigpt.cache.block_pool / block_table / prefix_cache / block_manager / paged_attention /
 paged, minigpt.engine.paged_generation): the allocator state machine with many examples, bad input, and
-generation identical to lab 01's contiguous cache."""
+generation identical to lab 01's contiguous cache (tokens and their log-probabilities: this random model mostly
+repeats its last token, so K/V read from the wrong block would leave the tokens as they were)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from recorded_logprobs import assert_same_steps, record_sampling
 
 from autograder.lab02 import run_state_machine
 from minigpt.attention import naive_attention
@@ -16,6 +18,7 @@ from minigpt.cache.paged import PagedKVCache
 from minigpt.cache.paged_attention import gather_kv, paged_attention, paged_decode_attention
 from minigpt.cache.prefix_cache import block_hashes, hash_block
 from minigpt.config import ModelConfig
+from minigpt.engine import cached_generation, paged_generation
 from minigpt.engine.cached_generation import generate_kv_cache
 from minigpt.engine.paged_generation import generate_paged, generate_paged_batch, paged_forward
 from minigpt.model import GPT
@@ -151,24 +154,28 @@ def _prompts(lengths, seed=0):
 
 
 @pytest.mark.parametrize("block_size", [1, 4, 16])
-def test_generation_identical_to_contiguous_cache(model, block_size):
+def test_generation_identical_to_contiguous_cache(model, block_size, monkeypatch):
     prompts = _prompts([1, 5, 16, 23])
     for sampling in (SamplingParams(), SamplingParams(temperature=1.0, top_k=50, seed=3)):
+        sampled = record_sampling(monkeypatch, cached_generation, paged_generation)
         want = [generate_kv_cache(model, p, 10, sampling, stop_token_ids=()) for p in prompts]
         assert generate_paged(model, prompts[2], 10, sampling, stop_token_ids=(), block_size=block_size).tokens == want[2].tokens
         got = generate_paged_batch(model, prompts, 10, sampling, stop_token_ids=(), block_size=block_size)
         assert [g.tokens for g in got] == [w.tokens for w in want]
         assert [g.finish_reason for g in got] == [w.finish_reason for w in want]
+        assert_same_steps(sampled[4:], [sampled[2]] + sampled[:4], "the paged cache")
 
 
-def test_batch_with_early_stop_frees_blocks(model):
+def test_batch_with_early_stop_frees_blocks(model, monkeypatch):
     prompts = _prompts([4, 9])
     ref = generate_kv_cache(model, prompts[0], 10, stop_token_ids=())
     stop = ref.tokens[2]
     cache = PagedKVCache.for_model(model, num_blocks=16, block_size=4)
+    sampled = record_sampling(monkeypatch, cached_generation, paged_generation)
     out = generate_paged_batch(model, prompts, 10, stop_token_ids=(stop,), cache=cache)
     assert out[0].tokens == generate_kv_cache(model, prompts[0], 10, stop_token_ids=(stop,)).tokens
     assert out[1].tokens == generate_kv_cache(model, prompts[1], 10, stop_token_ids=(stop,)).tokens
+    assert_same_steps(sampled[:2], sampled[2:], "the paged cache")
     assert cache.manager.pool.num_free == 16 and not cache.manager.tables
 
 

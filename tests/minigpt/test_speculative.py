@@ -9,13 +9,15 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from recorded_logprobs import Steps, assert_same_steps, record_sampling, with_logprobs
 
 from minigpt.cache.contiguous import KVCache
 from minigpt.cache.rollback import truncate_cache
+from minigpt.engine import cached_generation
 from minigpt.engine.cached_generation import generate_kv_cache
 from minigpt.engine.ngram_draft import PromptLookupDrafter, ngram_propose
-from minigpt.engine.speculative import (acceptance_by_position, generate_speculative, measured_alpha, sampling_probs,
-                                        verify_draft)
+from minigpt.engine.speculative import (SpeculativeGeneration, acceptance_by_position, generate_speculative,
+                                        measured_alpha, sampling_probs, verify_draft)
 from minigpt.model import GPT
 from minigpt.sampling import SamplingParams, filter_logits
 from minigpt.teaching.goodness_of_fit import chi2_sf, chi_square_test
@@ -93,14 +95,31 @@ def test_chi2_sf_known_values():
     assert chi_square_test(torch.tensor([0, 10]), torch.tensor([1.0, 0.0])).p_value == 0.0
 
 
+def speculative_with_logprobs(target: GPT, draft, prompt: list[int], max_new_tokens: int,
+                              **kwargs) -> tuple[SpeculativeGeneration, Steps]:
+    """generate_speculative, and its tokens with their log-probabilities under the target's logits that verified
+    them (this random model mostly repeats its last token: the tokens alone would not show K/V read wrong)."""
+    verified: list[torch.Tensor] = []
+    hook = target.register_forward_hook(lambda module, args, logits: verified.append(logits[0]))
+    try:
+        got = generate_speculative(target, draft, prompt, max_new_tokens, **kwargs)
+    finally:
+        hook.remove()
+    rows = [logits[-len(r.drafted) - 1:][:len(r.emitted)] for logits, r in zip(verified, got.rounds, strict=True)]
+    emitted = [t for r in got.rounds for t in r.emitted]
+    return got, with_logprobs(torch.cat(rows), emitted)[:len(got.tokens)] if rows else []
+
+
 @pytest.mark.parametrize("k", [1, 3, 5])
-def test_greedy_equals_target_greedy(pair, k):
+def test_greedy_equals_target_greedy(pair, k, monkeypatch):
     target, draft = pair
     for seed in range(3):
         prompt = torch.randint(0, 64, (4 + seed,), generator=torch.Generator().manual_seed(seed)).tolist()
+        sampled = record_sampling(monkeypatch, cached_generation)
         want = generate_kv_cache(target, prompt, 20, stop_token_ids=())
-        got = generate_speculative(target, draft, prompt, 20, k=k, stop_token_ids=())
+        got, found = speculative_with_logprobs(target, draft, prompt, 20, k=k, stop_token_ids=())
         assert got.tokens == want.tokens and got.finish_reason == "length"
+        assert_same_steps([found], sampled, f"speculative decoding (k={k}, seed {seed})")
         assert sum(len(r.emitted) for r in got.rounds) >= 20
 
 
@@ -126,12 +145,14 @@ def test_stop_token_budget_and_k_zero(pair):
     assert len(generate_speculative(target, draft, [1] * (S - 5), 5, k=4, stop_token_ids=()).tokens) == 5
 
 
-def test_prompt_lookup_drafting_is_lossless_in_greedy(tiny_model):
+def test_prompt_lookup_drafting_is_lossless_in_greedy(tiny_model, monkeypatch):
     prompt = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4]
+    sampled = record_sampling(monkeypatch, cached_generation)
     want = generate_kv_cache(tiny_model, prompt, 16, stop_token_ids=())
-    got = generate_speculative(tiny_model, PromptLookupDrafter(tiny_model.config.vocab_size), prompt, 16, k=3,
-                               stop_token_ids=())
+    got, found = speculative_with_logprobs(tiny_model, PromptLookupDrafter(tiny_model.config.vocab_size), prompt, 16,
+                                           k=3, stop_token_ids=())
     assert got.tokens == want.tokens
+    assert_same_steps([found], sampled, "speculative decoding with prompt lookup")
 
 
 def test_ngram_propose_cases():

@@ -1,5 +1,7 @@
 """LLMEngine and NaiveEngine (lab 08): outputs equal lab 01's cached generation, prefix caching changes nothing
-but the work, aborts free blocks at once, bad requests are refused with nothing changed."""
+but the work, aborts free blocks at once, bad requests are refused with nothing changed. Outputs are compared with
+each token's log-probability: this tiny random model mostly repeats its last token, so K/V read from the wrong
+block would leave the greedy tokens as they were."""
 
 from __future__ import annotations
 
@@ -9,12 +11,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minigpt.cache.block_manager import BlockManager
+from minigpt.engine import cached_generation
 from minigpt.engine.cached_generation import generate_kv_cache
 from minigpt.engine.prefix_scheduler import PrefixCachingScheduler
 from minigpt.engine.scheduler import Scheduler, SchedulerConfig
 from minigpt.sampling import SamplingParams
 from minigpt.serving.engine import EngineConfig, LLMEngine
 from minigpt.serving.naive import NaiveEngine
+from tests.minigpt.recorded_logprobs import chosen, generate_with_logprobs, record_sampling
+from tests.minigpt.test_engine_radix import assert_same_outputs
 
 SHARED = list(range(40, 80))          # a 40-token shared "system prompt"
 
@@ -25,17 +30,25 @@ def prompts() -> list[list[int]]:
     return [SHARED + t for t in tails] + [tails[1], tails[2] + SHARED]
 
 
+def cached_generation_with_logprobs(model, prompt, n, sampling=SamplingParams()) -> list[tuple[int, float]]:
+    """Lab 01's cached generation of `prompt`: its tokens with their log-probabilities."""
+    with pytest.MonkeyPatch.context() as patch:
+        sampled = record_sampling(patch, cached_generation)
+        tokens = generate_kv_cache(model, prompt, n, sampling).tokens
+    return chosen(sampled[0][:len(tokens)]) if tokens else []
+
+
 @pytest.fixture(scope="module")
 def reference(tiny):
-    return [generate_kv_cache(tiny, p, 12).tokens for p in prompts()]
+    return [cached_generation_with_logprobs(tiny, p, 12) for p in prompts()]
 
 
 @pytest.mark.parametrize("prefix", [True, False])
 def test_engine_greedy_equals_cached_generation(tiny, reference, prefix):
     engine = LLMEngine(tiny, EngineConfig(num_blocks=64, block_size=8, max_num_seqs=4, max_num_batched_tokens=32,
                                           enable_prefix_caching=prefix))
-    out = engine.generate(prompts(), SamplingParams(), max_tokens=12)
-    assert [c.token_ids for c in out] == reference
+    out, found = generate_with_logprobs(engine, prompts(), SamplingParams(), max_tokens=12)
+    assert_same_outputs(found, reference, "the engine")
     assert all(c.num_completion_tokens == 12 and c.finish_reason == "length" for c in out)
     s = engine.stats()
     assert s.num_blocks_used == 0 and s.num_running == 0 and s.num_waiting == 0
@@ -45,8 +58,8 @@ def test_engine_greedy_equals_cached_generation(tiny, reference, prefix):
 
 def test_naive_engine_equals_cached_generation(tiny, reference):
     engine = NaiveEngine(tiny)
-    out = engine.generate(prompts(), SamplingParams(), max_tokens=12)
-    assert [c.token_ids for c in out] == reference
+    _, found = generate_with_logprobs(engine, prompts(), SamplingParams(), max_tokens=12)
+    assert_same_outputs(found, reference, "the naive engine")
     assert engine.num_steps == len(reference) * 12       # one token of one request per step
 
 
@@ -61,8 +74,8 @@ def test_sampling_is_seeded_and_matches_cached_generation(tiny):
     p = prompts()[0]
     sp = SamplingParams(temperature=0.9, top_k=50, seed=7)
     engine = LLMEngine(tiny, EngineConfig(num_blocks=64))
-    (c,) = engine.generate([p], sp, max_tokens=10)
-    assert c.token_ids == generate_kv_cache(tiny, p, 10, sp).tokens
+    _, found = generate_with_logprobs(engine, [p], sp, max_tokens=10)
+    assert_same_outputs(found, [cached_generation_with_logprobs(tiny, p, 10, sp)], "the engine")
 
 
 def test_abort_frees_blocks_at_once(tiny):
@@ -127,18 +140,17 @@ def test_prefix_caching_changes_no_output_and_frees_every_block(tiny, data):
     for prefix in (False, True):
         engine = LLMEngine(tiny, EngineConfig(num_blocks=num_blocks, block_size=block_size, max_num_seqs=4,
                                               max_num_batched_tokens=budget, enable_prefix_caching=prefix))
-        outs.append([c.token_ids for c in engine.generate([p for p, _ in reqs], SamplingParams(),
-                                                          [n for _, n in reqs])])
+        outs.append(generate_with_logprobs(engine, [p for p, _ in reqs], SamplingParams(), [n for _, n in reqs])[1])
         assert engine.stats().num_blocks_used == 0
-    assert outs[0] == outs[1]
+    assert_same_outputs(outs[1], outs[0], "prefix caching")
 
 
 def test_prefix_caching_with_preemption_and_chunked_prefill(tiny, reference):
     """A pool too small for the batch: sequences are preempted and recomputed (from the prefix cache where it holds
     their blocks); every greedy output still equals generating it alone, and every block is free at the end."""
     engine = LLMEngine(tiny, EngineConfig(num_blocks=24, block_size=4, max_num_seqs=4, max_num_batched_tokens=16))
-    out = engine.generate(prompts(), SamplingParams(), max_tokens=12)
+    _, found = generate_with_logprobs(engine, prompts(), SamplingParams(), max_tokens=12)
     s = engine.stats()
     assert s.num_preemptions > 0 and s.prefix_cache_hit_tokens > 0
-    assert [c.token_ids for c in out] == reference
+    assert_same_outputs(found, reference, "the engine, preempting,")
     assert s.num_blocks_used == 0
