@@ -114,6 +114,13 @@ def test_a_bad_host_tier_config_is_refused():
         RadixBlockManager(4, 2, on_evict=print, host=HostTier(2, n_layers=1, block_size=2, n_kv_heads=1, head_dim=1))
 
 
+def test_the_server_refuses_a_host_tier_without_the_radix_tree(capsys):
+    from minigpt.serving.__main__ import main
+
+    assert main(["--host-tier-blocks", "8"]) == 2
+    assert "prefix_cache='radix'" in capsys.readouterr().err
+
+
 # --- the cache and the manager alone -------------------------------------------------------------------------------
 
 def small_cache(num_blocks: int, host_blocks: int) -> PagedKVCache:
