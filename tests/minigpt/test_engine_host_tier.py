@@ -21,7 +21,8 @@ from minigpt.model import GPT
 from minigpt.sampling import SamplingParams
 from minigpt.serving.engine import EngineConfig, LLMEngine
 from minigpt.tokenizer import EOT_ID
-from tests.minigpt.test_engine_radix import CACHES, assert_no_block_leaked, assert_same_outputs, conversations, serve
+from tests.minigpt.recorded_logprobs import assert_same_outputs
+from tests.minigpt.test_engine_radix import CACHES, assert_no_block_leaked, conversations, serve
 
 from tests.minigpt.test_engine_radix import model, one_torch_thread  # noqa: F401  (fixtures)
 

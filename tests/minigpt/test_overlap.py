@@ -18,7 +18,7 @@ from minigpt.model import GPT
 from minigpt.sampling import SamplingParams
 from minigpt.serving.engine import EngineConfig, LLMEngine
 from minigpt.tokenizer import EOT_ID
-from tests.minigpt.test_engine_radix import assert_same_outputs
+from tests.minigpt.recorded_logprobs import assert_same_outputs
 
 CONFIG = ModelConfig(vocab_size=EOT_ID + 1, max_seq_len=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128)
 STOP_BIAS = ((EOT_ID, 6.0),)      # the end-of-text token drawn every 15 steps or so by a random model at temperature 1

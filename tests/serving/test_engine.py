@@ -19,7 +19,7 @@ from minigpt.sampling import SamplingParams
 from minigpt.serving.engine import EngineConfig, LLMEngine
 from minigpt.serving.naive import NaiveEngine
 from tests.minigpt.recorded_logprobs import chosen, generate_with_logprobs, record_sampling
-from tests.minigpt.test_engine_radix import assert_same_outputs
+from tests.minigpt.recorded_logprobs import assert_same_outputs
 
 SHARED = list(range(40, 80))          # a 40-token shared "system prompt"
 
