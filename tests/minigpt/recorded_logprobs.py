@@ -18,6 +18,7 @@ from minigpt.sampling import SamplingParams, sample_next
 if TYPE_CHECKING:
     from minigpt.serving.outputs import Completion
 
+Outputs = list[list[tuple[int, float]]]          # per request: (token, its log-probability) per step
 Steps = list[tuple[int, Tensor]]                   # per step: (token, the vocabulary's log-probabilities at that step)
 
 
@@ -67,7 +68,7 @@ def assert_same_steps(found: list[Steps], expected: list[Steps], what: str) -> N
     assert worst <= 1e-4, f"{what} changed log-probabilities by up to {worst:.2e}: some K/V was read wrong"
 
 
-def assert_same_outputs(found: list[list[tuple[int, float]]], expected: list[list[tuple[int, float]]], what: str) -> None:
+def assert_same_outputs(found: Outputs, expected: Outputs, what: str) -> None:
     """The same greedy tokens, and log-probabilities equal to rounding (1e-4). The tokens alone are not enough: this
     small random model mostly repeats its last token whatever came before, so K/V read from the wrong block (or
     never loaded) leaves the tokens unchanged; it moves their log-probabilities by about 5e-3."""
