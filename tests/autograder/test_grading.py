@@ -93,9 +93,7 @@ def test_grade_missing_notebook_is_clear_error(tmp_path, capsys):
 
 def test_run_nbgrader(tmp_path):
     rc, out = grading.run_nbgrader(["--version"], tmp_path, timeout=120)
-    assert rc == 0 and "0.9.6" in out
-    rc, _ = grading.run_nbgrader(["--version"], tmp_path, timeout=0.001)   # killed, reported as None
-    assert rc is None
+    assert rc == 0 and "0.9.6" in out       # a command past its time: tests/autograder/test_nbgrader_fork.py
 
 
 def test_grade_cli_released_stub_scores_zero_and_require_full_fails(released):

@@ -74,8 +74,9 @@ def test_one_command_leaves_nothing_to_the_next_and_the_server_is_reused(course,
     assert len(nbgrader_fork._idle) == 1, "the second command was not a fork of the first command's server"
 
 
-def test_a_command_past_its_time_is_killed_with_its_session(course, monkeypatch):
-    monkeypatch.setenv("COURSE_NBGRADER_FORK", "1")
+@pytest.mark.parametrize("forked", [True, False], ids=["forked", "subprocess"])
+def test_a_command_past_its_time_is_killed_with_its_session(course, forked, monkeypatch):
+    monkeypatch.setenv("COURSE_NBGRADER_FORK", "1" if forked else "0")
     nbgrader_fork._close_all()
     started = time.monotonic()
     rc, out = run_nbgrader(["db", "student", "list", _db(course)], course, env=_env(course, "sleep"), timeout=8)
