@@ -1,4 +1,8 @@
-"""Speculative decoding with a draft head: greedy output is the target's, for chains and trees; the head's cache."""
+"""Speculative decoding with a draft head: greedy output is the target's, for chains and trees; the head's cache.
+
+Two heads for one small random target: a random one, whose drafts the target never accepts (every round emits the
+target's one token), and an echoing one, whose drafts it accepts in full, in part or not at all (so accepted paths,
+the cache entries they keep and the bonus token are exercised too)."""
 
 import pytest
 import torch
@@ -6,8 +10,13 @@ import torch
 from autograder.lab06.head_chain import tiny_target_and_head
 from minigpt.engine.cached_generation import generate_kv_cache
 from minigpt.engine.draft_head import head_cache, load_draft_head, target_features
-from minigpt.engine.head_speculative import TreeShape, draft_chain, generate_with_head
+from minigpt.engine.head_speculative import TreeShape, draft_chain, generate_with_head, grow_tree
+from minigpt.engine.token_tree import tree_depths
 from minigpt.sampling import SamplingParams
+
+
+SHAPES = [TreeShape(0), TreeShape(1), TreeShape(3), TreeShape(3, 2, 2), TreeShape(2, 3, 3)]
+PROMPT_LENGTHS = [1, 2, 9]
 
 
 @pytest.fixture(scope="module")
@@ -15,14 +24,47 @@ def tiny():
     return tiny_target_and_head(3)
 
 
-@pytest.mark.parametrize("shape", [TreeShape(0), TreeShape(1), TreeShape(3), TreeShape(3, 2, 2), TreeShape(2, 3, 3)])
-@pytest.mark.parametrize("prompt_len", [1, 2, 9])
-def test_greedy_output_is_the_targets(tiny, shape, prompt_len):
+def echoing_head(target, head, scale: float = 0.3):
+    """The head made to pass the token's embedding on (its fc an identity on the token half), the feature half, the
+    attention and the MLP scaled by `scale`: it mostly drafts "the same token again", which this target often says."""
+    d = target.config.d_model
+    with torch.no_grad():
+        head.fc.weight[:, d:] = torch.eye(d)
+        head.fc.weight[:, :d] *= scale
+        head.block.attn.wo.weight *= scale
+        head.block.mlp.w_down.weight *= scale
+    return head
+
+
+@pytest.fixture(scope="module")
+def heads(tiny):
     target, head = tiny
+    return {"random": (target, head), "echoing": (target, echoing_head(*tiny_target_and_head(3)))}
+
+
+def _runs(target, head, shape, prompt_len):
     prompt = list(range(5, 5 + prompt_len))
     want = generate_kv_cache(target, prompt, 20, stop_token_ids=()).tokens
-    out = generate_with_head(target, head, prompt, 20, shape=shape, stop_token_ids=())
+    return want, generate_with_head(target, head, prompt, 20, shape=shape, stop_token_ids=())
+
+
+@pytest.mark.parametrize("head_kind", ["random", "echoing"])
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("prompt_len", PROMPT_LENGTHS)
+def test_greedy_output_is_the_targets(heads, head_kind, shape, prompt_len):
+    want, out = _runs(*heads[head_kind], shape, prompt_len)
     assert out.tokens == want and out.finish_reason == "length"
+
+
+def test_the_two_heads_exercise_rejection_and_acceptance(heads):
+    """What makes the test above mean something: the random head's drafts are all rejected; the echoing head's are
+    accepted in full (depth + 1 tokens a round), in part and not at all."""
+    emitted = {kind: [len(r.emitted) for shape in SHAPES if shape.depth for n in PROMPT_LENGTHS
+                      for r in _runs(*heads[kind], shape, n)[1].rounds] for kind in heads}
+    assert set(emitted["random"]) == {1}
+    full = [len(r.emitted) == shape.depth + 1 for shape in SHAPES if shape.depth for n in PROMPT_LENGTHS
+            for r in _runs(*heads["echoing"], shape, n)[1].rounds]
+    assert any(full) and 1 in emitted["echoing"] and any(1 < e for e, f in zip(emitted["echoing"], full) if not f)
 
 
 def test_the_trained_head_drafts_what_the_target_says():
@@ -62,3 +104,47 @@ def test_draft_chain_feeds_its_own_features(tiny):
             again.append(int(logits[0, -1].argmax()))
             feats, toks = torch.cat([feats, pred[0, -1:]]), toks + [again[-1]]
     assert drafts == again
+
+
+@pytest.mark.parametrize("prompt_len", PROMPT_LENGTHS)
+def test_each_round_drafts_what_the_head_drafts_from_the_whole_context(heads, prompt_len):
+    """The features a round hands on (the target's, at the root and the accepted nodes) decide the next drafts but
+    never the output: each chain round's drafts equal the head's chain drafted afresh, without caches, from the
+    target's features of everything emitted so far."""
+    target, head = heads["echoing"]
+    prompt = list(range(5, 5 + prompt_len))
+    out = generate_with_head(target, head, prompt, 20, shape=TreeShape(3), stop_token_ids=())
+    context = list(prompt)
+    with torch.inference_mode():
+        for r in out.rounds:
+            f, _ = target_features(target, torch.tensor([context]))
+            feats, toks, drafts = f[0, :len(context) - 1], context[1:], []
+            for _ in range(len(r.tokens) - 1):          # 3, fewer where the budget ends the generation
+                if not toks:                                  # a one-token context: no (feature, token) pair yet
+                    break
+                pred, logits = head(feats[None], torch.tensor([toks]), target, torch.arange(1, len(toks) + 1))
+                drafts.append(int(logits[0, -1].argmax()))
+                feats, toks = torch.cat([feats, pred[0, -1:]]), toks + [drafts[-1]]
+            if toks:
+                assert r.tokens[1:] == drafts, (len(context), r.tokens, drafts)
+            context += r.emitted
+
+
+@pytest.mark.parametrize("shape", [TreeShape(3, 2, 2), TreeShape(2, 3, 3)])
+def test_each_tree_is_the_tree_grown_afresh_from_the_whole_context(heads, shape):
+    """Trees: what a round hands the next (the target's features at the root and the accepted nodes, the pairs its
+    head cache keeps) leaves each round's tree equal to `grow_tree` run with a fresh head cache on the target's
+    features of everything emitted so far."""
+    target, head = heads["echoing"]
+    prompt = list(range(5, 14))
+    out = generate_with_head(target, head, prompt, 20, shape=shape, stop_token_ids=())
+    assert any(r.path and r.path != list(range(1, len(r.path) + 1)) for r in out.rounds), "no path off the first nodes"
+    context = list(prompt)
+    with torch.inference_mode():
+        for r in out.rounds:
+            f, _ = target_features(target, torch.tensor([context]))
+            depth = max(tree_depths(r.parents))
+            fresh = grow_tree(head, target, head_cache(head, 64), f[0, :len(context) - 1], context[1:],
+                              TreeShape(depth, shape.width, shape.branch))
+            assert (r.tokens, r.parents) == (fresh.tokens, fresh.parents), len(context)
+            context += r.emitted

@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from minigpt_fixtures import TINY
 from recorded_logprobs import Steps, assert_same_steps, record_sampling, with_logprobs
 
 from minigpt.cache.contiguous import KVCache
@@ -32,6 +33,22 @@ def pair(tiny_model):
         g = torch.Generator().manual_seed(1)
         draft.tok_emb.weight.add_(torch.randn(draft.tok_emb.weight.shape, generator=g) * 0.02)
     return tiny_model, draft
+
+
+@pytest.fixture
+def disagreeing_pair():
+    """A target whose small embeddings leave its attention and MLP a say (the tiny model mostly repeats its last
+    token, and so does any copy of it: every draft accepted), and a draft with every weight moved by 0.3 of its
+    spread: its drafts are accepted in full, in part and not at all."""
+    torch.manual_seed(0)
+    target = GPT(TINY).eval()
+    with torch.no_grad():
+        target.tok_emb.weight.mul_(0.2)
+    draft = copy.deepcopy(target)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.3 * p.std())
+    return target, draft
 
 
 def test_truncate_cache_keeps_prefix_and_refuses_growth(tiny_config):
@@ -111,8 +128,10 @@ def speculative_with_logprobs(target: GPT, draft, prompt: list[int], max_new_tok
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])
-def test_greedy_equals_target_greedy(pair, k, monkeypatch):
-    target, draft = pair
+@pytest.mark.parametrize("which", ["pair", "disagreeing_pair"])
+def test_greedy_equals_target_greedy(which, k, monkeypatch, request):
+    target, draft = request.getfixturevalue(which)
+    emitted = []
     for seed in range(3):
         prompt = torch.randint(0, 64, (4 + seed,), generator=torch.Generator().manual_seed(seed)).tolist()
         sampled = record_sampling(monkeypatch, cached_generation)
@@ -121,6 +140,9 @@ def test_greedy_equals_target_greedy(pair, k, monkeypatch):
         assert got.tokens == want.tokens and got.finish_reason == "length"
         assert_same_steps([found], sampled, f"speculative decoding (k={k}, seed {seed})")
         assert sum(len(r.emitted) for r in got.rounds) >= 20
+        emitted += [len(r.emitted) for r in got.rounds if len(r.drafted) == k]
+    if which == "disagreeing_pair":         # rejection exercised: drafts refused and accepted; in part at k = 5
+        assert 1 in emitted and k + 1 in emitted and (k != 5 or any(1 < e < k + 1 for e in emitted)), emitted
 
 
 def test_identical_draft_accepts_every_draft(tiny_model):
