@@ -6,6 +6,8 @@ times more, where correct variants agree to 1e-6."""
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import replace
 from typing import TYPE_CHECKING, Sequence
 
@@ -63,9 +65,8 @@ def assert_same_steps(found: list[Steps], expected: list[Steps], what: str) -> N
     """The same tokens, and at each step the log-probabilities of the whole vocabulary equal to rounding (1e-4)."""
     tokens, want = [[t for t, _ in r] for r in found], [[t for t, _ in r] for r in expected]
     assert tokens == want, f"{what} changed the tokens: {tokens} against {want}"
-    worst = max((float((a - b).abs().max()) for r, e in zip(found, expected) for (_, a), (_, b) in zip(r, e)),
-                default=0.0)
-    assert worst <= 1e-4, f"{what} changed log-probabilities by up to {worst:.2e}: some K/V was read wrong"
+    gaps = [float((a - b).abs().max()) for r, e in zip(found, expected) for (_, a), (_, b) in zip(r, e)]
+    _assert_within_rounding(gaps, what)
 
 
 def assert_same_outputs(found: Outputs, expected: Outputs, what: str) -> None:
@@ -74,8 +75,14 @@ def assert_same_outputs(found: Outputs, expected: Outputs, what: str) -> None:
     never loaded) leaves the tokens unchanged; it moves their log-probabilities by about 5e-3."""
     assert [[t for t, _ in r] for r in found] == [[t for t, _ in r] for r in expected], \
         f"{what} changed greedy tokens: {found} against {expected}"
-    worst = max((abs(a - b) for r, e in zip(found, expected) for (_, a), (_, b) in zip(r, e)), default=0.0)
-    assert worst <= 1e-4, f"{what} changed log-probabilities by up to {worst:.2e}: some K/V was read wrong"
+    _assert_within_rounding([abs(a - b) for r, e in zip(found, expected) for (_, a), (_, b) in zip(r, e)], what)
+
+
+def _assert_within_rounding(gaps: list[float], what: str) -> None:
+    """Every log-probability gap at most 1e-4; a NaN gap (a NaN on either side) fails too, and is reported."""
+    worst = max(gaps, key=lambda g: math.inf if math.isnan(g) else g, default=0.0)
+    assert all(g <= 1e-4 for g in gaps), \
+        f"{what} changed log-probabilities by up to {worst:.2e}: some K/V was read wrong"
 
 
 def chosen(steps: Steps) -> list[tuple[int, float]]:

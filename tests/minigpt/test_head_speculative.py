@@ -39,7 +39,19 @@ def echoing_head(target, head, scale: float = 0.3):
 @pytest.fixture(scope="module")
 def heads(tiny):
     target, head = tiny
-    return {"random": (target, head), "echoing": (target, echoing_head(*tiny_target_and_head(3)))}
+    _, another = tiny_target_and_head(3)                 # the same random head, to be made an echoing one
+    return {"random": (target, head), "echoing": (target, echoing_head(target, another))}
+
+
+def chain_without_cache(head, target, features, tokens, n: int) -> list[int]:
+    """The head's greedy chain of n drafts, one pair at a time, without a cache: each step rereads every pair
+    (f_{t-1}, x_t) and appends its own predicted feature and draft."""
+    feats, toks, drafts = features, list(tokens), []
+    for _ in range(n):
+        pred, logits = head(feats[None], torch.tensor([toks]), target, torch.arange(1, len(toks) + 1))
+        drafts.append(int(logits[0, -1].argmax()))
+        feats, toks = torch.cat([feats, pred[0, -1:]]), toks + [drafts[-1]]
+    return drafts
 
 
 def _runs(target, head, shape, prompt_len):
@@ -59,12 +71,12 @@ def test_greedy_output_is_the_targets(heads, head_kind, shape, prompt_len):
 def test_the_two_heads_exercise_rejection_and_acceptance(heads):
     """What makes the test above mean something: the random head's drafts are all rejected; the echoing head's are
     accepted in full (depth + 1 tokens a round), in part and not at all."""
-    emitted = {kind: [len(r.emitted) for shape in SHAPES if shape.depth for n in PROMPT_LENGTHS
-                      for r in _runs(*heads[kind], shape, n)[1].rounds] for kind in heads}
-    assert set(emitted["random"]) == {1}
-    full = [len(r.emitted) == shape.depth + 1 for shape in SHAPES if shape.depth for n in PROMPT_LENGTHS
-            for r in _runs(*heads["echoing"], shape, n)[1].rounds]
-    assert any(full) and 1 in emitted["echoing"] and any(1 < e for e, f in zip(emitted["echoing"], full) if not f)
+    rounds = {kind: [(shape, r) for shape in SHAPES if shape.depth for n in PROMPT_LENGTHS
+                     for r in _runs(*heads[kind], shape, n)[1].rounds] for kind in heads}
+    assert {len(r.emitted) for _, r in rounds["random"]} == {1}
+    echoed = [(len(r.emitted), shape.depth + 1) for shape, r in rounds["echoing"]]
+    assert any(e == full for e, full in echoed) and any(e == 1 for e, _ in echoed) \
+        and any(1 < e < full for e, full in echoed)
 
 
 def test_the_trained_head_drafts_what_the_target_says():
@@ -97,13 +109,7 @@ def test_draft_chain_feeds_its_own_features(tiny):
         cache = head_cache(head, 32)
         drafts = draft_chain(head, target, cache, f[0, :5], prompt[1:], 4)
         assert cache.length == 5 + 3
-        # the same chain, one pair at a time, without the cache
-        feats, toks, again = f[0, :5], prompt[1:], []
-        for _ in range(4):
-            pred, logits = head(feats[None], torch.tensor([toks]), target, torch.arange(1, len(toks) + 1))
-            again.append(int(logits[0, -1].argmax()))
-            feats, toks = torch.cat([feats, pred[0, -1:]]), toks + [again[-1]]
-    assert drafts == again
+        assert drafts == chain_without_cache(head, target, f[0, :5], prompt[1:], 4)
 
 
 @pytest.mark.parametrize("prompt_len", PROMPT_LENGTHS)
@@ -117,16 +123,10 @@ def test_each_round_drafts_what_the_head_drafts_from_the_whole_context(heads, pr
     context = list(prompt)
     with torch.inference_mode():
         for r in out.rounds:
-            f, _ = target_features(target, torch.tensor([context]))
-            feats, toks, drafts = f[0, :len(context) - 1], context[1:], []
-            for _ in range(len(r.tokens) - 1):          # 3, fewer where the budget ends the generation
-                if not toks:                                  # a one-token context: no (feature, token) pair yet
-                    break
-                pred, logits = head(feats[None], torch.tensor([toks]), target, torch.arange(1, len(toks) + 1))
-                drafts.append(int(logits[0, -1].argmax()))
-                feats, toks = torch.cat([feats, pred[0, -1:]]), toks + [drafts[-1]]
-            if toks:
-                assert r.tokens[1:] == drafts, (len(context), r.tokens, drafts)
+            if len(context) > 1:                       # a one-token context has no (feature, token) pair to read
+                f, _ = target_features(target, torch.tensor([context]))
+                drafts = chain_without_cache(head, target, f[0, :len(context) - 1], context[1:], len(r.tokens) - 1)
+                assert r.tokens[1:] == drafts, (len(context), r.tokens, drafts)   # 3 drafts, fewer at the budget's end
             context += r.emitted
 
 
