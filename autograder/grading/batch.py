@@ -34,7 +34,7 @@ import nbformat
 from tqdm import tqdm
 
 from autograder.grading import gradebook_guard, intake, preprocessors
-from autograder.judging import sandbox
+from autograder.judging import forked_judges, sandbox
 from autograder.grading.nbgrader_runs import (CONFIG_NAME, DEFAULT_STUDENT, SUBMISSION_TIMEOUT_S, GradingError, Reading,
                                 SubmissionResult, assignments, cell_times, db_url_for, find_assignment,
                                 generate_assignment,
@@ -97,6 +97,7 @@ def run_job(job: GradingJob, on_progress: Callable[[str], None] | None = None) -
                 (base / rel).parent.mkdir(parents=True, exist_ok=True)
                 (base / rel).write_bytes(data)
         env = nbgrader_env({**(job.env or {}), sandbox.ENV_VAR: sandbox.SandboxPolicy(**job.policy).to_env()})
+        env = forked_judges.zygote_env(env)          # its judge forked from one that imported torch once
         rc, out = run_nbgrader(["autograde", job.assignment, f"--student={job.student}", "--force",
                                 f"--db={db_url_for(course / 'gradebook.db')}",
                                 f"--CourseDirectory.release_directory={course / 'released'}"],

@@ -30,6 +30,7 @@ import nbformat
 
 from autograder.grading import output_limits, preprocessors
 from autograder.grading.basics import GradingError, SUBMISSION_TIMEOUT_S
+from autograder.judging import forked_judges
 from autograder.harness import gpu_available
 from autograder.grading.notebooks import normalize_file
 from autograder.paths import REPO_ROOT
@@ -388,7 +389,7 @@ def autograde_one(course_root: Path, assignment: str, student: str, *, db: Path 
         if s != "ok":
             status = s
     rc, out = run_nbgrader(["autograde", assignment, f"--student={student}", "--force", f"--db={url}"],
-                           course_root, timeout=timeout, env=env)
+                           course_root, timeout=timeout, env=forked_judges.zygote_env(env or nbgrader_env()))
     if rc is None:
         status = "timeout"
         notes.append(f"grading stopped after {timeout:g} s (kernel unresponsive?)")

@@ -204,26 +204,44 @@ def _accept(server: socket.socket, control: socket.socket, token: str, timeout: 
     return None
 
 
-def main(argv: list[str]) -> int:
-    path, control_fd = argv[0], int(argv[1])
+def prepare() -> None:
+    """What every judge does before it serves a notebook: torch imported on one thread, and the checks told that
+    no learner code runs in this process. A fresh judge does it at start; the zygote once, before any submission
+    exists, for every judge it forks (autograder/judging/judge_zygote.py)."""
     import torch
 
     torch.set_num_threads(1)
-    control = socket.socket(fileno=control_fd)
-    from autograder.checking import isolation, reference_guard
+    import autograder.harness  # noqa: F401  (what every test cell's checks import, once: before a fork)
+    from autograder.checking import call_conditions, isolation, library_refusal, tensor_trace, wire  # noqa: F401
+    from autograder.checking import reference_guard
 
-    isolation.connect(lambda request: _ask_grader(control, request))
     reference_guard.learner_code_runs_elsewhere()
+
+
+def main(argv: list[str]) -> int:
+    path, control_fd = argv[0], int(argv[1])
+    prepare()
+    control = socket.socket(fileno=control_fd)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     os.chmod(path, 0o777)        # the sandboxed kernel runs under a uid of its own
     server.listen(4)
+    return serve(server, control, path)
+
+
+def serve(server: socket.socket, control: socket.socket, path: str | None = None) -> int:
+    """Judge one notebook: `server` listens for the kernel's connections, `control` is the line to the grading
+    process. `path`, the socket's, is removed when the grading process goes without a word (None: it removes it)."""
+    from autograder.checking import isolation
+
+    isolation.connect(lambda request: _ask_grader(control, request))
     framing.send_frame(control, {"ready": True}, {})
     while True:
         try:
             header, _ = framing.recv_frame(control)
         except framing.ChannelClosed:             # the process that started it died without a word (a killed kernel)
-            _leave_nothing(path)
+            if path is not None:
+                _leave_nothing(path)
             return 0
         if header.get("op") == "quit":
             return 0
@@ -409,30 +427,40 @@ class JudgeProcess:
         there either way. Under nbgrader (grading=True) the judge runs as autograde unless told otherwise.
         wait=False: return once the process is started; it gets ready (imports torch, a few seconds) while the
         learner's first cells run, and `ready()` (which `run` calls) waits for it."""
-        from autograder.judging import sandbox, socket_folder
+        from autograder.judging import forked_judges, sandbox, socket_folder
 
         policy = sandbox.SandboxPolicy.from_env() if os.environ.get(sandbox.ENV_VAR) else None
         self.sandboxed = policy is not None and policy.enabled
-        uid = sandbox.sandbox_uid() if self.sandboxed else None
+        zygote = os.environ.get(forked_judges.ENV_VAR) if grading else None
+        uid = sandbox.sandbox_uid() if self.sandboxed and not zygote else None
         folder = _folder_of_its_own(socket_dir, uid)
         self.path = str(folder / "judge.sock")
         if not socket_folder.fits(self.path):
             raise RuntimeError(f"its socket's path is longer than a Unix socket allows ({self.path}): give the "
                                "grader a shorter TMPDIR")
         ours, theirs = socket.socketpair()
-        cmd = [sys.executable, "-P", "-m", "autograder.judging.judge", self.path, str(theirs.fileno())]
         execution = {"NBGRADER_EXECUTION": os.environ.get("NBGRADER_EXECUTION", "autograde")} if grading else {}
-        if self.sandboxed:
-            argv = sandbox.bwrap_argv(policy, cmd, submission_dir=None, socket_dir=str(folder), uid=uid,
-                                      extra_env=execution)
-            env, cwd = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}, None
-        else:
-            argv, env = cmd, {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **execution}
-            env.pop(sandbox.ENV_VAR, None)
-            if not grading:
-                env.pop("NBGRADER_EXECUTION", None)
-        self.proc = subprocess.Popen(argv, pass_fds=[theirs.fileno()], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.proc: Any = self._forked(zygote, theirs, execution, cwd) if zygote and zygote != "0" else None
+        self.forked = self.proc is not None
+        if self.proc is None:
+            if zygote and self.sandboxed:     # the folder was made for the zygote's judge: a fresh one's uid
+                uid = sandbox.sandbox_uid()
+                if os.geteuid() == 0:
+                    os.chown(folder, uid, uid)
+            cmd = [sys.executable, "-P", "-m", "autograder.judging.judge", self.path, str(theirs.fileno())]
+            if self.sandboxed:
+                argv = sandbox.bwrap_argv(policy, cmd, submission_dir=None, socket_dir=str(folder), uid=uid,
+                                          extra_env=execution)
+                env, cwd = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}, None
+            else:
+                argv, env = cmd, {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **execution}
+                env.pop(sandbox.ENV_VAR, None)
+                env.pop(forked_judges.ENV_VAR, None)
+                if not grading:
+                    env.pop("NBGRADER_EXECUTION", None)
+            self.proc = subprocess.Popen(argv, pass_fds=[theirs.fileno()], cwd=cwd, env=env,
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.DEVNULL, start_new_session=True)
         theirs.close()
         self.control = ours
         self.on_isolation: Callable[[dict], dict] | None = None
@@ -445,6 +473,31 @@ class JudgeProcess:
         self._ready = False
         if wait:
             self.ready()
+
+    def _forked(self, zygote: str, theirs: socket.socket, execution: dict, cwd: str | None) -> Any:
+        """A judge forked by the zygote (autograder/judging/judge_zygote.py), handed its control line and the kernel's
+        listening socket, bound here; None when the zygote cannot give one (a fresh judge is started instead)."""
+        from autograder.judging import forked_judges, sandbox
+
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            server.bind(self.path)
+            os.chmod(self.path, 0o777)            # the sandboxed kernel runs under a uid of its own
+            server.listen(4)
+            fds = [theirs.fileno(), server.fileno()]
+            if self.sandboxed:
+                return forked_judges.ForkedJudge.fork(zygote, os.environ[sandbox.ENV_VAR],
+                                                     execution.get("NBGRADER_EXECUTION"), fds, START_TIMEOUT_S)
+            env = {k: v for k, v in os.environ.items() if k not in (sandbox.ENV_VAR, forked_judges.ENV_VAR)}
+            env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+            return forked_judges.ForkedJudge.fork(zygote, "", execution.get("NBGRADER_EXECUTION"), fds,
+                                                 START_TIMEOUT_S, env=env, cwd=cwd)
+        except (OSError, RuntimeError):
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+            return None
+        finally:
+            server.close()
 
     def ready(self) -> None:
         """Wait until the judge says it is ready (once; RuntimeError if it never does)."""
@@ -551,6 +604,7 @@ class JudgeProcess:
         self.proc.kill()
         self.proc.wait()
         self.control.close()
+        self._remove_socket()
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -561,6 +615,13 @@ class JudgeProcess:
             self.proc.kill()
             self.proc.wait()
         self.control.close()
+        self._remove_socket()
+
+    def _remove_socket(self) -> None:
+        """A forked judge cannot see its socket's folder (the grading process bound it): removed here, as a fresh
+        judge removes its own when it ends without a word (`_leave_nothing`)."""
+        if self.forked:
+            _leave_nothing(self.path)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ a process behind (autograder/judging/judge.py's JudgeProcess, autograder/judging
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -15,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from autograder.judging import sandbox
+from autograder.checking import framing
+from autograder.judging import forked_judges, sandbox
 from autograder.judging.judge import JudgeProcess
 from autograder.judging.observe import kernel_endpoint
 
@@ -59,7 +61,8 @@ def _serve_once(path: str, token: str) -> threading.Thread:
             sock.connect(path)
             endpoint = kernel_endpoint(sock, {})
             endpoint.hello(token)
-            endpoint.serve()
+            with contextlib.suppress(framing.ChannelClosed, OSError):     # a judge killed while it served
+                endpoint.serve()
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread
@@ -77,18 +80,23 @@ def _processes_marked() -> list[str]:
 
 
 @pytest.mark.slow
-def test_a_test_cell_in_the_sandboxed_judge_reaches_nothing_outside(tmp_path, monkeypatch):
+@pytest.mark.parametrize("forked", [False, True], ids=["fresh", "forked by the zygote"])
+def test_a_test_cell_in_the_sandboxed_judge_reaches_nothing_outside(tmp_path, monkeypatch, forked):
     canary = tmp_path / "canary.txt"
     canary.write_text("instructor's secret")
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
-    monkeypatch.setenv(sandbox.ENV_VAR, sandbox.SandboxPolicy(cpu_seconds=120).to_env())
+    policy = sandbox.SandboxPolicy(cpu_seconds=120).to_env()
+    monkeypatch.setenv(sandbox.ENV_VAR, policy)
+    monkeypatch.delenv(forked_judges.ENV_VAR, raising=False)
+    if forked:       # the zygote starts before the instructor's secret is set: the judge could not see it anyway
+        monkeypatch.setenv(forked_judges.ENV_VAR, forked_judges.zygote_env({sandbox.ENV_VAR: policy})[forked_judges.ENV_VAR])
     monkeypatch.setenv("INSTRUCTOR_SECRET", "hunter2")
     socket_dir = tempfile.mkdtemp(prefix="kernel-")     # in /tmp, as the kernel's: a Unix socket path is <= 107 bytes
     judge = JudgeProcess(socket_dir)
     try:
-        assert judge.sandboxed
+        assert judge.sandboxed and judge.forked == forked
         source = CELL.format(canary=str(canary), written=str(tmp_path / "written"),
                              port=listener.getsockname()[1], mark=MARK)
         kernel = _serve_once(judge.path, "t0k3n")
@@ -110,3 +118,153 @@ def test_a_test_cell_in_the_sandboxed_judge_reaches_nothing_outside(tmp_path, mo
         assert seen["uid"] != 0, "the judge ran as root"
     time.sleep(1)
     assert _processes_marked() == [], "a process the judge started outlived it"
+
+
+def _judged(judge: JudgeProcess, source: str, token: str) -> dict:
+    kernel = _serve_once(judge.path, token)
+    judge.run(source, token, timeout=120)
+    kernel.join(180)
+    return judge.result(wait=120)
+
+
+@pytest.fixture
+def zygote(monkeypatch):
+    """A zygote of the sandbox policy this test grades under, named in the environment as autograde names it."""
+    policy = sandbox.SandboxPolicy(cpu_seconds=120).to_env()
+    monkeypatch.setenv(sandbox.ENV_VAR, policy)
+    address = forked_judges.zygote_env({sandbox.ENV_VAR: policy})[forked_judges.ENV_VAR]
+    monkeypatch.setenv(forked_judges.ENV_VAR, address)
+    return address
+
+
+@pytest.mark.slow
+def test_judges_forked_by_one_zygote_hand_each_other_nothing(zygote):
+    """What one forked judge does to its modules (a check's constant, a module it imported) the next one, forked
+    by the same zygote, does not see: each starts from the zygote's memory, which never ran a cell."""
+    socket_dir = tempfile.mkdtemp(prefix="kernel-")
+    try:
+        first = JudgeProcess(socket_dir)
+        try:
+            seen = _judged(first, "import os, json, autograder.harness as h\nh.SPEED_ROUNDS = 99\n"
+                                  "import autograder.lab00\nprint(json.dumps([os.getpid(), h.SPEED_ROUNDS]))", "one")
+        finally:
+            first.close()
+        second = JudgeProcess(socket_dir)
+        try:
+            later = _judged(second, "import os, sys, json, autograder.harness as h\n"
+                                    "print(json.dumps([os.getpid(), h.SPEED_ROUNDS, 'autograder.lab00' in sys.modules]))",
+                            "two")
+        finally:
+            second.close()
+    finally:
+        shutil.rmtree(socket_dir, ignore_errors=True)
+    assert first.forked and second.forked
+    assert seen["error"] is None and later["error"] is None, (seen, later)
+    (pid_one, rounds_one), (pid_two, rounds_two, lab00_there) = (json.loads(r["stdout"].splitlines()[-1])
+                                                                 for r in (seen, later))
+    assert rounds_one == 99 and pid_one != pid_two
+    assert rounds_two != 99 and not lab00_there, "a forked judge saw what the one before it did"
+
+
+@pytest.mark.slow
+def test_a_forked_judge_that_never_answers_is_killed_with_what_it_started(zygote):
+    """A judge stuck in a cell is killed (JudgeProcess.kill, as the grader does after a JudgeTimeout), and so is a
+    process it started in a session of its own; the zygote goes on forking judges."""
+    socket_dir = tempfile.mkdtemp(prefix="kernel-")
+    try:
+        stuck = JudgeProcess(socket_dir)
+        kernel = _serve_once(stuck.path, "stuck")
+        stuck.run("import subprocess, sys\n"
+                  f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', {MARK!r}], "
+                  "start_new_session=True)\nwhile True:\n    pass\n", "stuck", timeout=120)
+        deadline = time.monotonic() + 60
+        while not _processes_marked() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _processes_marked(), "the stuck judge's process never started"
+        stuck.kill()
+        kernel.join(10)
+        deadline = time.monotonic() + 10
+        while _processes_marked() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _processes_marked() == [], "a process the stuck judge started outlived it"
+        assert stuck.proc.poll() is not None
+        after = JudgeProcess(socket_dir)
+        try:
+            result = _judged(after, "print('still judging')", "after")
+        finally:
+            after.close()
+    finally:
+        shutil.rmtree(socket_dir, ignore_errors=True)
+    assert after.forked and result["error"] is None and "still judging" in result["stdout"], result
+
+
+@pytest.mark.slow
+def test_a_zygote_of_another_policy_is_not_used_and_a_fresh_judge_starts(zygote, monkeypatch):
+    monkeypatch.setenv(sandbox.ENV_VAR, sandbox.SandboxPolicy(cpu_seconds=121).to_env())
+    socket_dir = tempfile.mkdtemp(prefix="kernel-")
+    try:
+        judge = JudgeProcess(socket_dir)
+        try:
+            result = _judged(judge, "print('fresh')", "fresh")
+        finally:
+            judge.close()
+    finally:
+        shutil.rmtree(socket_dir, ignore_errors=True)
+    assert judge.sandboxed and not judge.forked
+    assert result["error"] is None and "fresh" in result["stdout"], result
+
+
+def test_the_zygote_ends_with_the_process_that_started_it():
+    """Its line to the grading process closes when that process ends, and the zygote (its sandbox) goes with it,
+    its folder removed."""
+    import subprocess
+    import sys
+
+    script = ("import json, os\nfrom autograder.judging import forked_judges, sandbox\n"
+              "policy = sandbox.SandboxPolicy(cpu_seconds=120).to_env()\n"
+              "address = forked_judges.zygote_env({sandbox.ENV_VAR: policy})[forked_judges.ENV_VAR]\n"
+              "zygote = forked_judges._zygotes[policy]\n"
+              "print(json.dumps([zygote.proc.pid, address]))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={k: v for k, v in os.environ.items() if k != forked_judges.ENV_VAR})
+    pid, address = json.loads(out.stdout.strip().splitlines()[-1])
+    deadline = time.monotonic() + 10
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(pid), "the zygote outlived the process that started it"
+    assert not Path(address).parent.exists(), "the zygote's folder was left behind"
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.slow
+def test_an_unsandboxed_forked_judge_starts_where_and_as_a_fresh_one_would(tmp_path, monkeypatch):
+    """Without a sandbox (the course's own notebooks under `make test`, `--unsafe`) one zygote serves the grading
+    process, and each judge it forks takes the environment and folder of its request: a variable set after the
+    zygote started is seen, the judge's folder is the one JudgeProcess names, grading runs as autograde."""
+    monkeypatch.delenv(sandbox.ENV_VAR, raising=False)
+    monkeypatch.delenv(forked_judges.ENV_VAR, raising=False)
+    monkeypatch.setenv(forked_judges.ENV_VAR, forked_judges.zygote_env({})[forked_judges.ENV_VAR])
+    monkeypatch.setenv("COURSE_PROBE_ZYGOTE", "set after the zygote started")
+    socket_dir = tempfile.mkdtemp(prefix="kernel-")
+    try:
+        judge = JudgeProcess(socket_dir, cwd=str(tmp_path))
+        try:
+            result = _judged(judge, "import json, os, sys\nprint(json.dumps([os.environ.get('COURSE_PROBE_ZYGOTE'), "
+                                    "os.getcwd(), os.environ.get('NBGRADER_EXECUTION'), "
+                                    "os.environ.get('OMP_NUM_THREADS')]))", "plain")
+        finally:
+            judge.close()
+    finally:
+        shutil.rmtree(socket_dir, ignore_errors=True)
+    assert judge.forked and not judge.sandboxed
+    assert result["error"] is None, result
+    probe, cwd, execution, threads = json.loads(result["stdout"].strip().splitlines()[-1])
+    assert probe == "set after the zygote started" and Path(cwd) == tmp_path.resolve()
+    assert execution == "autograde" and threads == "1"
+    assert not Path(judge.path).exists(), "the forked judge's socket was left behind"
