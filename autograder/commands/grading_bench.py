@@ -111,9 +111,12 @@ def build_class(course_root: Path, assignment: str, dest: Path, students: int, *
 def time_autograde(course: Path, jobs: int, *, timeout: float = TIMEOUT_S,
                    log: Callable[[str], None] = print) -> tuple[float, list]:
     """Grade every submission of the course with the instructor's batch (sandboxed, witness as configured):
-    (wall seconds, results)."""
+    (wall seconds, results). Timed as a fresh `make autograde` would run: no judge zygote is left from an earlier
+    call (autograder/judging/judge_zygote.py), so its start is inside the time."""
     from autograder.grading import batch
+    from autograder.judging import forked_judges
 
+    forked_judges.close_all()
     t0 = _clock()
     results = batch.autograde(course, timeout=timeout, jobs=jobs, progress=False, log=log)
     return _clock() - t0, results
