@@ -58,7 +58,7 @@ mutation: setup
 	@test -n "$(LAB)" || { echo "make mutation LAB=NN (00-11, or all)"; exit 2; }
 	OMP_NUM_THREADS=1 MPLBACKEND=Agg $(PY) -m autograder mutation --lab $(LAB) $(MUTATION_ARGS)
 
-.PHONY: bench hub hub-deps mutation serve interview progress help setup lab test browser-deps sandbox-deps release grade autograde feedback export similarity doctor calibrate gpu-check models data normalize check-normalized
+.PHONY: bytecode bench hub hub-deps mutation serve interview progress help setup lab test browser-deps sandbox-deps release grade autograde feedback export similarity doctor calibrate gpu-check models data normalize check-normalized
 
 help:
 	@sed -n '1,12p' Makefile | sed 's/^# \{0,1\}//'
@@ -129,7 +129,14 @@ lab: setup
 progress: setup
 	@$(PY) -m autograder progress --dir "$(WORKSPACE)" $(PROGRESS_ARGS)
 
-test: setup browser-deps sandbox-deps hub-deps
+# The course's own modules compiled ahead (__pycache__, ignored by git): the sandboxed kernels, judges and nbgrader runs
+# cannot write bytecode (read-only package, PYTHONDONTWRITEBYTECODE) and compiled every module they imported, in every
+# process. Python checks each file's time and size, so a file changed later is read from its source. Quiet and never
+# fatal: a checkout this account cannot write is used as it is.
+bytecode:
+	@$(PY) -m compileall -q -j 0 shared autograder >/dev/null 2>&1 || true
+
+test: setup browser-deps sandbox-deps hub-deps bytecode
 	@rc=0; OMP_NUM_THREADS=$(TEST_THREADS) OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest --timeout=$(PYTEST_TIMEOUT) -n $(PYTEST_WORKERS) --dist loadscope --durations=25 $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests; that is a failure"; fi; \
 	exit $$rc
@@ -153,7 +160,7 @@ hub: setup hub-deps sandbox-deps
 	@$(PY) -m autograder hub status >/dev/null 2>&1 || $(PY) -m autograder hub setup $(HUB_ARGS)
 	$(PY) -m autograder hub start $(HUB_ARGS)
 
-autograde: setup sandbox-deps
+autograde: setup sandbox-deps bytecode
 	$(PY) -m autograder autograde $(if $(JOBS),--jobs $(JOBS)) $(AUTOGRADE_ARGS)
 
 feedback: setup
