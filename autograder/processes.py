@@ -4,6 +4,7 @@
     victims = descendants(proc.pid)      # children, grandchildren, ... (Linux /proc; empty elsewhere)
     kill_group(proc)                     # proc's process group and every descendant, even in other sessions
     kill_session(pid)                    # the same for a process known by its pid (a fork of nbgrader_fork's server)
+    start_as(env, cwd)                   # a forked child becomes what a fresh interpreter with env, in cwd, would be
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-__all__ = ["children", "descendants", "kill_group", "kill_session"]
+__all__ = ["children", "descendants", "kill_group", "kill_session", "start_as"]
 
 
 def _children_by_parent() -> dict[int, list[int]]:
@@ -60,3 +61,23 @@ def kill_session(pid: int) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def start_as(env: dict[str, str], cwd: str | None) -> None:
+    """In a child forked from a server that imported its modules ahead (nbgrader_fork.py, judge_zygote.py): become what
+    a fresh interpreter started with `env` in `cwd` would be, as far as it reads them after its imports: the
+    environment replaced, PYTHONPATH first on sys.path, tempfile's folder read again from TMPDIR when first asked, and
+    PYTHONWARNINGS applied as the interpreter applies it at start."""
+    import sys
+    import tempfile
+    import warnings
+
+    if cwd:
+        os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.path[:0] = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    tempfile.tempdir = None
+    warnings.resetwarnings()
+    for option in filter(None, env.get("PYTHONWARNINGS", "").split(",")):
+        warnings._setoption(option)

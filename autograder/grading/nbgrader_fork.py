@@ -35,7 +35,7 @@ import sys
 import threading
 from typing import Callable
 
-from autograder.processes import kill_session
+from autograder.processes import kill_session, start_as
 
 PRELOAD = ("nbgrader.apps.nbgraderapp", "nbgrader.apps.autogradeapp", "nbgrader.apps.generateassignmentapp",
            "nbgrader.apps.generatefeedbackapp", "nbgrader.apps.exportapp", "nbclient", "jupyter_client",
@@ -85,19 +85,7 @@ def _child(request: dict, out: int) -> None:
         os.dup2(out, 1)
         os.dup2(out, 2)
         os.close(out)
-        os.chdir(request["cwd"])
-        env = request["env"]
-        os.environ.clear()
-        os.environ.update(env)
-        sys.path[:0] = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        import tempfile
-
-        tempfile.tempdir = None                              # read from this environment's TMPDIR when first asked
-        import warnings
-
-        warnings.resetwarnings()
-        for option in filter(None, env.get("PYTHONWARNINGS", "").split(",")):
-            warnings._setoption(option)                      # as the interpreter applies PYTHONWARNINGS at start
+        start_as(request["env"], request["cwd"])
         sys.argv = ["nbgrader", *request["args"]]
         import runpy
 

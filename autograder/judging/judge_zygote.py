@@ -49,6 +49,7 @@ import socket
 import sys
 
 from autograder.judging.forked_judges import MAX_MESSAGE
+from autograder.processes import start_as
 
 REAP_POLL_S = 0.2
 PR_SET_DUMPABLE = 4
@@ -170,7 +171,7 @@ def _child(request: dict, fds: list[int], theirs: list[socket.socket]) -> None:
         os.dup2(devnull, 0)                # in place of the zygote's line to the grading process
         os.close(devnull)
         if request.get("env") is not None:           # unsandboxed: the environment and folder of a fresh judge
-            _take_environment(request["env"], request.get("cwd"))
+            start_as(request["env"], request.get("cwd"))
         if request.get("execution"):
             os.environ["NBGRADER_EXECUTION"] = request["execution"]
         else:
@@ -183,24 +184,6 @@ def _child(request: dict, fds: list[int], theirs: list[socket.socket]) -> None:
         code = 1
     finally:
         os._exit(code)
-
-
-def _take_environment(env: dict[str, str], cwd: str | None) -> None:
-    """As `python -P -m autograder.judging.judge` would start with `env` in `cwd`: PYTHONPATH first on sys.path,
-    PYTHONWARNINGS applied, tempfile's folder read again from TMPDIR (autograder/grading/nbgrader_fork.py does the
-    same for nbgrader)."""
-    import tempfile
-    import warnings
-
-    if cwd:
-        os.chdir(cwd)
-    os.environ.clear()
-    os.environ.update(env)
-    sys.path[:0] = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    tempfile.tempdir = None
-    warnings.resetwarnings()
-    for option in filter(None, env.get("PYTHONWARNINGS", "").split(",")):
-        warnings._setoption(option)
 
 
 def _undumpable() -> None:
