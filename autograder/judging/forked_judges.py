@@ -54,6 +54,16 @@ def zygote_env(env: dict[str, str]) -> dict[str, str]:
     return {**env, ENV_VAR: zygote.path}
 
 
+def unsandboxed_env() -> dict[str, str]:
+    """An unsandboxed judge's environment before its NBGRADER_EXECUTION is set: this process's, on one thread, without
+    the sandbox's policy or the zygote's address."""
+    from autograder.judging import sandbox
+
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_VAR, sandbox.ENV_VAR, "NBGRADER_EXECUTION")}
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    return env
+
+
 def _start(policy: str) -> _Zygote:
     """The zygote of a sandbox policy, in a sandbox of that policy (its environment built from nothing, as a fresh
     judge's), or unsandboxed (policy ""; each judge then takes the environment and folder its request names),
@@ -71,9 +81,7 @@ def _start(policy: str) -> _Zygote:
                                   socket_dir=None)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
     else:
-        argv = cmd
-        env = {k: v for k, v in os.environ.items() if k not in (ENV_VAR, sandbox.ENV_VAR, "NBGRADER_EXECUTION")}
-        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        argv, env = cmd, unsandboxed_env()
     try:
         proc = subprocess.Popen(argv, pass_fds=[listener.fileno()], cwd="/", stdin=subprocess.PIPE, env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -121,7 +129,8 @@ class ForkedJudge:
         conn.settimeout(timeout)
         try:
             conn.connect(address)
-            socket.send_fds(conn, [json.dumps({"policy": policy, "execution": execution, "env": env, "cwd": cwd}).encode()], fds)
+            request = {"policy": policy, "execution": execution, "env": env, "cwd": cwd}
+            socket.send_fds(conn, [json.dumps(request).encode()], fds)
             reply = json.loads(conn.recv(MAX_MESSAGE) or b"{}")
         except (OSError, ValueError) as exc:
             conn.close()

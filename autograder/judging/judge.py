@@ -453,11 +453,7 @@ class JudgeProcess:
                                           extra_env=execution)
                 env, cwd = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}, None
             else:
-                argv, env = cmd, {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **execution}
-                env.pop(sandbox.ENV_VAR, None)
-                env.pop(forked_judges.ENV_VAR, None)
-                if not grading:
-                    env.pop("NBGRADER_EXECUTION", None)
+                argv, env = cmd, {**forked_judges.unsandboxed_env(), **execution}
             self.proc = subprocess.Popen(argv, pass_fds=[theirs.fileno()], cwd=cwd, env=env,
                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                          stderr=subprocess.DEVNULL, start_new_session=True)
@@ -488,10 +484,8 @@ class JudgeProcess:
             if self.sandboxed:
                 return forked_judges.ForkedJudge.fork(zygote, os.environ[sandbox.ENV_VAR],
                                                      execution.get("NBGRADER_EXECUTION"), fds, START_TIMEOUT_S)
-            env = {k: v for k, v in os.environ.items() if k not in (sandbox.ENV_VAR, forked_judges.ENV_VAR)}
-            env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
             return forked_judges.ForkedJudge.fork(zygote, "", execution.get("NBGRADER_EXECUTION"), fds,
-                                                 START_TIMEOUT_S, env=env, cwd=cwd)
+                                                 START_TIMEOUT_S, env=forked_judges.unsandboxed_env(), cwd=cwd)
         except (OSError, RuntimeError):
             with contextlib.suppress(OSError):
                 os.unlink(self.path)

@@ -120,11 +120,35 @@ def test_a_test_cell_in_the_sandboxed_judge_reaches_nothing_outside(tmp_path, mo
     assert _processes_marked() == [], "a process the judge started outlived it"
 
 
+def _within(seconds: float, condition) -> bool:
+    """Whether `condition()` holds within `seconds` (asked every 0.1 s)."""
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return bool(condition())
+
+
 def _judged(judge: JudgeProcess, source: str, token: str) -> dict:
     kernel = _serve_once(judge.path, token)
     judge.run(source, token, timeout=120)
     kernel.join(180)
     return judge.result(wait=120)
+
+
+def _judge_one_cell(source: str, token: str, cwd: str | None = None) -> tuple[JudgeProcess, dict]:
+    """A judge started in a kernel's socket folder of its own, one cell judged, the judge closed: (judge, result).
+    A forked judge's socket, which the grading process bound, is gone once it is closed."""
+    socket_dir = tempfile.mkdtemp(prefix="kernel-")
+    try:
+        judge = JudgeProcess(socket_dir, cwd=cwd)
+        try:
+            result = _judged(judge, source, token)
+        finally:
+            judge.close()
+        assert not (judge.forked and Path(judge.path).exists()), "the forked judge's socket was left behind"
+    finally:
+        shutil.rmtree(socket_dir, ignore_errors=True)
+    return judge, result
 
 
 @pytest.fixture
@@ -141,23 +165,11 @@ def zygote(monkeypatch):
 def test_judges_forked_by_one_zygote_hand_each_other_nothing(zygote):
     """What one forked judge does to its modules (a check's constant, a module it imported) the next one, forked
     by the same zygote, does not see: each starts from the zygote's memory, which never ran a cell."""
-    socket_dir = tempfile.mkdtemp(prefix="kernel-")
-    try:
-        first = JudgeProcess(socket_dir)
-        try:
-            seen = _judged(first, "import os, json, autograder.harness as h\nh.SPEED_ROUNDS = 99\n"
+    first, seen = _judge_one_cell("import os, json, autograder.harness as h\nh.SPEED_ROUNDS = 99\n"
                                   "import autograder.lab00\nprint(json.dumps([os.getpid(), h.SPEED_ROUNDS]))", "one")
-        finally:
-            first.close()
-        second = JudgeProcess(socket_dir)
-        try:
-            later = _judged(second, "import os, sys, json, autograder.harness as h\n"
+    second, later = _judge_one_cell("import os, sys, json, autograder.harness as h\n"
                                     "print(json.dumps([os.getpid(), h.SPEED_ROUNDS, 'autograder.lab00' in sys.modules]))",
-                            "two")
-        finally:
-            second.close()
-    finally:
-        shutil.rmtree(socket_dir, ignore_errors=True)
+                                    "two")
     assert first.forked and second.forked
     assert seen["error"] is None and later["error"] is None, (seen, later)
     (pid_one, rounds_one), (pid_two, rounds_two, lab00_there) = (json.loads(r["stdout"].splitlines()[-1])
@@ -177,39 +189,21 @@ def test_a_forked_judge_that_never_answers_is_killed_with_what_it_started(zygote
         stuck.run("import subprocess, sys\n"
                   f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', {MARK!r}], "
                   "start_new_session=True)\nwhile True:\n    pass\n", "stuck", timeout=120)
-        deadline = time.monotonic() + 60
-        while not _processes_marked() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert _processes_marked(), "the stuck judge's process never started"
+        assert _within(60, _processes_marked), "the stuck judge's process never started"
         stuck.kill()
         kernel.join(10)
-        deadline = time.monotonic() + 10
-        while _processes_marked() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert _processes_marked() == [], "a process the stuck judge started outlived it"
+        assert _within(10, lambda: not _processes_marked()), "a process the stuck judge started outlived it"
         assert stuck.proc.poll() is not None
-        after = JudgeProcess(socket_dir)
-        try:
-            result = _judged(after, "print('still judging')", "after")
-        finally:
-            after.close()
     finally:
         shutil.rmtree(socket_dir, ignore_errors=True)
+    after, result = _judge_one_cell("print('still judging')", "after")
     assert after.forked and result["error"] is None and "still judging" in result["stdout"], result
 
 
 @pytest.mark.slow
 def test_a_zygote_of_another_policy_is_not_used_and_a_fresh_judge_starts(zygote, monkeypatch):
     monkeypatch.setenv(sandbox.ENV_VAR, sandbox.SandboxPolicy(cpu_seconds=121).to_env())
-    socket_dir = tempfile.mkdtemp(prefix="kernel-")
-    try:
-        judge = JudgeProcess(socket_dir)
-        try:
-            result = _judged(judge, "print('fresh')", "fresh")
-        finally:
-            judge.close()
-    finally:
-        shutil.rmtree(socket_dir, ignore_errors=True)
+    judge, result = _judge_one_cell("print('fresh')", "fresh")
     assert judge.sandboxed and not judge.forked
     assert result["error"] is None and "fresh" in result["stdout"], result
 
@@ -228,10 +222,7 @@ def test_the_zygote_ends_with_the_process_that_started_it():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                          env={k: v for k, v in os.environ.items() if k != forked_judges.ENV_VAR})
     pid, address = json.loads(out.stdout.strip().splitlines()[-1])
-    deadline = time.monotonic() + 10
-    while _running(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _running(pid), "the zygote outlived the process that started it"
+    assert _within(10, lambda: not _running(pid)), "the zygote outlived the process that started it"
     assert not Path(address).parent.exists(), "the zygote's folder was left behind"
 
 
@@ -251,20 +242,11 @@ def test_an_unsandboxed_forked_judge_starts_where_and_as_a_fresh_one_would(tmp_p
     monkeypatch.delenv(forked_judges.ENV_VAR, raising=False)
     monkeypatch.setenv(forked_judges.ENV_VAR, forked_judges.zygote_env({})[forked_judges.ENV_VAR])
     monkeypatch.setenv("COURSE_PROBE_ZYGOTE", "set after the zygote started")
-    socket_dir = tempfile.mkdtemp(prefix="kernel-")
-    try:
-        judge = JudgeProcess(socket_dir, cwd=str(tmp_path))
-        try:
-            result = _judged(judge, "import json, os, sys\nprint(json.dumps([os.environ.get('COURSE_PROBE_ZYGOTE'), "
+    judge, result = _judge_one_cell("import json, os, sys\nprint(json.dumps([os.environ.get('COURSE_PROBE_ZYGOTE'), "
                                     "os.getcwd(), os.environ.get('NBGRADER_EXECUTION'), "
-                                    "os.environ.get('OMP_NUM_THREADS')]))", "plain")
-        finally:
-            judge.close()
-    finally:
-        shutil.rmtree(socket_dir, ignore_errors=True)
+                                    "os.environ.get('OMP_NUM_THREADS')]))", "plain", cwd=str(tmp_path))
     assert judge.forked and not judge.sandboxed
     assert result["error"] is None, result
     probe, cwd, execution, threads = json.loads(result["stdout"].strip().splitlines()[-1])
     assert probe == "set after the zygote started" and Path(cwd) == tmp_path.resolve()
     assert execution == "autograde" and threads == "1"
-    assert not Path(judge.path).exists(), "the forked judge's socket was left behind"
