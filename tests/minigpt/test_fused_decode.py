@@ -83,6 +83,42 @@ def test_copies_follow_the_model_weights(tiny_model):
     torch.testing.assert_close(fused(tokens, torch.arange(3)), tiny_model(tokens), rtol=1e-4, atol=1e-5)
 
 
+
+@torch.inference_mode()
+def test_copies_follow_replaced_modules_and_layers(tiny_model):
+    """A projection, a block's attention, a whole block or the head replaced: the next call fuses again."""
+    import copy
+
+    fused = FusedModel(tiny_model)
+    tokens = torch.tensor([[1, 2, 3]])
+    donor = _model()
+    with torch.no_grad():
+        for p in donor.parameters():
+            p.mul_(1.5)
+    for replace in (lambda: setattr(tiny_model.layers[0].mlp, "w_down", copy.deepcopy(donor.layers[0].mlp.w_down)),
+                    lambda: setattr(tiny_model.layers[1], "attn", copy.deepcopy(donor.layers[1].attn)),
+                    lambda: tiny_model.layers.__setitem__(0, copy.deepcopy(donor.layers[0])),
+                    lambda: setattr(tiny_model, "lm_head", copy.deepcopy(donor.lm_head))):
+        replace()
+        torch.testing.assert_close(fused(tokens, torch.arange(3)), tiny_model(tokens), rtol=1e-4, atol=1e-5)
+
+
+def test_a_call_may_bring_its_own_attention(tiny_model):
+    """`attention=` is used by every layer for that call only; the model's own attention is left as it was."""
+    from minigpt.attention import sdpa_attention
+
+    calls = []
+
+    def spy(q, k, v):
+        calls.append(q.shape)
+        return sdpa_attention(q, k, v)
+    before = [b.attn.attention for b in tiny_model.layers]
+    fused = FusedModel(tiny_model)
+    tokens = torch.tensor([[1, 2, 3]])
+    torch.testing.assert_close(fused(tokens, torch.arange(3), attention=spy), tiny_model(tokens), rtol=1e-4, atol=1e-5)
+    assert len(calls) == len(tiny_model.layers)
+    assert [b.attn.attention for b in tiny_model.layers] == before
+
 def test_refuses_models_whose_projections_are_not_plain_linears():
     from minigpt.quant.linear import quantize_weight_only
 

@@ -12,8 +12,9 @@ What changes against `GPT.forward`, and why (measured by `make bench`, data/benc
 * RMSNorm is torch's fused `F.rms_norm`; RoPE's cos and sin come from a table made once; q and k rotate together.
 
 Everything else is the model's own: its per-layer KV caches (`kv_caches`), its attention function (read from the
-model's layers at every call, so `set_attention` and the engine's per-step attention apply). Plain models only
-(nn.Linear projections); the copies are remade when the model's weights or projections change.
+model's layers at every call, so `set_attention` applies, unless the call passes its own `attention`, as the
+engine's runner does each step). Plain models only (nn.Linear projections); the copies are remade when the model's
+weights, projections or blocks change.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from minigpt.attention import AttentionFn
 from minigpt.cache.contiguous import KVCache
 from minigpt.engine.static_decode import MATRICES, fuse_weights
 from minigpt.model import GPT, LayerCache
@@ -31,9 +33,26 @@ from minigpt.model import GPT, LayerCache
 __all__ = ["FusedModel", "fusable", "generate_fused"]
 
 
+PROJECTIONS = (("attn", "wq"), ("attn", "wk"), ("attn", "wv"), ("attn", "wo"), ("mlp", "w_gate"), ("mlp", "w_up"),
+               ("mlp", "w_down"))                                  # each block's, in `fuse_weights`' order
+
+
 def _projections(model: GPT) -> list[nn.Module]:
-    return [m for b in model.layers for m in (b.attn.wq, b.attn.wk, b.attn.wv, b.attn.wo, b.mlp.w_gate, b.mlp.w_up,
-                                             b.mlp.w_down)] + [model.lm_head]
+    return [getattr(getattr(b, part), name) for b in model.layers for part, name in PROJECTIONS] + [model.lm_head]
+
+
+def _edges(model: GPT) -> list[tuple[nn.Module, str, nn.Module]]:
+    """Every (parent, name, child) link on the paths from the model to its projections: the projections are the same
+    modules as long as each parent's `_modules[name]` is still the same child."""
+    edges = {}
+    for path in ["layers"] + [f"layers.{i}.{part}.{name}" for i in range(len(model.layers))
+                              for part, name in PROJECTIONS] + ["lm_head"]:
+        parent = model
+        for name in path.split("."):
+            child = parent._modules[name]
+            edges[id(parent), name] = (parent, name, child)
+            parent = child
+    return list(edges.values())
 
 
 def fusable(model: GPT) -> bool:
@@ -63,13 +82,15 @@ class FusedModel:
         w = fuse_weights(self.model.state_dict(), self.config)
         self.qkv, self.wo, self.gate_up, self.down = (w[key] for key in MATRICES)     # lists of one a layer
         self.head, self.cos, self.sin = w["head"], w["cos"], w["sin"]                  # (d, vocab), (S, D/2) x 2
-        self._made_from = [(m, m.weight, _version(m.weight)) for m in _projections(self.model)]
+        self._made_from = [(m._parameters, m.weight, _version(m.weight)) for m in _projections(self.model)]
+        self._edges = _edges(self.model)
 
     def _stale(self) -> bool:
-        """A projection replaced, or a weight replaced or changed in place, since the copies were made (weights
-        made in inference mode keep no version counter: their in-place changes go unseen)."""
-        return any(m.weight is not w or _version(w) != version for m, w, version in self._made_from) or \
-            [m for m, _, _ in self._made_from] != _projections(self.model)
+        """A block or projection replaced, or a weight replaced or changed in place, since the copies were made
+        (weights made in inference mode keep no version counter: their in-place changes go unseen). Dictionary reads
+        only: it runs before every step (nn.Module attribute reads cost several times more)."""
+        return any(parent._modules.get(name) is not child for parent, name, child in self._edges) or \
+            any(params.get("weight") is not w or _version(w) != version for params, w, version in self._made_from)
 
     def _rope(self, x: Tensor, positions: Tensor) -> Tensor:
         """Rotate x (B, T, heads, D) at positions (T,) or (B, T), as `minigpt.model.apply_rope` does."""
@@ -82,7 +103,10 @@ class FusedModel:
         return x @ w
 
     @torch.inference_mode()
-    def __call__(self, tokens: Tensor, positions: Tensor, kv_caches: Sequence[LayerCache] | None = None) -> Tensor:
+    def __call__(self, tokens: Tensor, positions: Tensor, kv_caches: Sequence[LayerCache] | None = None, *,
+                 attention: AttentionFn | None = None) -> Tensor:
+        """Logits (B, T, vocab); `attention`, if given, replaces every layer's attention function for this call (what
+        `using_attention` does to the model, without touching it)."""
         if self._stale():
             self._fuse()
         H, Hkv, D = self.heads, self.kv_heads, self.head_dim
@@ -96,7 +120,7 @@ class FusedModel:
             q, k, v = qk[:, :, :H], qk[:, :, H:], v.view(B, T, Hkv, D)
             if kv_caches is not None:
                 k, v = kv_caches[i].update(k, v)
-            out = block.attn.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))   # (B, H, T, D)
+            out = (attention or block.attn.attention)(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
             x = x + self._linear(out.transpose(1, 2).reshape(B, T, H * D), self.wo[i])
             gate, up = self._linear(F.rms_norm(x, (d,), block.mlp_norm.weight, eps), self.gate_up[i]).chunk(2, dim=-1)
             x = x + self._linear(F.silu(gate) * up, self.down[i])

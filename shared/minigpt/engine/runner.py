@@ -137,9 +137,12 @@ class ModelRunner:
             return self.static(batch)
         if self.layout == "packed":
             attention = invariant_packed_attention(batch) if self.invariant else packed_attention(batch)
-            with using_attention(self.model, attention):
-                logits = self.forward_fn(batch.tokens, positions=batch.positions,
-                                         kv_caches=packed_layers(self.cache, batch))
+            layers = packed_layers(self.cache, batch)
+            if isinstance(self.forward_fn, FusedModel):            # handed the step's attention, no module swapped
+                logits = self.forward_fn(batch.tokens, positions=batch.positions, kv_caches=layers, attention=attention)
+            else:
+                with using_attention(self.model, attention):
+                    logits = self.forward_fn(batch.tokens, positions=batch.positions, kv_caches=layers)
             return logits[0, batch.last_index]
         with using_attention(self.model, self.cache.attention(batch)):
             logits = self.forward_fn(batch.tokens, positions=batch.positions, kv_caches=self.cache.layers(batch))
