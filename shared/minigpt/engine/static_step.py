@@ -20,6 +20,7 @@ into a few C++ loops on a CPU; `mode="reduce-overhead"` replays a CUDA graph on 
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Sequence
 
@@ -88,6 +89,15 @@ def pad_decode_batch(rows: Sequence[DecodeRow], bucket: int, max_blocks: int, nu
     return {"tokens": tokens, "positions": positions, "slots": slots, "block_tables": tables, "seq_lens": seq_lens}
 
 
+def _own_code(method: Callable) -> Callable:
+    """`method` on a copy of its code object. torch.compile keeps compiled graphs on the code object, at most 8 of
+    them (torch._dynamo.config.recompile_limit): steps sharing `_forward`'s code would share that budget, and the
+    ninth step made in a process would silently run eager (and warn on stderr). Its own code: its own 8 buckets."""
+    f = method.__func__
+    copy = types.FunctionType(f.__code__.replace(), f.__globals__, f.__name__, f.__defaults__, f.__closure__)
+    return types.MethodType(copy, method.__self__)
+
+
 @dataclass
 class StaticInputs:
     """A decode step padded to its bucket: every tensor's shape depends on the bucket alone.
@@ -107,16 +117,27 @@ class StaticDecodeStep:
 
     def __init__(self, model: GPT, cache: PagedKVCache, buckets: Sequence[int] = DEFAULT_BUCKETS, *,
                  compile: bool = False, backend: str = "inductor", mode: str | None = None) -> None:
+        """`mode="reduce-overhead"` (a GPU): inductor replays each bucket's step from a CUDA graph; the pools and
+        weights are marked static (their addresses never change), so the graph writes the pools in place and copies
+        no weight in before a replay, and the logits handed out are copied out of the graph's buffer."""
         if not buckets or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in buckets):
             raise ValueError(f"buckets must be positive ints, got {tuple(buckets)!r}")
+        limit = torch._dynamo.config.recompile_limit
+        if compile and len(set(buckets)) > limit:
+            raise ValueError(f"{len(set(buckets))} buckets: torch.compile keeps at most {limit} graphs of one step")
         self.config, self.cache = model.config, cache
         self.buckets = tuple(sorted(set(buckets)))
         self.weights = fuse_weights(model.state_dict(), model.config)
         self.max_blocks = blocks_needed(model.config.max_seq_len, cache.block_size)
         (self.null_block,) = cache.manager.pool.allocate(1)          # padding rows write here, and only here
         self.compilations = 0
-        self._step = torch.compile(self._forward, dynamic=False, backend=self._counting(backend), mode=mode) \
-            if compile else self._forward
+        self.graphs = compile and mode == "reduce-overhead"
+        if self.graphs:
+            for t in [*cache.k_pools, *cache.v_pools, *(w for v in self.weights.values()
+                                                          for w in (v if isinstance(v, list) else [v]))]:
+                torch._dynamo.mark_static_address(t)
+        self._step = torch.compile(_own_code(self._forward), dynamic=False, backend=self._counting(backend),
+                                   mode=mode) if compile else self._forward
 
     def _counting(self, backend: str) -> Callable:
         """`backend`, counting each graph it is asked to compile."""
@@ -141,8 +162,9 @@ class StaticDecodeStep:
     @torch.inference_mode()
     def __call__(self, inputs: StaticInputs) -> Tensor:
         """Logits (B, V) of the real rows."""
-        return self._step(inputs.tokens, inputs.positions, inputs.slots, inputs.block_tables, inputs.seq_lens)[
+        logits = self._step(inputs.tokens, inputs.positions, inputs.slots, inputs.block_tables, inputs.seq_lens)[
             :inputs.batch]
+        return logits.clone() if self.graphs else logits           # a graph's output is overwritten by its next replay
 
     def _forward(self, tokens: Tensor, positions: Tensor, slots: Tensor, tables: Tensor, seq_lens: Tensor) -> Tensor:
         """One decode step, (bucket,) rows: K/V written at `slots`, attention over each row's whole table, masked
@@ -159,8 +181,8 @@ class StaticDecodeStep:
             k_pool = self.cache.k_pools[i].view(-1, Hkv, D)
             v_pool = self.cache.v_pools[i].view(-1, Hkv, D)
             q, k, v = (F.rms_norm(x, (d,), w["attn_norm"][i], eps) @ w["qkv"][i]).split([H * D, Hkv * D, Hkv * D], -1)
-            x1, x2 = torch.cat([q, k], -1).view(B, H + Hkv, D).chunk(2, -1)
-            qk = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1)
+            x1, x2 = torch.cat([q, k], -1).view(B, H + Hkv, D).float().chunk(2, -1)      # rotated in float32,
+            qk = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).to(x.dtype)   # as the model does
             k_pool.index_copy_(0, slots, qk[:, H:].to(k_pool.dtype))
             v_pool.index_copy_(0, slots, v.view(B, Hkv, D).to(v_pool.dtype))
             keys, values = k_pool[rows].transpose(1, 2), v_pool[rows].transpose(1, 2)                # (B, Hkv, L, D)

@@ -35,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "back instead of recomputing (lab 13)")
     p.add_argument("--async-scheduling", action="store_true",
                    help="schedule the next step while the model runs this one (lab 12; vLLM's flag of that name)")
+    p.add_argument("--static-decode", choices=["off", "eager", "compiled"], default="off",
+                   help="decode-only steps with shapes fixed per batch-size bucket, eager or compiled (torch.compile; "
+                        "replayed from CUDA graphs on a GPU) (lab 12; fp32 weights, no LoRA adapters)")
     p.add_argument("--batch-invariant", action="store_true",
                    help="each request's logits independent of its batch (lab 12; fp32 weights, no LoRA adapters)")
     p.add_argument("--lora-adapters", default=None, metavar="PATH",
@@ -68,14 +71,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     name = args.served_model_name or str(args.checkpoint)
     if args.engine == "naive":
-        if args.weights != "fp32" or args.lora_adapters or args.async_scheduling or args.batch_invariant:
-            print("--weights, --lora-adapters, --async-scheduling and --batch-invariant apply to the continuous engine "
-                  "only", file=sys.stderr)
+        if args.weights != "fp32" or args.lora_adapters or args.async_scheduling or args.batch_invariant \
+                or args.static_decode != "off":
+            print("--weights, --lora-adapters, --async-scheduling, --static-decode and --batch-invariant apply to the "
+                  "continuous engine only", file=sys.stderr)
             return 2
         engine = NaiveEngine.from_checkpoint(args.checkpoint, model_name=name, max_model_len=args.max_model_len)
     else:
-        if args.batch_invariant and args.lora_adapters:
-            print("--batch-invariant does not apply to LoRA adapters (their runner is not batch-invariant)",
+        if (args.batch_invariant or args.static_decode != "off") and args.lora_adapters:
+            print("--batch-invariant and --static-decode do not apply to LoRA adapters (their runner has neither)",
                   file=sys.stderr)
             return 2
         try:
@@ -83,6 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   max_num_batched_tokens=args.max_num_batched_tokens,
                                   enable_prefix_caching=not args.no_prefix_caching, weights=args.weights,
                                   async_scheduling=args.async_scheduling, batch_invariant=args.batch_invariant,
+                                  static_decode=args.static_decode,
                                   prefix_cache=args.prefix_cache, host_tier_blocks=args.host_tier_blocks)
         except ValueError as err:
             print(err, file=sys.stderr)

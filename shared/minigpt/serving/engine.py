@@ -75,7 +75,8 @@ class EngineConfig:
     async_scheduling: bool = False       # schedule step N+1 while step N runs (lab 12, engine.overlap)
     batch_invariant: bool = False        # each request's logits independent of its batch (lab 12; fp32 weights)
     static_decode: StaticDecode = "off"  # decode-only steps with shapes fixed per batch-size bucket, "eager" or
-                                         # "compiled" (torch.compile, one graph a bucket; lab 12, engine.static_step)
+                                         # "compiled" (torch.compile, one graph a bucket, replayed from a CUDA graph
+                                         # on a GPU: mode="reduce-overhead"; lab 12, engine.static_step)
     compile_backend: str = "inductor"    # torch.compile's backend for "compiled" ("eager" compiles in seconds: tests)
 
     def __post_init__(self) -> None:
@@ -151,9 +152,10 @@ class LLMEngine(EngineBase):
         if (config.batch_invariant or config.static_decode != "off") and runner_factory is not ModelRunner:
             raise ValueError("EngineConfig.batch_invariant and static_decode run the engine's own ModelRunner; this "
                              "engine was given another runner (multi-LoRA runners have neither)")
+        compiled = config.static_decode == "compiled"
         static = None if config.static_decode == "off" else StaticDecodeStep(
-            model, self.cache, config.decode_buckets(), compile=config.static_decode == "compiled",
-            backend=config.compile_backend)
+            model, self.cache, config.decode_buckets(), compile=compiled, backend=config.compile_backend,
+            mode="reduce-overhead" if compiled and model.device.type == "cuda" else None)     # CUDA graphs on a GPU
         self.runner = (ModelRunner(model, self.cache, fused=fused, invariant=config.batch_invariant, static=static)
                        if runner_factory is ModelRunner
                        else runner_factory(model, self.cache))
