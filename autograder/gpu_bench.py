@@ -252,52 +252,128 @@ LLAMA_1B = dict(vocab_size=128256, max_seq_len=2048, d_model=2048, n_layers=16, 
                 rope_theta=500_000.0)
 
 
+def _llama_like(config: dict[str, Any] | None, device: str, dtype: torch.dtype) -> Any:
+    """A GPT of `config`'s shape (default LLAMA_1B), random weights (seed 0), on `device` in `dtype`, eval mode."""
+    from minigpt.config import ModelConfig
+    from minigpt.model import GPT
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        return GPT(ModelConfig(**(config or LLAMA_1B))).to(dtype).eval()
+
+
+def _prompts(vocab_size: int, n: int, prompt_len: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(0, vocab_size, (prompt_len,), generator=g).tolist() for _ in range(n)]
+
+
+def _engine(model: Any, *, requests: int, prompt_len: int, max_tokens: int, max_num_seqs: int, **fields: Any) -> Any:
+    """An LLMEngine for `requests` prompts of `prompt_len` tokens and `max_tokens` outputs at once (no prefix cache);
+    `fields`: more EngineConfig fields."""
+    from minigpt.serving.engine import EngineConfig, LLMEngine
+
+    blocks_per_seq = math.ceil((prompt_len + max_tokens) / 16) + 1
+    return LLMEngine(model, EngineConfig(num_blocks=blocks_per_seq * requests + 2,
+                                         max_num_seqs=min(requests, max_num_seqs),
+                                         max_num_batched_tokens=max(512, prompt_len), enable_prefix_caching=False,
+                                         **fields))
+
+
+def _serve(llm: Any, prompts: list[list[int]], max_tokens: int) -> tuple[int, float]:
+    """Serve `prompts` at once (greedy, `max_tokens` each): (output tokens, seconds from the first step to the last)."""
+    import time
+
+    from minigpt.sampling import SamplingParams
+
+    first = llm.num_finished                                  # ids not used before on this engine
+    for i, p in enumerate(prompts):
+        llm.add_request(f"r{first + i}", p, max_tokens=max_tokens, sampling=SamplingParams())
+    cuda = llm.model.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+    t0, tokens = time.perf_counter(), 0
+    while llm.has_unfinished():
+        tokens += sum(len(out.new_token_ids) for out in llm.step())
+    if cuda:
+        torch.cuda.synchronize()
+    return tokens, time.perf_counter() - t0
+
+
+def _decode_step_floor_s(model: Any, bandwidth_GBps: float) -> float:
+    """Seconds a decode step needs at least: every weight read once at the measured bandwidth."""
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    return weight_bytes / (bandwidth_GBps * 1e9)
+
+
 def engine_throughput(*, config: dict[str, Any] | None = None, requests: int = 64, prompt_len: int = 128,
                       max_tokens: int = 128, max_num_seqs: int = 64, device: str = "cuda",
                       dtype: torch.dtype = torch.bfloat16, bandwidth_GBps: float | None = None) -> dict[str, Any]:
     """Output tokens/s of lab 08's LLMEngine serving `requests` at once, and of one request alone (batch 1), on a
     model of `config`'s shape (default LLAMA_1B) with random weights; against the bandwidth roofline of a decode step
     (every weight read once per step) when `bandwidth_GBps` is given."""
-    import time
-
-    from minigpt.config import ModelConfig
-    from minigpt.model import GPT
-    from minigpt.sampling import SamplingParams
-    from minigpt.serving.engine import EngineConfig, LLMEngine
-
-    cfg = ModelConfig(**(config or LLAMA_1B))
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = GPT(cfg).to(dtype).eval()
-    params = sum(p.numel() for p in model.parameters())
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    blocks_per_seq = math.ceil((prompt_len + max_tokens) / 16) + 1
-    g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(0, cfg.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(requests)]
+    model = _llama_like(config, device, dtype)
+    prompts = _prompts(model.config.vocab_size, requests, prompt_len)
 
     def serve(n: int) -> tuple[int, float]:
-        engine = LLMEngine(model, EngineConfig(num_blocks=blocks_per_seq * n + 1, max_num_seqs=min(n, max_num_seqs),
-                                               max_num_batched_tokens=max(512, prompt_len), enable_prefix_caching=False))
-        for i, p in enumerate(prompts[:n]):
-            engine.add_request(f"r{i}", p, max_tokens=max_tokens, sampling=SamplingParams())
-        if torch.device(device).type == "cuda":
-            torch.cuda.synchronize()
-        t0, tokens = time.perf_counter(), 0
-        while engine.has_unfinished():
-            tokens += sum(len(out.new_token_ids) for out in engine.step())
-        if torch.device(device).type == "cuda":
-            torch.cuda.synchronize()
-        return tokens, time.perf_counter() - t0
+        return _serve(_engine(model, requests=n, prompt_len=prompt_len, max_tokens=max_tokens,
+                              max_num_seqs=max_num_seqs), prompts[:n], max_tokens)
 
     serve(min(2, requests))                                   # warm-up
     alone_tokens, alone_s = serve(1)
     batch_tokens, batch_s = serve(requests)
-    out = {"shape": {k: v for k, v in (config or LLAMA_1B).items()}, "parameters": params, "dtype": str(dtype)[6:],
+    out = {"shape": {k: v for k, v in (config or LLAMA_1B).items()},
+           "parameters": sum(p.numel() for p in model.parameters()), "dtype": str(dtype)[6:],
            "requests": requests, "prompt_len": prompt_len, "max_tokens": max_tokens,
            "batch_tokens_per_s": batch_tokens / batch_s, "alone_tokens_per_s": alone_tokens / alone_s,
            "batch_over_alone": (batch_tokens / batch_s) / (alone_tokens / alone_s)}
     if bandwidth_GBps:
-        step_floor_s = weight_bytes / (bandwidth_GBps * 1e9)
+        step_floor_s = _decode_step_floor_s(model, bandwidth_GBps)
         out["decode_step_floor_ms"] = step_floor_s * 1e3
         out["alone_fraction_of_roofline"] = (alone_tokens / alone_s) * step_floor_s
+    return out
+
+
+# Lab 12's modes of the engine, each serving one request alone (batch 1): EngineConfig fields.
+BATCH1_MODES: dict[str, dict[str, Any]] = {
+    "default step": {},
+    "static shapes, compiled": {"static_decode": "compiled"},
+    "static shapes, compiled, overlap scheduling": {"static_decode": "compiled", "async_scheduling": True},
+}
+
+
+def engine_batch1_modes(*, config: dict[str, Any] | None = None, prompt_len: int = 128, max_tokens: int = 128,
+                        device: str = "cuda", dtype: torch.dtype = torch.bfloat16, bandwidth_GBps: float | None = None,
+                        modes: dict[str, dict[str, Any]] | None = None, repeats: int = 3) -> dict[str, Any]:
+    """Lab 12's question on a GPU: how close one request's decode comes to the bandwidth roofline (every weight read
+    once a step) on the 1B Llama shape, for each of the engine's modes (`BATCH1_MODES`; compiled steps replay CUDA
+    graphs on a GPU). Per mode: a warm-up serve (compiles its bucket), then the median of `repeats` serves of one
+    request on the same engine (prefill included): output tokens/s, the fraction of the roofline when `bandwidth_GBps`
+    is given, and the compilations counted in the warm-up and after it (there should be none after)."""
+    model = _llama_like(config, device, dtype)
+    [prompt] = _prompts(model.config.vocab_size, 1, prompt_len)
+    floor = _decode_step_floor_s(model, bandwidth_GBps) if bandwidth_GBps else None
+    out: dict[str, Any] = {"shape": dict(config or LLAMA_1B), "dtype": str(dtype)[6:], "prompt_len": prompt_len,
+                           "max_tokens": max_tokens, "modes": {}}
+    if floor is not None:
+        out["decode_step_floor_ms"] = floor * 1e3
+    for name, fields in (modes or BATCH1_MODES).items():
+        llm = _engine(model, requests=1, prompt_len=prompt_len, max_tokens=max_tokens, max_num_seqs=1, **fields)
+        try:
+            _serve(llm, [prompt], max_tokens)                         # warm-up: compiles the bucket of 1
+            static = llm.runner.static
+            before = static.compilations if static is not None else 0
+            runs = []
+            for _ in range(repeats):
+                tokens, seconds = _serve(llm, [prompt], max_tokens)
+                runs.append(tokens / seconds)
+            after = static.compilations if static is not None else 0
+        finally:
+            llm.close()
+        del llm
+        rate = sorted(runs)[len(runs) // 2]
+        out["modes"][name] = {"tokens_per_s": rate, "runs_tokens_per_s": runs, "compilations": before,
+                              "compilations_after_warm_up": after - before,
+                              **({"fraction_of_roofline": rate * floor} if floor is not None else {})}
+        if device == "cuda":
+            torch.cuda.empty_cache()
     return out

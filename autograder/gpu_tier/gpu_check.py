@@ -13,6 +13,8 @@ On a machine with a CUDA GPU it runs, part by part, and writes after each part
                sweep over T 1k-16k, d 64/128, fp16/bf16; paged decode: graded check and sweep; peak-memory growth
     lab05      INT8 / INT4 dequantizing GEMV: graded checks and a table against a bf16 matmul
     lab08      LLMEngine throughput on a 1B-parameter Llama shape (random weights), against the bandwidth roofline
+    lab12      LLMEngine, one request alone on the same shape, for each of lab 12's modes (default step; static
+               shapes compiled, replayed from CUDA graphs; the same with overlap scheduling): against the roofline
     tests      `pytest -m gpu`
     notebooks  the GPU-tier cells of the solution notebooks, executed
 
@@ -47,7 +49,7 @@ from autograder.paths import CALIBRATION_DIR, REPO_ROOT
 
 NO_GPU_EXIT = 2
 CELL_TIMEOUT_S = 600
-PARTS = ["machine", "lab01", "lab03", "lab04", "lab05", "lab08", "tests", "notebooks"]
+PARTS = ["machine", "lab01", "lab03", "lab04", "lab05", "lab08", "lab12", "tests", "notebooks"]
 GPU_NOTEBOOKS = ["01_kv_cache", "03_continuous_batching", "04_flash_attention", "05_quantization"]
 
 # The course's expectations for the reference implementations on an H100 (what the labs' text states). They are
@@ -61,6 +63,7 @@ TARGETS = {
     "memory_growth": (2.0, "peak extra memory ~2x per doubling of T (O(T)), naive 4x"),
     "gemv_int8": (1.6, "INT8 GEMV >= 1.6x bf16 matmul (8192 x 8192, batch 1, H100)"),
     "gemv_int4": (2.5, "INT4 GEMV >= 2.5x bf16 matmul (8192 x 8192, batch 1, H100)"),
+    "engine_batch1_roofline": (0.5, "one request's decode >= 50% of the bandwidth roofline (1B Llama shape, bf16)"),
 }
 
 
@@ -203,6 +206,23 @@ def part_lab08(ctx: dict) -> dict:
         _row("lab08", "batched over alone", r["batch_over_alone"])], "details": r}
 
 
+def part_lab12(ctx: dict) -> dict:
+    """One request alone on the 1B Llama shape, per engine mode, against the bandwidth roofline (a course target,
+    reported with the figures: missing it is not a failure of the part)."""
+    from autograder.gpu_bench import engine_batch1_modes
+    r = engine_batch1_modes(bandwidth_GBps=(ctx.get("peaks") or {}).get("bandwidth_GBps"))
+    goal, what = TARGETS["engine_batch1_roofline"]
+    figures = []
+    for mode, m in r["modes"].items():
+        reached = m.get("fraction_of_roofline")
+        target = what if reached is None else (f"{reached:.0%} of the roofline ({1e3 / r['decode_step_floor_ms']:.0f} "
+                                               f"tok/s): {'met' if reached >= goal else 'not met'}; {what}")
+        figures.append(_row("lab12", f"LLMEngine, one request alone, {mode} (compilations after warm-up: "
+                                     f"{m['compilations_after_warm_up']})", m["tokens_per_s"], unit="tok/s",
+                            target=target))
+    return {"figures": figures, "details": r}
+
+
 def part_tests(ctx: dict) -> dict:
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         r = run_pytest_gpu(ctx["repo"], Path(tmp) / "junit.xml")
@@ -222,7 +242,7 @@ def part_notebooks(ctx: dict) -> dict:
 
 PART_FUNCTIONS: dict[str, Callable[[dict], dict]] = {
     "machine": part_machine, "lab01": part_lab01, "lab03": part_lab03, "lab04": part_lab04, "lab05": part_lab05,
-    "lab08": part_lab08, "tests": part_tests, "notebooks": part_notebooks}
+    "lab08": part_lab08, "lab12": part_lab12, "tests": part_tests, "notebooks": part_notebooks}
 
 
 def _of_peak(tflops: float | None, ctx: dict) -> str | None:

@@ -162,6 +162,35 @@ def test_benchmarks_run_on_the_cpu_on_small_shapes():
     assert r["batch_tokens_per_s"] > 0 and 0 < r["alone_fraction_of_roofline"] < 1
 
 
+def test_engine_batch1_modes_run_on_the_cpu_on_a_small_shape():
+    """Lab 12's GPU-tier row, on the CPU (torch.compile's eager backend: no CUDA graph here): every mode serves one
+    request on one engine, compiles its bucket in the warm-up and never after."""
+    from autograder import gpu_bench
+    modes = {name: {**fields, "compile_backend": "eager"} for name, fields in gpu_bench.BATCH1_MODES.items()}
+    r = gpu_bench.engine_batch1_modes(config=dict(vocab_size=128, max_seq_len=48, d_model=32, n_layers=1, n_heads=2,
+                                                  n_kv_heads=1, d_ff=64), prompt_len=4, max_tokens=6, device="cpu",
+                                      dtype=torch.bfloat16, bandwidth_GBps=10.0, modes=modes, repeats=2)
+    assert list(r["modes"]) == list(gpu_bench.BATCH1_MODES)
+    for name, m in r["modes"].items():
+        assert m["tokens_per_s"] > 0 and 0 < m["fraction_of_roofline"] < 1, name
+        assert m["compilations_after_warm_up"] == 0, name
+        assert (m["compilations"] >= 1) == ("static_decode" in gpu_bench.BATCH1_MODES[name]), name
+
+
+def test_the_lab12_part_reports_each_mode_against_the_roofline(monkeypatch):
+    from autograder import gpu_bench
+    modes = {"default step": {"tokens_per_s": 400.0, "fraction_of_roofline": 0.2, "compilations_after_warm_up": 0},
+             "static shapes, compiled": {"tokens_per_s": 1200.0, "fraction_of_roofline": 0.6,
+                                         "compilations_after_warm_up": 0}}
+    monkeypatch.setattr(gpu_bench, "engine_batch1_modes",
+                        lambda **kw: {"decode_step_floor_ms": 0.5, "modes": modes, "kw": kw})
+    out = gpu_check.part_lab12({"peaks": {"bandwidth_GBps": 4800.0}})
+    assert out["details"]["kw"] == {"bandwidth_GBps": 4800.0} and "ok" not in out
+    targets = [row["target"] for row in out["figures"]]
+    assert targets[0].startswith("20% of the roofline (2000 tok/s): not met")
+    assert targets[1].startswith("60% of the roofline (2000 tok/s): met")
+
+
 def test_main_resumes_and_calibrates_when_asked(tmp_path, monkeypatch):
     """main() on a pretend GPU with fake parts: report files written, finished parts skipped on the second run,
     calibration run first only when asked."""
