@@ -122,7 +122,7 @@ class StaticDecodeStep:
         no weight in before a replay, and the logits handed out are copied out of the graph's buffer."""
         if not buckets or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in buckets):
             raise ValueError(f"buckets must be positive ints, got {tuple(buckets)!r}")
-        limit = torch._dynamo.config.recompile_limit
+        limit = getattr(torch._dynamo.config, "recompile_limit", 8)     # older torch: cache_size_limit, 8
         if compile and len(set(buckets)) > limit:
             raise ValueError(f"{len(set(buckets))} buckets: torch.compile keeps at most {limit} graphs of one step")
         self.config, self.cache = model.config, cache
@@ -131,8 +131,8 @@ class StaticDecodeStep:
         self.max_blocks = blocks_needed(model.config.max_seq_len, cache.block_size)
         (self.null_block,) = cache.manager.pool.allocate(1)          # padding rows write here, and only here
         self.compilations = 0
-        self.graphs = compile and mode == "reduce-overhead"
-        if self.graphs:
+        self.cuda_graphs = compile and mode == "reduce-overhead"
+        if self.cuda_graphs:
             for t in [*cache.k_pools, *cache.v_pools, *(w for v in self.weights.values()
                                                           for w in (v if isinstance(v, list) else [v]))]:
                 torch._dynamo.mark_static_address(t)
@@ -164,7 +164,7 @@ class StaticDecodeStep:
         """Logits (B, V) of the real rows."""
         logits = self._step(inputs.tokens, inputs.positions, inputs.slots, inputs.block_tables, inputs.seq_lens)[
             :inputs.batch]
-        return logits.clone() if self.graphs else logits           # a graph's output is overwritten by its next replay
+        return logits.clone() if self.cuda_graphs else logits      # a graph's next replay overwrites its output
 
     def _forward(self, tokens: Tensor, positions: Tensor, slots: Tensor, tables: Tensor, seq_lens: Tensor) -> Tensor:
         """One decode step, (bucket,) rows: K/V written at `slots`, attention over each row's whole table, masked
