@@ -83,7 +83,6 @@ def test_copies_follow_the_model_weights(tiny_model):
     torch.testing.assert_close(fused(tokens, torch.arange(3)), tiny_model(tokens), rtol=1e-4, atol=1e-5)
 
 
-
 @torch.inference_mode()
 def test_copies_follow_replaced_modules_and_layers(tiny_model):
     """A projection, a block's attention, a whole block or the head replaced: the next call fuses again."""
@@ -118,6 +117,7 @@ def test_a_call_may_bring_its_own_attention(tiny_model):
     torch.testing.assert_close(fused(tokens, torch.arange(3), attention=spy), tiny_model(tokens), rtol=1e-4, atol=1e-5)
     assert len(calls) == len(tiny_model.layers)
     assert [b.attn.attention for b in tiny_model.layers] == before
+
 
 def test_refuses_models_whose_projections_are_not_plain_linears():
     from minigpt.quant.linear import quantize_weight_only
